@@ -1,0 +1,465 @@
+//! FTP commands: one type for both directions. The server parses them, the client encodes them.
+
+use crate::addr::{self, AddrError};
+use std::net::{SocketAddr, SocketAddrV4};
+
+/// Representation type (RFC 959 TYPE). Only the types braid serves are representable;
+/// EBCDIC and local byte sizes other than 8 are refused at parse time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferType {
+    /// `TYPE A`: text, lines end in CRLF on the wire.
+    Ascii,
+    /// `TYPE I` (or `L 8`): bytes as they are.
+    Image,
+}
+
+/// Transfer mode (RFC 959 MODE, GridFTP MODE E).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Stream,
+    Block,
+    Compressed,
+    Extended,
+}
+
+/// File structure (RFC 959 STRU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Structure {
+    File,
+    Record,
+    Page,
+}
+
+/// The argument of EPSV (RFC 2428).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpsvArg {
+    /// No argument: the server picks the control connection's family.
+    Default,
+    /// `EPSV 1` or `EPSV 2`.
+    Family(u8),
+    /// `EPSV ALL`: the client promises no more PORT, PASV or EPRT.
+    All,
+}
+
+/// An FTP command. Paths and names are kept exactly as sent (after the single space that
+/// separates them from the verb); resolving them is the session's job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    User(String),
+    Pass(String),
+    Acct(String),
+    Quit,
+    Rein,
+    Syst,
+    Noop,
+    Feat,
+    Help(Option<String>),
+    Stat(Option<String>),
+    Opts(String),
+    Site(String),
+    Type(TransferType),
+    Mode(Mode),
+    Stru(Structure),
+    Pwd,
+    Cwd(String),
+    Cdup,
+    Pasv,
+    Epsv(EpsvArg),
+    Port(SocketAddrV4),
+    Eprt(SocketAddr),
+    Rest(u64),
+    Allo(String),
+    Retr(String),
+    Stor(String),
+    Appe(String),
+    List(Option<String>),
+    Nlst(Option<String>),
+    Mlsd(Option<String>),
+    Mlst(Option<String>),
+    Size(String),
+    Mdtm(String),
+    Dele(String),
+    Mkd(String),
+    Rmd(String),
+    Rnfr(String),
+    Rnto(String),
+    Abor,
+    /// A verb braid does not know. The server answers 502.
+    Unknown {
+        verb: String,
+        arg: Option<String>,
+    },
+}
+
+/// Why a command line could not be parsed, with the reply code the server should give.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("empty command line")]
+    Empty,
+    #[error("command line is not valid UTF-8 (RFC 2640)")]
+    NotUtf8,
+    #[error("{0} needs an argument")]
+    MissingArgument(&'static str),
+    #[error("bad argument to {verb}: {reason}")]
+    BadArgument { verb: &'static str, reason: String },
+    #[error("{verb} {arg} is not implemented")]
+    Unsupported { verb: &'static str, arg: String },
+    #[error("network protocol not supported, use (1,2)")]
+    UnsupportedFamily,
+}
+
+impl ParseError {
+    /// The reply code RFC 959 and RFC 2428 assign to this failure.
+    pub fn reply_code(&self) -> u16 {
+        match self {
+            ParseError::Empty => 500,
+            ParseError::NotUtf8 => 501,
+            ParseError::MissingArgument(_) | ParseError::BadArgument { .. } => 501,
+            ParseError::Unsupported { .. } => 504,
+            ParseError::UnsupportedFamily => 522,
+        }
+    }
+}
+
+impl Command {
+    /// Parses one control line without its end of line. Never panics, whatever the bytes.
+    pub fn parse(line: &[u8]) -> Result<Command, ParseError> {
+        let line = std::str::from_utf8(line).map_err(|_| ParseError::NotUtf8)?;
+        if line.trim().is_empty() {
+            return Err(ParseError::Empty);
+        }
+        let (verb, arg) = match line.find(' ') {
+            Some(i) => (&line[..i], Some(&line[i + 1..])),
+            None => (line, None),
+        };
+        let verb_upper = verb.to_ascii_uppercase();
+        // Arguments that are paths keep every byte; arguments that are keywords or numbers
+        // tolerate surrounding blanks.
+        let path = |name: &'static str| -> Result<String, ParseError> {
+            match arg {
+                Some(a) if !a.is_empty() => Ok(a.to_string()),
+                _ => Err(ParseError::MissingArgument(name)),
+            }
+        };
+        let opt_arg = || arg.filter(|a| !a.is_empty()).map(str::to_string);
+        let word = arg.map(str::trim).unwrap_or("");
+        Ok(match verb_upper.as_str() {
+            "USER" => Command::User(path("USER")?),
+            // An empty password is legal (RFC 959 allows PASS with any string).
+            "PASS" => Command::Pass(arg.unwrap_or("").to_string()),
+            "ACCT" => Command::Acct(path("ACCT")?),
+            "QUIT" => Command::Quit,
+            "REIN" => Command::Rein,
+            "SYST" => Command::Syst,
+            "NOOP" => Command::Noop,
+            "FEAT" => Command::Feat,
+            "HELP" => Command::Help(opt_arg()),
+            "STAT" => Command::Stat(opt_arg()),
+            "OPTS" => Command::Opts(path("OPTS")?),
+            "SITE" => Command::Site(path("SITE")?),
+            "TYPE" => Command::Type(parse_type(word)?),
+            "MODE" => Command::Mode(match word.to_ascii_uppercase().as_str() {
+                "S" => Mode::Stream,
+                "B" => Mode::Block,
+                "C" => Mode::Compressed,
+                "E" => Mode::Extended,
+                "" => return Err(ParseError::MissingArgument("MODE")),
+                _ => return Err(bad("MODE", "expected S, B, C or E")),
+            }),
+            "STRU" => Command::Stru(match word.to_ascii_uppercase().as_str() {
+                "F" => Structure::File,
+                "R" => Structure::Record,
+                "P" => Structure::Page,
+                "" => return Err(ParseError::MissingArgument("STRU")),
+                _ => return Err(bad("STRU", "expected F, R or P")),
+            }),
+            "PWD" | "XPWD" => Command::Pwd,
+            "CWD" | "XCWD" => Command::Cwd(path("CWD")?),
+            "CDUP" | "XCUP" => Command::Cdup,
+            "PASV" => Command::Pasv,
+            "EPSV" => Command::Epsv(match word.to_ascii_uppercase().as_str() {
+                "" => EpsvArg::Default,
+                "ALL" => EpsvArg::All,
+                "1" => EpsvArg::Family(1),
+                "2" => EpsvArg::Family(2),
+                _ => return Err(ParseError::UnsupportedFamily),
+            }),
+            "PORT" => {
+                if word.is_empty() {
+                    return Err(ParseError::MissingArgument("PORT"));
+                }
+                Command::Port(addr::parse_host_port(word).map_err(|e| bad("PORT", e))?)
+            }
+            "EPRT" => {
+                if word.is_empty() {
+                    return Err(ParseError::MissingArgument("EPRT"));
+                }
+                Command::Eprt(addr::parse_eprt(word).map_err(|e| match e {
+                    AddrError::UnsupportedFamily(_) => ParseError::UnsupportedFamily,
+                    e => bad("EPRT", e),
+                })?)
+            }
+            "REST" => {
+                if word.is_empty() {
+                    return Err(ParseError::MissingArgument("REST"));
+                }
+                if !word.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad("REST", "expected a byte offset"));
+                }
+                Command::Rest(word.parse().map_err(|_| bad("REST", "offset too large"))?)
+            }
+            "ALLO" => Command::Allo(path("ALLO")?),
+            "RETR" => Command::Retr(path("RETR")?),
+            "STOR" => Command::Stor(path("STOR")?),
+            "APPE" => Command::Appe(path("APPE")?),
+            "LIST" => Command::List(opt_arg()),
+            "NLST" => Command::Nlst(opt_arg()),
+            "MLSD" => Command::Mlsd(opt_arg()),
+            "MLST" => Command::Mlst(opt_arg()),
+            "SIZE" => Command::Size(path("SIZE")?),
+            "MDTM" => Command::Mdtm(path("MDTM")?),
+            "DELE" => Command::Dele(path("DELE")?),
+            "MKD" | "XMKD" => Command::Mkd(path("MKD")?),
+            "RMD" | "XRMD" => Command::Rmd(path("RMD")?),
+            "RNFR" => Command::Rnfr(path("RNFR")?),
+            "RNTO" => Command::Rnto(path("RNTO")?),
+            "ABOR" => Command::Abor,
+            _ => Command::Unknown {
+                verb: verb_upper,
+                arg: arg.map(str::to_string),
+            },
+        })
+    }
+
+    /// Appends the command line, CRLF included. Arguments must not contain CR or LF.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let line = self.to_line();
+        out.extend_from_slice(line.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+
+    /// The command line without CRLF, as it appears in logs (with PASS masked by the caller).
+    pub fn to_line(&self) -> String {
+        let with = |verb: &str, arg: &str| format!("{verb} {arg}");
+        let opt = |verb: &str, arg: &Option<String>| match arg {
+            Some(a) => with(verb, a),
+            None => verb.to_string(),
+        };
+        match self {
+            Command::User(a) => with("USER", a),
+            Command::Pass(a) => with("PASS", a),
+            Command::Acct(a) => with("ACCT", a),
+            Command::Quit => "QUIT".into(),
+            Command::Rein => "REIN".into(),
+            Command::Syst => "SYST".into(),
+            Command::Noop => "NOOP".into(),
+            Command::Feat => "FEAT".into(),
+            Command::Help(a) => opt("HELP", a),
+            Command::Stat(a) => opt("STAT", a),
+            Command::Opts(a) => with("OPTS", a),
+            Command::Site(a) => with("SITE", a),
+            Command::Type(TransferType::Ascii) => "TYPE A".into(),
+            Command::Type(TransferType::Image) => "TYPE I".into(),
+            Command::Mode(m) => with(
+                "MODE",
+                match m {
+                    Mode::Stream => "S",
+                    Mode::Block => "B",
+                    Mode::Compressed => "C",
+                    Mode::Extended => "E",
+                },
+            ),
+            Command::Stru(s) => with(
+                "STRU",
+                match s {
+                    Structure::File => "F",
+                    Structure::Record => "R",
+                    Structure::Page => "P",
+                },
+            ),
+            Command::Pwd => "PWD".into(),
+            Command::Cwd(a) => with("CWD", a),
+            Command::Cdup => "CDUP".into(),
+            Command::Pasv => "PASV".into(),
+            Command::Epsv(EpsvArg::Default) => "EPSV".into(),
+            Command::Epsv(EpsvArg::All) => "EPSV ALL".into(),
+            Command::Epsv(EpsvArg::Family(f)) => format!("EPSV {f}"),
+            Command::Port(a) => with("PORT", &addr::format_host_port(*a)),
+            Command::Eprt(a) => with("EPRT", &addr::format_eprt(*a)),
+            Command::Rest(n) => format!("REST {n}"),
+            Command::Allo(a) => with("ALLO", a),
+            Command::Retr(a) => with("RETR", a),
+            Command::Stor(a) => with("STOR", a),
+            Command::Appe(a) => with("APPE", a),
+            Command::List(a) => opt("LIST", a),
+            Command::Nlst(a) => opt("NLST", a),
+            Command::Mlsd(a) => opt("MLSD", a),
+            Command::Mlst(a) => opt("MLST", a),
+            Command::Size(a) => with("SIZE", a),
+            Command::Mdtm(a) => with("MDTM", a),
+            Command::Dele(a) => with("DELE", a),
+            Command::Mkd(a) => with("MKD", a),
+            Command::Rmd(a) => with("RMD", a),
+            Command::Rnfr(a) => with("RNFR", a),
+            Command::Rnto(a) => with("RNTO", a),
+            Command::Abor => "ABOR".into(),
+            Command::Unknown { verb, arg } => opt(verb, arg),
+        }
+    }
+
+    /// The verb, for logs and for replies that name the command.
+    pub fn verb(&self) -> &str {
+        match self {
+            Command::Unknown { verb, .. } => verb,
+            _ => {
+                let line = self.to_line();
+                let end = line.find(' ').unwrap_or(line.len());
+                KNOWN_VERBS
+                    .iter()
+                    .find(|v| **v == &line[..end])
+                    .copied()
+                    .unwrap_or("?")
+            }
+        }
+    }
+}
+
+/// Every verb the parser knows (aliases such as XPWD included), for HELP and for tests.
+pub const KNOWN_VERBS: &[&str] = &[
+    "ABOR", "ACCT", "ALLO", "APPE", "CDUP", "CWD", "DELE", "EPRT", "EPSV", "FEAT", "HELP", "LIST",
+    "MDTM", "MKD", "MLSD", "MLST", "MODE", "NLST", "NOOP", "OPTS", "PASS", "PASV", "PORT", "PWD",
+    "QUIT", "REIN", "REST", "RETR", "RMD", "RNFR", "RNTO", "SITE", "SIZE", "STAT", "STOR", "STRU",
+    "SYST", "TYPE", "USER", "XCUP", "XCWD", "XMKD", "XPWD", "XRMD",
+];
+
+fn bad(verb: &'static str, reason: impl ToString) -> ParseError {
+    ParseError::BadArgument {
+        verb,
+        reason: reason.to_string(),
+    }
+}
+
+fn parse_type(word: &str) -> Result<TransferType, ParseError> {
+    let up = word.to_ascii_uppercase();
+    let mut parts = up.split_whitespace();
+    let code = parts.next().ok_or(ParseError::MissingArgument("TYPE"))?;
+    let param = parts.next();
+    match (code, param) {
+        // Format control N (non-print) is the only one braid does; T and C are refused.
+        ("A", None | Some("N")) => Ok(TransferType::Ascii),
+        ("I", None) => Ok(TransferType::Image),
+        ("L", Some("8")) => Ok(TransferType::Image),
+        ("A" | "E" | "L", _) => Err(ParseError::Unsupported {
+            verb: "TYPE",
+            arg: word.to_string(),
+        }),
+        _ => Err(bad("TYPE", "expected A, I or L 8")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_examples() {
+        assert_eq!(
+            Command::parse(b"retr my file.txt"),
+            Ok(Command::Retr("my file.txt".into()))
+        );
+        assert_eq!(Command::parse(b"TYPE L 8"), Ok(Command::Type(TransferType::Image)));
+        assert_eq!(
+            Command::parse(b"TYPE E").unwrap_err().reply_code(),
+            504,
+            "EBCDIC is refused as not implemented"
+        );
+        assert_eq!(Command::parse(b"RETR").unwrap_err().reply_code(), 501);
+        assert_eq!(Command::parse(b"EPRT |7|x|1|").unwrap_err().reply_code(), 522);
+        assert_eq!(Command::parse(b"PORT 1,2,3,4,5,999").unwrap_err().reply_code(), 501);
+        assert_eq!(Command::parse(b"REST -5").unwrap_err().reply_code(), 501);
+        assert_eq!(Command::parse(b"\xc0\xae\xc0\xae").unwrap_err(), ParseError::NotUtf8);
+        assert_eq!(Command::parse(b"   ").unwrap_err(), ParseError::Empty);
+        assert_eq!(Command::parse(b"PASS"), Ok(Command::Pass(String::new())));
+        assert_eq!(
+            Command::parse(b"XYZZY plugh"),
+            Ok(Command::Unknown { verb: "XYZZY".into(), arg: Some("plugh".into()) })
+        );
+        assert_eq!(Command::Retr("x".into()).verb(), "RETR");
+    }
+
+    fn path_arg() -> impl Strategy<Value = String> {
+        // Anything but CR and LF, not empty.
+        "[^\r\n]{1,40}"
+    }
+
+    fn opt_path() -> impl Strategy<Value = Option<String>> {
+        proptest::option::of(path_arg())
+    }
+
+    fn command() -> impl Strategy<Value = Command> {
+        prop_oneof![
+            path_arg().prop_map(Command::User),
+            "[^\r\n]{0,20}".prop_map(Command::Pass),
+            path_arg().prop_map(Command::Acct),
+            Just(Command::Quit),
+            Just(Command::Rein),
+            Just(Command::Syst),
+            Just(Command::Noop),
+            Just(Command::Feat),
+            opt_path().prop_map(Command::Help),
+            opt_path().prop_map(Command::Stat),
+            path_arg().prop_map(Command::Opts),
+            path_arg().prop_map(Command::Site),
+            prop_oneof![Just(TransferType::Ascii), Just(TransferType::Image)].prop_map(Command::Type),
+            prop_oneof![Just(Mode::Stream), Just(Mode::Block), Just(Mode::Compressed), Just(Mode::Extended)]
+                .prop_map(Command::Mode),
+            prop_oneof![Just(Structure::File), Just(Structure::Record), Just(Structure::Page)]
+                .prop_map(Command::Stru),
+            Just(Command::Pwd),
+            path_arg().prop_map(Command::Cwd),
+            Just(Command::Cdup),
+            Just(Command::Pasv),
+            prop_oneof![Just(EpsvArg::Default), Just(EpsvArg::All), Just(EpsvArg::Family(1)), Just(EpsvArg::Family(2))]
+                .prop_map(Command::Epsv),
+            any::<SocketAddrV4>().prop_map(Command::Port),
+            (any::<std::net::IpAddr>(), any::<u16>()).prop_map(|(ip, p)| Command::Eprt(SocketAddr::new(ip, p))),
+            any::<u64>().prop_map(Command::Rest),
+            path_arg().prop_map(Command::Allo),
+            path_arg().prop_map(Command::Retr),
+            path_arg().prop_map(Command::Stor),
+            path_arg().prop_map(Command::Appe),
+            opt_path().prop_map(Command::List),
+            opt_path().prop_map(Command::Nlst),
+            opt_path().prop_map(Command::Mlsd),
+            opt_path().prop_map(Command::Mlst),
+            path_arg().prop_map(Command::Size),
+            path_arg().prop_map(Command::Mdtm),
+            path_arg().prop_map(Command::Dele),
+            path_arg().prop_map(Command::Mkd),
+            path_arg().prop_map(Command::Rmd),
+            path_arg().prop_map(Command::Rnfr),
+            path_arg().prop_map(Command::Rnto),
+            Just(Command::Abor),
+            ("[A-Z]{3,6}", opt_path())
+                .prop_filter("known verb", |(v, _)| !KNOWN_VERBS.contains(&v.as_str()))
+                .prop_map(|(verb, arg)| Command::Unknown { verb, arg }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn every_command_round_trips(cmd in command()) {
+            let mut wire = Vec::new();
+            cmd.encode(&mut wire);
+            prop_assert!(wire.ends_with(b"\r\n"));
+            let parsed = Command::parse(&wire[..wire.len() - 2]).unwrap();
+            prop_assert_eq!(parsed, cmd);
+        }
+
+        #[test]
+        fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = Command::parse(&bytes);
+        }
+    }
+}

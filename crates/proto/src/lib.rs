@@ -1,0 +1,39 @@
+//! braid's FTP protocol logic, free of I/O.
+//!
+//! Everything here takes bytes or events in and gives bytes or events out: no sockets, no files,
+//! no clock reads. That keeps the protocol unit-testable and fuzzable; the `braid` crate drives
+//! it with real sockets and files.
+
+pub mod addr;
+pub mod ascii;
+pub mod command;
+pub mod line;
+pub mod listing;
+pub mod path;
+pub mod reply;
+pub mod session;
+pub mod time;
+
+pub use command::{Command, ParseError};
+pub use path::VPath;
+pub use reply::{Reply, ReplyParser};
+
+/// Longest control line braid accepts, CRLF included. RFC 959 sets no limit; a limit keeps a
+/// hostile client from making the server buffer without bound.
+pub const MAX_LINE: usize = 8192;
+
+/// Entry points for cargo-fuzz targets (see `fuzz/`).
+#[cfg(fuzzing)]
+pub mod fuzzing {
+    /// Feeds arbitrary bytes through the line splitter and the command parser.
+    pub fn command_parser(data: &[u8]) {
+        let mut lines = crate::line::LineBuffer::new(crate::MAX_LINE);
+        lines.extend(data);
+        while let Ok(Some(line)) = lines.next_line() {
+            if let Ok(cmd) = crate::Command::parse(&line) {
+                let mut out = Vec::new();
+                cmd.encode(&mut out);
+            }
+        }
+    }
+}

@@ -1,0 +1,804 @@
+//! The server side of one control connection, as a state machine.
+//!
+//! [`Session::handle`] takes a parsed command and answers with one [`Action`]: a reply to send,
+//! or a piece of I/O for the caller to do (check a password, open a passive port, touch the
+//! file system, run a transfer). The caller reports the outcome back through the matching
+//! `*_done` method, which gives the reply. The session never touches sockets, files or clocks.
+
+use crate::command::{Command, EpsvArg, Mode, Structure, TransferType};
+use crate::listing::{self, Entry};
+use crate::path::{PathError, VPath};
+use crate::reply::Reply;
+use std::net::{IpAddr, SocketAddr};
+
+/// What a logged-in user may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Perm {
+    ReadOnly,
+    ReadWrite,
+}
+
+/// Settings that shape every session of a server.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// `None`: anonymous login refused. Otherwise what anonymous users may do.
+    pub anonymous: Option<Perm>,
+    /// After this many failed logins the connection is closed.
+    pub max_login_failures: u32,
+}
+
+/// Names accepted for anonymous login (RFC 1635).
+pub const ANONYMOUS_NAMES: [&str; 2] = ["anonymous", "ftp"];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Login {
+    AwaitUser,
+    AwaitPass { user: String },
+    Checking { user: String },
+    LoggedIn { user: String, perm: Perm },
+}
+
+/// Where the next data connection comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataEndpoint {
+    /// The caller holds a passive listener at this address.
+    Passive(SocketAddr),
+    /// Connect to the client here (already checked against the control peer).
+    Active(SocketAddr),
+}
+
+/// How a directory listing is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListStyle {
+    /// LIST: `ls -l` lines.
+    Long,
+    /// NLST: names only.
+    Names,
+    /// MLSD: RFC 3659 facts.
+    Machine,
+}
+
+/// What a transfer moves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransferKind {
+    Retr(VPath),
+    Stor(VPath),
+    Appe(VPath),
+    List(VPath, ListStyle),
+}
+
+/// A transfer for the caller to run: open the file or directory, send the 150 reply from
+/// [`Transfer::opening`], move the data, then call [`Session::transfer_done`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transfer {
+    pub kind: TransferKind,
+    /// Byte offset from REST (0 when none was given).
+    pub offset: u64,
+    pub ascii: bool,
+    pub endpoint: DataEndpoint,
+    /// Whether the user may change the listed entries (MLSD `perm` facts).
+    pub writable: bool,
+    /// MLSx facts to show, lower-case.
+    pub facts: Vec<String>,
+}
+
+/// A file-system request for the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FsOp {
+    /// Is this a directory the user may enter?
+    ChangeDir(VPath),
+    Size { path: VPath, ascii: bool },
+    Mdtm(VPath),
+    Mkd(VPath),
+    Rmd(VPath),
+    Dele(VPath),
+    /// Does the source of a rename exist?
+    RenameFrom(VPath),
+    Rename { from: VPath, to: VPath },
+    /// Facts about one entry for MLST.
+    Mlst(VPath),
+    /// `ls -l` lines for STAT with a path.
+    StatList(VPath),
+}
+
+/// What the file system gave back for an [`FsOp`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FsOutcome {
+    Done,
+    Size(u64),
+    Mtime(i64),
+    Entry(Entry),
+    Lines(Vec<String>),
+}
+
+/// Why a file-system request or a transfer's local side failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("not a directory")]
+    NotADirectory,
+    #[error("not a plain file")]
+    NotAFile,
+    #[error("permission denied")]
+    PermissionDenied,
+    #[error("already exists")]
+    Exists,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("path leads outside your root directory")]
+    Escapes,
+    #[error("no space left on the server's disk")]
+    NoSpace,
+    #[error("restart offset {offset} is beyond the {size} bytes already stored")]
+    BadRestart { offset: u64, size: u64 },
+    #[error("{0}")]
+    Other(String),
+}
+
+impl FsError {
+    pub fn reply(&self, what: &VPath) -> Reply {
+        match self {
+            FsError::NoSpace => Reply::new(552, format!("{what}: {self}; transfer aborted.")),
+            FsError::BadRestart { .. } => Reply::new(554, format!("{what}: {self}.")),
+            FsError::Other(_) => Reply::new(451, format!("{what}: local error: {self}.")),
+            _ => Reply::new(550, format!("{what}: {self}.")),
+        }
+    }
+}
+
+/// How a transfer ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransferOutcome {
+    Complete { bytes: u64 },
+    /// The client sent ABOR.
+    Aborted,
+    /// The data connection could not be set up.
+    NoConnection(String),
+    /// The data connection broke or the peer went away.
+    ConnectionLost(String),
+    /// The local file failed (disk full, I/O error).
+    Local(FsError),
+    /// The server is shutting down.
+    Shutdown,
+}
+
+/// What the caller must do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Reply(Reply),
+    /// Send the reply, then close the control connection.
+    Close(Reply),
+    /// Check the credentials, then call [`Session::login_done`].
+    Login { user: String, password: String },
+    /// Open a passive listener on the control connection's local address, then call
+    /// [`Session::passive_done`].
+    Passive { extended: bool },
+    /// Do the file-system request, then call [`Session::fs_done`].
+    Fs(FsOp),
+    /// Run the transfer, then call [`Session::transfer_done`].
+    Transfer(Transfer),
+}
+
+impl Transfer {
+    /// The 150 reply that opens the data connection.
+    pub fn opening(&self, size: Option<u64>) -> Reply {
+        let mode = if self.ascii { "ASCII" } else { "BINARY" };
+        let text = match (&self.kind, size) {
+            (TransferKind::Retr(p), Some(n)) => {
+                format!("Opening {mode} mode data connection for {p} ({n} bytes).")
+            }
+            (TransferKind::Retr(p) | TransferKind::Stor(p) | TransferKind::Appe(p), _) => {
+                format!("Opening {mode} mode data connection for {p}.")
+            }
+            (TransferKind::List(..), _) => "Here comes the directory listing.".to_string(),
+        };
+        Reply::new(150, text)
+    }
+
+    pub fn path(&self) -> &VPath {
+        match &self.kind {
+            TransferKind::Retr(p)
+            | TransferKind::Stor(p)
+            | TransferKind::Appe(p)
+            | TransferKind::List(p, _) => p,
+        }
+    }
+}
+
+/// Every MLSx fact braid can show; `*` marks those shown by default (all of them).
+const FACTS: [&str; 6] = ["type", "size", "modify", "perm", "unique", "UNIX.mode"];
+
+/// One control connection's protocol state.
+#[derive(Debug)]
+pub struct Session {
+    config: SessionConfig,
+    peer: IpAddr,
+    login: Login,
+    failed_logins: u32,
+    cwd: VPath,
+    ascii: bool,
+    rest: u64,
+    rename_from: Option<VPath>,
+    endpoint: Option<DataEndpoint>,
+    epsv_all: bool,
+    facts: Vec<String>,
+    pending: Option<FsOp>,
+}
+
+impl Session {
+    /// A new session for a client at `peer` (the control connection's remote address).
+    pub fn new(config: SessionConfig, peer: IpAddr) -> Session {
+        Session {
+            config,
+            peer: canonical_ip(peer),
+            login: Login::AwaitUser,
+            failed_logins: 0,
+            cwd: VPath::root(),
+            ascii: false,
+            rest: 0,
+            rename_from: None,
+            endpoint: None,
+            epsv_all: false,
+            facts: FACTS.iter().map(|f| f.to_ascii_lowercase()).collect(),
+            pending: None,
+        }
+    }
+
+    /// The greeting sent when the connection opens.
+    pub fn greeting() -> Reply {
+        Reply::new(220, "braid FTP server ready.")
+    }
+
+    pub fn user(&self) -> Option<&str> {
+        match &self.login {
+            Login::LoggedIn { user, .. } => Some(user),
+            _ => None,
+        }
+    }
+
+    pub fn cwd(&self) -> &VPath {
+        &self.cwd
+    }
+
+    fn perm(&self) -> Option<Perm> {
+        match self.login {
+            Login::LoggedIn { perm, .. } => Some(perm),
+            _ => None,
+        }
+    }
+
+    /// Answers one command.
+    pub fn handle(&mut self, cmd: Command) -> Action {
+        // RNFR must be followed directly by RNTO (RFC 959).
+        let rename_from = self.rename_from.take();
+        // REST applies to the transfer command that follows it.
+        let rest = std::mem::take(&mut self.rest);
+        let reply = |code, text: &str| Action::Reply(Reply::new(code, text));
+
+        // Commands that work in any login state.
+        match &cmd {
+            Command::Quit => return Action::Close(Reply::new(221, "Goodbye.")),
+            Command::Noop => return reply(200, "NOOP ok."),
+            Command::Syst => return reply(215, "UNIX Type: L8"),
+            Command::Feat => return Action::Reply(self.feat()),
+            Command::Help(arg) => return Action::Reply(help(arg.as_deref())),
+            Command::Opts(arg) => return Action::Reply(self.opts(arg)),
+            Command::User(name) => return self.user_cmd(name),
+            Command::Pass(pw) => return self.pass_cmd(pw),
+            Command::Abor => return reply(225, "No transfer to abort."),
+            Command::Unknown { verb, .. } if verb == "AUTH" => {
+                return reply(502, "AUTH is not implemented; TLS is not available yet.");
+            }
+            Command::Unknown { verb, .. } => {
+                return Action::Reply(Reply::new(500, format!("Unknown command {verb}.")));
+            }
+            _ => {}
+        }
+        let Some(perm) = self.perm() else {
+            return reply(530, "Please log in with USER and PASS first.");
+        };
+        let writable = perm == Perm::ReadWrite;
+        let need_write = |path: &VPath| -> Option<Action> {
+            (!writable).then(|| {
+                Action::Reply(Reply::new(
+                    550,
+                    format!("{path}: permission denied: this account is read-only."),
+                ))
+            })
+        };
+        macro_rules! resolve {
+            ($arg:expr) => {
+                match self.cwd.join($arg) {
+                    Ok(p) => p,
+                    Err(e) => return Action::Reply(path_error(e, $arg)),
+                }
+            };
+        }
+        match cmd {
+            Command::Acct(_) => reply(202, "ACCT not needed."),
+            Command::Rein => {
+                let config = self.config.clone();
+                *self = Session::new(config, self.peer);
+                reply(220, "Service ready for new user.")
+            }
+            Command::Stat(None) => Action::Reply(self.status()),
+            Command::Stat(Some(arg)) => {
+                let p = resolve!(&strip_list_flags(&arg));
+                self.fs(FsOp::StatList(p))
+            }
+            Command::Site(arg) => {
+                let verb = arg.split(' ').next().unwrap_or("").to_ascii_uppercase();
+                match verb.as_str() {
+                    "HELP" => reply(214, "No SITE commands are available."),
+                    _ => Action::Reply(Reply::new(504, format!("SITE {verb} is not understood."))),
+                }
+            }
+            Command::Type(t) => {
+                self.ascii = t == TransferType::Ascii;
+                match t {
+                    TransferType::Ascii => reply(200, "Switching to ASCII mode."),
+                    TransferType::Image => reply(200, "Switching to Binary mode."),
+                }
+            }
+            Command::Mode(Mode::Stream) => reply(200, "Mode set to S."),
+            Command::Mode(_) => reply(504, "Only MODE S is supported."),
+            Command::Stru(Structure::File) => reply(200, "Structure set to F."),
+            Command::Stru(_) => reply(504, "Only STRU F is supported."),
+            Command::Pwd => Action::Reply(Reply::new(
+                257,
+                format!("{} is the current directory.", self.cwd.quoted()),
+            )),
+            Command::Cwd(arg) => {
+                let p = resolve!(&arg);
+                self.fs(FsOp::ChangeDir(p))
+            }
+            Command::Cdup => match self.cwd.parent() {
+                Some(p) => self.fs(FsOp::ChangeDir(p)),
+                None => reply(550, "Already at the root directory."),
+            },
+            Command::Pasv => {
+                if self.epsv_all {
+                    return reply(503, "EPSV ALL is in effect; use EPSV.");
+                }
+                if self.peer.is_ipv6() {
+                    return reply(522, "PASV is IPv4 only; use EPSV (1,2).");
+                }
+                Action::Passive { extended: false }
+            }
+            Command::Epsv(EpsvArg::All) => {
+                self.epsv_all = true;
+                reply(200, "EPSV ALL ok.")
+            }
+            Command::Epsv(EpsvArg::Family(f)) if f != family(self.peer) => Action::Reply(
+                Reply::new(522, format!("Network protocol not supported, use ({}).", family(self.peer))),
+            ),
+            Command::Epsv(_) => Action::Passive { extended: true },
+            Command::Port(a) => self.active(SocketAddr::V4(a)),
+            Command::Eprt(a) => self.active(a),
+            Command::Rest(n) => {
+                self.rest = n;
+                Action::Reply(Reply::new(
+                    350,
+                    format!("Restarting at {n}. Send STOR or RETR to initiate transfer."),
+                ))
+            }
+            Command::Allo(_) => reply(202, "No storage allocation necessary."),
+            Command::Retr(arg) => {
+                let p = resolve!(&arg);
+                self.transfer(TransferKind::Retr(p), rest, writable)
+            }
+            Command::Stor(arg) => {
+                let p = resolve!(&arg);
+                match need_write(&p) {
+                    Some(a) => a,
+                    None => self.transfer(TransferKind::Stor(p), rest, writable),
+                }
+            }
+            Command::Appe(arg) => {
+                let p = resolve!(&arg);
+                match need_write(&p) {
+                    Some(a) => a,
+                    None => self.transfer(TransferKind::Appe(p), rest, writable),
+                }
+            }
+            Command::List(arg) => self.list(arg, ListStyle::Long, writable),
+            Command::Nlst(arg) => self.list(arg, ListStyle::Names, writable),
+            Command::Mlsd(arg) => self.list(arg, ListStyle::Machine, writable),
+            Command::Mlst(arg) => {
+                let p = resolve!(arg.as_deref().unwrap_or(""));
+                self.fs(FsOp::Mlst(p))
+            }
+            Command::Size(arg) => {
+                let p = resolve!(&arg);
+                let ascii = self.ascii;
+                self.fs(FsOp::Size { path: p, ascii })
+            }
+            Command::Mdtm(arg) => {
+                let p = resolve!(&arg);
+                self.fs(FsOp::Mdtm(p))
+            }
+            Command::Dele(arg) => {
+                let p = resolve!(&arg);
+                need_write(&p).unwrap_or_else(|| self.fs(FsOp::Dele(p)))
+            }
+            Command::Mkd(arg) => {
+                let p = resolve!(&arg);
+                need_write(&p).unwrap_or_else(|| self.fs(FsOp::Mkd(p)))
+            }
+            Command::Rmd(arg) => {
+                let p = resolve!(&arg);
+                if p.is_root() {
+                    return reply(550, "The root directory cannot be removed.");
+                }
+                need_write(&p).unwrap_or_else(|| self.fs(FsOp::Rmd(p)))
+            }
+            Command::Rnfr(arg) => {
+                let p = resolve!(&arg);
+                if p.is_root() {
+                    return reply(550, "The root directory cannot be renamed.");
+                }
+                need_write(&p).unwrap_or_else(|| self.fs(FsOp::RenameFrom(p)))
+            }
+            Command::Rnto(arg) => {
+                let Some(from) = rename_from else {
+                    return reply(503, "Send RNFR first.");
+                };
+                let to = resolve!(&arg);
+                if to.is_root() {
+                    return reply(553, "Cannot rename onto the root directory.");
+                }
+                self.fs(FsOp::Rename { from, to })
+            }
+            // Handled above, before the login check.
+            Command::Quit
+            | Command::Noop
+            | Command::Syst
+            | Command::Feat
+            | Command::Help(_)
+            | Command::Opts(_)
+            | Command::User(_)
+            | Command::Pass(_)
+            | Command::Abor
+            | Command::Unknown { .. } => reply(500, "Unexpected command."),
+        }
+    }
+
+    fn list(&mut self, arg: Option<String>, style: ListStyle, writable: bool) -> Action {
+        let arg = arg.map(|a| strip_list_flags(&a)).unwrap_or_default();
+        match self.cwd.join(&arg) {
+            Ok(p) => self.transfer(TransferKind::List(p, style), 0, writable),
+            Err(e) => Action::Reply(path_error(e, &arg)),
+        }
+    }
+
+    fn fs(&mut self, op: FsOp) -> Action {
+        self.pending = Some(op.clone());
+        Action::Fs(op)
+    }
+
+    fn transfer(&mut self, kind: TransferKind, offset: u64, writable: bool) -> Action {
+        let Some(endpoint) = self.endpoint.take() else {
+            return Action::Reply(Reply::new(425, "Use PORT, EPRT, PASV or EPSV first."));
+        };
+        Action::Transfer(Transfer {
+            kind,
+            offset,
+            ascii: self.ascii,
+            endpoint,
+            writable,
+            facts: self.facts.clone(),
+        })
+    }
+
+    /// PORT and EPRT: only to the control connection's peer, never to a privileged port
+    /// (FTP bounce, RFC 2577).
+    fn active(&mut self, addr: SocketAddr) -> Action {
+        if self.epsv_all {
+            return Action::Reply(Reply::new(503, "EPSV ALL is in effect; use EPSV."));
+        }
+        if canonical_ip(addr.ip()) != self.peer {
+            return Action::Reply(Reply::new(
+                504,
+                format!(
+                    "Refused: data connections go only to your own address {} (RFC 2577).",
+                    self.peer
+                ),
+            ));
+        }
+        if addr.port() < 1024 {
+            return Action::Reply(Reply::new(504, "Refused: port below 1024 (RFC 2577)."));
+        }
+        self.endpoint = Some(DataEndpoint::Active(SocketAddr::new(self.peer, addr.port())));
+        Action::Reply(Reply::new(200, "PORT command successful. Consider using EPSV."))
+    }
+
+    fn user_cmd(&mut self, name: &str) -> Action {
+        if let Login::LoggedIn { .. } = self.login {
+            return Action::Reply(Reply::new(530, "Cannot change to another user."));
+        }
+        let anonymous = ANONYMOUS_NAMES.iter().any(|a| a.eq_ignore_ascii_case(name));
+        if anonymous && self.config.anonymous.is_none() {
+            self.login = Login::AwaitUser;
+            return Action::Reply(Reply::new(530, "Anonymous login is disabled on this server."));
+        }
+        self.login = Login::AwaitPass {
+            user: name.to_string(),
+        };
+        if anonymous {
+            Action::Reply(Reply::new(331, "Anonymous login ok, send your e-mail address as password."))
+        } else {
+            Action::Reply(Reply::new(331, "Please specify the password."))
+        }
+    }
+
+    fn pass_cmd(&mut self, password: &str) -> Action {
+        match &self.login {
+            Login::LoggedIn { .. } => Action::Reply(Reply::new(230, "Already logged in.")),
+            Login::AwaitPass { user } => {
+                let user = user.clone();
+                self.login = Login::Checking { user: user.clone() };
+                Action::Login {
+                    user,
+                    password: password.to_string(),
+                }
+            }
+            _ => Action::Reply(Reply::new(503, "Login with USER first.")),
+        }
+    }
+
+    /// The outcome of [`Action::Login`]: `Some(perm)` if the credentials were good.
+    pub fn login_done(&mut self, result: Option<Perm>) -> Action {
+        let Login::Checking { user } = std::mem::replace(&mut self.login, Login::AwaitUser) else {
+            return Action::Reply(Reply::new(503, "Login with USER first."));
+        };
+        match result {
+            Some(perm) => {
+                self.login = Login::LoggedIn { user, perm };
+                Action::Reply(Reply::new(230, "Login successful."))
+            }
+            None => {
+                self.failed_logins += 1;
+                if self.failed_logins >= self.config.max_login_failures {
+                    Action::Close(Reply::new(421, "Too many failed logins; closing connection."))
+                } else {
+                    Action::Reply(Reply::new(530, "Login incorrect."))
+                }
+            }
+        }
+    }
+
+    /// The outcome of [`Action::Passive`]: the listener's address, or why it failed.
+    pub fn passive_done(&mut self, extended: bool, result: Result<SocketAddr, String>) -> Reply {
+        match result {
+            Ok(addr) => {
+                self.endpoint = Some(DataEndpoint::Passive(addr));
+                match (extended, addr) {
+                    (true, _) => Reply::new(
+                        229,
+                        format!("Entering Extended Passive Mode (|||{}|)", addr.port()),
+                    ),
+                    (false, SocketAddr::V4(v4)) => Reply::new(
+                        227,
+                        format!("Entering Passive Mode ({}).", crate::addr::format_host_port(v4)),
+                    ),
+                    (false, SocketAddr::V6(_)) => {
+                        self.endpoint = None;
+                        Reply::new(522, "PASV is IPv4 only; use EPSV.")
+                    }
+                }
+            }
+            Err(e) => Reply::new(425, format!("Cannot open passive connection: {e}.")),
+        }
+    }
+
+    /// The outcome of the pending [`Action::Fs`].
+    pub fn fs_done(&mut self, result: Result<FsOutcome, FsError>) -> Reply {
+        let Some(op) = self.pending.take() else {
+            return Reply::new(503, "No file operation pending.");
+        };
+        let target = match &op {
+            FsOp::ChangeDir(p)
+            | FsOp::Size { path: p, .. }
+            | FsOp::Mdtm(p)
+            | FsOp::Mkd(p)
+            | FsOp::Rmd(p)
+            | FsOp::Dele(p)
+            | FsOp::RenameFrom(p)
+            | FsOp::Mlst(p)
+            | FsOp::StatList(p) => p.clone(),
+            FsOp::Rename { from, .. } => from.clone(),
+        };
+        let outcome = match result {
+            Ok(o) => o,
+            Err(e) => return e.reply(&target),
+        };
+        match (op, outcome) {
+            (FsOp::ChangeDir(p), _) => {
+                self.cwd = p;
+                Reply::new(250, "Directory successfully changed.")
+            }
+            (FsOp::Size { .. }, FsOutcome::Size(n)) => Reply::new(213, n.to_string()),
+            (FsOp::Mdtm(_), FsOutcome::Mtime(t)) => {
+                Reply::new(213, crate::time::Civil::from_unix(t).mdtm())
+            }
+            (FsOp::Mkd(p), _) => Reply::new(257, format!("{} created.", p.quoted())),
+            (FsOp::Rmd(_), _) => Reply::new(250, "Remove directory operation successful."),
+            (FsOp::Dele(_), _) => Reply::new(250, "Delete operation successful."),
+            (FsOp::RenameFrom(p), _) => {
+                self.rename_from = Some(p);
+                Reply::new(350, "Ready for RNTO.")
+            }
+            (FsOp::Rename { .. }, _) => Reply::new(250, "Rename successful."),
+            (FsOp::Mlst(p), FsOutcome::Entry(e)) => {
+                let facts = self.select_facts(&listing::mlsx_facts(&e, None, self.perm() == Some(Perm::ReadWrite)));
+                Reply::multi(
+                    250,
+                    vec![format!("Listing {p}"), format!(" {facts} {p}"), "End".to_string()],
+                )
+            }
+            (FsOp::StatList(p), FsOutcome::Lines(lines)) => {
+                let mut all = vec![format!("Status of {p}:")];
+                all.extend(lines);
+                all.push("End of status".to_string());
+                Reply::multi(213, all)
+            }
+            (op, outcome) => Reply::new(
+                451,
+                format!("Internal error: unexpected outcome {outcome:?} for {op:?}."),
+            ),
+        }
+    }
+
+    /// The replies that end a transfer.
+    pub fn transfer_done(&mut self, t: &Transfer, outcome: TransferOutcome) -> Vec<Reply> {
+        match outcome {
+            TransferOutcome::Complete { .. } => vec![Reply::new(226, "Transfer complete.")],
+            TransferOutcome::Aborted => vec![
+                Reply::new(426, "Connection closed; transfer aborted."),
+                Reply::new(226, "ABOR successful."),
+            ],
+            TransferOutcome::NoConnection(e) => {
+                vec![Reply::new(425, format!("Cannot open data connection: {e}."))]
+            }
+            TransferOutcome::ConnectionLost(e) => {
+                vec![Reply::new(426, format!("Data connection lost: {e}; transfer aborted."))]
+            }
+            TransferOutcome::Local(e) => vec![e.reply(t.path())],
+            TransferOutcome::Shutdown => vec![Reply::new(
+                426,
+                "Server is shutting down; transfer aborted.",
+            )],
+        }
+    }
+
+    /// Filters an MLSx fact string down to the facts chosen with OPTS MLST.
+    pub fn select_facts(&self, facts: &str) -> String {
+        select_facts(facts, &self.facts)
+    }
+
+    fn feat(&self) -> Reply {
+        let mlst: String = FACTS
+            .iter()
+            .map(|f| {
+                let on = self.facts.contains(&f.to_ascii_lowercase());
+                format!("{f}{};", if on { "*" } else { "" })
+            })
+            .collect();
+        Reply::multi(
+            211,
+            vec![
+                "Features:".into(),
+                " EPRT".into(),
+                " EPSV".into(),
+                " MDTM".into(),
+                format!(" MLST {mlst}"),
+                " PASV".into(),
+                " REST STREAM".into(),
+                " SIZE".into(),
+                " TVFS".into(),
+                " UTF8".into(),
+                "End".into(),
+            ],
+        )
+    }
+
+    fn opts(&mut self, arg: &str) -> Reply {
+        let (name, value) = match arg.split_once(' ') {
+            Some((n, v)) => (n.to_ascii_uppercase(), v.trim()),
+            None => (arg.to_ascii_uppercase(), ""),
+        };
+        match name.as_str() {
+            "UTF8" if value.eq_ignore_ascii_case("ON") || value.is_empty() => {
+                Reply::new(200, "Always in UTF8 mode.")
+            }
+            "UTF8" => Reply::new(504, "UTF8 cannot be turned off."),
+            "MLST" => {
+                let wanted: Vec<String> = value
+                    .split(';')
+                    .map(|f| f.trim().to_ascii_lowercase())
+                    .filter(|f| FACTS.iter().any(|k| k.eq_ignore_ascii_case(f)))
+                    .collect();
+                self.facts = wanted;
+                let shown: String = FACTS
+                    .iter()
+                    .filter(|f| self.facts.contains(&f.to_ascii_lowercase()))
+                    .map(|f| format!("{f};"))
+                    .collect();
+                Reply::new(200, format!("MLST OPTS {shown}"))
+            }
+            _ => Reply::new(501, format!("OPTS {name} is not understood.")),
+        }
+    }
+
+    fn status(&self) -> Reply {
+        let user = self.user().unwrap_or("(not logged in)");
+        Reply::multi(
+            211,
+            vec![
+                "braid FTP server status:".into(),
+                format!("    Connected to {}", self.peer),
+                format!("    Logged in as {user}"),
+                format!("    TYPE: {}", if self.ascii { "ASCII" } else { "BINARY" }),
+                "    MODE: Stream; STRU: File".into(),
+                "End of status".into(),
+            ],
+        )
+    }
+}
+
+fn select_facts(facts: &str, wanted: &[String]) -> String {
+    facts
+        .split(';')
+        .filter(|f| {
+            f.split_once('=')
+                .is_some_and(|(k, _)| wanted.contains(&k.to_ascii_lowercase()))
+        })
+        .map(|f| format!("{f};"))
+        .collect()
+}
+
+/// `LIST -la dir` from clients such as lftp: drop leading `ls` flags.
+fn strip_list_flags(arg: &str) -> String {
+    let mut rest = arg.trim_start();
+    while rest.starts_with('-') {
+        match rest.find(' ') {
+            Some(i) => rest = rest[i..].trim_start(),
+            None => rest = "",
+        }
+    }
+    rest.to_string()
+}
+
+fn path_error(e: PathError, arg: &str) -> Reply {
+    let shown: String = arg.chars().filter(|c| !c.is_control()).take(200).collect();
+    match e {
+        PathError::Escapes => Reply::new(550, format!("{shown}: {e}.")),
+        _ => Reply::new(553, format!("{shown}: {e}.")),
+    }
+}
+
+fn family(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() { 1 } else { 2 }
+}
+
+/// IPv4-mapped IPv6 addresses compare as IPv4, so a dual-stack listener does not make the
+/// peer check refuse a client's own address.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn help(arg: Option<&str>) -> Reply {
+    if let Some(cmd) = arg {
+        return Reply::new(214, format!("Syntax: {} (see RFC 959, 2389, 2428, 3659).", cmd.to_ascii_uppercase()));
+    }
+    let mut lines = vec!["The following commands are recognized:".to_string()];
+    for chunk in crate::command::KNOWN_VERBS.chunks(8) {
+        lines.push(format!(" {}", chunk.join(" ")));
+    }
+    lines.push("Help OK.".into());
+    Reply::multi(214, lines)
+}
