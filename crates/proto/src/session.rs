@@ -631,7 +631,7 @@ impl Session {
             }
             (FsOp::Rename { .. }, _) => Reply::new(250, "Rename successful."),
             (FsOp::Mlst(p), FsOutcome::Entry(e)) => {
-                let facts = self.select_facts(&listing::mlsx_facts(&e, None, self.perm() == Some(Perm::ReadWrite)));
+                let facts = select_facts(&listing::mlsx_facts(&e, None, self.perm() == Some(Perm::ReadWrite)), &self.facts);
                 Reply::multi(
                     250,
                     vec![format!("Listing {p}"), format!(" {facts} {p}"), "End".to_string()],
@@ -670,11 +670,6 @@ impl Session {
                 "Server is shutting down; transfer aborted.",
             )],
         }
-    }
-
-    /// Filters an MLSx fact string down to the facts chosen with OPTS MLST.
-    pub fn select_facts(&self, facts: &str) -> String {
-        select_facts(facts, &self.facts)
     }
 
     fn feat(&self) -> Reply {
@@ -747,7 +742,8 @@ impl Session {
     }
 }
 
-fn select_facts(facts: &str, wanted: &[String]) -> String {
+/// Filters an MLSx fact string down to the facts chosen with OPTS MLST.
+pub fn select_facts(facts: &str, wanted: &[String]) -> String {
     facts
         .split(';')
         .filter(|f| {

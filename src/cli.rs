@@ -1,0 +1,392 @@
+//! The command line: parse, validate, dispatch, map failures to exit codes.
+
+use crate::client::error::{ClientError, exit};
+use crate::client::{self, Options, url};
+use crate::server::{self, Shutdown};
+use crate::users::{self, Users};
+use anyhow::{Context, bail};
+use braid_proto::session::Perm;
+use clap::{Args, Parser, Subcommand};
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  other error
+  2  usage error (bad arguments or URL)
+  3  cannot connect to the server
+  4  login refused
+  5  the server refused the request (no such file, permission denied, ...)
+  6  local file error (cannot read or write, disk full)
+  7  transfer interrupted (partial download kept as DEST.part: rerun with --resume)
+  8  integrity check failed (size mismatch)
+
+Credentials: ftp://user:password@host/path, or the password from BRAID_PASSWORD, or a
+~/.netrc entry for the host (login and password). Without a user, braid logs in anonymously.";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "braid",
+    version,
+    about = "Move large files fast over long, fat, slow or lossy networks",
+    long_about = "braid is an FTP-compatible server and client built to move large files fast.\n\
+                  Start with `braid demo` to see a verified transfer on loopback.",
+    after_help = EXIT_CODES
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Serve a directory over FTP (anonymous and read-only unless told otherwise).
+    Serve(ServeArgs),
+    /// Download a file: braid get ftp://host[:port]/path [DEST]
+    #[command(after_help = EXIT_CODES)]
+    Get {
+        /// ftp://[user[:password]@]host[:port]/path
+        url: String,
+        /// Where to save: a file, a directory, or - for standard output [default: the remote
+        /// file's name in the current directory]
+        dest: Option<String>,
+        /// Continue a partial download (DEST.part) from where it stopped.
+        #[arg(long)]
+        resume: bool,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// Upload a file: braid put FILE ftp://host[:port]/path (a path ending in / keeps the name)
+    #[command(after_help = EXIT_CODES)]
+    Put {
+        file: PathBuf,
+        url: String,
+        /// Continue an interrupted upload from the size the server already holds.
+        #[arg(long)]
+        resume: bool,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// List a remote directory.
+    #[command(after_help = EXIT_CODES)]
+    Ls {
+        url: String,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// Add or replace an account in a users file for `braid serve --users`. The password is
+    /// read from the terminal (twice) or, when not on a terminal, from the first line of stdin.
+    Passwd {
+        user: String,
+        /// The users file to update (created if missing).
+        #[arg(long)]
+        file: PathBuf,
+        /// The user's root directory (relative paths are relative to the users file).
+        #[arg(long)]
+        root: PathBuf,
+        /// Let the user upload, delete, rename and create directories.
+        #[arg(long)]
+        rw: bool,
+    },
+    /// Run a loopback server, download a generated file from it, verify it and print the rate.
+    Demo {
+        /// Size of the generated file, e.g. 256MiB, 1GiB, 1000000.
+        #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+        size: u64,
+    },
+}
+
+#[derive(Args, Debug)]
+struct OutputArgs {
+    /// Print one line of JSON summary on stdout.
+    #[arg(long)]
+    json: bool,
+    /// No progress bar.
+    #[arg(short, long)]
+    quiet: bool,
+    /// Show the control-connection dialogue on stderr.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Directory to serve to anonymous users.
+    #[arg(long, default_value = ".")]
+    root: PathBuf,
+    /// Address and port to listen on; port 0 picks a free one.
+    #[arg(long, default_value = "127.0.0.1:2121")]
+    listen: SocketAddr,
+    /// Accounts file (see `braid passwd`). With it, anonymous login is off unless --anonymous.
+    #[arg(long)]
+    users: Option<PathBuf>,
+    /// Allow anonymous login (on by default when there is no --users file).
+    #[arg(long)]
+    anonymous: bool,
+    /// Let anonymous users upload, delete, rename and create directories.
+    #[arg(long)]
+    anonymous_write: bool,
+    /// Passive ports to choose from at random, e.g. 50000-50100 [default: any free port].
+    #[arg(long, value_parser = parse_range)]
+    passive_ports: Option<(u16, u16)>,
+    /// Most control connections from one client address.
+    #[arg(long, default_value_t = 16)]
+    max_per_ip: usize,
+    /// Most control connections in all.
+    #[arg(long, default_value_t = 256)]
+    max_connections: usize,
+    /// Seconds a client has to log in.
+    #[arg(long, default_value_t = 60)]
+    login_timeout: u64,
+    /// Seconds of silence after which an idle session is closed.
+    #[arg(long, default_value_t = 300)]
+    idle_timeout: u64,
+    /// Seconds running transfers get to finish after Ctrl-C or SIGTERM before they are cut.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace: u64,
+    /// Log every command and reply.
+    #[arg(short, long)]
+    verbose: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size like 1000, 64KiB or 1GiB"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        u => return Err(format!("unknown size unit {u:?} (use B, KB, KiB, MB, MiB, GB, GiB)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+fn parse_range(s: &str) -> Result<(u16, u16), String> {
+    let (a, b) = s.split_once('-').ok_or("expected LOW-HIGH, e.g. 50000-50100")?;
+    let lo: u16 = a.trim().parse().map_err(|_| format!("bad port {a:?}"))?;
+    let hi: u16 = b.trim().parse().map_err(|_| format!("bad port {b:?}"))?;
+    if lo == 0 || lo > hi {
+        return Err(format!("{s}: need 1 <= LOW <= HIGH"));
+    }
+    Ok((lo, hi))
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            let code = e.downcast_ref::<ClientError>().map_or(exit::OTHER, ClientError::exit_code);
+            eprintln!("braid: error: {e:#}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn init_logging(verbose: bool, quiet: bool) {
+    let level = match (verbose, quiet) {
+        (true, _) => tracing::Level::DEBUG,
+        (_, true) => tracing::Level::WARN,
+        _ => tracing::Level::INFO,
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+fn run(cli: Cli) -> anyhow::Result<u8> {
+    match cli.command {
+        Cmd::Serve(args) => serve(args).map(|()| exit::OK),
+        Cmd::Get { url, dest, resume, out } => {
+            let target = url::parse(&url, &url::CredentialSources::from_env())?;
+            let dest = client::resolve_dest(dest.as_deref(), &target.path)?;
+            let summary = client::get(&target, &dest, &options(&out, resume))?;
+            report(&summary, &out, matches!(dest, client::Dest::Stdout))
+        }
+        Cmd::Put { file, url, resume, out } => {
+            let target = url::parse(&url, &url::CredentialSources::from_env())?;
+            let summary = client::put(&file, &target, &options(&out, resume))?;
+            report(&summary, &out, false)
+        }
+        Cmd::Ls { url, out } => {
+            let target = url::parse(&url, &url::CredentialSources::from_env())?;
+            let entries = client::ls(&target, &options(&out, false))?;
+            if out.json {
+                println!("{}", serde_json::to_string(&entries)?);
+            } else {
+                for e in entries {
+                    match e.raw {
+                        Some(raw) => println!("{raw}"),
+                        None => {
+                            let when = e.modify.map(|t| braid_proto::time::Civil::from_unix(t)).map(|c| {
+                                format!("{:04}-{:02}-{:02} {:02}:{:02}", c.year, c.month, c.day, c.hour, c.minute)
+                            });
+                            let kind = if e.kind.as_deref() == Some("dir") { "d" } else { "-" };
+                            println!(
+                                "{kind} {:>14} {:16} {}",
+                                e.size.map(|s| s.to_string()).unwrap_or_default(),
+                                when.unwrap_or_default(),
+                                e.name
+                            );
+                        }
+                    }
+                }
+            }
+            Ok(exit::OK)
+        }
+        Cmd::Passwd { user, file, root, rw } => {
+            let password = read_new_password()?;
+            let perm = if rw { Perm::ReadWrite } else { Perm::ReadOnly };
+            users::write_entry(&file, &user, &password, perm, &root)?;
+            eprintln!(
+                "braid: {} user {user} in {} (root {})",
+                if rw { "read-write" } else { "read-only" },
+                file.display(),
+                root.display()
+            );
+            Ok(exit::OK)
+        }
+        Cmd::Demo { size } => crate::demo::run(size).map(|()| exit::OK),
+    }
+}
+
+fn options(out: &OutputArgs, resume: bool) -> Options {
+    Options { resume, progress: !out.quiet && !out.json, verbose: out.verbose }
+}
+
+fn report(summary: &client::Summary, out: &OutputArgs, data_on_stdout: bool) -> anyhow::Result<u8> {
+    if out.json {
+        let line = serde_json::to_string(summary)?;
+        if data_on_stdout { eprintln!("{line}") } else { println!("{line}") }
+    } else if !out.quiet && std::io::stderr().is_terminal() {
+        eprintln!("braid: {}", summary.human());
+    }
+    Ok(exit::OK)
+}
+
+fn read_new_password() -> anyhow::Result<String> {
+    let pw = if std::io::stdin().is_terminal() {
+        let a = rpassword::prompt_password("New password: ")?;
+        let b = rpassword::prompt_password("Again: ")?;
+        if a != b {
+            bail!("the passwords differ");
+        }
+        a
+    } else {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).context("cannot read the password from stdin")?;
+        line.trim_end_matches(['\r', '\n']).to_string()
+    };
+    if pw.is_empty() {
+        bail!("empty password");
+    }
+    Ok(pw)
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging(args.verbose, false);
+    let root = args
+        .root
+        .canonicalize()
+        .with_context(|| format!("cannot serve {}: no such directory", args.root.display()))?;
+    if !root.is_dir() {
+        bail!("cannot serve {}: not a directory", root.display());
+    }
+    let mut config = server::Config::new(root.clone());
+    if let Some(path) = &args.users {
+        config.users = Users::load(path)?;
+        if config.users.is_empty() {
+            bail!("{} has no accounts; add one with braid passwd", path.display());
+        }
+    }
+    let anonymous = args.users.is_none() || args.anonymous || args.anonymous_write;
+    config.anonymous = match (anonymous, args.anonymous_write) {
+        (false, _) => None,
+        (true, false) => Some(Perm::ReadOnly),
+        (true, true) => Some(Perm::ReadWrite),
+    };
+    config.passive_ports = args.passive_ports;
+    config.max_per_ip = args.max_per_ip.max(1);
+    config.max_connections = args.max_connections.max(1);
+    config.login_timeout = Duration::from_secs(args.login_timeout);
+    config.idle_timeout = Duration::from_secs(args.idle_timeout);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (is another server using it? pick another with --listen)", args.listen))?;
+        let addr = listener.local_addr()?;
+        let who = match (config.anonymous, args.users.is_some()) {
+            (Some(Perm::ReadWrite), _) => "anonymous read-write",
+            (Some(Perm::ReadOnly), false) => "anonymous read-only",
+            (Some(Perm::ReadOnly), true) => "accounts, plus anonymous read-only",
+            (None, _) => "accounts only",
+        };
+        println!("braid serve: serving {} ({who}) at {}", root.display(), server::url_for(addr));
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let (stop, stop_rx) = tokio::sync::watch::channel(Shutdown::Running);
+        let grace = Duration::from_secs(args.shutdown_grace);
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("signal received: no new sessions; running transfers get {}s to finish (signal again to cut them)", grace.as_secs());
+            let _ = stop.send(Shutdown::Graceful);
+            tokio::select! {
+                _ = wait_for_signal() => {}
+                _ = tokio::time::sleep(grace) => {}
+            }
+            let _ = stop.send(Shutdown::Abort);
+        });
+        server::run(listener, config, stop_rx).await?;
+        tracing::info!("server stopped");
+        anyhow::Ok(())
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_ranges() {
+        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_size("1000"), Ok(1000));
+        assert_eq!(parse_size("2 GB"), Ok(2_000_000_000));
+        assert!(parse_size("12XB").is_err());
+        assert_eq!(parse_range("50000-50100"), Ok((50000, 50100)));
+        assert!(parse_range("5-1").is_err());
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

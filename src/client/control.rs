@@ -1,0 +1,197 @@
+//! The client's control connection: send commands, read replies, open data connections.
+
+use super::error::{ClientError, Result};
+use super::url::Target;
+use braid_proto::{Command, Reply, ReplyParser, addr};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+/// How long to wait for a reply before calling the server unresponsive.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct Control {
+    stream: TcpStream,
+    parser: ReplyParser,
+    peer: SocketAddr,
+    /// Whether EPSV failed once, so later transfers go straight to PASV.
+    no_epsv: bool,
+    pub verbose: bool,
+}
+
+impl Control {
+    /// Connects and reads the greeting.
+    pub fn connect(target: &Target) -> Result<Control> {
+        let name = format!("{}:{}", target.host, target.port);
+        let fail = |e| ClientError::Connect { addr: name.clone(), source: e };
+        let addrs: Vec<SocketAddr> = (target.host.as_str(), target.port).to_socket_addrs().map_err(fail)?.collect();
+        let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "host has no address");
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
+                Ok(stream) => {
+                    stream.set_read_timeout(Some(REPLY_TIMEOUT)).map_err(fail)?;
+                    let _ = stream.set_nodelay(true);
+                    let mut c = Control { stream, parser: ReplyParser::new(), peer: a, no_epsv: false, verbose: false };
+                    let mut greeting = c.reply()?;
+                    while greeting.is_preliminary() {
+                        greeting = c.reply()?;
+                    }
+                    if greeting.code != 220 {
+                        return Err(ClientError::Remote { what: "the connection".into(), reply: greeting });
+                    }
+                    return Ok(c);
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(fail(last))
+    }
+
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    pub fn set_verbose(&mut self, v: bool) {
+        self.verbose = v;
+    }
+
+    /// Reads the next reply, whatever its code.
+    pub fn reply(&mut self) -> Result<Reply> {
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.parser.next_reply() {
+                Ok(Some(r)) => {
+                    if self.verbose {
+                        eprintln!("< {r}");
+                    }
+                    return Ok(r);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(ClientError::Protocol(e.to_string())),
+            }
+            let n = self.stream.read(&mut buf).map_err(|e| ClientError::Protocol(format!("reading reply: {e}")))?;
+            if n == 0 {
+                return Err(ClientError::Protocol("server closed the control connection".into()));
+            }
+            self.parser.feed(&buf[..n]);
+        }
+    }
+
+    pub fn send(&mut self, cmd: &Command) -> Result<()> {
+        if self.verbose {
+            match cmd {
+                Command::Pass(_) => eprintln!("> PASS ****"),
+                c => eprintln!("> {}", c.to_line()),
+            }
+        }
+        let mut out = Vec::new();
+        cmd.encode(&mut out);
+        self.stream.write_all(&out).map_err(|e| ClientError::Protocol(format!("sending {}: {e}", cmd.verb())))
+    }
+
+    /// Sends a command and returns its final reply (skipping 1xx ones).
+    pub fn cmd(&mut self, cmd: &Command) -> Result<Reply> {
+        self.send(cmd)?;
+        loop {
+            let r = self.reply()?;
+            if !r.is_preliminary() {
+                return Ok(r);
+            }
+        }
+    }
+
+    /// Sends a command that must succeed with one of `ok`.
+    pub fn expect(&mut self, cmd: &Command, ok: &[u16]) -> Result<Reply> {
+        let r = self.cmd(cmd)?;
+        if ok.contains(&r.code) {
+            Ok(r)
+        } else {
+            Err(ClientError::Remote { what: cmd_for_error(cmd), reply: r })
+        }
+    }
+
+    pub fn login(&mut self, target: &Target) -> Result<()> {
+        let login_err = |reply| ClientError::Login { user: target.user.clone(), reply };
+        let r = self.cmd(&Command::User(target.user.clone()))?;
+        let r = match r.code {
+            230 => return Ok(()),
+            331 | 332 => self.cmd(&Command::Pass(target.password.clone()))?,
+            _ => return Err(login_err(r)),
+        };
+        match r.code {
+            230 | 202 => Ok(()),
+            _ => Err(login_err(r)),
+        }
+    }
+
+    /// Opens a passive data connection: EPSV first (it works through NAT and over IPv6), PASV
+    /// if the server lacks it. Connects to the control connection's peer whatever address a 227
+    /// names, which defeats both private-address replies and bounce tricks.
+    pub fn open_data(&mut self) -> Result<TcpStream> {
+        let port = if self.no_epsv {
+            None
+        } else {
+            let r = self.cmd(&Command::Epsv(braid_proto::command::EpsvArg::Default))?;
+            match r.code {
+                229 => Some(addr::parse_229(&r.text()).map_err(|e| ClientError::Protocol(format!("bad 229 reply {r}: {e}")))?),
+                500 | 501 | 502 | 504 | 522 => {
+                    self.no_epsv = true;
+                    None
+                }
+                _ => return Err(ClientError::Remote { what: "EPSV".into(), reply: r }),
+            }
+        };
+        let port = match port {
+            Some(p) => p,
+            None => {
+                let r = self.expect(&Command::Pasv, &[227])?;
+                addr::parse_227(&r.text())
+                    .map_err(|e| ClientError::Protocol(format!("bad 227 reply {r}: {e}")))?
+                    .port()
+            }
+        };
+        let addr = SocketAddr::new(self.peer.ip(), port);
+        let s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+            .map_err(|e| ClientError::Connect { addr: format!("data connection {addr}"), source: e })?;
+        s.set_read_timeout(Some(REPLY_TIMEOUT)).ok();
+        s.set_write_timeout(Some(REPLY_TIMEOUT)).ok();
+        Ok(s)
+    }
+
+    /// Sends a transfer command after the data connection is open and waits for 125/150.
+    pub fn start_transfer(&mut self, cmd: &Command) -> Result<Reply> {
+        self.send(cmd)?;
+        let r = self.reply()?;
+        match r.code {
+            125 | 150 => Ok(r),
+            _ => Err(ClientError::Remote { what: cmd_for_error(cmd), reply: r }),
+        }
+    }
+
+    /// The final reply of a transfer (226 or 250 on success).
+    pub fn finish_transfer(&mut self, cmd: &Command) -> Result<Reply> {
+        loop {
+            let r = self.reply()?;
+            if r.is_preliminary() {
+                continue;
+            }
+            return if r.code == 226 || r.code == 250 {
+                Ok(r)
+            } else {
+                Err(ClientError::Remote { what: cmd_for_error(cmd), reply: r })
+            };
+        }
+    }
+
+    pub fn quit(mut self) {
+        let _ = self.cmd(&Command::Quit);
+    }
+}
+
+fn cmd_for_error(cmd: &Command) -> String {
+    match cmd {
+        Command::Pass(_) => "PASS".into(),
+        c => c.to_line(),
+    }
+}

@@ -1,0 +1,419 @@
+//! `braid get`, `put` and `ls`: a blocking FTP client. One thread per data connection is plenty
+//! for a client and keeps the data path a plain read/write loop.
+
+mod control;
+pub mod error;
+pub mod url;
+
+pub use control::Control;
+use error::{ClientError, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::fs::{File, OpenOptions};
+use std::io::{IsTerminal, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use url::Target;
+use braid_proto::Command;
+
+/// Data-path buffer size: big reads and writes, few syscalls.
+const BUF: usize = 1 << 20;
+
+/// Options shared by the client commands.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub resume: bool,
+    /// Show a progress bar (only ever on a terminal).
+    pub progress: bool,
+    /// Print the control dialogue on stderr.
+    pub verbose: bool,
+}
+
+/// What a finished transfer reports (`--json`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Summary {
+    pub op: &'static str,
+    pub url: String,
+    pub local: String,
+    /// Bytes moved in this run.
+    pub bytes: u64,
+    /// Size of the whole file, when known.
+    pub size: Option<u64>,
+    /// Where this run started (non-zero when resumed).
+    pub resumed_from: u64,
+    pub seconds: f64,
+    pub bytes_per_second: f64,
+    /// Transfer mode used: `stream` is plain FTP over one data connection.
+    pub mode: &'static str,
+    pub streams: u32,
+}
+
+impl Summary {
+    pub fn human(&self) -> String {
+        format!(
+            "{} {} bytes in {:.2} s ({}/s), {} mode, {} stream(s){}",
+            self.op,
+            self.bytes,
+            self.seconds,
+            human_bytes(self.bytes_per_second),
+            self.mode,
+            self.streams,
+            if self.resumed_from > 0 { format!(", resumed at byte {}", self.resumed_from) } else { String::new() }
+        )
+    }
+}
+
+pub fn human_bytes(n: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
+/// The URL without its password, for summaries and logs.
+pub fn display_url(t: &Target) -> String {
+    let host = if t.host.contains(':') { format!("[{}]", t.host) } else { t.host.clone() };
+    format!("ftp://{}@{}:{}/{}", t.user, host, t.port, t.path)
+}
+
+fn session(target: &Target, opts: &Options) -> Result<Control> {
+    let mut c = Control::connect(target)?;
+    c.set_verbose(opts.verbose);
+    c.login(target)?;
+    c.expect(&Command::Type(braid_proto::command::TransferType::Image), &[200])?;
+    Ok(c)
+}
+
+fn progress_bar(opts: &Options, total: Option<u64>, start: u64) -> ProgressBar {
+    if !opts.progress || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = match total {
+        Some(t) => ProgressBar::new(t),
+        None => ProgressBar::new_spinner(),
+    };
+    let style = ProgressStyle::with_template(
+        "{bytes:>10}/{total_bytes:10} [{wide_bar}] {binary_bytes_per_sec:>12} ETA {eta:>4}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style.progress_chars("=> "));
+    bar.set_position(start);
+    bar
+}
+
+/// Where a download goes.
+#[derive(Debug, Clone)]
+pub enum Dest {
+    Stdout,
+    File(PathBuf),
+}
+
+/// The file a download lands in: DEST itself, DEST/NAME if DEST is a directory, or NAME in the
+/// current directory when no DEST is given.
+pub fn resolve_dest(dest: Option<&str>, remote_path: &str) -> Result<Dest> {
+    let name = remote_path.rsplit('/').next().filter(|n| !n.is_empty() && *n != "." && *n != "..");
+    match dest {
+        Some("-") => Ok(Dest::Stdout),
+        Some(d) if Path::new(d).is_dir() => match name {
+            Some(n) => Ok(Dest::File(Path::new(d).join(n))),
+            None => Err(ClientError::Usage(format!("the URL names no file to save into directory {d}"))),
+        },
+        Some(d) => Ok(Dest::File(PathBuf::from(d))),
+        None => name
+            .map(|n| Dest::File(PathBuf::from(n)))
+            .ok_or_else(|| ClientError::Usage("the URL names no file; give a destination".into())),
+    }
+}
+
+/// `DEST.part`: where a download is written until it is complete and checked.
+pub fn part_path(dest: &Path) -> PathBuf {
+    let mut s = dest.as_os_str().to_owned();
+    s.push(".part");
+    PathBuf::from(s)
+}
+
+fn local_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClientError {
+    let what = what.into();
+    move |source| ClientError::Local { what, source }
+}
+
+/// Downloads one file.
+pub fn get(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
+    if target.path.is_empty() || target.path.ends_with('/') {
+        return Err(ClientError::Usage(format!("{} names a directory; use braid ls to list it", display_url(target))));
+    }
+    let mut c = session(target, opts)?;
+    let size = match c.cmd(&Command::Size(target.path.clone()))? {
+        r if r.code == 213 => r.text().trim().parse::<u64>().ok(),
+        _ => None,
+    };
+    let (mut out, part, offset): (Box<dyn Write>, Option<(PathBuf, PathBuf, File)>, u64) = match dest {
+        Dest::Stdout => (Box::new(std::io::stdout().lock()), None, 0),
+        Dest::File(path) => {
+            let part = part_path(path);
+            let mut oo = OpenOptions::new();
+            oo.write(true).create(true);
+            let file = if opts.resume { oo.open(&part) } else { oo.truncate(true).open(&part) }
+                .map_err(local_err(format!("cannot write {}", part.display())))?;
+            let have = file.metadata().map_err(local_err(format!("cannot stat {}", part.display())))?.len();
+            if let Some(s) = size
+                && have > s
+            {
+                return Err(ClientError::Integrity(format!(
+                    "{} holds {have} bytes but the remote file has only {s}; it is not a partial copy of it. Remove it to start over",
+                    part.display()
+                )));
+            }
+            let writer = file.try_clone().map_err(local_err("cannot duplicate file handle"))?;
+            let mut w = std::io::BufWriter::with_capacity(BUF, writer);
+            use std::io::Seek;
+            w.seek(std::io::SeekFrom::Start(have)).map_err(local_err("seek"))?;
+            (Box::new(w), Some((path.clone(), part, file)), have)
+        }
+    };
+    let started = Instant::now();
+    let mut received = 0u64;
+    // A resumed download whose partial is already whole needs no data connection.
+    let already_complete = offset > 0 && size == Some(offset);
+    if !already_complete {
+        if offset > 0 {
+            let r = c.cmd(&Command::Rest(offset))?;
+            if r.code != 350 {
+                return Err(ClientError::Remote { what: format!("REST {offset} (the server cannot resume)"), reply: r });
+            }
+        }
+        let retr = Command::Retr(target.path.clone());
+        let data = c.open_data()?;
+        c.start_transfer(&retr)?;
+        let bar = progress_bar(opts, size, offset);
+        let partial_name = part.as_ref().map(|(_, p, _)| p.display().to_string());
+        let copied = copy_stream(data, &mut out, &bar);
+        bar.finish_and_clear();
+        received = match copied {
+            Ok(n) => n,
+            Err((n, CopyError::Read(e))) => {
+                return Err(ClientError::Interrupted { bytes: n, why: format!("data connection: {e}"), partial: partial_name });
+            }
+            Err((_, CopyError::Write(e))) => {
+                return Err(ClientError::Local { what: "cannot write the download".into(), source: e });
+            }
+        };
+        out.flush().map_err(local_err("cannot write the download"))?;
+        if let Err(e) = c.finish_transfer(&retr) {
+            return Err(match e {
+                ClientError::Remote { reply, .. } => ClientError::Interrupted {
+                    bytes: received,
+                    why: format!("server reported {reply}"),
+                    partial: partial_name,
+                },
+                e => e,
+            });
+        }
+    }
+    drop(out);
+    let total = offset + received;
+    if let Some(s) = size
+        && total != s
+    {
+        return Err(ClientError::Integrity(format!(
+            "received {total} bytes but the server announced {s}; the partial data is kept, run again with --resume"
+        )));
+    }
+    let local = match part {
+        Some((final_path, part, file)) => {
+            file.sync_all().map_err(local_err(format!("cannot flush {}", part.display())))?;
+            std::fs::rename(&part, &final_path)
+                .map_err(local_err(format!("cannot rename {} to {}", part.display(), final_path.display())))?;
+            final_path.display().to_string()
+        }
+        None => "-".into(),
+    };
+    c.quit();
+    Ok(summary("get", target, local, received, size.or(Some(total)), offset, started))
+}
+
+fn summary(op: &'static str, target: &Target, local: String, bytes: u64, size: Option<u64>, offset: u64, started: Instant) -> Summary {
+    let seconds = started.elapsed().as_secs_f64();
+    Summary {
+        op,
+        url: display_url(target),
+        local,
+        bytes,
+        size,
+        resumed_from: offset,
+        seconds,
+        bytes_per_second: bytes as f64 / seconds.max(1e-9),
+        mode: "stream",
+        streams: 1,
+    }
+}
+
+enum CopyError {
+    Read(std::io::Error),
+    Write(std::io::Error),
+}
+
+/// Copies a data connection into `out` until the server closes it.
+fn copy_stream(mut data: TcpStream, out: &mut dyn Write, bar: &ProgressBar) -> std::result::Result<u64, (u64, CopyError)> {
+    let mut buf = vec![0u8; BUF];
+    let mut n_total = 0u64;
+    loop {
+        let n = match data.read(&mut buf) {
+            Ok(0) => return Ok(n_total),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err((n_total, CopyError::Read(e))),
+        };
+        out.write_all(&buf[..n]).map_err(|e| (n_total, CopyError::Write(e)))?;
+        n_total += n as u64;
+        bar.inc(n as u64);
+    }
+}
+
+/// Uploads one file. A URL ending in `/` names a directory: the file keeps its name.
+pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
+    let file = File::open(local).map_err(local_err(format!("cannot read {}", local.display())))?;
+    let meta = file.metadata().map_err(local_err(format!("cannot stat {}", local.display())))?;
+    if !meta.is_file() {
+        return Err(ClientError::Usage(format!("{} is not a regular file", local.display())));
+    }
+    let len = meta.len();
+    let mut target = target.clone();
+    if target.path.is_empty() || target.path.ends_with('/') {
+        let name = local
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| ClientError::Usage(format!("{} has no usable file name", local.display())))?;
+        target.path.push_str(name);
+    }
+    let mut c = session(&target, opts)?;
+    let mut offset = 0;
+    if opts.resume {
+        let r = c.cmd(&Command::Size(target.path.clone()))?;
+        if r.code == 213 {
+            offset = r.text().trim().parse::<u64>().unwrap_or(0);
+        }
+        if offset > len {
+            return Err(ClientError::Integrity(format!(
+                "the server already holds {offset} bytes of {}, more than the {len} bytes of {}",
+                target.path,
+                local.display()
+            )));
+        }
+    }
+    let started = Instant::now();
+    let mut sent = 0;
+    if !(opts.resume && offset == len && len > 0) {
+        if offset > 0 {
+            let r = c.cmd(&Command::Rest(offset))?;
+            if r.code != 350 {
+                return Err(ClientError::Remote { what: format!("REST {offset} (the server cannot resume)"), reply: r });
+            }
+        }
+        let stor = Command::Stor(target.path.clone());
+        let data = c.open_data()?;
+        c.start_transfer(&stor)?;
+        let bar = progress_bar(opts, Some(len), offset);
+        let r = send_file(&file, offset, len, &data, &bar);
+        bar.finish_and_clear();
+        sent = r.map_err(|(n, e)| ClientError::Interrupted {
+            bytes: n,
+            why: format!("data connection: {e}"),
+            partial: None,
+        })?;
+        let _ = data.shutdown(std::net::Shutdown::Write);
+        // Wait for the server to close its side, so the 226 describes the whole file.
+        let mut sink = [0u8; 64];
+        let _ = (&data).read(&mut sink);
+        drop(data);
+        c.finish_transfer(&stor).map_err(|e| match e {
+            ClientError::Remote { reply, .. } => ClientError::Interrupted {
+                bytes: sent,
+                why: format!("server reported {reply}; run again with --resume to continue"),
+                partial: None,
+            },
+            e => e,
+        })?;
+    }
+    c.quit();
+    Ok(summary("put", &target, local.display().to_string(), sent, Some(len), offset, started))
+}
+
+/// Sends `[offset, len)` of a file with sendfile: the bytes never pass through user space.
+fn send_file(file: &File, mut offset: u64, len: u64, sock: &TcpStream, bar: &ProgressBar) -> std::result::Result<u64, (u64, std::io::Error)> {
+    let start = offset;
+    while offset < len {
+        let want = usize::try_from(len - offset).unwrap_or(usize::MAX).min(1 << 30);
+        let before = offset;
+        match rustix::fs::sendfile(sock, file, Some(&mut offset), want) {
+            Ok(0) => {
+                return Err((offset - start, std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "local file shrank during upload")));
+            }
+            Ok(_) => bar.inc(offset - before),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err((offset - start, e.into())),
+        }
+    }
+    Ok(offset - start)
+}
+
+/// One entry of a remote listing.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ListEntry {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub size: Option<u64>,
+    /// Modification time, seconds since the Unix epoch (UTC).
+    pub modify: Option<i64>,
+    /// The raw line, for servers without MLSD.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw: Option<String>,
+}
+
+/// Lists a directory: MLSD when the server has it (exact sizes and UTC times), LIST otherwise.
+pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
+    let mut c = session(target, opts)?;
+    let path = if target.path.is_empty() { None } else { Some(target.path.clone()) };
+    let mlsd = Command::Mlsd(path.clone());
+    let data = c.open_data()?;
+    c.send(&mlsd)?;
+    let r = c.reply()?;
+    let (text, machine) = match r.code {
+        125 | 150 => (read_all(data, &mut c, &mlsd)?, true),
+        500 | 501 | 502 | 504 => {
+            drop(data);
+            let list = Command::List(path);
+            let data = c.open_data()?;
+            c.start_transfer(&list)?;
+            (read_all(data, &mut c, &list)?, false)
+        }
+        _ => return Err(ClientError::Remote { what: mlsd.to_line(), reply: r }),
+    };
+    c.quit();
+    let mut entries = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        if machine {
+            if let Some(m) = braid_proto::listing::parse_mlsx(line) {
+                if matches!(m.kind.as_deref(), Some("cdir" | "pdir")) {
+                    continue;
+                }
+                entries.push(ListEntry { name: m.name, kind: m.kind, size: m.size, modify: m.modify, raw: None });
+            }
+        } else {
+            entries.push(ListEntry { name: line.to_string(), kind: None, size: None, modify: None, raw: Some(line.to_string()) });
+        }
+    }
+    Ok(entries)
+}
+
+fn read_all(mut data: TcpStream, c: &mut Control, cmd: &Command) -> Result<String> {
+    let mut buf = Vec::new();
+    data.read_to_end(&mut buf).map_err(|e| ClientError::Interrupted { bytes: buf.len() as u64, why: e.to_string(), partial: None })?;
+    c.finish_transfer(cmd)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}

@@ -1,0 +1,157 @@
+//! `ftp://[user[:password]@]host[:port]/path` and where the password comes from.
+
+use super::error::{ClientError, Result};
+
+/// A parsed FTP URL with its credentials resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: String,
+    /// Path on the server, percent-decoded, as sent in commands (without the leading `/` of
+    /// the URL, per RFC 1738: relative to the login directory).
+    pub path: String,
+}
+
+/// Where credentials may come from besides the URL, so tests need not touch the real
+/// environment.
+#[derive(Debug, Default, Clone)]
+pub struct CredentialSources {
+    /// `BRAID_PASSWORD`.
+    pub env_password: Option<String>,
+    /// Contents of `~/.netrc`.
+    pub netrc: Option<String>,
+}
+
+impl CredentialSources {
+    pub fn from_env() -> CredentialSources {
+        let netrc = std::env::var_os("NETRC")
+            .map(std::path::PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".netrc")))
+            .and_then(|p| std::fs::read_to_string(p).ok());
+        CredentialSources { env_password: std::env::var("BRAID_PASSWORD").ok(), netrc }
+    }
+}
+
+/// Parses a URL. The password is taken, in order, from the URL, `BRAID_PASSWORD`, then a
+/// `~/.netrc` entry for the host (which may also supply the user). Without a user anywhere,
+/// the login is anonymous.
+pub fn parse(text: &str, creds: &CredentialSources) -> Result<Target> {
+    let url = url::Url::parse(text).map_err(|e| ClientError::Usage(format!("bad URL {text:?}: {e}")))?;
+    if url.scheme() != "ftp" {
+        return Err(ClientError::Usage(format!(
+            "unsupported URL scheme {:?} in {text:?}: braid speaks ftp://",
+            url.scheme()
+        )));
+    }
+    let host = url
+        .host_str()
+        .ok_or_else(|| ClientError::Usage(format!("URL {text:?} has no host")))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    let port = url.port().unwrap_or(21);
+    let decode = |s: &str| {
+        percent_decode(s).map_err(|_| ClientError::Usage(format!("URL {text:?} is not valid UTF-8 after percent-decoding")))
+    };
+    let mut user = decode(url.username())?;
+    let mut password = url.password().map(decode).transpose()?;
+    if password.is_none() && !user.is_empty() {
+        password = creds.env_password.clone();
+    }
+    if password.is_none()
+        && let Some((u, p)) = creds.netrc.as_deref().and_then(|n| netrc_lookup(n, &host))
+        && (user.is_empty() || user == u)
+    {
+        user = u;
+        password = Some(p);
+    }
+    if user.is_empty() {
+        user = "anonymous".into();
+        password.get_or_insert_with(|| "braid@".into());
+    }
+    let path = decode(url.path())?;
+    let path = path.strip_prefix('/').unwrap_or(&path).to_string();
+    if path.contains(['\r', '\n', '\0']) {
+        return Err(ClientError::Usage(format!("URL path in {text:?} contains a line break or NUL")));
+    }
+    Ok(Target { host, port, user, password: password.unwrap_or_default(), path })
+}
+
+fn percent_decode(s: &str) -> std::result::Result<String, std::string::FromUtf8Error> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push(h << 4 | l);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out)
+}
+
+fn hex(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
+}
+
+/// Finds `login` and `password` for `host` (or a `default` entry) in netrc text.
+pub fn netrc_lookup(text: &str, host: &str) -> Option<(String, String)> {
+    let mut tokens = text.split_whitespace();
+    let mut current: Option<bool> = None; // Some(true) inside the matching machine entry
+    let (mut login, mut password) = (None, None);
+    while let Some(tok) = tokens.next() {
+        match tok {
+            "machine" => {
+                if current == Some(true) {
+                    break;
+                }
+                current = Some(tokens.next() == Some(host));
+            }
+            "default" => {
+                if current == Some(true) {
+                    break;
+                }
+                current = Some(true);
+            }
+            "login" if current == Some(true) => login = tokens.next().map(str::to_string),
+            "password" if current == Some(true) => password = tokens.next().map(str::to_string),
+            "macdef" => {
+                if current == Some(true) {
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    Some((login?, password?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_forms_and_credential_order() {
+        let none = CredentialSources::default();
+        let t = parse("ftp://example.org/pub/a%20b.txt", &none).unwrap();
+        assert_eq!((t.user.as_str(), t.port, t.path.as_str()), ("anonymous", 21, "pub/a b.txt"));
+        let t = parse("ftp://al%40x:p%3Aw@[::1]:2121/f", &none).unwrap();
+        assert_eq!((t.user.as_str(), t.password.as_str(), t.host.as_str(), t.port), ("al@x", "p:w", "::1", 2121));
+        let env = CredentialSources { env_password: Some("envpw".into()), netrc: None };
+        assert_eq!(parse("ftp://bob@h/f", &env).unwrap().password, "envpw");
+        let netrc = CredentialSources {
+            env_password: None,
+            netrc: Some("machine other login x password y\nmachine h login carol password c1".into()),
+        };
+        let t = parse("ftp://h/f", &netrc).unwrap();
+        assert_eq!((t.user.as_str(), t.password.as_str()), ("carol", "c1"));
+        assert!(parse("http://h/f", &none).is_err());
+        assert!(parse("ftp://h/a%0d%0aDELE%20x", &none).is_err());
+    }
+}

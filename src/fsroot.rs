@@ -1,0 +1,343 @@
+//! A directory tree that a session may not leave.
+//!
+//! Every path is opened with `openat2(RESOLVE_BENEATH)` relative to a handle on the root
+//! directory, so `..`, absolute symlinks and symlinks that climb out are refused by the kernel
+//! itself, with no window between checking a path and using it.
+
+use braid_proto::VPath;
+use braid_proto::listing::{Entry, EntryKind};
+use braid_proto::session::FsError;
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Stat};
+use rustix::io::Errno;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+/// The root of one user's view of the file system.
+#[derive(Debug)]
+pub struct Root {
+    dir: OwnedFd,
+    path: PathBuf,
+}
+
+const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
+
+/// Suffix of the hidden file an upload is written to until it completes.
+pub const PART_SUFFIX: &str = ".braid-part";
+
+pub fn errno_to_fs(e: Errno) -> FsError {
+    match e {
+        Errno::NOENT => FsError::NotFound,
+        Errno::NOTDIR => FsError::NotADirectory,
+        Errno::ACCESS | Errno::PERM | Errno::ROFS => FsError::PermissionDenied,
+        Errno::EXIST => FsError::Exists,
+        Errno::NOTEMPTY => FsError::NotEmpty,
+        Errno::XDEV | Errno::LOOP => FsError::Escapes,
+        Errno::NOSPC | Errno::DQUOT => FsError::NoSpace,
+        Errno::ISDIR => FsError::NotAFile,
+        e => FsError::Other(std::io::Error::from(e).to_string()),
+    }
+}
+
+pub fn io_to_fs(e: &std::io::Error) -> FsError {
+    match e.raw_os_error() {
+        Some(code) => errno_to_fs(Errno::from_raw_os_error(code)),
+        None => FsError::Other(e.to_string()),
+    }
+}
+
+/// Facts about one open file or directory.
+fn entry_from_stat(name: &str, st: &Stat) -> Entry {
+    let kind = match st.st_mode & 0o170000 {
+        0o040000 => EntryKind::Dir,
+        0o100000 => EntryKind::File,
+        0o120000 => EntryKind::Symlink,
+        _ => EntryKind::Other,
+    };
+    Entry {
+        name: name.to_string(),
+        kind,
+        size: u64::try_from(st.st_size).unwrap_or(0),
+        mtime: st.st_mtime,
+        mode: st.st_mode & 0o7777,
+        nlink: st.st_nlink,
+        dev: st.st_dev,
+        ino: st.st_ino,
+    }
+}
+
+/// The hidden name an upload of `name` is written under until it completes.
+pub fn part_name(name: &str) -> String {
+    format!(".{name}{PART_SUFFIX}")
+}
+
+impl Root {
+    pub fn open(path: &Path) -> std::io::Result<Root> {
+        let dir = rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Root {
+            dir,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn open_at(&self, p: &VPath, flags: OFlags) -> Result<OwnedFd, FsError> {
+        rustix::fs::openat2(
+            &self.dir,
+            p.relative(),
+            flags | OFlags::CLOEXEC,
+            // openat2 refuses a mode without O_CREAT, and nothing here creates.
+            Mode::empty(),
+            RESOLVE,
+        )
+        .map_err(errno_to_fs)
+    }
+
+    /// The directory that holds `p`, and `p`'s last name. The root itself has no parent.
+    fn parent_of<'a>(&self, p: &'a VPath) -> Result<(OwnedFd, &'a str), FsError> {
+        let (Some(parent), Some(name)) = (p.parent(), p.file_name()) else {
+            return Err(FsError::PermissionDenied);
+        };
+        let fd = self.open_at(&parent, OFlags::PATH | OFlags::DIRECTORY)?;
+        Ok((fd, name))
+    }
+
+    /// Stats `p`, following symlinks only while they stay beneath the root.
+    pub fn stat(&self, p: &VPath) -> Result<Entry, FsError> {
+        let fd = self.open_at(p, OFlags::PATH)?;
+        let st = rustix::fs::fstat(&fd).map_err(errno_to_fs)?;
+        Ok(entry_from_stat(p.file_name().unwrap_or("/"), &st))
+    }
+
+    pub fn is_dir(&self, p: &VPath) -> Result<(), FsError> {
+        self.open_at(p, OFlags::PATH | OFlags::DIRECTORY).map(drop)
+    }
+
+    /// Opens a regular file for reading; returns it with its size.
+    pub fn open_read(&self, p: &VPath) -> Result<(File, Entry), FsError> {
+        let fd = self.open_at(p, OFlags::RDONLY)?;
+        let st = rustix::fs::fstat(&fd).map_err(errno_to_fs)?;
+        let entry = entry_from_stat(p.file_name().unwrap_or("/"), &st);
+        if entry.kind != EntryKind::File {
+            return Err(FsError::NotAFile);
+        }
+        Ok((File::from(fd), entry))
+    }
+
+    /// The entries of a directory, `.` and `..` left out. Entries whose symlinks lead out of
+    /// the root are shown as links, without following them.
+    pub fn list(&self, p: &VPath) -> Result<Vec<Entry>, FsError> {
+        let fd = self.open_at(p, OFlags::RDONLY | OFlags::DIRECTORY)?;
+        let dir = rustix::fs::Dir::new(fd).map_err(errno_to_fs)?;
+        let mut out = Vec::new();
+        for item in dir {
+            let item = item.map_err(errno_to_fs)?;
+            let Ok(name) = item.file_name().to_str() else {
+                continue; // not UTF-8: cannot be named over an RFC 2640 control connection
+            };
+            if name == "." || name == ".." || name.chars().any(char::is_control) {
+                continue;
+            }
+            let child = p.join(name).map_err(|e| FsError::Other(e.to_string()))?;
+            match self.stat(&child) {
+                Ok(e) => out.push(e),
+                Err(_) => {
+                    // Dangling link or a link out of the root: describe the link itself.
+                    let (dir, name) = self.parent_of(&child)?;
+                    if let Ok(st) = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                        out.push(entry_from_stat(name, &st));
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    pub fn mkdir(&self, p: &VPath) -> Result<(), FsError> {
+        let (dir, name) = self.parent_of(p)?;
+        rustix::fs::mkdirat(&dir, name, Mode::from_bits_truncate(0o755)).map_err(errno_to_fs)
+    }
+
+    pub fn rmdir(&self, p: &VPath) -> Result<(), FsError> {
+        let (dir, name) = self.parent_of(p)?;
+        rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR).map_err(errno_to_fs)
+    }
+
+    /// Deletes a file (or symlink); directories need RMD.
+    pub fn delete(&self, p: &VPath) -> Result<(), FsError> {
+        let (dir, name) = self.parent_of(p)?;
+        let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(errno_to_fs)?;
+        if st.st_mode & 0o170000 == 0o040000 {
+            return Err(FsError::NotAFile);
+        }
+        rustix::fs::unlinkat(&dir, name, AtFlags::empty()).map_err(errno_to_fs)
+    }
+
+    /// Checks that a rename source exists (the link itself, not what it points to).
+    pub fn exists_nofollow(&self, p: &VPath) -> Result<(), FsError> {
+        let (dir, name) = self.parent_of(p)?;
+        rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
+            .map(drop)
+            .map_err(errno_to_fs)
+    }
+
+    pub fn rename(&self, from: &VPath, to: &VPath) -> Result<(), FsError> {
+        let (from_dir, from_name) = self.parent_of(from)?;
+        let (to_dir, to_name) = self.parent_of(to)?;
+        rustix::fs::renameat(&from_dir, from_name, &to_dir, to_name).map_err(errno_to_fs)
+    }
+
+    /// Size of `p`; for a file still being uploaded (only its partial exists), the partial's
+    /// size, so that standard clients can resume an upload with SIZE then REST or APPE.
+    pub fn size(&self, p: &VPath) -> Result<u64, FsError> {
+        match self.stat(p) {
+            Ok(e) if e.kind == EntryKind::File => Ok(e.size),
+            Ok(_) => Err(FsError::NotAFile),
+            Err(FsError::NotFound) => {
+                let upload = Upload::locate(self, p)?;
+                match rustix::fs::statat(&upload.dir, &upload.part, AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(st) if st.st_mode & 0o170000 == 0o100000 => {
+                        Ok(u64::try_from(st.st_size).unwrap_or(0))
+                    }
+                    _ => Err(FsError::NotFound),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// How an upload treats data already on the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadStart {
+    /// STOR, possibly after REST: write from this offset.
+    At(u64),
+    /// APPE: write after whatever is there.
+    Append,
+}
+
+/// An upload in progress: data goes to a hidden partial file beside the target, which takes the
+/// target's name only when the transfer completes.
+#[derive(Debug)]
+pub struct Upload {
+    dir: OwnedFd,
+    name: String,
+    part: String,
+}
+
+impl Upload {
+    fn locate(root: &Root, p: &VPath) -> Result<Upload, FsError> {
+        let (dir, name) = root.parent_of(p)?;
+        Ok(Upload {
+            part: part_name(name),
+            name: name.to_string(),
+            dir,
+        })
+    }
+
+    /// Opens (or creates) the partial file and positions it; returns the file and the offset at
+    /// which the incoming data starts.
+    pub fn begin(root: &Root, p: &VPath, start: UploadStart) -> Result<(Upload, File, u64), FsError> {
+        let up = Upload::locate(root, p)?;
+        if let Ok(st) = rustix::fs::statat(&up.dir, up.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            && st.st_mode & 0o170000 == 0o040000
+        {
+            return Err(FsError::NotAFile);
+        }
+        let open_part = |flags: OFlags| {
+            rustix::fs::openat(
+                &up.dir,
+                up.part.as_str(),
+                flags | OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                Mode::from_bits_truncate(0o644),
+            )
+            .map(File::from)
+            .map_err(errno_to_fs)
+        };
+        let part_len = |f: &File| f.metadata().map(|m| m.len()).map_err(|e| io_to_fs(&e));
+        let (file, offset) = match start {
+            UploadStart::At(0) => (open_part(OFlags::CREATE | OFlags::TRUNC)?, 0),
+            UploadStart::At(n) => match open_part(OFlags::empty()) {
+                Ok(f) => {
+                    let have = part_len(&f)?;
+                    if n > have {
+                        return Err(FsError::BadRestart { offset: n, size: have });
+                    }
+                    f.set_len(n).map_err(|e| io_to_fs(&e))?;
+                    (f, n)
+                }
+                Err(FsError::NotFound) => {
+                    let f = open_part(OFlags::CREATE | OFlags::TRUNC)?;
+                    let have = up.seed_from_final(&f, Some(n))?;
+                    if have < n {
+                        return Err(FsError::BadRestart { offset: n, size: have });
+                    }
+                    (f, n)
+                }
+                Err(e) => return Err(e),
+            },
+            UploadStart::Append => match open_part(OFlags::empty()) {
+                Ok(f) => {
+                    let have = part_len(&f)?;
+                    (f, have)
+                }
+                Err(FsError::NotFound) => {
+                    let f = open_part(OFlags::CREATE | OFlags::TRUNC)?;
+                    let have = up.seed_from_final(&f, None)?;
+                    (f, have)
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        Ok((up, file, offset))
+    }
+
+    /// Copies the first `limit` bytes (all if `None`) of an existing final file into the new
+    /// partial, so REST or APPE on a complete file still replaces it atomically.
+    fn seed_from_final(&self, part: &File, limit: Option<u64>) -> Result<u64, FsError> {
+        let src = match rustix::fs::openat(
+            &self.dir,
+            self.name.as_str(),
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        ) {
+            Ok(fd) => File::from(fd),
+            Err(Errno::NOENT) => return Ok(0),
+            Err(e) => return Err(errno_to_fs(e)),
+        };
+        let len = src.metadata().map_err(|e| io_to_fs(&e))?.len();
+        let want = limit.map_or(len, |l| l.min(len));
+        let mut copied = 0;
+        while copied < want {
+            let n = rustix::fs::copy_file_range(
+                &src,
+                None,
+                part,
+                None,
+                usize::try_from(want - copied).unwrap_or(usize::MAX).min(1 << 30),
+            )
+            .map_err(errno_to_fs)?;
+            if n == 0 {
+                break;
+            }
+            copied += n as u64;
+        }
+        Ok(copied)
+    }
+
+    /// Makes the upload visible under its final name, after its data is on disk.
+    pub fn commit(self, file: File) -> Result<(), FsError> {
+        file.sync_data().map_err(|e| io_to_fs(&e))?;
+        drop(file);
+        rustix::fs::renameat(&self.dir, self.part.as_str(), &self.dir, self.name.as_str())
+            .map_err(errno_to_fs)
+    }
+}

@@ -1,0 +1,11 @@
+//! braid: move large files fast over long, fat, slow or lossy networks.
+//!
+//! Layers: `braid-proto` holds the protocol without I/O; [`fsroot`] confines file access to a
+//! root; [`server`] and [`client`] are the I/O around the protocol; [`cli`] is the command line.
+
+pub mod cli;
+pub mod client;
+pub mod demo;
+pub mod fsroot;
+pub mod server;
+pub mod users;

@@ -1,0 +1,581 @@
+//! One control connection: reads commands, drives the protocol session, does the I/O it asks
+//! for, and keeps listening (for ABOR, STAT, QUIT) while a transfer runs.
+
+use super::data::{self, DataError, Finished, Job};
+use super::{Config, Shutdown};
+use crate::fsroot::{Root, Upload, UploadStart};
+use braid_proto::line::{LineBuffer, LineError};
+use braid_proto::listing::{self, EntryKind};
+use braid_proto::session::{
+    Action, DataEndpoint, FsError, FsOp, FsOutcome, ListStyle, Perm, Session, SessionConfig,
+    Transfer, TransferKind, TransferOutcome, canonical_ip, select_facts,
+};
+use braid_proto::{Command, MAX_LINE, Reply};
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::watch;
+use tokio::time::{Instant, timeout, timeout_at};
+
+/// Commands a client may pipeline behind a running transfer before the server stops reading.
+const MAX_QUEUED: usize = 32;
+
+struct Conn {
+    rd: OwnedReadHalf,
+    wr: OwnedWriteHalf,
+    lines: LineBuffer,
+    buf: Box<[u8]>,
+    /// Lines read while a transfer ran, handled after it.
+    queued: VecDeque<Vec<u8>>,
+}
+
+/// What reading the next command gave.
+enum Input {
+    Line(Vec<u8>),
+    TooLong,
+    Closed,
+}
+
+impl Conn {
+    /// Cancel-safe: bytes are only moved into `lines` once a read completes.
+    async fn next_input(&mut self) -> Input {
+        if let Some(l) = self.queued.pop_front() {
+            return Input::Line(l);
+        }
+        loop {
+            match self.lines.next_line() {
+                Ok(Some(l)) => return Input::Line(l),
+                Ok(None) => {}
+                Err(LineError::TooLong(_)) => return Input::TooLong,
+            }
+            match self.rd.read(&mut self.buf).await {
+                Ok(0) | Err(_) => return Input::Closed,
+                Ok(n) => self.lines.extend(&self.buf[..n]),
+            }
+        }
+    }
+
+    async fn send(&mut self, r: &Reply) -> std::io::Result<()> {
+        tracing::debug!("> {r}");
+        self.wr.write_all(&r.to_bytes()).await
+    }
+}
+
+/// State the I/O side keeps next to the protocol session.
+struct Io {
+    config: Arc<Config>,
+    peer: SocketAddr,
+    local: SocketAddr,
+    root: Option<Arc<Root>>,
+    passive: Option<TcpListener>,
+}
+
+pub(super) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    config: Arc<Config>,
+    mut shutdown: watch::Receiver<Shutdown>,
+) {
+    // Clients send ABOR with TCP urgent data; keep that byte in the stream.
+    let _ = socket2::SockRef::from(&stream).set_out_of_band_inline(true);
+    let _ = stream.set_nodelay(true);
+    let Ok(local) = stream.local_addr() else { return };
+    let (rd, wr) = stream.into_split();
+    let mut conn = Conn {
+        rd,
+        wr,
+        lines: LineBuffer::new(MAX_LINE),
+        buf: vec![0u8; 4096].into_boxed_slice(),
+        queued: VecDeque::new(),
+    };
+    let mut io = Io { config: config.clone(), peer, local, root: None, passive: None };
+    let mut session = Session::new(
+        SessionConfig { anonymous: config.anonymous, max_login_failures: 3 },
+        peer.ip(),
+    );
+    tracing::info!(%peer, "connected");
+    if conn.send(&Session::greeting()).await.is_err() {
+        return;
+    }
+    let login_deadline = Instant::now() + config.login_timeout;
+    loop {
+        let deadline = if session.user().is_none() {
+            login_deadline
+        } else {
+            Instant::now() + config.idle_timeout
+        };
+        let input = tokio::select! {
+            i = conn.next_input() => i,
+            _ = tokio::time::sleep_until(deadline) => {
+                let why = if session.user().is_none() { "Login timeout" } else { "Idle timeout" };
+                let _ = conn.send(&Reply::new(421, format!("{why}; closing control connection."))).await;
+                tracing::info!(%peer, "{why}");
+                break;
+            }
+            _ = reached(&mut shutdown, Shutdown::Graceful) => {
+                let _ = conn.send(&Reply::new(421, "Server is shutting down; closing control connection.")).await;
+                break;
+            }
+        };
+        let line = match input {
+            Input::Line(l) => l,
+            Input::Closed => break,
+            Input::TooLong => {
+                let r = Reply::new(500, format!("Command line too long (limit {MAX_LINE} bytes); closing connection."));
+                let _ = conn.send(&r).await;
+                tracing::warn!(%peer, "overlong command line");
+                break;
+            }
+        };
+        let cmd = match Command::parse(&line) {
+            Ok(c) => c,
+            Err(e) => {
+                if conn.send(&Reply::new(e.reply_code(), format!("{e}."))).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+        };
+        match &cmd {
+            Command::Pass(_) => tracing::debug!(%peer, "< PASS ****"),
+            c => tracing::debug!(%peer, "< {}", c.to_line()),
+        }
+        let mut action = session.handle(cmd);
+        // Login and passive results may themselves close the session.
+        if let Action::Login { user, password } = action {
+            action = login(&mut io, &mut session, user, password).await;
+        }
+        let keep_going = match action {
+            Action::Reply(r) => conn.send(&r).await.is_ok(),
+            Action::Close(r) => {
+                let _ = conn.send(&r).await;
+                false
+            }
+            Action::Login { .. } => true,
+            Action::Passive { extended } => {
+                let result = io.open_passive().await;
+                let r = session.passive_done(extended, result);
+                conn.send(&r).await.is_ok()
+            }
+            Action::Fs(op) => {
+                let result = io.fs(op).await;
+                let r = session.fs_done(result);
+                conn.send(&r).await.is_ok()
+            }
+            Action::Transfer(t) => {
+                transfer(&mut conn, &mut io, &mut session, t, &mut shutdown).await
+            }
+        };
+        if !keep_going {
+            break;
+        }
+    }
+    tracing::info!(%peer, "disconnected");
+}
+
+async fn login(io: &mut Io, session: &mut Session, user: String, password: String) -> Action {
+    let config = io.config.clone();
+    let anonymous = braid_proto::session::ANONYMOUS_NAMES.iter().any(|a| a.eq_ignore_ascii_case(&user));
+    let name = user.clone();
+    let checked = tokio::task::spawn_blocking(move || -> Option<(Perm, std::path::PathBuf)> {
+        if anonymous {
+            return config.anonymous.map(|p| (p, config.root.clone()));
+        }
+        config.users.verify(&name, &password).map(|a| (a.perm, a.root.clone()))
+    })
+    .await
+    .ok()
+    .flatten();
+    let granted = match checked {
+        Some((perm, root_path)) => match Root::open(&root_path) {
+            Ok(root) => {
+                io.root = Some(Arc::new(root));
+                tracing::info!(peer = %io.peer, user, "logged in");
+                Some(perm)
+            }
+            Err(e) => {
+                tracing::error!(user, "root directory {} unusable: {e}", root_path.display());
+                None
+            }
+        },
+        None => {
+            tracing::warn!(peer = %io.peer, user, "failed login");
+            tokio::time::sleep(io.config.login_fail_delay).await;
+            None
+        }
+    };
+    session.login_done(granted)
+}
+
+impl Io {
+    fn root(&self) -> Result<Arc<Root>, FsError> {
+        self.root.clone().ok_or(FsError::PermissionDenied)
+    }
+
+    async fn open_passive(&mut self) -> Result<SocketAddr, String> {
+        self.passive = None;
+        let ip = self.local.ip();
+        let listener = match self.config.passive_ports {
+            None => TcpListener::bind(SocketAddr::new(ip, 0)).await.map_err(|e| e.to_string())?,
+            Some((lo, hi)) => {
+                // Random ports from the range, so the next one cannot be guessed (RFC 2577).
+                let mut found = None;
+                for _ in 0..64 {
+                    let port = rand::random_range(lo..=hi);
+                    if let Ok(l) = TcpListener::bind(SocketAddr::new(ip, port)).await {
+                        found = Some(l);
+                        break;
+                    }
+                }
+                found.ok_or_else(|| format!("no free port in {lo}-{hi}"))?
+            }
+        };
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        self.passive = Some(listener);
+        // A v4-mapped local address is reported as plain IPv4 for the 227 reply.
+        Ok(SocketAddr::new(canonical_ip(addr.ip()), addr.port()))
+    }
+
+    async fn fs(&self, op: FsOp) -> Result<FsOutcome, FsError> {
+        let root = self.root()?;
+        tokio::task::spawn_blocking(move || fs_blocking(&root, op))
+            .await
+            .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
+    }
+
+    /// Accepts (passive) or opens (active) the data connection.
+    async fn data_connection(&mut self, endpoint: DataEndpoint) -> Result<TcpStream, String> {
+        let deadline = Instant::now() + self.config.data_timeout;
+        match endpoint {
+            DataEndpoint::Passive(_) => {
+                let listener = self.passive.take().ok_or("no passive listener")?;
+                let want: IpAddr = canonical_ip(self.peer.ip());
+                loop {
+                    let (s, from) = timeout_at(deadline, listener.accept())
+                        .await
+                        .map_err(|_| "no connection arrived in time".to_string())?
+                        .map_err(|e| e.to_string())?;
+                    if canonical_ip(from.ip()) == want {
+                        return Ok(s);
+                    }
+                    // Port stealing (RFC 2577): drop strangers, keep waiting for the client.
+                    tracing::warn!(%from, "refused data connection from a host other than the client");
+                }
+            }
+            DataEndpoint::Active(addr) => {
+                let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }
+                    .map_err(|e| e.to_string())?;
+                // Connect from the control connection's local address, as clients expect.
+                let _ = socket.bind(SocketAddr::new(self.local.ip(), 0));
+                timeout_at(deadline, socket.connect(addr))
+                    .await
+                    .map_err(|_| format!("connecting to {addr} timed out"))?
+                    .map_err(|e| format!("cannot connect to {addr}: {e}"))
+            }
+        }
+    }
+}
+
+fn fs_blocking(root: &Root, op: FsOp) -> Result<FsOutcome, FsError> {
+    Ok(match op {
+        FsOp::ChangeDir(p) => {
+            root.is_dir(&p)?;
+            FsOutcome::Done
+        }
+        FsOp::Size { path, ascii: false } => FsOutcome::Size(root.size(&path)?),
+        FsOp::Size { path, ascii: true } => FsOutcome::Size(ascii_size(root, &path)?),
+        FsOp::Mdtm(p) => {
+            let e = root.stat(&p)?;
+            if e.kind != EntryKind::File {
+                return Err(FsError::NotAFile);
+            }
+            FsOutcome::Mtime(e.mtime)
+        }
+        FsOp::Mkd(p) => {
+            root.mkdir(&p)?;
+            FsOutcome::Done
+        }
+        FsOp::Rmd(p) => {
+            root.rmdir(&p)?;
+            FsOutcome::Done
+        }
+        FsOp::Dele(p) => {
+            root.delete(&p)?;
+            FsOutcome::Done
+        }
+        FsOp::RenameFrom(p) => {
+            root.exists_nofollow(&p)?;
+            FsOutcome::Done
+        }
+        FsOp::Rename { from, to } => {
+            root.rename(&from, &to)?;
+            FsOutcome::Done
+        }
+        FsOp::Mlst(p) => FsOutcome::Entry(root.stat(&p)?),
+        FsOp::StatList(p) => {
+            let now = unix_now();
+            let lines = match root.stat(&p)? {
+                e if e.kind == EntryKind::Dir => root.list(&p)?.iter().map(|e| listing::list_line(e, now)).collect(),
+                e => vec![listing::list_line(&e, now)],
+            };
+            FsOutcome::Lines(lines)
+        }
+    })
+}
+
+/// SIZE in TYPE A counts the CRs that conversion adds, which means reading the file; refuse
+/// for large files rather than stall the session.
+fn ascii_size(root: &Root, p: &braid_proto::VPath) -> Result<u64, FsError> {
+    const LIMIT: u64 = 64 << 20;
+    let (mut file, entry) = root.open_read(p)?;
+    if entry.size > LIMIT {
+        return Err(FsError::Other(format!(
+            "SIZE in ASCII mode is only offered for files up to {} MiB; use TYPE I",
+            LIMIT >> 20
+        )));
+    }
+    let mut buf = vec![0u8; 1 << 16];
+    let mut last_cr = false;
+    let mut total = 0;
+    loop {
+        let n = std::io::Read::read(&mut file, &mut buf).map_err(|e| crate::fsroot::io_to_fs(&e))?;
+        if n == 0 {
+            return Ok(total);
+        }
+        total += braid_proto::ascii::wire_len(&buf[..n], &mut last_cr);
+    }
+}
+
+pub fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Opens the local side of a transfer, before anything is promised to the client.
+fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), FsError> {
+    Ok(match &t.kind {
+        TransferKind::Retr(p) => {
+            let (file, entry) = root.open_read(p)?;
+            if t.offset > entry.size {
+                return Err(FsError::BadRestart { offset: t.offset, size: entry.size });
+            }
+            (Job::Retr { file, offset: t.offset, ascii: t.ascii }, Some(entry.size - t.offset))
+        }
+        TransferKind::Stor(p) | TransferKind::Appe(p) => {
+            let start = match t.kind {
+                TransferKind::Appe(_) => UploadStart::Append,
+                _ => UploadStart::At(t.offset),
+            };
+            let (upload, file, offset) = Upload::begin(root, p, start)?;
+            (Job::Stor { upload, file, offset, ascii: t.ascii }, None)
+        }
+        TransferKind::List(p, style) => {
+            let now = unix_now();
+            let dir = root.stat(p)?;
+            let mut text = String::new();
+            let entries = if dir.kind == EntryKind::Dir { root.list(p)? } else { vec![dir.clone()] };
+            if *style == ListStyle::Machine {
+                if dir.kind != EntryKind::Dir {
+                    return Err(FsError::NotADirectory);
+                }
+                let mut cdir = dir.clone();
+                cdir.name = ".".into();
+                let facts = listing::mlsx_facts(&cdir, Some("cdir"), t.writable);
+                text.push_str(&format!("{} .\r\n", select_facts(&facts, &t.facts)));
+            }
+            for e in &entries {
+                let line = match style {
+                    ListStyle::Long => listing::list_line(e, now),
+                    ListStyle::Names => e.name.clone(),
+                    ListStyle::Machine => {
+                        let facts = listing::mlsx_facts(e, None, t.writable);
+                        format!("{} {}", select_facts(&facts, &t.facts), e.name)
+                    }
+                };
+                text.push_str(&line);
+                text.push_str("\r\n");
+            }
+            (Job::List { text: text.into_bytes() }, None)
+        }
+    })
+}
+
+/// Runs one transfer while still answering the control connection. Returns whether the
+/// session goes on.
+async fn transfer(
+    conn: &mut Conn,
+    io: &mut Io,
+    session: &mut Session,
+    t: Transfer,
+    shutdown: &mut watch::Receiver<Shutdown>,
+) -> bool {
+    let root = match io.root() {
+        Ok(r) => r,
+        Err(e) => return conn.send(&e.reply(t.path())).await.is_ok(),
+    };
+    let prepared = {
+        let t = t.clone();
+        let root = root.clone();
+        tokio::task::spawn_blocking(move || prepare(&root, &t))
+            .await
+            .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
+    };
+    let (job, size) = match prepared {
+        Ok(x) => x,
+        Err(e) => {
+            io.passive = None;
+            return conn.send(&e.reply(t.path())).await.is_ok();
+        }
+    };
+    if conn.send(&t.opening(size)).await.is_err() {
+        return false;
+    }
+    let started = std::time::Instant::now();
+    let stream = match io.data_connection(t.endpoint).await {
+        Ok(s) => s,
+        Err(e) => {
+            for r in session.transfer_done(&t, TransferOutcome::NoConnection(e)) {
+                if conn.send(&r).await.is_err() {
+                    return false;
+                }
+            }
+            return true;
+        }
+    };
+    let std_stream = match stream.into_std().and_then(|s| {
+        s.set_nonblocking(false)?;
+        s.set_read_timeout(Some(io.config.idle_timeout))?;
+        s.set_write_timeout(Some(io.config.idle_timeout))?;
+        Ok(s)
+    }) {
+        Ok(s) => s,
+        Err(e) => {
+            let r = session.transfer_done(&t, TransferOutcome::NoConnection(e.to_string()));
+            for r in r {
+                let _ = conn.send(&r).await;
+            }
+            return true;
+        }
+    };
+    let killer = std_stream.try_clone().ok();
+    let progress = Arc::new(AtomicU64::new(0));
+    let aborted = Arc::new(AtomicBool::new(false));
+    let mut worker = {
+        let progress = progress.clone();
+        tokio::task::spawn_blocking(move || data::run(job, std_stream, progress))
+    };
+    let kill = |why: &AtomicBool| {
+        why.store(true, Ordering::SeqCst);
+        if let Some(k) = &killer {
+            let _ = k.shutdown(std::net::Shutdown::Both);
+        }
+    };
+    let mut quit = false;
+    let mut client_gone = false;
+    let mut stopped_by_shutdown = false;
+    let shut = Arc::new(AtomicBool::new(false));
+    let result = loop {
+        tokio::select! {
+            r = &mut worker => break r,
+            input = conn.next_input(), if !client_gone && conn.queued.len() < MAX_QUEUED => match input {
+                Input::Line(l) => match Command::parse(&l) {
+                    Ok(Command::Abor) => kill(&aborted),
+                    Ok(Command::Stat(None)) => {
+                        let r = Reply::new(213, format!("Status: {} bytes transferred so far.", progress.load(Ordering::Relaxed)));
+                        let _ = conn.send(&r).await;
+                    }
+                    Ok(Command::Quit) => quit = true,
+                    _ => conn.queued.push_back(l),
+                },
+                // The client vanished: an upload must not be taken as complete.
+                Input::Closed | Input::TooLong => {
+                    client_gone = true;
+                    kill(&aborted);
+                }
+            },
+            _ = reached(shutdown, Shutdown::Abort), if !stopped_by_shutdown => {
+                stopped_by_shutdown = true;
+                kill(&shut);
+            }
+        }
+    };
+    let outcome = match result {
+        _ if aborted.load(Ordering::SeqCst) => TransferOutcome::Aborted,
+        _ if shut.load(Ordering::SeqCst) => TransferOutcome::Shutdown,
+        Err(e) => TransferOutcome::Local(FsError::Other(format!("transfer thread failed: {e}"))),
+        Ok(Err(DataError::Net(e))) => TransferOutcome::ConnectionLost(e.to_string()),
+        Ok(Err(DataError::Local(e))) => TransferOutcome::Local(e),
+        Ok(Ok(Finished { bytes, upload })) => {
+            match upload {
+                None => TransferOutcome::Complete { bytes },
+                Some((upload, file)) => {
+                    // Stream mode ends an upload by closing the data connection, which a
+                    // killed client also does. If the control connection closed as well, the
+                    // upload is not known to be complete: keep it as a partial.
+                    if control_closed(conn).await {
+                        client_gone = true;
+                        TransferOutcome::ConnectionLost("client closed the control connection".into())
+                    } else {
+                        match tokio::task::spawn_blocking(move || upload.commit(file)).await {
+                            Ok(Ok(())) => TransferOutcome::Complete { bytes },
+                            Ok(Err(e)) => TransferOutcome::Local(e),
+                            Err(e) => TransferOutcome::Local(FsError::Other(e.to_string())),
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let secs = started.elapsed().as_secs_f64();
+    let bytes = progress.load(Ordering::Relaxed);
+    tracing::info!(
+        peer = %io.peer,
+        user = session.user().unwrap_or("-"),
+        path = %t.path(),
+        bytes,
+        seconds = format!("{secs:.3}"),
+        mbps = format!("{:.1}", bytes as f64 / secs.max(1e-9) / 1e6),
+        outcome = ?outcome,
+        "transfer"
+    );
+    if client_gone {
+        return false;
+    }
+    for r in session.transfer_done(&t, outcome) {
+        if conn.send(&r).await.is_err() {
+            return false;
+        }
+    }
+    if quit {
+        let _ = conn.send(&Reply::new(221, "Goodbye.")).await;
+        return false;
+    }
+    true
+}
+
+/// Whether the client closed the control connection (within a moment of the data ending).
+/// A command that arrives meanwhile is kept for later.
+async fn control_closed(conn: &mut Conn) -> bool {
+    match timeout(Duration::from_millis(30), conn.next_input()).await {
+        Ok(Input::Line(l)) => {
+            conn.queued.push_front(l);
+            false
+        }
+        Ok(Input::Closed | Input::TooLong) => true,
+        Err(_) => false,
+    }
+}
+
+/// Resolves once the server's shutdown has reached `level` (never, if the sender is gone).
+async fn reached(rx: &mut watch::Receiver<Shutdown>, level: Shutdown) {
+    if rx.wait_for(|s| *s >= level).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}

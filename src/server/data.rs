@@ -1,0 +1,146 @@
+//! Moving a transfer's bytes over its data connection, on a blocking thread: `sendfile` for
+//! binary downloads, large `pwrite`s for uploads. The control task aborts a transfer by shutting
+//! the socket down under it.
+
+use crate::fsroot::{Upload, io_to_fs};
+use braid_proto::ascii::{FromWire, ToWire};
+use braid_proto::session::FsError;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Size of the buffers for uploads and ASCII conversion: large enough that syscall overhead
+/// disappears next to the copy, small enough to stay in cache.
+const BUF: usize = 1 << 20;
+
+/// The local side of a transfer, opened before the 150 reply.
+pub enum Job {
+    Retr { file: File, offset: u64, ascii: bool },
+    Stor { upload: Upload, file: File, offset: u64, ascii: bool },
+    List { text: Vec<u8> },
+}
+
+/// Why the data phase failed.
+#[derive(Debug)]
+pub enum DataError {
+    /// The data connection broke, or was shut down by an abort.
+    Net(std::io::Error),
+    /// The local file failed.
+    Local(FsError),
+}
+
+/// A finished upload waits here until the control task decides it is complete.
+pub struct Finished {
+    pub bytes: u64,
+    pub upload: Option<(Upload, File)>,
+}
+
+pub fn run(job: Job, mut sock: TcpStream, progress: Arc<AtomicU64>) -> Result<Finished, DataError> {
+    match job {
+        Job::List { text } => {
+            sock.write_all(&text).map_err(DataError::Net)?;
+            progress.store(text.len() as u64, Ordering::Relaxed);
+            finish_send(sock)?;
+            Ok(Finished { bytes: text.len() as u64, upload: None })
+        }
+        Job::Retr { file, offset, ascii: false } => {
+            let bytes = send_binary(&file, offset, &sock, &progress)?;
+            finish_send(sock)?;
+            Ok(Finished { bytes, upload: None })
+        }
+        Job::Retr { file, offset, ascii: true } => {
+            let bytes = send_ascii(&file, offset, &mut sock, &progress)?;
+            finish_send(sock)?;
+            Ok(Finished { bytes, upload: None })
+        }
+        Job::Stor { upload, file, offset, ascii } => {
+            let bytes = receive(&file, offset, ascii, &mut sock, &progress)?;
+            Ok(Finished { bytes, upload: Some((upload, file)) })
+        }
+    }
+}
+
+/// Signals the end of a stream-mode transfer: FIN, then wait for the client's close so that
+/// the 226 reply cannot overtake the last data bytes.
+fn finish_send(sock: TcpStream) -> Result<(), DataError> {
+    sock.shutdown(std::net::Shutdown::Write).map_err(DataError::Net)?;
+    let mut sink = [0u8; 512];
+    let mut s = &sock;
+    loop {
+        match s.read(&mut sink) {
+            Ok(0) => return Ok(()),
+            Ok(_) => continue,
+            // The client may reset instead of closing; the data already went out.
+            Err(_) => return Ok(()),
+        }
+    }
+}
+
+fn send_binary(file: &File, mut offset: u64, sock: &TcpStream, progress: &AtomicU64) -> Result<u64, DataError> {
+    let size = file.metadata().map_err(|e| DataError::Local(io_to_fs(&e)))?.len();
+    let start = offset;
+    while offset < size {
+        let want = usize::try_from(size - offset).unwrap_or(usize::MAX).min(1 << 30);
+        match rustix::fs::sendfile(sock, file, Some(&mut offset), want) {
+            Ok(0) => break, // the file shrank under us
+            Ok(_) => progress.store(offset - start, Ordering::Relaxed),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(DataError::Net(e.into())),
+        }
+    }
+    Ok(offset - start)
+}
+
+fn send_ascii(file: &File, mut offset: u64, sock: &mut TcpStream, progress: &AtomicU64) -> Result<u64, DataError> {
+    let mut buf = vec![0u8; BUF];
+    let mut wire = Vec::with_capacity(BUF + BUF / 8);
+    let mut conv = ToWire::default();
+    let mut sent = 0;
+    loop {
+        let n = file.read_at(&mut buf, offset).map_err(|e| DataError::Local(io_to_fs(&e)))?;
+        if n == 0 {
+            return Ok(sent);
+        }
+        offset += n as u64;
+        wire.clear();
+        conv.convert(&buf[..n], &mut wire);
+        sock.write_all(&wire).map_err(DataError::Net)?;
+        sent += wire.len() as u64;
+        progress.store(sent, Ordering::Relaxed);
+    }
+}
+
+fn receive(file: &File, mut offset: u64, ascii: bool, sock: &mut TcpStream, progress: &AtomicU64) -> Result<u64, DataError> {
+    let mut buf = vec![0u8; BUF];
+    let mut disk = Vec::new();
+    let mut conv = FromWire::default();
+    let mut received = 0;
+    loop {
+        let n = match sock.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(DataError::Net(e)),
+        };
+        received += n as u64;
+        let data = if ascii {
+            disk.clear();
+            conv.convert(&buf[..n], &mut disk);
+            &disk[..]
+        } else {
+            &buf[..n]
+        };
+        file.write_all_at(data, offset).map_err(|e| DataError::Local(io_to_fs(&e)))?;
+        offset += data.len() as u64;
+        progress.store(received, Ordering::Relaxed);
+    }
+    if ascii {
+        disk.clear();
+        conv.finish(&mut disk);
+        file.write_all_at(&disk, offset).map_err(|e| DataError::Local(io_to_fs(&e)))?;
+    }
+    Ok(received)
+}

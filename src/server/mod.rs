@@ -1,0 +1,161 @@
+//! `braid serve`: the tokio control plane (accept, limits, sessions, shutdown). Each transfer's
+//! data moves on a blocking thread; see [`data`].
+
+mod control;
+mod data;
+
+use crate::users::Users;
+use braid_proto::session::Perm;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Everything a server needs to know, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Root for anonymous users.
+    pub root: PathBuf,
+    /// `None`: no anonymous login.
+    pub anonymous: Option<Perm>,
+    pub users: Users,
+    pub login_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// How long a data connection may take to arrive or connect.
+    pub data_timeout: Duration,
+    pub max_per_ip: usize,
+    pub max_connections: usize,
+    /// Passive ports to choose from at random; `None`: any free port.
+    pub passive_ports: Option<(u16, u16)>,
+    /// Delay before answering a failed login (slows down guessing).
+    pub login_fail_delay: Duration,
+}
+
+impl Config {
+    pub fn new(root: PathBuf) -> Config {
+        Config {
+            root,
+            anonymous: Some(Perm::ReadOnly),
+            users: Users::default(),
+            login_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(300),
+            data_timeout: Duration::from_secs(30),
+            max_per_ip: 16,
+            max_connections: 256,
+            passive_ports: None,
+            login_fail_delay: Duration::from_millis(500),
+        }
+    }
+}
+
+/// How far a shutdown has gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Shutdown {
+    Running,
+    /// Refuse new work; let running transfers finish.
+    Graceful,
+    /// Abort running transfers now.
+    Abort,
+}
+
+/// Connection counts per client address, for the per-address cap.
+#[derive(Debug, Default)]
+struct Counts {
+    per_ip: HashMap<IpAddr, usize>,
+    total: usize,
+}
+
+/// Releases a connection's slot when the session ends, however it ends.
+struct Slot {
+    counts: Arc<Mutex<Counts>>,
+    ip: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Ok(mut c) = self.counts.lock() {
+            c.total = c.total.saturating_sub(1);
+            if let Some(n) = c.per_ip.get_mut(&self.ip) {
+                *n -= 1;
+                if *n == 0 {
+                    c.per_ip.remove(&self.ip);
+                }
+            }
+        }
+    }
+}
+
+/// Serves until `shutdown` leaves [`Shutdown::Running`], then waits for sessions to end: all of
+/// them when the state reaches [`Shutdown::Abort`] (running transfers are cut).
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    mut shutdown: watch::Receiver<Shutdown>,
+) -> std::io::Result<()> {
+    let config = Arc::new(config);
+    let counts = Arc::new(Mutex::new(Counts::default()));
+    let mut sessions = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of file descriptors and the like: pause instead of spinning.
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let ip = braid_proto::session::canonical_ip(peer.ip());
+                let refusal = {
+                    let mut c = counts.lock().unwrap_or_else(|p| p.into_inner());
+                    let here = c.per_ip.get(&ip).copied().unwrap_or(0);
+                    if c.total >= config.max_connections {
+                        Some(format!("421 Too many connections ({}); try again later.\r\n", config.max_connections))
+                    } else if here >= config.max_per_ip {
+                        Some(format!("421 Too many connections from your address (limit {}).\r\n", config.max_per_ip))
+                    } else {
+                        c.total += 1;
+                        *c.per_ip.entry(ip).or_insert(0) += 1;
+                        None
+                    }
+                };
+                if let Some(msg) = refusal {
+                    tracing::warn!(%peer, "refused: {}", msg.trim_end());
+                    tokio::spawn(async move {
+                        use tokio::io::AsyncWriteExt;
+                        let mut stream = stream;
+                        let _ = tokio::time::timeout(Duration::from_secs(5), stream.write_all(msg.as_bytes())).await;
+                    });
+                    continue;
+                }
+                let slot = Slot { counts: counts.clone(), ip };
+                let config = config.clone();
+                let shutdown = shutdown.clone();
+                sessions.spawn(async move {
+                    let _slot = slot;
+                    control::serve(stream, peer, config, shutdown).await;
+                });
+            }
+            Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
+            _ = shutdown.changed() => {
+                if *shutdown.borrow() != Shutdown::Running {
+                    break;
+                }
+            }
+        }
+    }
+    drop(listener);
+    tracing::info!("shutting down: waiting for {} session(s)", sessions.len());
+    while sessions.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Describes where the server listens, for the startup line.
+pub fn url_for(addr: SocketAddr) -> String {
+    format!("ftp://{addr}/")
+}

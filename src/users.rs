@@ -1,0 +1,150 @@
+//! Accounts for `braid serve --users FILE`: one line per user,
+//! `name:argon2-hash:ro|rw:root-directory`, written by `braid passwd`.
+
+use anyhow::{Context, bail};
+use argon2::password_hash::SaltString;
+use argon2::{Argon2, PasswordHash, PasswordHasher, PasswordVerifier};
+use braid_proto::session::Perm;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// One account.
+#[derive(Debug, Clone)]
+pub struct Account {
+    pub hash: String,
+    pub perm: Perm,
+    pub root: PathBuf,
+}
+
+/// All accounts of a users file.
+#[derive(Debug, Clone, Default)]
+pub struct Users {
+    accounts: HashMap<String, Account>,
+}
+
+/// A hash checked for unknown user names, so that a failed login takes as long whether or not
+/// the user exists (RFC 2577, "Protecting Usernames").
+const DUMMY_HASH: &str = "$argon2id$v=19$m=19456,t=2,p=1$YnJhaWRkdW1teXNhbHQ$Ajq0jOeKZz3tv8TDn6fDCf5VGGbCwS2AeC+hmrzUdqE";
+
+impl Users {
+    /// Reads a users file. Relative root directories are taken relative to the file.
+    pub fn load(path: &Path) -> anyhow::Result<Users> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read users file {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Users::parse(&text, base).with_context(|| format!("in users file {}", path.display()))
+    }
+
+    pub fn parse(text: &str, base: &Path) -> anyhow::Result<Users> {
+        let mut accounts = HashMap::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let mut f = line.splitn(4, ':');
+            let (Some(name), Some(hash), Some(perm), Some(root)) = (f.next(), f.next(), f.next(), f.next())
+            else {
+                bail!("line {}: expected name:hash:ro|rw:root", i + 1);
+            };
+            PasswordHash::new(hash)
+                .map_err(|e| anyhow::anyhow!("line {}: bad password hash: {e}", i + 1))?;
+            let perm = match perm {
+                "ro" => Perm::ReadOnly,
+                "rw" => Perm::ReadWrite,
+                other => bail!("line {}: permission must be ro or rw, not {other:?}", i + 1),
+            };
+            let root = base.join(root);
+            accounts.insert(
+                name.to_string(),
+                Account {
+                    hash: hash.to_string(),
+                    perm,
+                    root,
+                },
+            );
+        }
+        Ok(Users { accounts })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.accounts.is_empty()
+    }
+
+    /// Checks a password; slow on purpose (argon2), so call it off the async runtime.
+    pub fn verify(&self, user: &str, password: &str) -> Option<&Account> {
+        let (hash, account) = match self.accounts.get(user) {
+            Some(a) => (a.hash.as_str(), Some(a)),
+            None => (DUMMY_HASH, None),
+        };
+        let ok = PasswordHash::new(hash)
+            .map(|h| Argon2::default().verify_password(password.as_bytes(), &h).is_ok())
+            .unwrap_or(false);
+        account.filter(|_| ok)
+    }
+}
+
+/// Hashes a password with a fresh random salt.
+pub fn hash_password(password: &str) -> anyhow::Result<String> {
+    let salt_bytes: [u8; 16] = rand::random();
+    let salt = SaltString::encode_b64(&salt_bytes).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let hash = Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map_err(|e| anyhow::anyhow!("cannot hash password: {e}"))?;
+    Ok(hash.to_string())
+}
+
+/// Adds or replaces a user's line in a users file (created if missing), keeping other lines.
+pub fn write_entry(file: &Path, name: &str, password: &str, perm: Perm, root: &Path) -> anyhow::Result<()> {
+    if name.is_empty() || name.contains([':', '\n', '\r']) || name.chars().any(char::is_whitespace) {
+        bail!("user name {name:?} must be non-empty without ':' or white space");
+    }
+    let root_text = root.to_str().context("root directory must be valid UTF-8")?;
+    if root_text.contains(['\n', '\r']) {
+        bail!("root directory must not contain line breaks");
+    }
+    let existing = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
+    };
+    let perm = match perm {
+        Perm::ReadOnly => "ro",
+        Perm::ReadWrite => "rw",
+    };
+    let entry = format!("{name}:{}:{perm}:{root_text}", hash_password(password)?);
+    let mut out: Vec<String> = existing
+        .lines()
+        .filter(|l| l.split(':').next() != Some(name))
+        .map(str::to_string)
+        .collect();
+    out.push(entry);
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, out.join("\n") + "\n")
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, file).with_context(|| format!("cannot replace {}", file.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verifies_only_the_right_password() {
+        let line = format!("alice:{}:rw:data", hash_password("s3cret").unwrap());
+        let users = Users::parse(&line, Path::new("/srv")).unwrap();
+        let a = users.verify("alice", "s3cret").unwrap();
+        assert_eq!(a.perm, Perm::ReadWrite);
+        assert_eq!(a.root, PathBuf::from("/srv/data"));
+        assert!(users.verify("alice", "wrong").is_none());
+        assert!(users.verify("bob", "s3cret").is_none());
+        assert!(PasswordHash::new(DUMMY_HASH).is_ok());
+    }
+
+    #[test]
+    fn rejects_malformed_lines() {
+        assert!(Users::parse("alice:nothash:rw:/x", Path::new("/")).is_err());
+        assert!(Users::parse("alice", Path::new("/")).is_err());
+    }
+}
