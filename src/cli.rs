@@ -157,7 +157,9 @@ fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size like 1000, 64KiB or 1GiB"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 1000, 64KiB or 1GiB"))?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" => 1000,
@@ -166,13 +168,20 @@ fn parse_size(s: &str) -> Result<u64, String> {
         "mib" => 1 << 20,
         "g" | "gb" => 1_000_000_000,
         "gib" => 1 << 30,
-        u => return Err(format!("unknown size unit {u:?} (use B, KB, KiB, MB, MiB, GB, GiB)")),
+        u => {
+            return Err(format!(
+                "unknown size unit {u:?} (use B, KB, KiB, MB, MiB, GB, GiB)"
+            ));
+        }
     };
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 fn parse_range(s: &str) -> Result<(u16, u16), String> {
-    let (a, b) = s.split_once('-').ok_or("expected LOW-HIGH, e.g. 50000-50100")?;
+    let (a, b) = s
+        .split_once('-')
+        .ok_or("expected LOW-HIGH, e.g. 50000-50100")?;
     let lo: u16 = a.trim().parse().map_err(|_| format!("bad port {a:?}"))?;
     let hi: u16 = b.trim().parse().map_err(|_| format!("bad port {b:?}"))?;
     if lo == 0 || lo > hi {
@@ -186,7 +195,9 @@ pub fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            let code = e.downcast_ref::<ClientError>().map_or(exit::OTHER, ClientError::exit_code);
+            let code = e
+                .downcast_ref::<ClientError>()
+                .map_or(exit::OTHER, ClientError::exit_code);
             eprintln!("braid: error: {e:#}");
             ExitCode::from(code)
         }
@@ -209,13 +220,23 @@ fn init_logging(verbose: bool, quiet: bool) {
 fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Cmd::Serve(args) => serve(args).map(|()| exit::OK),
-        Cmd::Get { url, dest, resume, out } => {
+        Cmd::Get {
+            url,
+            dest,
+            resume,
+            out,
+        } => {
             let target = url::parse(&url, &url::CredentialSources::from_env())?;
             let dest = client::resolve_dest(dest.as_deref(), &target.path)?;
             let summary = client::get(&target, &dest, &options(&out, resume))?;
             report(&summary, &out, matches!(dest, client::Dest::Stdout))
         }
-        Cmd::Put { file, url, resume, out } => {
+        Cmd::Put {
+            file,
+            url,
+            resume,
+            out,
+        } => {
             let target = url::parse(&url, &url::CredentialSources::from_env())?;
             let summary = client::put(&file, &target, &options(&out, resume))?;
             report(&summary, &out, false)
@@ -230,10 +251,17 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                     match e.raw {
                         Some(raw) => println!("{raw}"),
                         None => {
-                            let when = e.modify.map(|t| braid_proto::time::Civil::from_unix(t)).map(|c| {
-                                format!("{:04}-{:02}-{:02} {:02}:{:02}", c.year, c.month, c.day, c.hour, c.minute)
+                            let when = e.modify.map(braid_proto::time::Civil::from_unix).map(|c| {
+                                format!(
+                                    "{:04}-{:02}-{:02} {:02}:{:02}",
+                                    c.year, c.month, c.day, c.hour, c.minute
+                                )
                             });
-                            let kind = if e.kind.as_deref() == Some("dir") { "d" } else { "-" };
+                            let kind = if e.kind.as_deref() == Some("dir") {
+                                "d"
+                            } else {
+                                "-"
+                            };
                             println!(
                                 "{kind} {:>14} {:16} {}",
                                 e.size.map(|s| s.to_string()).unwrap_or_default(),
@@ -246,7 +274,12 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             }
             Ok(exit::OK)
         }
-        Cmd::Passwd { user, file, root, rw } => {
+        Cmd::Passwd {
+            user,
+            file,
+            root,
+            rw,
+        } => {
             let password = read_new_password()?;
             let perm = if rw { Perm::ReadWrite } else { Perm::ReadOnly };
             users::write_entry(&file, &user, &password, perm, &root)?;
@@ -263,13 +296,21 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
 }
 
 fn options(out: &OutputArgs, resume: bool) -> Options {
-    Options { resume, progress: !out.quiet && !out.json, verbose: out.verbose }
+    Options {
+        resume,
+        progress: !out.quiet && !out.json,
+        verbose: out.verbose,
+    }
 }
 
 fn report(summary: &client::Summary, out: &OutputArgs, data_on_stdout: bool) -> anyhow::Result<u8> {
     if out.json {
         let line = serde_json::to_string(summary)?;
-        if data_on_stdout { eprintln!("{line}") } else { println!("{line}") }
+        if data_on_stdout {
+            eprintln!("{line}")
+        } else {
+            println!("{line}")
+        }
     } else if !out.quiet && std::io::stderr().is_terminal() {
         eprintln!("braid: {}", summary.human());
     }
@@ -286,7 +327,9 @@ fn read_new_password() -> anyhow::Result<String> {
         a
     } else {
         let mut line = String::new();
-        std::io::stdin().read_line(&mut line).context("cannot read the password from stdin")?;
+        std::io::stdin()
+            .read_line(&mut line)
+            .context("cannot read the password from stdin")?;
         line.trim_end_matches(['\r', '\n']).to_string()
     };
     if pw.is_empty() {
@@ -308,7 +351,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.users {
         config.users = Users::load(path)?;
         if config.users.is_empty() {
-            bail!("{} has no accounts; add one with braid passwd", path.display());
+            bail!(
+                "{} has no accounts; add one with braid passwd",
+                path.display()
+            );
         }
     }
     let anonymous = args.users.is_none() || args.anonymous || args.anonymous_write;
@@ -322,7 +368,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.max_connections = args.max_connections.max(1);
     config.login_timeout = Duration::from_secs(args.login_timeout);
     config.idle_timeout = Duration::from_secs(args.idle_timeout);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await

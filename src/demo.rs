@@ -38,7 +38,8 @@ pub fn first_difference(a: &Path, b: &Path) -> std::io::Result<Option<u64>> {
         if n == 0 {
             return Ok((la != lb).then_some(off));
         }
-        fb.read_exact(&mut bb[..n]).map_err(|_| std::io::Error::other("second file is shorter"))?;
+        fb.read_exact(&mut bb[..n])
+            .map_err(|_| std::io::Error::other("second file is shorter"))?;
         if let Some(i) = ba[..n].iter().zip(&bb[..n]).position(|(x, y)| x != y) {
             return Ok(Some(off + i as u64));
         }
@@ -47,14 +48,22 @@ pub fn first_difference(a: &Path, b: &Path) -> std::io::Result<Option<u64>> {
 }
 
 pub fn run(size: u64) -> anyhow::Result<()> {
-    let dir = tempfile::Builder::new().prefix("braid-demo-").tempdir().context("cannot create a temporary directory")?;
+    let dir = tempfile::Builder::new()
+        .prefix("braid-demo-")
+        .tempdir()
+        .context("cannot create a temporary directory")?;
     let serve_dir = dir.path().join("served");
     let fetch_dir = dir.path().join("fetched");
     std::fs::create_dir_all(&serve_dir)?;
     std::fs::create_dir_all(&fetch_dir)?;
     let source = serve_dir.join("demo.bin");
-    println!("demo: writing {} of random data to {}", human_bytes(size as f64), source.display());
-    write_random_file(&source, size, 0x9e37_79b9_7f4a_7c15).context("cannot write the demo file")?;
+    println!(
+        "demo: writing {} of random data to {}",
+        human_bytes(size as f64),
+        source.display()
+    );
+    write_random_file(&source, size, 0x9e37_79b9_7f4a_7c15)
+        .context("cannot write the demo file")?;
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -68,13 +77,20 @@ pub fn run(size: u64) -> anyhow::Result<()> {
     let (stop, stop_rx) = tokio::sync::watch::channel(Shutdown::Running);
     let config = server::Config::new(serve_dir.clone());
     let server = rt.spawn(server::run(listener, config, stop_rx));
-    println!("demo: braid server on {} serving {} (anonymous, read-only)", server::url_for(addr), serve_dir.display());
+    println!(
+        "demo: braid server on {} serving {} (anonymous, read-only)",
+        server::url_for(addr),
+        serve_dir.display()
+    );
 
     let url = format!("ftp://{addr}/demo.bin");
     let target = client::url::parse(&url, &Default::default())?;
     let dest = fetch_dir.join("demo.bin");
     println!("demo: braid get {url} {}", dest.display());
-    let opts = Options { progress: true, ..Options::default() };
+    let opts = Options {
+        progress: true,
+        ..Options::default()
+    };
     let summary = client::get(&target, &Dest::File(dest.clone()), &opts);
     let _ = stop.send(Shutdown::Abort);
     let _ = rt.block_on(server);

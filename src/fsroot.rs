@@ -245,7 +245,11 @@ impl Upload {
 
     /// Opens (or creates) the partial file and positions it; returns the file and the offset at
     /// which the incoming data starts.
-    pub fn begin(root: &Root, p: &VPath, start: UploadStart) -> Result<(Upload, File, u64), FsError> {
+    pub fn begin(
+        root: &Root,
+        p: &VPath,
+        start: UploadStart,
+    ) -> Result<(Upload, File, u64), FsError> {
         let up = Upload::locate(root, p)?;
         if let Ok(st) = rustix::fs::statat(&up.dir, up.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
             && st.st_mode & 0o170000 == 0o040000
@@ -269,7 +273,10 @@ impl Upload {
                 Ok(f) => {
                     let have = part_len(&f)?;
                     if n > have {
-                        return Err(FsError::BadRestart { offset: n, size: have });
+                        return Err(FsError::BadRestart {
+                            offset: n,
+                            size: have,
+                        });
                     }
                     f.set_len(n).map_err(|e| io_to_fs(&e))?;
                     (f, n)
@@ -278,7 +285,10 @@ impl Upload {
                     let f = open_part(OFlags::CREATE | OFlags::TRUNC)?;
                     let have = up.seed_from_final(&f, Some(n))?;
                     if have < n {
-                        return Err(FsError::BadRestart { offset: n, size: have });
+                        return Err(FsError::BadRestart {
+                            offset: n,
+                            size: have,
+                        });
                     }
                     (f, n)
                 }
@@ -322,7 +332,9 @@ impl Upload {
                 None,
                 part,
                 None,
-                usize::try_from(want - copied).unwrap_or(usize::MAX).min(1 << 30),
+                usize::try_from(want - copied)
+                    .unwrap_or(usize::MAX)
+                    .min(1 << 30),
             )
             .map_err(errno_to_fs)?;
             if n == 0 {

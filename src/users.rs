@@ -43,7 +43,8 @@ impl Users {
                 continue;
             }
             let mut f = line.splitn(4, ':');
-            let (Some(name), Some(hash), Some(perm), Some(root)) = (f.next(), f.next(), f.next(), f.next())
+            let (Some(name), Some(hash), Some(perm), Some(root)) =
+                (f.next(), f.next(), f.next(), f.next())
             else {
                 bail!("line {}: expected name:hash:ro|rw:root", i + 1);
             };
@@ -78,7 +79,11 @@ impl Users {
             None => (DUMMY_HASH, None),
         };
         let ok = PasswordHash::new(hash)
-            .map(|h| Argon2::default().verify_password(password.as_bytes(), &h).is_ok())
+            .map(|h| {
+                Argon2::default()
+                    .verify_password(password.as_bytes(), &h)
+                    .is_ok()
+            })
             .unwrap_or(false);
         account.filter(|_| ok)
     }
@@ -95,11 +100,20 @@ pub fn hash_password(password: &str) -> anyhow::Result<String> {
 }
 
 /// Adds or replaces a user's line in a users file (created if missing), keeping other lines.
-pub fn write_entry(file: &Path, name: &str, password: &str, perm: Perm, root: &Path) -> anyhow::Result<()> {
-    if name.is_empty() || name.contains([':', '\n', '\r']) || name.chars().any(char::is_whitespace) {
+pub fn write_entry(
+    file: &Path,
+    name: &str,
+    password: &str,
+    perm: Perm,
+    root: &Path,
+) -> anyhow::Result<()> {
+    if name.is_empty() || name.contains([':', '\n', '\r']) || name.chars().any(char::is_whitespace)
+    {
         bail!("user name {name:?} must be non-empty without ':' or white space");
     }
-    let root_text = root.to_str().context("root directory must be valid UTF-8")?;
+    let root_text = root
+        .to_str()
+        .context("root directory must be valid UTF-8")?;
     if root_text.contains(['\n', '\r']) {
         bail!("root directory must not contain line breaks");
     }

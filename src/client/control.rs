@@ -24,21 +24,36 @@ impl Control {
     /// Connects and reads the greeting.
     pub fn connect(target: &Target) -> Result<Control> {
         let name = format!("{}:{}", target.host, target.port);
-        let fail = |e| ClientError::Connect { addr: name.clone(), source: e };
-        let addrs: Vec<SocketAddr> = (target.host.as_str(), target.port).to_socket_addrs().map_err(fail)?.collect();
+        let fail = |e| ClientError::Connect {
+            addr: name.clone(),
+            source: e,
+        };
+        let addrs: Vec<SocketAddr> = (target.host.as_str(), target.port)
+            .to_socket_addrs()
+            .map_err(fail)?
+            .collect();
         let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "host has no address");
         for a in addrs {
             match TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
                 Ok(stream) => {
                     stream.set_read_timeout(Some(REPLY_TIMEOUT)).map_err(fail)?;
                     let _ = stream.set_nodelay(true);
-                    let mut c = Control { stream, parser: ReplyParser::new(), peer: a, no_epsv: false, verbose: false };
+                    let mut c = Control {
+                        stream,
+                        parser: ReplyParser::new(),
+                        peer: a,
+                        no_epsv: false,
+                        verbose: false,
+                    };
                     let mut greeting = c.reply()?;
                     while greeting.is_preliminary() {
                         greeting = c.reply()?;
                     }
                     if greeting.code != 220 {
-                        return Err(ClientError::Remote { what: "the connection".into(), reply: greeting });
+                        return Err(ClientError::Remote {
+                            what: "the connection".into(),
+                            reply: greeting,
+                        });
                     }
                     return Ok(c);
                 }
@@ -70,9 +85,14 @@ impl Control {
                 Ok(None) => {}
                 Err(e) => return Err(ClientError::Protocol(e.to_string())),
             }
-            let n = self.stream.read(&mut buf).map_err(|e| ClientError::Protocol(format!("reading reply: {e}")))?;
+            let n = self
+                .stream
+                .read(&mut buf)
+                .map_err(|e| ClientError::Protocol(format!("reading reply: {e}")))?;
             if n == 0 {
-                return Err(ClientError::Protocol("server closed the control connection".into()));
+                return Err(ClientError::Protocol(
+                    "server closed the control connection".into(),
+                ));
             }
             self.parser.feed(&buf[..n]);
         }
@@ -87,7 +107,9 @@ impl Control {
         }
         let mut out = Vec::new();
         cmd.encode(&mut out);
-        self.stream.write_all(&out).map_err(|e| ClientError::Protocol(format!("sending {}: {e}", cmd.verb())))
+        self.stream
+            .write_all(&out)
+            .map_err(|e| ClientError::Protocol(format!("sending {}: {e}", cmd.verb())))
     }
 
     /// Sends a command and returns its final reply (skipping 1xx ones).
@@ -107,12 +129,18 @@ impl Control {
         if ok.contains(&r.code) {
             Ok(r)
         } else {
-            Err(ClientError::Remote { what: cmd_for_error(cmd), reply: r })
+            Err(ClientError::Remote {
+                what: cmd_for_error(cmd),
+                reply: r,
+            })
         }
     }
 
     pub fn login(&mut self, target: &Target) -> Result<()> {
-        let login_err = |reply| ClientError::Login { user: target.user.clone(), reply };
+        let login_err = |reply| ClientError::Login {
+            user: target.user.clone(),
+            reply,
+        };
         let r = self.cmd(&Command::User(target.user.clone()))?;
         let r = match r.code {
             230 => return Ok(()),
@@ -134,12 +162,20 @@ impl Control {
         } else {
             let r = self.cmd(&Command::Epsv(braid_proto::command::EpsvArg::Default))?;
             match r.code {
-                229 => Some(addr::parse_229(&r.text()).map_err(|e| ClientError::Protocol(format!("bad 229 reply {r}: {e}")))?),
+                229 => Some(
+                    addr::parse_229(&r.text())
+                        .map_err(|e| ClientError::Protocol(format!("bad 229 reply {r}: {e}")))?,
+                ),
                 500 | 501 | 502 | 504 | 522 => {
                     self.no_epsv = true;
                     None
                 }
-                _ => return Err(ClientError::Remote { what: "EPSV".into(), reply: r }),
+                _ => {
+                    return Err(ClientError::Remote {
+                        what: "EPSV".into(),
+                        reply: r,
+                    });
+                }
             }
         };
         let port = match port {
@@ -152,11 +188,28 @@ impl Control {
             }
         };
         let addr = SocketAddr::new(self.peer.ip(), port);
-        let s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
-            .map_err(|e| ClientError::Connect { addr: format!("data connection {addr}"), source: e })?;
+        let s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| {
+            ClientError::Connect {
+                addr: format!("data connection {addr}"),
+                source: e,
+            }
+        })?;
         s.set_read_timeout(Some(REPLY_TIMEOUT)).ok();
         s.set_write_timeout(Some(REPLY_TIMEOUT)).ok();
         Ok(s)
+    }
+
+    /// REST, sent right before the transfer command as RFC 3659 asks.
+    pub fn restart_at(&mut self, offset: u64) -> Result<()> {
+        let r = self.cmd(&Command::Rest(offset))?;
+        if r.code == 350 {
+            Ok(())
+        } else {
+            Err(ClientError::Remote {
+                what: format!("REST {offset} (the server cannot resume)"),
+                reply: r,
+            })
+        }
     }
 
     /// Sends a transfer command after the data connection is open and waits for 125/150.
@@ -165,7 +218,10 @@ impl Control {
         let r = self.reply()?;
         match r.code {
             125 | 150 => Ok(r),
-            _ => Err(ClientError::Remote { what: cmd_for_error(cmd), reply: r }),
+            _ => Err(ClientError::Remote {
+                what: cmd_for_error(cmd),
+                reply: r,
+            }),
         }
     }
 
@@ -179,7 +235,10 @@ impl Control {
             return if r.code == 226 || r.code == 250 {
                 Ok(r)
             } else {
-                Err(ClientError::Remote { what: cmd_for_error(cmd), reply: r })
+                Err(ClientError::Remote {
+                    what: cmd_for_error(cmd),
+                    reply: r,
+                })
             };
         }
     }

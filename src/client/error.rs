@@ -19,15 +19,25 @@ pub mod exit {
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("cannot connect to {addr}: {source}")]
-    Connect { addr: String, source: std::io::Error },
+    Connect {
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("login as {user} refused by the server: {reply}")]
     Login { user: String, reply: Reply },
     #[error("server refused {what}: {reply}")]
     Remote { what: String, reply: Reply },
     #[error("{what}: {source}")]
-    Local { what: String, source: std::io::Error },
+    Local {
+        what: String,
+        source: std::io::Error,
+    },
     #[error("transfer interrupted after {bytes} bytes: {why}{}", hint(.partial))]
-    Interrupted { bytes: u64, why: String, partial: Option<String> },
+    Interrupted {
+        bytes: u64,
+        why: String,
+        partial: Option<String>,
+    },
     #[error("{0}")]
     Integrity(String),
     #[error("control connection: {0}")]
@@ -38,7 +48,9 @@ pub enum ClientError {
 
 fn hint(partial: &Option<String>) -> String {
     match partial {
-        Some(p) => format!("; the partial data is kept in {p}, run again with --resume to continue"),
+        Some(p) => {
+            format!("; the partial data is kept in {p}, run again with --resume to continue")
+        }
         None => String::new(),
     }
 }

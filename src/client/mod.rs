@@ -5,6 +5,7 @@ mod control;
 pub mod error;
 pub mod url;
 
+use braid_proto::Command;
 pub use control::Control;
 use error::{ClientError, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -14,7 +15,6 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use url::Target;
-use braid_proto::Command;
 
 /// Data-path buffer size: big reads and writes, few syscalls.
 const BUF: usize = 1 << 20;
@@ -58,7 +58,11 @@ impl Summary {
             human_bytes(self.bytes_per_second),
             self.mode,
             self.streams,
-            if self.resumed_from > 0 { format!(", resumed at byte {}", self.resumed_from) } else { String::new() }
+            if self.resumed_from > 0 {
+                format!(", resumed at byte {}", self.resumed_from)
+            } else {
+                String::new()
+            }
         )
     }
 }
@@ -76,7 +80,11 @@ pub fn human_bytes(n: f64) -> String {
 
 /// The URL without its password, for summaries and logs.
 pub fn display_url(t: &Target) -> String {
-    let host = if t.host.contains(':') { format!("[{}]", t.host) } else { t.host.clone() };
+    let host = if t.host.contains(':') {
+        format!("[{}]", t.host)
+    } else {
+        t.host.clone()
+    };
     format!("ftp://{}@{}:{}/{}", t.user, host, t.port, t.path)
 }
 
@@ -84,7 +92,10 @@ fn session(target: &Target, opts: &Options) -> Result<Control> {
     let mut c = Control::connect(target)?;
     c.set_verbose(opts.verbose);
     c.login(target)?;
-    c.expect(&Command::Type(braid_proto::command::TransferType::Image), &[200])?;
+    c.expect(
+        &Command::Type(braid_proto::command::TransferType::Image),
+        &[200],
+    )?;
     Ok(c)
 }
 
@@ -115,12 +126,17 @@ pub enum Dest {
 /// The file a download lands in: DEST itself, DEST/NAME if DEST is a directory, or NAME in the
 /// current directory when no DEST is given.
 pub fn resolve_dest(dest: Option<&str>, remote_path: &str) -> Result<Dest> {
-    let name = remote_path.rsplit('/').next().filter(|n| !n.is_empty() && *n != "." && *n != "..");
+    let name = remote_path
+        .rsplit('/')
+        .next()
+        .filter(|n| !n.is_empty() && *n != "." && *n != "..");
     match dest {
         Some("-") => Ok(Dest::Stdout),
         Some(d) if Path::new(d).is_dir() => match name {
             Some(n) => Ok(Dest::File(Path::new(d).join(n))),
-            None => Err(ClientError::Usage(format!("the URL names no file to save into directory {d}"))),
+            None => Err(ClientError::Usage(format!(
+                "the URL names no file to save into directory {d}"
+            ))),
         },
         Some(d) => Ok(Dest::File(PathBuf::from(d))),
         None => name
@@ -141,25 +157,59 @@ fn local_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClientEr
     move |source| ClientError::Local { what, source }
 }
 
-/// Downloads one file.
+/// A download in progress: `part` is renamed to `final_path` once complete.
+struct PartFile {
+    final_path: PathBuf,
+    part: PathBuf,
+    file: File,
+}
+
+/// Downloads one file. A failure that leaves a new, empty `DEST.part` removes it again.
 pub fn get(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
+    let part = match dest {
+        Dest::File(p) => Some(part_path(p)),
+        Dest::Stdout => None,
+    };
+    let existed = part.as_ref().is_some_and(|p| p.exists());
+    let result = get_inner(target, dest, opts);
+    if result.is_err()
+        && !existed
+        && let Some(p) = part
+        && std::fs::metadata(&p).is_ok_and(|m| m.len() == 0)
+    {
+        let _ = std::fs::remove_file(&p);
+    }
+    result
+}
+
+fn get_inner(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
     if target.path.is_empty() || target.path.ends_with('/') {
-        return Err(ClientError::Usage(format!("{} names a directory; use braid ls to list it", display_url(target))));
+        return Err(ClientError::Usage(format!(
+            "{} names a directory; use braid ls to list it",
+            display_url(target)
+        )));
     }
     let mut c = session(target, opts)?;
     let size = match c.cmd(&Command::Size(target.path.clone()))? {
         r if r.code == 213 => r.text().trim().parse::<u64>().ok(),
         _ => None,
     };
-    let (mut out, part, offset): (Box<dyn Write>, Option<(PathBuf, PathBuf, File)>, u64) = match dest {
+    let (mut out, part, offset): (Box<dyn Write>, Option<PartFile>, u64) = match dest {
         Dest::Stdout => (Box::new(std::io::stdout().lock()), None, 0),
         Dest::File(path) => {
             let part = part_path(path);
             let mut oo = OpenOptions::new();
             oo.write(true).create(true);
-            let file = if opts.resume { oo.open(&part) } else { oo.truncate(true).open(&part) }
-                .map_err(local_err(format!("cannot write {}", part.display())))?;
-            let have = file.metadata().map_err(local_err(format!("cannot stat {}", part.display())))?.len();
+            let file = if opts.resume {
+                oo.open(&part)
+            } else {
+                oo.truncate(true).open(&part)
+            }
+            .map_err(local_err(format!("cannot write {}", part.display())))?;
+            let have = file
+                .metadata()
+                .map_err(local_err(format!("cannot stat {}", part.display())))?
+                .len();
             if let Some(s) = size
                 && have > s
             {
@@ -168,11 +218,22 @@ pub fn get(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
                     part.display()
                 )));
             }
-            let writer = file.try_clone().map_err(local_err("cannot duplicate file handle"))?;
+            let writer = file
+                .try_clone()
+                .map_err(local_err("cannot duplicate file handle"))?;
             let mut w = std::io::BufWriter::with_capacity(BUF, writer);
             use std::io::Seek;
-            w.seek(std::io::SeekFrom::Start(have)).map_err(local_err("seek"))?;
-            (Box::new(w), Some((path.clone(), part, file)), have)
+            w.seek(std::io::SeekFrom::Start(have))
+                .map_err(local_err("seek"))?;
+            (
+                Box::new(w),
+                Some(PartFile {
+                    final_path: path.clone(),
+                    part,
+                    file,
+                }),
+                have,
+            )
         }
     };
     let started = Instant::now();
@@ -180,37 +241,45 @@ pub fn get(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
     // A resumed download whose partial is already whole needs no data connection.
     let already_complete = offset > 0 && size == Some(offset);
     if !already_complete {
-        if offset > 0 {
-            let r = c.cmd(&Command::Rest(offset))?;
-            if r.code != 350 {
-                return Err(ClientError::Remote { what: format!("REST {offset} (the server cannot resume)"), reply: r });
-            }
-        }
         let retr = Command::Retr(target.path.clone());
         let data = c.open_data()?;
+        if offset > 0 {
+            c.restart_at(offset)?;
+        }
         c.start_transfer(&retr)?;
         let bar = progress_bar(opts, size, offset);
-        let partial_name = part.as_ref().map(|(_, p, _)| p.display().to_string());
+        let partial_name = part.as_ref().map(|p| p.part.display().to_string());
         let copied = copy_stream(data, &mut out, &bar);
         bar.finish_and_clear();
         received = match copied {
             Ok(n) => n,
             Err((n, CopyError::Read(e))) => {
-                return Err(ClientError::Interrupted { bytes: n, why: format!("data connection: {e}"), partial: partial_name });
+                return Err(ClientError::Interrupted {
+                    bytes: n,
+                    why: format!("data connection: {e}"),
+                    partial: partial_name,
+                });
             }
             Err((_, CopyError::Write(e))) => {
-                return Err(ClientError::Local { what: "cannot write the download".into(), source: e });
+                return Err(ClientError::Local {
+                    what: "cannot write the download".into(),
+                    source: e,
+                });
             }
         };
-        out.flush().map_err(local_err("cannot write the download"))?;
+        out.flush()
+            .map_err(local_err("cannot write the download"))?;
+        // Stream mode cannot tell a finished download from a server that died: only the
+        // 226 (and the size check below) can.
         if let Err(e) = c.finish_transfer(&retr) {
-            return Err(match e {
-                ClientError::Remote { reply, .. } => ClientError::Interrupted {
-                    bytes: received,
-                    why: format!("server reported {reply}"),
-                    partial: partial_name,
-                },
-                e => e,
+            let why = match e {
+                ClientError::Remote { reply, .. } => format!("server reported {reply}"),
+                e => e.to_string(),
+            };
+            return Err(ClientError::Interrupted {
+                bytes: received,
+                why,
+                partial: partial_name,
             });
         }
     }
@@ -224,19 +293,43 @@ pub fn get(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
         )));
     }
     let local = match part {
-        Some((final_path, part, file)) => {
-            file.sync_all().map_err(local_err(format!("cannot flush {}", part.display())))?;
-            std::fs::rename(&part, &final_path)
-                .map_err(local_err(format!("cannot rename {} to {}", part.display(), final_path.display())))?;
+        Some(PartFile {
+            final_path,
+            part,
+            file,
+        }) => {
+            file.sync_all()
+                .map_err(local_err(format!("cannot flush {}", part.display())))?;
+            std::fs::rename(&part, &final_path).map_err(local_err(format!(
+                "cannot rename {} to {}",
+                part.display(),
+                final_path.display()
+            )))?;
             final_path.display().to_string()
         }
         None => "-".into(),
     };
     c.quit();
-    Ok(summary("get", target, local, received, size.or(Some(total)), offset, started))
+    Ok(summary(
+        "get",
+        target,
+        local,
+        received,
+        size.or(Some(total)),
+        offset,
+        started,
+    ))
 }
 
-fn summary(op: &'static str, target: &Target, local: String, bytes: u64, size: Option<u64>, offset: u64, started: Instant) -> Summary {
+fn summary(
+    op: &'static str,
+    target: &Target,
+    local: String,
+    bytes: u64,
+    size: Option<u64>,
+    offset: u64,
+    started: Instant,
+) -> Summary {
     let seconds = started.elapsed().as_secs_f64();
     Summary {
         op,
@@ -258,7 +351,11 @@ enum CopyError {
 }
 
 /// Copies a data connection into `out` until the server closes it.
-fn copy_stream(mut data: TcpStream, out: &mut dyn Write, bar: &ProgressBar) -> std::result::Result<u64, (u64, CopyError)> {
+fn copy_stream(
+    mut data: TcpStream,
+    out: &mut dyn Write,
+    bar: &ProgressBar,
+) -> std::result::Result<u64, (u64, CopyError)> {
     let mut buf = vec![0u8; BUF];
     let mut n_total = 0u64;
     loop {
@@ -268,7 +365,8 @@ fn copy_stream(mut data: TcpStream, out: &mut dyn Write, bar: &ProgressBar) -> s
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err((n_total, CopyError::Read(e))),
         };
-        out.write_all(&buf[..n]).map_err(|e| (n_total, CopyError::Write(e)))?;
+        out.write_all(&buf[..n])
+            .map_err(|e| (n_total, CopyError::Write(e)))?;
         n_total += n as u64;
         bar.inc(n as u64);
     }
@@ -277,17 +375,21 @@ fn copy_stream(mut data: TcpStream, out: &mut dyn Write, bar: &ProgressBar) -> s
 /// Uploads one file. A URL ending in `/` names a directory: the file keeps its name.
 pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
     let file = File::open(local).map_err(local_err(format!("cannot read {}", local.display())))?;
-    let meta = file.metadata().map_err(local_err(format!("cannot stat {}", local.display())))?;
+    let meta = file
+        .metadata()
+        .map_err(local_err(format!("cannot stat {}", local.display())))?;
     if !meta.is_file() {
-        return Err(ClientError::Usage(format!("{} is not a regular file", local.display())));
+        return Err(ClientError::Usage(format!(
+            "{} is not a regular file",
+            local.display()
+        )));
     }
     let len = meta.len();
     let mut target = target.clone();
     if target.path.is_empty() || target.path.ends_with('/') {
-        let name = local
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| ClientError::Usage(format!("{} has no usable file name", local.display())))?;
+        let name = local.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+            ClientError::Usage(format!("{} has no usable file name", local.display()))
+        })?;
         target.path.push_str(name);
     }
     let mut c = session(&target, opts)?;
@@ -308,14 +410,11 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
     let started = Instant::now();
     let mut sent = 0;
     if !(opts.resume && offset == len && len > 0) {
-        if offset > 0 {
-            let r = c.cmd(&Command::Rest(offset))?;
-            if r.code != 350 {
-                return Err(ClientError::Remote { what: format!("REST {offset} (the server cannot resume)"), reply: r });
-            }
-        }
         let stor = Command::Stor(target.path.clone());
         let data = c.open_data()?;
+        if offset > 0 {
+            c.restart_at(offset)?;
+        }
         c.start_transfer(&stor)?;
         let bar = progress_bar(opts, Some(len), offset);
         let r = send_file(&file, offset, len, &data, &bar);
@@ -340,18 +439,40 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
         })?;
     }
     c.quit();
-    Ok(summary("put", &target, local.display().to_string(), sent, Some(len), offset, started))
+    Ok(summary(
+        "put",
+        &target,
+        local.display().to_string(),
+        sent,
+        Some(len),
+        offset,
+        started,
+    ))
 }
 
 /// Sends `[offset, len)` of a file with sendfile: the bytes never pass through user space.
-fn send_file(file: &File, mut offset: u64, len: u64, sock: &TcpStream, bar: &ProgressBar) -> std::result::Result<u64, (u64, std::io::Error)> {
+fn send_file(
+    file: &File,
+    mut offset: u64,
+    len: u64,
+    sock: &TcpStream,
+    bar: &ProgressBar,
+) -> std::result::Result<u64, (u64, std::io::Error)> {
     let start = offset;
     while offset < len {
-        let want = usize::try_from(len - offset).unwrap_or(usize::MAX).min(1 << 30);
+        let want = usize::try_from(len - offset)
+            .unwrap_or(usize::MAX)
+            .min(1 << 30);
         let before = offset;
         match rustix::fs::sendfile(sock, file, Some(&mut offset), want) {
             Ok(0) => {
-                return Err((offset - start, std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "local file shrank during upload")));
+                return Err((
+                    offset - start,
+                    std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "local file shrank during upload",
+                    ),
+                ));
             }
             Ok(_) => bar.inc(offset - before),
             Err(rustix::io::Errno::INTR) => continue,
@@ -378,7 +499,11 @@ pub struct ListEntry {
 /// Lists a directory: MLSD when the server has it (exact sizes and UTC times), LIST otherwise.
 pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
     let mut c = session(target, opts)?;
-    let path = if target.path.is_empty() { None } else { Some(target.path.clone()) };
+    let path = if target.path.is_empty() {
+        None
+    } else {
+        Some(target.path.clone())
+    };
     let mlsd = Command::Mlsd(path.clone());
     let data = c.open_data()?;
     c.send(&mlsd)?;
@@ -392,7 +517,12 @@ pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
             c.start_transfer(&list)?;
             (read_all(data, &mut c, &list)?, false)
         }
-        _ => return Err(ClientError::Remote { what: mlsd.to_line(), reply: r }),
+        _ => {
+            return Err(ClientError::Remote {
+                what: mlsd.to_line(),
+                reply: r,
+            });
+        }
     };
     c.quit();
     let mut entries = Vec::new();
@@ -402,10 +532,22 @@ pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
                 if matches!(m.kind.as_deref(), Some("cdir" | "pdir")) {
                     continue;
                 }
-                entries.push(ListEntry { name: m.name, kind: m.kind, size: m.size, modify: m.modify, raw: None });
+                entries.push(ListEntry {
+                    name: m.name,
+                    kind: m.kind,
+                    size: m.size,
+                    modify: m.modify,
+                    raw: None,
+                });
             }
         } else {
-            entries.push(ListEntry { name: line.to_string(), kind: None, size: None, modify: None, raw: Some(line.to_string()) });
+            entries.push(ListEntry {
+                name: line.to_string(),
+                kind: None,
+                size: None,
+                modify: None,
+                raw: Some(line.to_string()),
+            });
         }
     }
     Ok(entries)
@@ -413,7 +555,12 @@ pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
 
 fn read_all(mut data: TcpStream, c: &mut Control, cmd: &Command) -> Result<String> {
     let mut buf = Vec::new();
-    data.read_to_end(&mut buf).map_err(|e| ClientError::Interrupted { bytes: buf.len() as u64, why: e.to_string(), partial: None })?;
+    data.read_to_end(&mut buf)
+        .map_err(|e| ClientError::Interrupted {
+            bytes: buf.len() as u64,
+            why: e.to_string(),
+            partial: None,
+        })?;
     c.finish_transfer(cmd)?;
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }

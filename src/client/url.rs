@@ -28,9 +28,14 @@ impl CredentialSources {
     pub fn from_env() -> CredentialSources {
         let netrc = std::env::var_os("NETRC")
             .map(std::path::PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".netrc")))
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".netrc"))
+            })
             .and_then(|p| std::fs::read_to_string(p).ok());
-        CredentialSources { env_password: std::env::var("BRAID_PASSWORD").ok(), netrc }
+        CredentialSources {
+            env_password: std::env::var("BRAID_PASSWORD").ok(),
+            netrc,
+        }
     }
 }
 
@@ -38,7 +43,8 @@ impl CredentialSources {
 /// `~/.netrc` entry for the host (which may also supply the user). Without a user anywhere,
 /// the login is anonymous.
 pub fn parse(text: &str, creds: &CredentialSources) -> Result<Target> {
-    let url = url::Url::parse(text).map_err(|e| ClientError::Usage(format!("bad URL {text:?}: {e}")))?;
+    let url =
+        url::Url::parse(text).map_err(|e| ClientError::Usage(format!("bad URL {text:?}: {e}")))?;
     if url.scheme() != "ftp" {
         return Err(ClientError::Usage(format!(
             "unsupported URL scheme {:?} in {text:?}: braid speaks ftp://",
@@ -48,10 +54,17 @@ pub fn parse(text: &str, creds: &CredentialSources) -> Result<Target> {
     let host = url
         .host_str()
         .ok_or_else(|| ClientError::Usage(format!("URL {text:?} has no host")))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
     let port = url.port().unwrap_or(21);
     let decode = |s: &str| {
-        percent_decode(s).map_err(|_| ClientError::Usage(format!("URL {text:?} is not valid UTF-8 after percent-decoding")))
+        percent_decode(s).map_err(|_| {
+            ClientError::Usage(format!(
+                "URL {text:?} is not valid UTF-8 after percent-decoding"
+            ))
+        })
     };
     let mut user = decode(url.username())?;
     let mut password = url.password().map(decode).transpose()?;
@@ -72,9 +85,17 @@ pub fn parse(text: &str, creds: &CredentialSources) -> Result<Target> {
     let path = decode(url.path())?;
     let path = path.strip_prefix('/').unwrap_or(&path).to_string();
     if path.contains(['\r', '\n', '\0']) {
-        return Err(ClientError::Usage(format!("URL path in {text:?} contains a line break or NUL")));
+        return Err(ClientError::Usage(format!(
+            "URL path in {text:?} contains a line break or NUL"
+        )));
     }
-    Ok(Target { host, port, user, password: password.unwrap_or_default(), path })
+    Ok(Target {
+        host,
+        port,
+        user,
+        password: password.unwrap_or_default(),
+        path,
+    })
 }
 
 fn percent_decode(s: &str) -> std::result::Result<String, std::string::FromUtf8Error> {
@@ -121,11 +142,7 @@ pub fn netrc_lookup(text: &str, host: &str) -> Option<(String, String)> {
             }
             "login" if current == Some(true) => login = tokens.next().map(str::to_string),
             "password" if current == Some(true) => password = tokens.next().map(str::to_string),
-            "macdef" => {
-                if current == Some(true) {
-                    break;
-                }
-            }
+            "macdef" if current == Some(true) => break,
             _ => {}
         }
     }
@@ -140,14 +157,30 @@ mod tests {
     fn url_forms_and_credential_order() {
         let none = CredentialSources::default();
         let t = parse("ftp://example.org/pub/a%20b.txt", &none).unwrap();
-        assert_eq!((t.user.as_str(), t.port, t.path.as_str()), ("anonymous", 21, "pub/a b.txt"));
+        assert_eq!(
+            (t.user.as_str(), t.port, t.path.as_str()),
+            ("anonymous", 21, "pub/a b.txt")
+        );
         let t = parse("ftp://al%40x:p%3Aw@[::1]:2121/f", &none).unwrap();
-        assert_eq!((t.user.as_str(), t.password.as_str(), t.host.as_str(), t.port), ("al@x", "p:w", "::1", 2121));
-        let env = CredentialSources { env_password: Some("envpw".into()), netrc: None };
+        assert_eq!(
+            (
+                t.user.as_str(),
+                t.password.as_str(),
+                t.host.as_str(),
+                t.port
+            ),
+            ("al@x", "p:w", "::1", 2121)
+        );
+        let env = CredentialSources {
+            env_password: Some("envpw".into()),
+            netrc: None,
+        };
         assert_eq!(parse("ftp://bob@h/f", &env).unwrap().password, "envpw");
         let netrc = CredentialSources {
             env_password: None,
-            netrc: Some("machine other login x password y\nmachine h login carol password c1".into()),
+            netrc: Some(
+                "machine other login x password y\nmachine h login carol password c1".into(),
+            ),
         };
         let t = parse("ftp://h/f", &netrc).unwrap();
         assert_eq!((t.user.as_str(), t.password.as_str()), ("carol", "c1"));

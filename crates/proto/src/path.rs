@@ -121,7 +121,10 @@ mod tests {
         assert_eq!(VPath::root().join("a\0b"), Err(PathError::BadCharacter));
         assert_eq!(VPath::root().join("a\r\nb"), Err(PathError::BadCharacter));
         assert_eq!(VPath::root().relative(), ".");
-        assert_eq!(VPath::root().join("say \"hi\"").unwrap().quoted(), "\"/say \"\"hi\"\"\"");
+        assert_eq!(
+            VPath::root().join("say \"hi\"").unwrap().quoted(),
+            "\"/say \"\"hi\"\"\""
+        );
     }
 
     proptest! {

@@ -115,7 +115,9 @@ impl ReplyParser {
                 (None, Some((code, b'-'))) => self.partial = Some((code, vec![line[4..].into()])),
                 (None, _) if line.len() == 3 && line_code(&format!("{line} ")).is_some() => {
                     // "220" with no text at all.
-                    let code = line.parse().map_err(|_| ReplyError::Malformed(line.clone()))?;
+                    let code = line
+                        .parse()
+                        .map_err(|_| ReplyError::Malformed(line.clone()))?;
                     return Ok(Some(Reply::new(code, "")));
                 }
                 (None, _) => return Err(ReplyError::Malformed(line)),
@@ -131,7 +133,9 @@ impl ReplyParser {
                     }
                     // Inner lines: drop the one space that protects digit-leading lines.
                     let inner = match line.strip_prefix(' ') {
-                        Some(rest) if rest.as_bytes().first().is_some_and(u8::is_ascii_digit) => rest,
+                        Some(rest) if rest.as_bytes().first().is_some_and(u8::is_ascii_digit) => {
+                            rest
+                        }
                         _ => &line,
                     };
                     lines.push(inner.to_string());

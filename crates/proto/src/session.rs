@@ -87,14 +87,20 @@ pub struct Transfer {
 pub enum FsOp {
     /// Is this a directory the user may enter?
     ChangeDir(VPath),
-    Size { path: VPath, ascii: bool },
+    Size {
+        path: VPath,
+        ascii: bool,
+    },
     Mdtm(VPath),
     Mkd(VPath),
     Rmd(VPath),
     Dele(VPath),
     /// Does the source of a rename exist?
     RenameFrom(VPath),
-    Rename { from: VPath, to: VPath },
+    Rename {
+        from: VPath,
+        to: VPath,
+    },
     /// Facts about one entry for MLST.
     Mlst(VPath),
     /// `ls -l` lines for STAT with a path.
@@ -150,7 +156,9 @@ impl FsError {
 /// How a transfer ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TransferOutcome {
-    Complete { bytes: u64 },
+    Complete {
+        bytes: u64,
+    },
     /// The client sent ABOR.
     Aborted,
     /// The data connection could not be set up.
@@ -170,10 +178,15 @@ pub enum Action {
     /// Send the reply, then close the control connection.
     Close(Reply),
     /// Check the credentials, then call [`Session::login_done`].
-    Login { user: String, password: String },
+    Login {
+        user: String,
+        password: String,
+    },
     /// Open a passive listener on the control connection's local address, then call
     /// [`Session::passive_done`].
-    Passive { extended: bool },
+    Passive {
+        extended: bool,
+    },
     /// Do the file-system request, then call [`Session::fs_done`].
     Fs(FsOp),
     /// Run the transfer, then call [`Session::transfer_done`].
@@ -272,8 +285,14 @@ impl Session {
     pub fn handle(&mut self, cmd: Command) -> Action {
         // RNFR must be followed directly by RNTO (RFC 959).
         let rename_from = self.rename_from.take();
-        // REST applies to the transfer command that follows it.
-        let rest = std::mem::take(&mut self.rest);
+        // REST applies to the next transfer command. RFC 3659 wants it right before that
+        // command, but clients also send it before PASV/EPSV, so those keep it.
+        let rest = match cmd {
+            Command::Retr(_) | Command::Stor(_) | Command::Appe(_) => {
+                std::mem::take(&mut self.rest)
+            }
+            _ => 0,
+        };
         let reply = |code, text: &str| Action::Reply(Reply::new(code, text));
 
         // Commands that work in any login state.
@@ -370,9 +389,15 @@ impl Session {
                 self.epsv_all = true;
                 reply(200, "EPSV ALL ok.")
             }
-            Command::Epsv(EpsvArg::Family(f)) if f != family(self.peer) => Action::Reply(
-                Reply::new(522, format!("Network protocol not supported, use ({}).", family(self.peer))),
-            ),
+            Command::Epsv(EpsvArg::Family(f)) if f != family(self.peer) => {
+                Action::Reply(Reply::new(
+                    522,
+                    format!(
+                        "Network protocol not supported, use ({}).",
+                        family(self.peer)
+                    ),
+                ))
+            }
             Command::Epsv(_) => Action::Passive { extended: true },
             Command::Port(a) => self.active(SocketAddr::V4(a)),
             Command::Eprt(a) => self.active(a),
@@ -465,6 +490,7 @@ impl Session {
     }
 
     fn list(&mut self, arg: Option<String>, style: ListStyle, writable: bool) -> Action {
+        self.rest = 0;
         let arg = arg.map(|a| strip_list_flags(&a)).unwrap_or_default();
         match self.cwd.join(&arg) {
             Ok(p) => self.transfer(TransferKind::List(p, style), 0, writable),
@@ -509,8 +535,14 @@ impl Session {
         if addr.port() < 1024 {
             return Action::Reply(Reply::new(504, "Refused: port below 1024 (RFC 2577)."));
         }
-        self.endpoint = Some(DataEndpoint::Active(SocketAddr::new(self.peer, addr.port())));
-        Action::Reply(Reply::new(200, "PORT command successful. Consider using EPSV."))
+        self.endpoint = Some(DataEndpoint::Active(SocketAddr::new(
+            self.peer,
+            addr.port(),
+        )));
+        Action::Reply(Reply::new(
+            200,
+            "PORT command successful. Consider using EPSV.",
+        ))
     }
 
     fn user_cmd(&mut self, name: &str) -> Action {
@@ -520,13 +552,19 @@ impl Session {
         let anonymous = ANONYMOUS_NAMES.iter().any(|a| a.eq_ignore_ascii_case(name));
         if anonymous && self.config.anonymous.is_none() {
             self.login = Login::AwaitUser;
-            return Action::Reply(Reply::new(530, "Anonymous login is disabled on this server."));
+            return Action::Reply(Reply::new(
+                530,
+                "Anonymous login is disabled on this server.",
+            ));
         }
         self.login = Login::AwaitPass {
             user: name.to_string(),
         };
         if anonymous {
-            Action::Reply(Reply::new(331, "Anonymous login ok, send your e-mail address as password."))
+            Action::Reply(Reply::new(
+                331,
+                "Anonymous login ok, send your e-mail address as password.",
+            ))
         } else {
             Action::Reply(Reply::new(331, "Please specify the password."))
         }
@@ -560,7 +598,10 @@ impl Session {
             None => {
                 self.failed_logins += 1;
                 if self.failed_logins >= self.config.max_login_failures {
-                    Action::Close(Reply::new(421, "Too many failed logins; closing connection."))
+                    Action::Close(Reply::new(
+                        421,
+                        "Too many failed logins; closing connection.",
+                    ))
                 } else {
                     Action::Reply(Reply::new(530, "Login incorrect."))
                 }
@@ -580,7 +621,10 @@ impl Session {
                     ),
                     (false, SocketAddr::V4(v4)) => Reply::new(
                         227,
-                        format!("Entering Passive Mode ({}).", crate::addr::format_host_port(v4)),
+                        format!(
+                            "Entering Passive Mode ({}).",
+                            crate::addr::format_host_port(v4)
+                        ),
                     ),
                     (false, SocketAddr::V6(_)) => {
                         self.endpoint = None;
@@ -631,10 +675,17 @@ impl Session {
             }
             (FsOp::Rename { .. }, _) => Reply::new(250, "Rename successful."),
             (FsOp::Mlst(p), FsOutcome::Entry(e)) => {
-                let facts = select_facts(&listing::mlsx_facts(&e, None, self.perm() == Some(Perm::ReadWrite)), &self.facts);
+                let facts = select_facts(
+                    &listing::mlsx_facts(&e, None, self.perm() == Some(Perm::ReadWrite)),
+                    &self.facts,
+                );
                 Reply::multi(
                     250,
-                    vec![format!("Listing {p}"), format!(" {facts} {p}"), "End".to_string()],
+                    vec![
+                        format!("Listing {p}"),
+                        format!(" {facts} {p}"),
+                        "End".to_string(),
+                    ],
                 )
             }
             (FsOp::StatList(p), FsOutcome::Lines(lines)) => {
@@ -659,10 +710,16 @@ impl Session {
                 Reply::new(226, "ABOR successful."),
             ],
             TransferOutcome::NoConnection(e) => {
-                vec![Reply::new(425, format!("Cannot open data connection: {e}."))]
+                vec![Reply::new(
+                    425,
+                    format!("Cannot open data connection: {e}."),
+                )]
             }
             TransferOutcome::ConnectionLost(e) => {
-                vec![Reply::new(426, format!("Data connection lost: {e}; transfer aborted."))]
+                vec![Reply::new(
+                    426,
+                    format!("Data connection lost: {e}; transfer aborted."),
+                )]
             }
             TransferOutcome::Local(e) => vec![e.reply(t.path())],
             TransferOutcome::Shutdown => vec![Reply::new(
@@ -789,7 +846,13 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
 
 fn help(arg: Option<&str>) -> Reply {
     if let Some(cmd) = arg {
-        return Reply::new(214, format!("Syntax: {} (see RFC 959, 2389, 2428, 3659).", cmd.to_ascii_uppercase()));
+        return Reply::new(
+            214,
+            format!(
+                "Syntax: {} (see RFC 959, 2389, 2428, 3659).",
+                cmd.to_ascii_uppercase()
+            ),
+        );
     }
     let mut lines = vec!["The following commands are recognized:".to_string()];
     for chunk in crate::command::KNOWN_VERBS.chunks(8) {

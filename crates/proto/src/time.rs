@@ -101,7 +101,10 @@ mod tests {
         assert_eq!(Civil::from_unix(951_782_400).mdtm(), "20000229000000");
         assert_eq!(Civil::from_unix(1_795_340_180).mdtm(), "20261122093620");
         assert_eq!(Civil::from_unix(-1).mdtm(), "19691231235959");
-        assert_eq!(Civil::parse_mdtm("20000229000000.123").unwrap().to_unix(), 951_782_400);
+        assert_eq!(
+            Civil::parse_mdtm("20000229000000.123").unwrap().to_unix(),
+            951_782_400
+        );
         assert_eq!(Civil::parse_mdtm("2000022900000"), None);
     }
 

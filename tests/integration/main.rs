@@ -1,0 +1,11 @@
+//! One integration-test binary (linking is the slow part on two cores), one module per area.
+#![allow(clippy::unwrap_used)] // test code: a panic is the failure report
+
+mod cli;
+mod curl;
+mod ftplib;
+mod lftp;
+mod safety;
+mod scripted;
+mod util;
+mod vsftpd;

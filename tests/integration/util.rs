@@ -1,0 +1,284 @@
+//! Helpers: a `braid serve` child process on a free loopback port that dies with the test,
+//! a raw control connection for byte-exact dialogues, and checks for external programs.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub const BRAID: &str = env!("CARGO_BIN_EXE_braid");
+
+/// Fails the test with a plain message when a program it needs is missing.
+pub fn require(program: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+        .unwrap_or(false);
+    assert!(
+        found,
+        "this test needs `{program}`, which is not installed: run ./scripts/test, which installs it"
+    );
+}
+
+/// A `braid serve` process, killed when dropped (also when the test panics).
+pub struct Server {
+    child: Child,
+    pub addr: SocketAddr,
+    pub root: PathBuf,
+    stderr_log: PathBuf,
+}
+
+impl Server {
+    pub fn start(root: &Path, extra: &[&str]) -> Server {
+        let log_dir = tempfile::tempdir().expect("temp dir").keep();
+        let stderr_log = log_dir.join("serve.log");
+        let mut child = Command::new(BRAID)
+            .args(["serve", "--listen", "127.0.0.1:0", "--root"])
+            .arg(root)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr_log).expect("log file"))
+            .spawn()
+            .expect("start braid serve");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read startup line");
+        let addr = line
+            .split("ftp://")
+            .nth(1)
+            .and_then(|r| r.trim().trim_end_matches('/').parse().ok())
+            .unwrap_or_else(|| {
+                let _ = child.kill();
+                panic!(
+                    "braid serve did not print its address; stdout: {line:?}, log: {}",
+                    std::fs::read_to_string(&stderr_log).unwrap_or_default()
+                )
+            });
+        Server {
+            child,
+            addr,
+            root: root.to_path_buf(),
+            stderr_log,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("ftp://{}/{}", self.addr, path)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits for the process, returning its exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        signal_process(self.child.id(), rustix::process::Signal::TERM);
+        let status = wait_timeout(&mut self.child, Duration::from_secs(20));
+        status.unwrap_or_else(|| {
+            let _ = self.child.kill();
+            panic!("braid serve did not exit after SIGTERM");
+        })
+    }
+}
+
+/// Signals one process by pid. A direct syscall, not the `kill` program: an argument it
+/// misreads can turn into kill(-1), which takes down everything the user owns.
+pub fn signal_process(pid: u32, signal: rustix::process::Signal) {
+    if let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process(pid, signal);
+    }
+}
+
+/// Signals every process in the group led by `leader` (a child spawned with `process_group(0)`).
+pub fn signal_group(leader: u32, signal: rustix::process::Signal) {
+    // Group 1 would mean kill(-1): every process we may signal.
+    if leader <= 1 {
+        return;
+    }
+    if let Some(pid) = i32::try_from(leader)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(pid, signal);
+    }
+}
+
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if std::time::Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A raw control connection: write lines, read replies as raw bytes.
+pub struct Raw {
+    pub stream: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Raw {
+    pub fn connect(addr: SocketAddr) -> Raw {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(15)))
+            .expect("timeout");
+        let reader = BufReader::new(stream.try_clone().expect("clone"));
+        let mut r = Raw { stream, reader };
+        let greeting = r.reply();
+        assert!(greeting.starts_with("220 "), "greeting: {greeting:?}");
+        r
+    }
+
+    pub fn login(addr: SocketAddr, user: &str, pass: &str) -> Raw {
+        let mut r = Raw::connect(addr);
+        r.send(&format!("USER {user}"));
+        assert!(r.reply().starts_with("331 "));
+        r.send(&format!("PASS {pass}"));
+        let rep = r.reply();
+        assert!(rep.starts_with("230 "), "login: {rep:?}");
+        r
+    }
+
+    pub fn send(&mut self, line: &str) {
+        self.send_raw(format!("{line}\r\n").as_bytes());
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("write");
+    }
+
+    /// One whole reply (all lines of a multi-line one), bytes exactly as sent.
+    pub fn reply(&mut self) -> String {
+        let mut all = String::new();
+        let mut first_code: Option<String> = None;
+        loop {
+            let mut line = String::new();
+            let n = self.reader.read_line(&mut line).expect("read reply");
+            assert!(n > 0, "connection closed; got so far: {all:?}");
+            all.push_str(&line);
+            let code = line.get(..3).map(str::to_string);
+            match &first_code {
+                None if line.as_bytes().get(3) == Some(&b'-') => first_code = code,
+                None => return all,
+                Some(c) if line.starts_with(&format!("{c} ")) => return all,
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// Sends a command and checks the reply's exact bytes.
+    pub fn expect(&mut self, cmd: &str, reply: &str) {
+        self.send(cmd);
+        assert_eq!(self.reply(), reply, "reply to {cmd:?}");
+    }
+
+    /// True once the server has closed the connection.
+    pub fn is_closed(&mut self) -> bool {
+        let mut buf = [0u8; 64];
+        matches!(self.reader.read(&mut buf), Ok(0) | Err(_))
+    }
+
+    /// EPSV, then connect to the port it names.
+    pub fn epsv(&mut self) -> TcpStream {
+        self.send("EPSV");
+        let r = self.reply();
+        assert!(r.starts_with("229 "), "EPSV: {r:?}");
+        let port: u16 = r
+            .split("|||")
+            .nth(1)
+            .and_then(|p| p.split('|').next())
+            .and_then(|p| p.parse().ok())
+            .expect("port");
+        let addr = SocketAddr::new(self.stream.peer_addr().expect("peer").ip(), port);
+        TcpStream::connect(addr).expect("data connect")
+    }
+}
+
+/// A fresh directory for one test.
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("braid-test-")
+        .tempdir()
+        .expect("temp dir")
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Runs `braid` with arguments; returns (exit code, stdout, stderr).
+pub fn braid(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = Command::new(BRAID);
+    cmd.args(args).stdin(Stdio::null());
+    cmd.env_remove("BRAID_PASSWORD").env("HOME", "/nonexistent");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run braid");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Runs a command with a time limit; returns (success, stdout, stderr).
+pub fn run(cmd: &mut Command, limit: Duration) -> (bool, String, String) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let status = wait_timeout(&mut child, limit);
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let out = t_out.join().unwrap_or_default();
+    let err = t_err.join().unwrap_or_default();
+    (status.is_some_and(|s| s.success()), out, err)
+}
