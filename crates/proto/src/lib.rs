@@ -6,10 +6,13 @@
 
 pub mod addr;
 pub mod ascii;
+pub mod block;
+pub mod checksum;
 pub mod command;
 pub mod line;
 pub mod listing;
 pub mod path;
+pub mod ranges;
 pub mod reply;
 pub mod session;
 pub mod time;
