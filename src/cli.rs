@@ -58,6 +58,8 @@ enum Cmd {
         #[arg(long)]
         resume: bool,
         #[command(flatten)]
+        transfer: TransferArgs,
+        #[command(flatten)]
         out: OutputArgs,
     },
     /// Upload a file: braid put FILE ftp://host[:port]/path (a path ending in / keeps the name)
@@ -68,6 +70,8 @@ enum Cmd {
         /// Continue an interrupted upload from the size the server already holds.
         #[arg(long)]
         resume: bool,
+        #[command(flatten)]
+        transfer: TransferArgs,
         #[command(flatten)]
         out: OutputArgs,
     },
@@ -98,6 +102,35 @@ enum Cmd {
         #[arg(long, default_value = "256MiB", value_parser = parse_size)]
         size: u64,
     },
+}
+
+/// How a transfer uses the network. These apply when the server offers MODE E (a braid or
+/// GridFTP server); against a plain FTP server braid uses one stream-mode connection.
+#[derive(Args, Debug)]
+struct TransferArgs {
+    /// Parallel data connections. More help on long or lossy paths, where one TCP connection
+    /// cannot fill the link.
+    #[arg(short = 'n', long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    streams: u32,
+    /// Block size: each connection takes the next block of this size when it is ready. A
+    /// multiple of 64KiB [default: 4MiB].
+    #[arg(long, value_parser = parse_block_size)]
+    block_size: Option<u64>,
+    /// Socket buffer size for each data connection (SO_SNDBUF/SO_RCVBUF), e.g. 16MiB. Without
+    /// it the kernel tunes buffers itself, which is usually better.
+    #[arg(long, value_parser = parse_size)]
+    buffer: Option<u64>,
+}
+
+fn parse_block_size(s: &str) -> Result<u64, String> {
+    let n = parse_size(s)?;
+    let chunk = braid_proto::checksum::CHUNK;
+    if n < chunk || !n.is_multiple_of(chunk) || n > 1 << 30 {
+        return Err(format!(
+            "{s}: the block size must be a multiple of 64KiB (65536 bytes), at most 1GiB"
+        ));
+    }
+    Ok(n)
 }
 
 #[derive(Args, Debug)]
@@ -224,26 +257,28 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             url,
             dest,
             resume,
+            transfer,
             out,
         } => {
             let target = url::parse(&url, &url::CredentialSources::from_env())?;
             let dest = client::resolve_dest(dest.as_deref(), &target.path)?;
-            let summary = client::get(&target, &dest, &options(&out, resume))?;
+            let summary = client::get(&target, &dest, &options(&out, resume, Some(&transfer)))?;
             report(&summary, &out, matches!(dest, client::Dest::Stdout))
         }
         Cmd::Put {
             file,
             url,
             resume,
+            transfer,
             out,
         } => {
             let target = url::parse(&url, &url::CredentialSources::from_env())?;
-            let summary = client::put(&file, &target, &options(&out, resume))?;
+            let summary = client::put(&file, &target, &options(&out, resume, Some(&transfer)))?;
             report(&summary, &out, false)
         }
         Cmd::Ls { url, out } => {
             let target = url::parse(&url, &url::CredentialSources::from_env())?;
-            let entries = client::ls(&target, &options(&out, false))?;
+            let entries = client::ls(&target, &options(&out, false, None))?;
             if out.json {
                 println!("{}", serde_json::to_string(&entries)?);
             } else {
@@ -295,11 +330,14 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
     }
 }
 
-fn options(out: &OutputArgs, resume: bool) -> Options {
+fn options(out: &OutputArgs, resume: bool, t: Option<&TransferArgs>) -> Options {
     Options {
         resume,
         progress: !out.quiet && !out.json,
         verbose: out.verbose,
+        streams: t.map_or(1, |t| t.streams),
+        block_size: t.and_then(|t| t.block_size),
+        buffer: t.and_then(|t| t.buffer),
     }
 }
 

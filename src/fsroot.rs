@@ -222,6 +222,8 @@ pub enum UploadStart {
     At(u64),
     /// APPE: write after whatever is there.
     Append,
+    /// MODE E restart: keep the partial as it is; blocks land at their offsets.
+    Keep,
 }
 
 /// An upload in progress: data goes to a hidden partial file beside the target, which takes the
@@ -268,6 +270,7 @@ impl Upload {
         };
         let part_len = |f: &File| f.metadata().map(|m| m.len()).map_err(|e| io_to_fs(&e));
         let (file, offset) = match start {
+            UploadStart::Keep => (open_part(OFlags::empty())?, 0),
             UploadStart::At(0) => (open_part(OFlags::CREATE | OFlags::TRUNC)?, 0),
             UploadStart::At(n) => match open_part(OFlags::empty()) {
                 Ok(f) => {

@@ -18,6 +18,8 @@ pub struct Control {
     /// Whether EPSV failed once, so later transfers go straight to PASV.
     no_epsv: bool,
     pub verbose: bool,
+    /// FEAT lines, upper-cased and trimmed (empty until [`Control::probe_features`]).
+    features: Vec<String>,
 }
 
 impl Control {
@@ -44,6 +46,7 @@ impl Control {
                         peer: a,
                         no_epsv: false,
                         verbose: false,
+                        features: Vec::new(),
                     };
                     let mut greeting = c.reply()?;
                     while greeting.is_preliminary() {
@@ -153,10 +156,70 @@ impl Control {
         }
     }
 
+    /// Asks FEAT once; servers without it just have no features.
+    pub fn probe_features(&mut self) -> Result<()> {
+        let r = self.cmd(&Command::Feat)?;
+        if r.code == 211 {
+            self.features = r
+                .lines
+                .iter()
+                .skip(1)
+                .map(|l| l.trim().to_ascii_uppercase())
+                .filter(|l| !l.is_empty() && l != "END")
+                .collect();
+        }
+        Ok(())
+    }
+
+    /// Whether FEAT listed a feature whose first word is `name`.
+    pub fn has_feature(&self, name: &str) -> bool {
+        self.features
+            .iter()
+            .any(|f| f.split_whitespace().next() == Some(name))
+    }
+
     /// Opens a passive data connection: EPSV first (it works through NAT and over IPv6), PASV
     /// if the server lacks it. Connects to the control connection's peer whatever address a 227
     /// names, which defeats both private-address replies and bounce tricks.
     pub fn open_data(&mut self) -> Result<TcpStream> {
+        let addr = self.passive_addr()?;
+        connect_data(addr)
+    }
+
+    /// Listens on the control connection's local address and tells the server to connect
+    /// there (EPRT, or PORT if the server lacks EPRT): for MODE E downloads from GridFTP
+    /// servers, where the sender must open the connections.
+    pub fn active_listener(&mut self) -> Result<std::net::TcpListener> {
+        let local = self.stream.local_addr().map_err(|e| ClientError::Local {
+            what: "control connection address".into(),
+            source: e,
+        })?;
+        let listener =
+            std::net::TcpListener::bind(SocketAddr::new(local.ip(), 0)).map_err(|e| {
+                ClientError::Local {
+                    what: "cannot listen for data connections".into(),
+                    source: e,
+                }
+            })?;
+        let addr = listener.local_addr().map_err(|e| ClientError::Local {
+            what: "data listener address".into(),
+            source: e,
+        })?;
+        let r = self.cmd(&Command::Eprt(addr))?;
+        if r.code != 200 {
+            let SocketAddr::V4(v4) = addr else {
+                return Err(ClientError::Remote {
+                    what: "EPRT".into(),
+                    reply: r,
+                });
+            };
+            self.expect(&Command::Port(v4), &[200])?;
+        }
+        Ok(listener)
+    }
+
+    /// EPSV (or PASV): the address at which the server listens for data connections.
+    pub fn passive_addr(&mut self) -> Result<SocketAddr> {
         let port = if self.no_epsv {
             None
         } else {
@@ -187,16 +250,7 @@ impl Control {
                     .port()
             }
         };
-        let addr = SocketAddr::new(self.peer.ip(), port);
-        let s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| {
-            ClientError::Connect {
-                addr: format!("data connection {addr}"),
-                source: e,
-            }
-        })?;
-        s.set_read_timeout(Some(REPLY_TIMEOUT)).ok();
-        s.set_write_timeout(Some(REPLY_TIMEOUT)).ok();
-        Ok(s)
+        Ok(SocketAddr::new(self.peer.ip(), port))
     }
 
     /// REST, sent right before the transfer command as RFC 3659 asks.
@@ -215,6 +269,11 @@ impl Control {
     /// Sends a transfer command after the data connection is open and waits for 125/150.
     pub fn start_transfer(&mut self, cmd: &Command) -> Result<Reply> {
         self.send(cmd)?;
+        self.transfer_started(cmd)
+    }
+
+    /// Waits for 125/150 after a transfer command that was already sent.
+    pub fn transfer_started(&mut self, cmd: &Command) -> Result<Reply> {
         let r = self.reply()?;
         match r.code {
             125 | 150 => Ok(r),
@@ -253,4 +312,16 @@ fn cmd_for_error(cmd: &Command) -> String {
         Command::Pass(_) => "PASS".into(),
         c => c.to_line(),
     }
+}
+
+/// Opens one data connection to `addr`, with the reply timeout as its read/write limit.
+pub fn connect_data(addr: SocketAddr) -> Result<TcpStream> {
+    let s =
+        TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| ClientError::Connect {
+            addr: format!("data connection {addr}"),
+            source: e,
+        })?;
+    s.set_read_timeout(Some(REPLY_TIMEOUT)).ok();
+    s.set_write_timeout(Some(REPLY_TIMEOUT)).ok();
+    Ok(s)
 }

@@ -1,14 +1,17 @@
 //! One control connection: reads commands, drives the protocol session, does the I/O it asks
 //! for, and keeps listening (for ABOR, STAT, QUIT) while a transfer runs.
 
-use super::data::{self, DataError, Finished, Job};
+use super::data::{self, BlockConns, DataError, Finished, Job};
 use super::{Config, Shutdown};
+use crate::blocks::{self, Abort};
 use crate::fsroot::{Root, Upload, UploadStart};
+use braid_proto::checksum;
 use braid_proto::line::{LineBuffer, LineError};
 use braid_proto::listing::{self, EntryKind};
 use braid_proto::session::{
-    Action, DataEndpoint, FsError, FsOp, FsOutcome, ListStyle, Perm, Session, SessionConfig,
-    Transfer, TransferKind, TransferOutcome, canonical_ip, select_facts,
+    Action, BlockMode, ChecksumAlg, DataEndpoint, Expected, FsError, FsOp, FsOutcome, ListStyle,
+    Perm, Session, SessionConfig, Transfer, TransferKind, TransferOutcome, canonical_ip,
+    select_facts,
 };
 use braid_proto::{Command, MAX_LINE, Reply};
 use std::collections::VecDeque;
@@ -122,6 +125,7 @@ pub(super) async fn serve(
         SessionConfig {
             anonymous: config.anonymous,
             max_login_failures: 3,
+            max_streams: config.max_streams,
         },
         peer.ip(),
     );
@@ -289,41 +293,148 @@ impl Io {
             .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
     }
 
-    /// Accepts (passive) or opens (active) the data connection.
-    async fn data_connection(&mut self, endpoint: DataEndpoint) -> Result<TcpStream, String> {
+    /// The one data connection of a stream-mode transfer, as a blocking socket.
+    async fn stream_connection(
+        &mut self,
+        endpoint: &DataEndpoint,
+    ) -> Result<std::net::TcpStream, String> {
         let deadline = Instant::now() + self.config.data_timeout;
-        match endpoint {
+        let sock = match endpoint {
             DataEndpoint::Passive(_) => {
                 let listener = self.passive.take().ok_or("no passive listener")?;
-                let want: IpAddr = canonical_ip(self.peer.ip());
-                loop {
-                    let (s, from) = timeout_at(deadline, listener.accept())
-                        .await
-                        .map_err(|_| "no connection arrived in time".to_string())?
-                        .map_err(|e| e.to_string())?;
-                    if canonical_ip(from.ip()) == want {
-                        return Ok(s);
-                    }
-                    // Port stealing (RFC 2577): drop strangers, keep waiting for the client.
-                    tracing::warn!(%from, "refused data connection from a host other than the client");
+                accept_from(&listener, canonical_ip(self.peer.ip()), deadline).await?
+            }
+            DataEndpoint::Active(addr) => connect_to(*addr, self.local.ip(), deadline).await?,
+            DataEndpoint::ActivePorts(addrs) => {
+                let addr = addrs.first().ok_or("MPRT gave no ports")?;
+                connect_to(*addr, self.local.ip(), deadline).await?
+            }
+        };
+        self.blocking(sock, None)
+    }
+
+    /// The data connections of a MODE E transfer. The sender opens them (GFD.20), except that a
+    /// passive braid server also sends over connections the client opens.
+    async fn block_connections(
+        &mut self,
+        t: &Transfer,
+        b: &BlockMode,
+    ) -> Result<BlockConns, String> {
+        let deadline = Instant::now() + self.config.data_timeout;
+        if matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_)) {
+            let listener = self.passive.take().ok_or("no passive listener")?;
+            let listener = listener.into_std().map_err(|e| e.to_string())?;
+            if let Some(bytes) = t.buffer {
+                let _ = socket2::SockRef::from(&listener)
+                    .set_recv_buffer_size(usize::try_from(bytes).unwrap_or(usize::MAX));
+            }
+            return Ok(BlockConns::Receive(blocks::receive::Conns::Accept {
+                listener,
+                peer: canonical_ip(self.peer.ip()),
+                wait: self.config.data_timeout,
+                max: self.config.max_streams as usize,
+                buffer: t.buffer,
+            }));
+        }
+        let n = b.parallelism.max(1) as usize;
+        let socks = match &t.endpoint {
+            DataEndpoint::Passive(_) => {
+                let listener = self.passive.take().ok_or("no passive listener")?;
+                let want = canonical_ip(self.peer.ip());
+                let mut socks = Vec::with_capacity(n);
+                for _ in 0..n {
+                    socks.push(accept_from(&listener, want, deadline).await?);
                 }
+                socks
             }
             DataEndpoint::Active(addr) => {
-                let socket = if addr.is_ipv4() {
-                    TcpSocket::new_v4()
-                } else {
-                    TcpSocket::new_v6()
-                }
-                .map_err(|e| e.to_string())?;
-                // Connect from the control connection's local address, as clients expect.
-                let _ = socket.bind(SocketAddr::new(self.local.ip(), 0));
-                timeout_at(deadline, socket.connect(addr))
-                    .await
-                    .map_err(|_| format!("connecting to {addr} timed out"))?
-                    .map_err(|e| format!("cannot connect to {addr}: {e}"))
+                connect_all(vec![*addr; n], self.local.ip(), deadline).await?
             }
-        }
+            DataEndpoint::ActivePorts(addrs) => {
+                connect_all(addrs.clone(), self.local.ip(), deadline).await?
+            }
+        };
+        let socks = socks
+            .into_iter()
+            .map(|s| self.blocking(s, t.buffer))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(BlockConns::Send(socks))
     }
+
+    /// A blocking socket for a data thread, with the idle timeout as its read/write limit.
+    fn blocking(
+        &self,
+        sock: TcpStream,
+        buffer: Option<u64>,
+    ) -> Result<std::net::TcpStream, String> {
+        let s = sock.into_std().map_err(|e| e.to_string())?;
+        s.set_nonblocking(false).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(self.config.idle_timeout))
+            .map_err(|e| e.to_string())?;
+        s.set_write_timeout(Some(self.config.idle_timeout))
+            .map_err(|e| e.to_string())?;
+        blocks::set_buffer(&s, buffer);
+        Ok(s)
+    }
+}
+
+/// Accepts one data connection from the client's address; strangers are dropped (port
+/// stealing, RFC 2577) and the wait goes on.
+async fn accept_from(
+    listener: &TcpListener,
+    want: IpAddr,
+    deadline: Instant,
+) -> Result<TcpStream, String> {
+    loop {
+        let (s, from) = timeout_at(deadline, listener.accept())
+            .await
+            .map_err(|_| "no connection arrived in time".to_string())?
+            .map_err(|e| e.to_string())?;
+        if canonical_ip(from.ip()) == want {
+            return Ok(s);
+        }
+        tracing::warn!(%from, "refused data connection from a host other than the client");
+    }
+}
+
+/// Opens a data connection to the client, from the control connection's local address as
+/// clients expect.
+async fn connect_to(
+    addr: SocketAddr,
+    local: IpAddr,
+    deadline: Instant,
+) -> Result<TcpStream, String> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(|e| e.to_string())?;
+    let _ = socket.bind(SocketAddr::new(local, 0));
+    timeout_at(deadline, socket.connect(addr))
+        .await
+        .map_err(|_| format!("connecting to {addr} timed out"))?
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))
+}
+
+/// Opens all connections at once: over a long path, one after another would cost a round trip
+/// each.
+async fn connect_all(
+    addrs: Vec<SocketAddr>,
+    local: IpAddr,
+    deadline: Instant,
+) -> Result<Vec<TcpStream>, String> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, addr) in addrs.into_iter().enumerate() {
+        set.spawn(async move { (i, connect_to(addr, local, deadline).await) });
+    }
+    let mut socks = Vec::new();
+    while let Some(r) = set.join_next().await {
+        let (i, s) = r.map_err(|e| e.to_string())?;
+        socks.push((i, s?));
+    }
+    socks.sort_by_key(|(i, _)| *i);
+    Ok(socks.into_iter().map(|(_, s)| s).collect())
 }
 
 fn fs_blocking(root: &Root, op: FsOp) -> Result<FsOutcome, FsError> {
@@ -362,6 +473,33 @@ fn fs_blocking(root: &Root, op: FsOp) -> Result<FsOutcome, FsError> {
             FsOutcome::Done
         }
         FsOp::Mlst(p) => FsOutcome::Entry(root.stat(&p)?),
+        FsOp::Checksum {
+            path,
+            alg,
+            offset,
+            length,
+        } => {
+            let (file, entry) = root.open_read(&path)?;
+            let end = match length {
+                None => entry.size,
+                Some(l) => offset.saturating_add(l),
+            };
+            if offset > entry.size || end > entry.size {
+                return Err(FsError::Other(format!(
+                    "range {offset}+{} is past the end of the {}-byte file",
+                    end - offset.min(end),
+                    entry.size
+                )));
+            }
+            let io = |e: std::io::Error| crate::fsroot::io_to_fs(&e);
+            FsOutcome::Checksum(match alg {
+                ChecksumAlg::Xxh3 => {
+                    checksum::hex(crate::sums::xxh3(&file, entry.size).map_err(io)?)
+                }
+                ChecksumAlg::Md5 => crate::sums::md5(&file, offset, end).map_err(io)?,
+                ChecksumAlg::Adler32 => crate::sums::adler32(&file, offset, end).map_err(io)?,
+            })
+        }
         FsOp::StatList(p) => {
             let now = unix_now();
             let lines = match root.stat(&p)? {
@@ -515,8 +653,25 @@ async fn transfer(
         return false;
     }
     let started = std::time::Instant::now();
-    let stream = match io.data_connection(t.endpoint).await {
-        Ok(s) => s,
+    let progress = Arc::new(AtomicU64::new(0));
+    let abort = Arc::new(Abort::new());
+    let connected = match &t.block {
+        None => io.stream_connection(&t.endpoint).await.map(|sock| {
+            abort.register(&sock);
+            let progress = progress.clone();
+            tokio::task::spawn_blocking(move || data::run(job, sock, progress))
+        }),
+        Some(b) => io.block_connections(&t, b).await.map(|conns| {
+            let (progress, abort) = (progress.clone(), abort.clone());
+            let have = b.have.clone();
+            let block = b.block_size.unwrap_or(blocks::DEFAULT_BLOCK);
+            tokio::task::spawn_blocking(move || {
+                data::run_blocks(job, conns, &have, block, progress, &abort)
+            })
+        }),
+    };
+    let mut worker = match connected {
+        Ok(w) => w,
         Err(e) => {
             for r in session.transfer_done(&t, TransferOutcome::NoConnection(e)) {
                 if conn.send(&r).await.is_err() {
@@ -526,39 +681,18 @@ async fn transfer(
             return true;
         }
     };
-    let std_stream = match stream.into_std().and_then(|s| {
-        s.set_nonblocking(false)?;
-        s.set_read_timeout(Some(io.config.idle_timeout))?;
-        s.set_write_timeout(Some(io.config.idle_timeout))?;
-        Ok(s)
-    }) {
-        Ok(s) => s,
-        Err(e) => {
-            let r = session.transfer_done(&t, TransferOutcome::NoConnection(e.to_string()));
-            for r in r {
-                let _ = conn.send(&r).await;
-            }
-            return true;
-        }
-    };
-    let killer = std_stream.try_clone().ok();
-    let progress = Arc::new(AtomicU64::new(0));
-    let aborted = Arc::new(AtomicBool::new(false));
-    let mut worker = {
-        let progress = progress.clone();
-        tokio::task::spawn_blocking(move || data::run(job, std_stream, progress))
-    };
+    let is_upload = matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_));
+    let aborted = AtomicBool::new(false);
+    let shut = AtomicBool::new(false);
     let kill = |why: &AtomicBool| {
         why.store(true, Ordering::SeqCst);
-        if let Some(k) = &killer {
-            let _ = k.shutdown(std::net::Shutdown::Both);
-        }
+        abort.abort();
     };
-    let is_upload = matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_));
     let mut quit = false;
     let mut client_gone = false;
     let mut stopped_by_shutdown = false;
-    let shut = Arc::new(AtomicBool::new(false));
+    // SCKS sent while the data moves (braid clients announce the checksum once sent).
+    let mut announced: Option<String> = None;
     let result = loop {
         tokio::select! {
             r = &mut worker => break r,
@@ -568,6 +702,10 @@ async fn transfer(
                     Ok(Command::Stat(None)) => {
                         let r = Reply::new(213, format!("Status: {} bytes transferred so far.", progress.load(Ordering::Relaxed)));
                         let _ = conn.send(&r).await;
+                    }
+                    Ok(Command::Scks { value: Some(v), .. }) if is_upload => {
+                        announced = Some(v);
+                        let _ = conn.send(&Reply::new(200, "SCKS Command Successful.")).await;
                     }
                     Ok(Command::Quit) => quit = true,
                     _ => conn.queued.push_back(l),
@@ -593,22 +731,36 @@ async fn transfer(
         Err(e) => TransferOutcome::Local(FsError::Other(format!("transfer thread failed: {e}"))),
         Ok(Err(DataError::Net(e))) => TransferOutcome::ConnectionLost(e.to_string()),
         Ok(Err(DataError::Local(e))) => TransferOutcome::Local(e),
-        Ok(Ok(Finished { bytes, upload })) => {
-            match upload {
-                None => TransferOutcome::Complete { bytes },
-                Some(_) if client_gone => {
-                    TransferOutcome::ConnectionLost("client closed the control connection".into())
-                }
-                Some((upload, file)) => {
+        Ok(Ok(Finished {
+            bytes,
+            upload,
+            received,
+        })) => match upload {
+            None => TransferOutcome::Complete { bytes },
+            Some(_) if client_gone => {
+                TransferOutcome::ConnectionLost("client closed the control connection".into())
+            }
+            Some((upload, file)) => {
+                let verdict = match (&t.block, received) {
+                    // MODE E ends with an explicit EOF, so the data is known to be whole; what
+                    // remains is the checksum the client announced, if any.
+                    (Some(b), Some((_, actual))) => {
+                        verify_upload(conn, io, b.expect.as_ref(), announced, actual).await
+                    }
                     // Stream mode ends an upload by closing the data connection, which a
                     // killed client also does. If the control connection closed as well, the
                     // upload is not known to be complete: keep it as a partial.
-                    if control_closed(conn).await {
+                    _ if control_closed(conn).await => {
                         client_gone = true;
-                        TransferOutcome::ConnectionLost(
+                        Err(TransferOutcome::ConnectionLost(
                             "client closed the control connection".into(),
-                        )
-                    } else {
+                        ))
+                    }
+                    _ => Ok(()),
+                };
+                match verdict {
+                    Err(outcome) => outcome,
+                    Ok(()) => {
                         match tokio::task::spawn_blocking(move || upload.commit(file)).await {
                             Ok(Ok(())) => TransferOutcome::Complete { bytes },
                             Ok(Err(e)) => TransferOutcome::Local(e),
@@ -617,7 +769,7 @@ async fn transfer(
                     }
                 }
             }
-        }
+        },
     };
     let secs = started.elapsed().as_secs_f64();
     let bytes = progress.load(Ordering::Relaxed);
@@ -625,6 +777,7 @@ async fn transfer(
         peer = %io.peer,
         user = session.user().unwrap_or("-"),
         path = %t.path(),
+        mode = if t.block.is_some() { "E" } else { "S" },
         bytes,
         seconds = format!("{secs:.3}"),
         mbps = format!("{:.1}", bytes as f64 / secs.max(1e-9) / 1e6),
@@ -644,6 +797,59 @@ async fn transfer(
         return false;
     }
     true
+}
+
+/// Checks a complete MODE E upload against the checksum the client gave with SCKS, waiting on
+/// the control connection for one announced as following (`SCKS XXH3 *`).
+async fn verify_upload(
+    conn: &mut Conn,
+    io: &Io,
+    expect: Option<&Expected>,
+    mut announced: Option<String>,
+    actual: Option<u128>,
+) -> Result<(), TransferOutcome> {
+    let expected = match expect {
+        None => return Ok(()),
+        Some(Expected::Value(v)) => v.clone(),
+        Some(Expected::Deferred) => {
+            if announced.is_none() {
+                announced = await_checksum(conn, io.config.idle_timeout).await;
+            }
+            announced.ok_or_else(|| {
+                TransferOutcome::ConnectionLost(
+                    "the client did not send the checksum it announced (SCKS)".into(),
+                )
+            })?
+        }
+    };
+    let actual = actual.map(checksum::hex).unwrap_or_default();
+    if actual == expected.to_ascii_lowercase() {
+        Ok(())
+    } else {
+        Err(TransferOutcome::ChecksumMismatch { expected, actual })
+    }
+}
+
+/// Waits for `SCKS alg value` on the control connection; other commands wait their turn.
+async fn await_checksum(conn: &mut Conn, limit: Duration) -> Option<String> {
+    let deadline = Instant::now() + limit;
+    while conn.queued.len() < MAX_QUEUED {
+        let input = timeout_at(deadline, conn.next_input()).await.ok()?;
+        let Input::Line(l) = input else {
+            return None;
+        };
+        match Command::parse(&l) {
+            Ok(Command::Scks { value: Some(v), .. }) => {
+                let _ = conn
+                    .send(&Reply::new(200, "SCKS Command Successful."))
+                    .await;
+                return Some(v);
+            }
+            Ok(Command::Abor) => return None,
+            _ => conn.queued.push_back(l),
+        }
+    }
+    None
 }
 
 /// Whether the client closed the control connection (within a moment of the data ending).

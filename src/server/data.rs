@@ -2,8 +2,12 @@
 //! binary downloads, large `pwrite`s for uploads. The control task aborts a transfer by shutting
 //! the socket down under it.
 
+use crate::blocks::sink::Sink;
+use crate::blocks::{self, Abort, EngineError};
 use crate::fsroot::{Upload, io_to_fs};
 use braid_proto::ascii::{FromWire, ToWire};
+use braid_proto::checksum::ChunkSum;
+use braid_proto::ranges::RangeSet;
 use braid_proto::session::FsError;
 use std::fs::File;
 use std::io::{Read, Write};
@@ -47,6 +51,111 @@ pub enum DataError {
 pub struct Finished {
     pub bytes: u64,
     pub upload: Option<(Upload, File)>,
+    /// MODE E uploads: the file's length and its checksum as received, when every byte of
+    /// `[0, length)` arrived in this run.
+    pub received: Option<(u64, Option<u128>)>,
+}
+
+/// Data connections for a MODE E transfer.
+pub enum BlockConns {
+    /// The server sends on these.
+    Send(Vec<TcpStream>),
+    /// The server receives on these.
+    Receive(blocks::receive::Conns),
+}
+
+/// Runs a MODE E transfer. `have`: ranges the receiver already holds (REST ranges).
+pub fn run_blocks(
+    job: Job,
+    conns: BlockConns,
+    have: &RangeSet,
+    block: u64,
+    progress: Arc<AtomicU64>,
+    abort: &Abort,
+) -> Result<Finished, DataError> {
+    let engine = |e: EngineError| match e {
+        EngineError::Local(e) => DataError::Local(io_to_fs(&e)),
+        EngineError::Aborted => DataError::Net(std::io::Error::other("aborted")),
+        e => DataError::Net(std::io::Error::other(e.to_string())),
+    };
+    match (job, conns) {
+        (Job::Retr { file, .. }, BlockConns::Send(socks)) => {
+            let size = file
+                .metadata()
+                .map_err(|e| DataError::Local(io_to_fs(&e)))?
+                .len();
+            let todo = have.missing(size);
+            let source = blocks::send::Source::File { file: &file, size };
+            blocks::send::send(source, &todo, block, socks, &progress, abort, false)
+                .map_err(engine)?;
+            Ok(Finished {
+                bytes: todo.len(),
+                upload: None,
+                received: None,
+            })
+        }
+        (Job::List { text }, BlockConns::Send(socks)) => {
+            let todo: RangeSet = [(0, text.len() as u64)].into_iter().collect();
+            blocks::send::send(
+                blocks::send::Source::Memory(&text),
+                &todo,
+                block,
+                socks,
+                &progress,
+                abort,
+                false,
+            )
+            .map_err(engine)?;
+            Ok(Finished {
+                bytes: text.len() as u64,
+                upload: None,
+                received: None,
+            })
+        }
+        (Job::Stor { upload, file, .. }, BlockConns::Receive(conns)) => {
+            let writer = file
+                .try_clone()
+                .map_err(|e| DataError::Local(io_to_fs(&e)))?;
+            // A restarted upload's earlier part was not hashed here: its checksum needs a read.
+            let resume = blocks::receive::Progress {
+                ranges: have.clone(),
+                sum: have.is_empty().then(ChunkSum::new),
+                per_conn: Vec::new(),
+            };
+            let shared = blocks::receive::Shared::new(resume, progress.clone());
+            blocks::receive::receive(conns, &Sink::File(writer), None, &shared, abort)
+                .map_err(engine)?;
+            let got = shared.snapshot();
+            let whole = match got.ranges.iter().collect::<Vec<_>>().as_slice() {
+                [] => Some(0),
+                [(0, end)] => Some(*end),
+                _ => None,
+            };
+            let Some(len) = whole else {
+                return Err(DataError::Net(std::io::Error::other(format!(
+                    "the sender finished but bytes are missing: have {}",
+                    got.ranges
+                ))));
+            };
+            // An earlier, longer partial must not leave a tail behind.
+            file.set_len(len)
+                .map_err(|e| DataError::Local(io_to_fs(&e)))?;
+            let sum = match got.sum {
+                Some(s) => Some(s.finish(len)),
+                None => Some(
+                    crate::sums::xxh3(&file, len).map_err(|e| DataError::Local(io_to_fs(&e)))?,
+                ),
+            };
+            Ok(Finished {
+                bytes: got.per_conn.iter().sum(),
+                upload: Some((upload, file)),
+                received: Some((len, sum)),
+            })
+        }
+        _ => Err(DataError::Local(FsError::Other(
+            "internal error: transfer direction and data connections disagree".into(),
+        ))),
+    }
 }
 
 pub fn run(job: Job, mut sock: TcpStream, progress: Arc<AtomicU64>) -> Result<Finished, DataError> {
@@ -58,6 +167,7 @@ pub fn run(job: Job, mut sock: TcpStream, progress: Arc<AtomicU64>) -> Result<Fi
             Ok(Finished {
                 bytes: text.len() as u64,
                 upload: None,
+                received: None,
             })
         }
         Job::Retr {
@@ -70,6 +180,7 @@ pub fn run(job: Job, mut sock: TcpStream, progress: Arc<AtomicU64>) -> Result<Fi
             Ok(Finished {
                 bytes,
                 upload: None,
+                received: None,
             })
         }
         Job::Retr {
@@ -82,6 +193,7 @@ pub fn run(job: Job, mut sock: TcpStream, progress: Arc<AtomicU64>) -> Result<Fi
             Ok(Finished {
                 bytes,
                 upload: None,
+                received: None,
             })
         }
         Job::Stor {
@@ -94,6 +206,7 @@ pub fn run(job: Job, mut sock: TcpStream, progress: Arc<AtomicU64>) -> Result<Fi
             Ok(Finished {
                 bytes,
                 upload: Some((upload, file)),
+                received: None,
             })
         }
     }

@@ -32,6 +32,8 @@ pub struct Config {
     pub passive_ports: Option<(u16, u16)>,
     /// Delay before answering a failed login (slows down guessing).
     pub login_fail_delay: Duration,
+    /// Most data connections for one MODE E transfer.
+    pub max_streams: u32,
 }
 
 impl Config {
@@ -47,6 +49,7 @@ impl Config {
             max_connections: 256,
             passive_ports: None,
             login_fail_delay: Duration::from_millis(500),
+            max_streams: 64,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! FTP commands: one type for both directions. The server parses them, the client encodes them.
 
 use crate::addr::{self, AddrError};
+use crate::ranges::RangeSet;
 use std::net::{SocketAddr, SocketAddrV4};
 
 /// Representation type (RFC 959 TYPE). Only the types braid serves are representable;
@@ -68,7 +69,32 @@ pub enum Command {
     Port(SocketAddrV4),
     Eprt(SocketAddr),
     Rest(u64),
+    /// `REST a-b,c-d` (GridFTP): in MODE E, the ranges the receiver already holds.
+    RestRanges(RangeSet),
     Allo(String),
+    /// `CKSM alg offset length path` (GridFTP); length None is `-1`, to the end of the file.
+    Cksm {
+        alg: String,
+        offset: u64,
+        length: Option<u64>,
+        path: String,
+    },
+    /// `SCKS alg value`: the checksum the next upload must have. braid also accepts `*` for
+    /// "the value follows once the data is sent" (value None).
+    Scks {
+        alg: String,
+        value: Option<String>,
+    },
+    /// `SBUF n`: TCP buffer size for data connections (GridFTP).
+    Sbuf(u64),
+    /// `MULT n` (XFTP): use n data connections.
+    Mult(u32),
+    /// `MPRT p1,...,pn` (XFTP): the client listens on these ports at its control address.
+    Mprt(Vec<u16>),
+    /// `SPAS` (GridFTP striped passive).
+    Spas,
+    /// `SPOR h1,h2,h3,h4,p1,p2 ...` (GridFTP striped port).
+    Spor(Vec<SocketAddrV4>),
     Retr(String),
     Stor(String),
     Appe(String),
@@ -203,12 +229,57 @@ impl Command {
                 if word.is_empty() {
                     return Err(ParseError::MissingArgument("REST"));
                 }
+                if word.contains(['-', ',']) {
+                    let set = RangeSet::parse(word).map_err(|e| bad("REST", e))?;
+                    if set.is_empty() {
+                        return Err(bad("REST", "the range list covers no bytes"));
+                    }
+                    return Ok(Command::RestRanges(set));
+                }
                 if !word.bytes().all(|b| b.is_ascii_digit()) {
                     return Err(bad("REST", "expected a byte offset"));
                 }
                 Command::Rest(word.parse().map_err(|_| bad("REST", "offset too large"))?)
             }
             "ALLO" => Command::Allo(path("ALLO")?),
+            "CKSM" => parse_cksm(arg.unwrap_or(""))?,
+            "SCKS" => {
+                let (alg, value) = word
+                    .split_once(' ')
+                    .ok_or(ParseError::MissingArgument("SCKS"))?;
+                let value = value.trim();
+                if value.is_empty()
+                    || !value
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'*')
+                {
+                    return Err(bad("SCKS", "expected an algorithm and a hex value or *"));
+                }
+                Command::Scks {
+                    alg: alg.to_ascii_uppercase(),
+                    value: (value != "*").then(|| value.to_ascii_lowercase()),
+                }
+            }
+            "SBUF" => Command::Sbuf(number("SBUF", word)?),
+            "MULT" => Command::Mult(number("MULT", word)?),
+            "MPRT" => Command::Mprt(
+                word.split(',')
+                    .map(|p| number("MPRT", p.trim()))
+                    .collect::<Result<Vec<u16>, _>>()?,
+            ),
+            "SPAS" => Command::Spas,
+            "SPOR" => Command::Spor(
+                word.split_whitespace()
+                    .map(|a| addr::parse_host_port(a).map_err(|e| bad("SPOR", e)))
+                    .collect::<Result<Vec<_>, _>>()
+                    .and_then(|v| {
+                        if v.is_empty() {
+                            Err(ParseError::MissingArgument("SPOR"))
+                        } else {
+                            Ok(v)
+                        }
+                    })?,
+            ),
             "RETR" => Command::Retr(path("RETR")?),
             "STOR" => Command::Stor(path("STOR")?),
             "APPE" => Command::Appe(path("APPE")?),
@@ -287,6 +358,38 @@ impl Command {
             Command::Port(a) => with("PORT", &addr::format_host_port(*a)),
             Command::Eprt(a) => with("EPRT", &addr::format_eprt(*a)),
             Command::Rest(n) => format!("REST {n}"),
+            Command::RestRanges(r) => format!("REST {r}"),
+            Command::Cksm {
+                alg,
+                offset,
+                length,
+                path,
+            } => match length {
+                Some(l) => format!("CKSM {alg} {offset} {l} {path}"),
+                None => format!("CKSM {alg} {offset} -1 {path}"),
+            },
+            Command::Scks { alg, value } => {
+                format!("SCKS {alg} {}", value.as_deref().unwrap_or("*"))
+            }
+            Command::Sbuf(n) => format!("SBUF {n}"),
+            Command::Mult(n) => format!("MULT {n}"),
+            Command::Mprt(ports) => format!(
+                "MPRT {}",
+                ports
+                    .iter()
+                    .map(u16::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            Command::Spas => "SPAS".into(),
+            Command::Spor(addrs) => format!(
+                "SPOR {}",
+                addrs
+                    .iter()
+                    .map(|a| addr::format_host_port(*a))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
             Command::Allo(a) => with("ALLO", a),
             Command::Retr(a) => with("RETR", a),
             Command::Stor(a) => with("STOR", a),
@@ -326,10 +429,11 @@ impl Command {
 
 /// Every verb the parser knows (aliases such as XPWD included), for HELP and for tests.
 pub const KNOWN_VERBS: &[&str] = &[
-    "ABOR", "ACCT", "ALLO", "APPE", "CDUP", "CWD", "DELE", "EPRT", "EPSV", "FEAT", "HELP", "LIST",
-    "MDTM", "MKD", "MLSD", "MLST", "MODE", "NLST", "NOOP", "OPTS", "PASS", "PASV", "PORT", "PWD",
-    "QUIT", "REIN", "REST", "RETR", "RMD", "RNFR", "RNTO", "SITE", "SIZE", "STAT", "STOR", "STRU",
-    "SYST", "TYPE", "USER", "XCUP", "XCWD", "XMKD", "XPWD", "XRMD",
+    "ABOR", "ACCT", "ALLO", "APPE", "CDUP", "CKSM", "CWD", "DELE", "EPRT", "EPSV", "FEAT", "HELP",
+    "LIST", "MDTM", "MKD", "MLSD", "MLST", "MODE", "MPRT", "MULT", "NLST", "NOOP", "OPTS", "PASS",
+    "PASV", "PORT", "PWD", "SBUF", "SCKS", "SPAS", "SPOR", "QUIT", "REIN", "REST", "RETR", "RMD",
+    "RNFR", "RNTO", "SITE", "SIZE", "STAT", "STOR", "STRU", "SYST", "TYPE", "USER", "XCUP", "XCWD",
+    "XMKD", "XPWD", "XRMD",
 ];
 
 fn bad(verb: &'static str, reason: impl ToString) -> ParseError {
@@ -337,6 +441,49 @@ fn bad(verb: &'static str, reason: impl ToString) -> ParseError {
         verb,
         reason: reason.to_string(),
     }
+}
+
+/// A decimal number argument.
+fn number<T: std::str::FromStr>(verb: &'static str, word: &str) -> Result<T, ParseError> {
+    if word.is_empty() {
+        return Err(ParseError::MissingArgument(verb));
+    }
+    if !word.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ParseError::BadArgument {
+            verb,
+            reason: format!(
+                "expected a number, got {:?}",
+                word.chars().take(40).collect::<String>()
+            ),
+        });
+    }
+    word.parse().map_err(|_| ParseError::BadArgument {
+        verb,
+        reason: "number too large".into(),
+    })
+}
+
+/// `CKSM alg offset length path`: the path is the rest of the line, spaces and all.
+fn parse_cksm(arg: &str) -> Result<Command, ParseError> {
+    let mut parts = arg.splitn(4, ' ');
+    let (Some(alg), Some(offset), Some(length), Some(path)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(ParseError::MissingArgument("CKSM"));
+    };
+    if alg.is_empty() || path.is_empty() {
+        return Err(ParseError::MissingArgument("CKSM"));
+    }
+    Ok(Command::Cksm {
+        alg: alg.to_ascii_uppercase(),
+        offset: number("CKSM", offset)?,
+        length: if length == "-1" {
+            None
+        } else {
+            Some(number("CKSM", length)?)
+        },
+        path: path.to_string(),
+    })
 }
 
 fn parse_type(word: &str) -> Result<TransferType, ParseError> {
@@ -458,6 +605,28 @@ mod tests {
             (any::<std::net::IpAddr>(), any::<u16>())
                 .prop_map(|(ip, p)| Command::Eprt(SocketAddr::new(ip, p))),
             any::<u64>().prop_map(Command::Rest),
+            proptest::collection::vec((0u64..1 << 40, 1u64..1 << 30), 1..5).prop_map(|v| {
+                Command::RestRanges(v.into_iter().map(|(s, l)| (s, s + l)).collect())
+            }),
+            (
+                "[A-Z0-9]{1,8}",
+                any::<u64>(),
+                proptest::option::of(any::<u64>()),
+                path_arg()
+            )
+                .prop_map(|(alg, offset, length, path)| Command::Cksm {
+                    alg,
+                    offset,
+                    length,
+                    path
+                }),
+            ("[A-Z0-9]{1,8}", proptest::option::of("[0-9a-f]{1,64}"))
+                .prop_map(|(alg, value)| Command::Scks { alg, value }),
+            any::<u64>().prop_map(Command::Sbuf),
+            any::<u32>().prop_map(Command::Mult),
+            proptest::collection::vec(any::<u16>(), 1..9).prop_map(Command::Mprt),
+            Just(Command::Spas),
+            proptest::collection::vec(any::<SocketAddrV4>(), 1..4).prop_map(Command::Spor),
             path_arg().prop_map(Command::Allo),
             path_arg().prop_map(Command::Retr),
             path_arg().prop_map(Command::Stor),

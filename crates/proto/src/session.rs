@@ -8,6 +8,7 @@
 use crate::command::{Command, EpsvArg, Mode, Structure, TransferType};
 use crate::listing::{self, Entry};
 use crate::path::{PathError, VPath};
+use crate::ranges::RangeSet;
 use crate::reply::Reply;
 use std::net::{IpAddr, SocketAddr};
 
@@ -25,6 +26,8 @@ pub struct SessionConfig {
     pub anonymous: Option<Perm>,
     /// After this many failed logins the connection is closed.
     pub max_login_failures: u32,
+    /// Most data connections one MODE E transfer may use.
+    pub max_streams: u32,
 }
 
 /// Names accepted for anonymous login (RFC 1635).
@@ -39,12 +42,37 @@ enum Login {
 }
 
 /// Where the next data connection comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DataEndpoint {
     /// The caller holds a passive listener at this address.
     Passive(SocketAddr),
     /// Connect to the client here (already checked against the control peer).
     Active(SocketAddr),
+    /// XFTP's MPRT: one connection to each of these (all at the control peer).
+    ActivePorts(Vec<SocketAddr>),
+}
+
+/// MODE E settings that travel with one transfer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockMode {
+    /// Data connections the server opens or accepts when it sends (OPTS RETR Parallelism).
+    pub parallelism: u32,
+    /// REST ranges: what the receiver already holds, so it is not sent again.
+    pub have: RangeSet,
+    /// Block size the client asked for (OPTS RETR blocksize=), when the server sends.
+    pub block_size: Option<u64>,
+    /// What the upload's checksum must be (SCKS).
+    pub expect: Option<Expected>,
+}
+
+/// An upload's expected checksum.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expected {
+    /// `SCKS XXH3 <hex>`: known before the data.
+    Value(String),
+    /// `SCKS XXH3 *`: the client sends `SCKS XXH3 <hex>` once its data is out; the upload waits
+    /// for it before taking its final name.
+    Deferred,
 }
 
 /// How a directory listing is written.
@@ -80,6 +108,10 @@ pub struct Transfer {
     pub writable: bool,
     /// MLSx facts to show, lower-case.
     pub facts: Vec<String>,
+    /// Extended block mode, when MODE E is in effect.
+    pub block: Option<BlockMode>,
+    /// SBUF: socket buffer size for the data connections (None: kernel autotuning).
+    pub buffer: Option<u64>,
 }
 
 /// A file-system request for the caller.
@@ -105,6 +137,33 @@ pub enum FsOp {
     Mlst(VPath),
     /// `ls -l` lines for STAT with a path.
     StatList(VPath),
+    /// CKSM over `[offset, offset+length)` (length None: to the end).
+    Checksum {
+        path: VPath,
+        alg: ChecksumAlg,
+        offset: u64,
+        length: Option<u64>,
+    },
+}
+
+/// Checksums CKSM computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChecksumAlg {
+    /// braid's chunked XXH3-128 ([`crate::checksum`]); whole files only.
+    Xxh3,
+    Md5,
+    Adler32,
+}
+
+impl ChecksumAlg {
+    pub fn parse(name: &str) -> Option<ChecksumAlg> {
+        match name.to_ascii_uppercase().as_str() {
+            crate::checksum::NAME => Some(ChecksumAlg::Xxh3),
+            "MD5" => Some(ChecksumAlg::Md5),
+            "ADLER32" => Some(ChecksumAlg::Adler32),
+            _ => None,
+        }
+    }
 }
 
 /// What the file system gave back for an [`FsOp`].
@@ -115,6 +174,8 @@ pub enum FsOutcome {
     Mtime(i64),
     Entry(Entry),
     Lines(Vec<String>),
+    /// A checksum, in lower-case hex.
+    Checksum(String),
 }
 
 /// Why a file-system request or a transfer's local side failed.
@@ -169,6 +230,12 @@ pub enum TransferOutcome {
     Local(FsError),
     /// The server is shutting down.
     Shutdown,
+    /// The upload arrived whole but its checksum is not the one the client announced. The data
+    /// is kept as a partial upload.
+    ChecksumMismatch {
+        expected: String,
+        actual: String,
+    },
 }
 
 /// What the caller must do next.
@@ -237,6 +304,15 @@ pub struct Session {
     epsv_all: bool,
     facts: Vec<String>,
     pending: Option<FsOp>,
+    /// MODE E is in effect.
+    extended: bool,
+    parallelism: u32,
+    block_size: Option<u64>,
+    rest_ranges: Option<RangeSet>,
+    expect: Option<Expected>,
+    buffer: Option<u64>,
+    /// The pending passive request came as SPAS (multi-line reply).
+    spas: bool,
 }
 
 impl Session {
@@ -255,6 +331,13 @@ impl Session {
             epsv_all: false,
             facts: FACTS.iter().map(|f| f.to_ascii_lowercase()).collect(),
             pending: None,
+            extended: false,
+            parallelism: 1,
+            block_size: None,
+            rest_ranges: None,
+            expect: None,
+            buffer: None,
+            spas: false,
         }
     }
 
@@ -292,6 +375,10 @@ impl Session {
                 std::mem::take(&mut self.rest)
             }
             _ => 0,
+        };
+        let rest_ranges = match cmd {
+            Command::Retr(_) | Command::Stor(_) | Command::Appe(_) => self.rest_ranges.take(),
+            _ => None,
         };
         let reply = |code, text: &str| Action::Reply(Reply::new(code, text));
 
@@ -360,8 +447,15 @@ impl Session {
                     TransferType::Image => reply(200, "Switching to Binary mode."),
                 }
             }
-            Command::Mode(Mode::Stream) => reply(200, "Mode set to S."),
-            Command::Mode(_) => reply(504, "Only MODE S is supported."),
+            Command::Mode(Mode::Stream) => {
+                self.extended = false;
+                reply(200, "Mode set to S.")
+            }
+            Command::Mode(Mode::Extended) => {
+                self.extended = true;
+                reply(200, "Mode set to E.")
+            }
+            Command::Mode(_) => reply(504, "Only MODE S and MODE E are supported."),
             Command::Stru(Structure::File) => reply(200, "Structure set to F."),
             Command::Stru(_) => reply(504, "Only STRU F is supported."),
             Command::Pwd => Action::Reply(Reply::new(
@@ -399,32 +493,132 @@ impl Session {
                 ))
             }
             Command::Epsv(_) => Action::Passive { extended: true },
+            // One stripe: SPAS is PASV with GridFTP's multi-line reply.
+            Command::Spas => {
+                if self.peer.is_ipv6() {
+                    return reply(522, "SPAS is IPv4 only; use EPSV (1,2).");
+                }
+                self.spas = true;
+                Action::Passive { extended: false }
+            }
+            Command::Spor(addrs) => match addrs.as_slice() {
+                [one] => self.active(SocketAddr::V4(*one)),
+                _ => reply(504, "This server has one stripe; give SPOR one address."),
+            },
+            Command::Mult(n) => {
+                if n == 0 {
+                    return reply(501, "MULT needs at least 1 connection.");
+                }
+                self.parallelism = n.min(self.config.max_streams);
+                Action::Reply(Reply::new(
+                    200,
+                    format!(
+                        "MULT {} ok; send MODE E blocks on that many connections.",
+                        self.parallelism
+                    ),
+                ))
+            }
+            Command::Mprt(ports) => {
+                if ports.is_empty() || ports.len() > self.config.max_streams as usize {
+                    return reply(
+                        501,
+                        "MPRT needs between 1 and the server's stream limit of ports.",
+                    );
+                }
+                if ports.iter().any(|p| *p < 1024) {
+                    return reply(504, "Refused: port below 1024 (RFC 2577).");
+                }
+                if self.epsv_all {
+                    return reply(503, "EPSV ALL is in effect; use EPSV.");
+                }
+                self.parallelism = ports.len() as u32;
+                self.endpoint = Some(DataEndpoint::ActivePorts(
+                    ports
+                        .iter()
+                        .map(|p| SocketAddr::new(self.peer, *p))
+                        .collect(),
+                ));
+                reply(200, "MPRT command successful.")
+            }
             Command::Port(a) => self.active(SocketAddr::V4(a)),
             Command::Eprt(a) => self.active(a),
+            Command::RestRanges(ranges) => {
+                self.rest = 0;
+                self.rest_ranges = Some(ranges);
+                reply(
+                    350,
+                    "Restart Marker OK. Send STORE or RETR to initiate transfer.",
+                )
+            }
             Command::Rest(n) => {
+                self.rest_ranges = None;
                 self.rest = n;
                 Action::Reply(Reply::new(
                     350,
                     format!("Restarting at {n}. Send STOR or RETR to initiate transfer."),
                 ))
             }
-            Command::Allo(_) => reply(202, "No storage allocation necessary."),
+            Command::Allo(_) => reply(200, "ALLO command successful."),
+            Command::Sbuf(n) => {
+                // Past 1 GiB the kernel clamps anyway; zero means "let the kernel tune".
+                self.buffer = (n > 0).then_some(n.min(1 << 30));
+                reply(200, "SBUF Command Successful.")
+            }
+            Command::Cksm {
+                alg,
+                offset,
+                length,
+                path,
+            } => {
+                let Some(alg) = ChecksumAlg::parse(&alg) else {
+                    return Action::Reply(Reply::new(
+                        504,
+                        format!("Unsupported checksum algorithm {alg}; use XXH3, MD5 or ADLER32."),
+                    ));
+                };
+                if alg == ChecksumAlg::Xxh3 && (offset != 0 || length.is_some()) {
+                    return reply(
+                        504,
+                        "XXH3 covers whole files only: use offset 0 and length -1.",
+                    );
+                }
+                let p = resolve!(&path);
+                self.fs(FsOp::Checksum {
+                    path: p,
+                    alg,
+                    offset,
+                    length,
+                })
+            }
+            Command::Scks { alg, value } => {
+                if ChecksumAlg::parse(&alg) != Some(ChecksumAlg::Xxh3) {
+                    return Action::Reply(Reply::new(
+                        504,
+                        format!("SCKS supports {} only.", crate::checksum::NAME),
+                    ));
+                }
+                self.expect = Some(match value {
+                    Some(v) => Expected::Value(v),
+                    None => Expected::Deferred,
+                });
+                reply(200, "SCKS Command Successful.")
+            }
             Command::Retr(arg) => {
                 let p = resolve!(&arg);
-                self.transfer(TransferKind::Retr(p), rest, writable)
+                self.transfer(TransferKind::Retr(p), rest, rest_ranges, writable)
             }
             Command::Stor(arg) => {
                 let p = resolve!(&arg);
                 match need_write(&p) {
                     Some(a) => a,
-                    None => self.transfer(TransferKind::Stor(p), rest, writable),
+                    None => self.transfer(TransferKind::Stor(p), rest, rest_ranges, writable),
                 }
             }
             Command::Appe(arg) => {
                 let p = resolve!(&arg);
                 match need_write(&p) {
                     Some(a) => a,
-                    None => self.transfer(TransferKind::Appe(p), rest, writable),
+                    None => self.transfer(TransferKind::Appe(p), rest, rest_ranges, writable),
                 }
             }
             Command::List(arg) => self.list(arg, ListStyle::Long, writable),
@@ -493,7 +687,7 @@ impl Session {
         self.rest = 0;
         let arg = arg.map(|a| strip_list_flags(&a)).unwrap_or_default();
         match self.cwd.join(&arg) {
-            Ok(p) => self.transfer(TransferKind::List(p, style), 0, writable),
+            Ok(p) => self.transfer(TransferKind::List(p, style), 0, None, writable),
             Err(e) => Action::Reply(path_error(e, &arg)),
         }
     }
@@ -503,17 +697,66 @@ impl Session {
         Action::Fs(op)
     }
 
-    fn transfer(&mut self, kind: TransferKind, offset: u64, writable: bool) -> Action {
+    fn transfer(
+        &mut self,
+        kind: TransferKind,
+        offset: u64,
+        rest_ranges: Option<RangeSet>,
+        writable: bool,
+    ) -> Action {
+        let expect = self.expect.take();
         let Some(endpoint) = self.endpoint.take() else {
             return Action::Reply(Reply::new(425, "Use PORT, EPRT, PASV or EPSV first."));
         };
+        let block = if self.extended {
+            let upload = matches!(kind, TransferKind::Stor(_) | TransferKind::Appe(_));
+            if self.ascii && !matches!(kind, TransferKind::List(..)) {
+                return Action::Reply(Reply::new(
+                    504,
+                    "MODE E moves binary data only; send TYPE I.",
+                ));
+            }
+            if matches!(kind, TransferKind::Appe(_)) {
+                return Action::Reply(Reply::new(
+                    504,
+                    "APPE is not available in MODE E; use REST ranges with STOR.",
+                ));
+            }
+            // GFD.20: the sender opens the data connections, so an upload needs a passive
+            // server. (A braid server also lets a passive sender take connections the client
+            // opens, which is what a client behind NAT needs.)
+            if upload && !matches!(endpoint, DataEndpoint::Passive(_)) {
+                return Action::Reply(Reply::new(
+                    425,
+                    "In MODE E the sender opens the data connections: use PASV or EPSV before STOR.",
+                ));
+            }
+            let mut have = rest_ranges.unwrap_or_default();
+            have.insert(0, offset);
+            Some(BlockMode {
+                parallelism: match &endpoint {
+                    DataEndpoint::ActivePorts(p) => p.len() as u32,
+                    _ => self.parallelism,
+                },
+                have,
+                block_size: self.block_size,
+                expect: if upload { expect } else { None },
+            })
+        } else {
+            if rest_ranges.is_some() {
+                return Action::Reply(Reply::new(504, "REST with ranges needs MODE E."));
+            }
+            None
+        };
         Action::Transfer(Transfer {
             kind,
-            offset,
+            offset: if block.is_some() { 0 } else { offset },
             ascii: self.ascii,
             endpoint,
             writable,
             facts: self.facts.clone(),
+            block,
+            buffer: self.buffer,
         })
     }
 
@@ -611,10 +854,19 @@ impl Session {
 
     /// The outcome of [`Action::Passive`]: the listener's address, or why it failed.
     pub fn passive_done(&mut self, extended: bool, result: Result<SocketAddr, String>) -> Reply {
+        let spas = std::mem::take(&mut self.spas);
         match result {
             Ok(addr) => {
                 self.endpoint = Some(DataEndpoint::Passive(addr));
                 match (extended, addr) {
+                    (false, SocketAddr::V4(v4)) if spas => Reply::multi(
+                        229,
+                        vec![
+                            "Entering Striped Passive Mode".into(),
+                            format!(" {}", crate::addr::format_host_port(v4)),
+                            "End".into(),
+                        ],
+                    ),
                     (true, _) => Reply::new(
                         229,
                         format!("Entering Extended Passive Mode (|||{}|)", addr.port()),
@@ -650,7 +902,8 @@ impl Session {
             | FsOp::Dele(p)
             | FsOp::RenameFrom(p)
             | FsOp::Mlst(p)
-            | FsOp::StatList(p) => p.clone(),
+            | FsOp::StatList(p)
+            | FsOp::Checksum { path: p, .. } => p.clone(),
             FsOp::Rename { from, .. } => from.clone(),
         };
         let outcome = match result {
@@ -688,6 +941,7 @@ impl Session {
                     ],
                 )
             }
+            (FsOp::Checksum { .. }, FsOutcome::Checksum(hex)) => Reply::new(213, hex),
             (FsOp::StatList(p), FsOutcome::Lines(lines)) => {
                 let mut all = vec![format!("Status of {p}:")];
                 all.extend(lines);
@@ -726,6 +980,13 @@ impl Session {
                 426,
                 "Server is shutting down; transfer aborted.",
             )],
+            TransferOutcome::ChecksumMismatch { expected, actual } => vec![Reply::new(
+                550,
+                format!(
+                    "{}: checksum mismatch: the client announced {expected}, the data received hashes to {actual}; kept as a partial upload.",
+                    t.path()
+                ),
+            )],
         }
     }
 
@@ -745,9 +1006,16 @@ impl Session {
                 " EPSV".into(),
                 " MDTM".into(),
                 format!(" MLST {mlst}"),
+                " PARALLEL".into(),
                 " PASV".into(),
                 " REST STREAM".into(),
+                " SBUF".into(),
+                format!(" CKSM {};MD5;ADLER32;", crate::checksum::NAME),
+                // MODE E RETR over PASV/EPSV (the client opens the connections) and SCKS *.
+                " BRAID 1".into(),
                 " SIZE".into(),
+                " SPAS".into(),
+                " SPOR".into(),
                 " TVFS".into(),
                 " UTF8".into(),
                 "End".into(),
@@ -779,6 +1047,18 @@ impl Session {
                     .collect();
                 Reply::new(200, format!("MLST OPTS {shown}"))
             }
+            "RETR" => match parse_retr_opts(value) {
+                Ok((parallelism, block_size)) => {
+                    if let Some(n) = parallelism {
+                        self.parallelism = n.clamp(1, self.config.max_streams);
+                    }
+                    if block_size.is_some() {
+                        self.block_size = block_size;
+                    }
+                    Reply::new(200, "OPTS Command Successful.")
+                }
+                Err(e) => Reply::new(501, format!("OPTS RETR: {e}.")),
+            },
             _ => Reply::new(501, format!("OPTS {name} is not understood.")),
         }
     }
@@ -792,7 +1072,15 @@ impl Session {
                 format!("    Connected to {}", self.peer),
                 format!("    Logged in as {user}"),
                 format!("    TYPE: {}", if self.ascii { "ASCII" } else { "BINARY" }),
-                "    MODE: Stream; STRU: File".into(),
+                format!(
+                    "    MODE: {}; STRU: File; parallelism {}",
+                    if self.extended {
+                        "Extended block"
+                    } else {
+                        "Stream"
+                    },
+                    self.parallelism
+                ),
                 "End of status".into(),
             ],
         )
@@ -860,4 +1148,246 @@ fn help(arg: Option<&str>) -> Reply {
     }
     lines.push("Help OK.".into());
     Reply::multi(214, lines)
+}
+
+/// OPTS RETR options (GFD.20): the starting parallelism of `Parallelism=start,min,max;` (like
+/// the Globus server, braid uses the first number) and `blocksize=n;`, which must be a whole
+/// number of checksum chunks. Other options (markers, windowsize, ...) are accepted and unused.
+fn parse_retr_opts(opts: &str) -> Result<(Option<u32>, Option<u64>), String> {
+    let (mut parallelism, mut block) = (None, None);
+    for opt in opts.split(';').map(str::trim).filter(|o| !o.is_empty()) {
+        let Some((key, value)) = opt.split_once('=') else {
+            return Err(format!("expected name=value, got {opt:?}"));
+        };
+        let key = key.trim();
+        if key.eq_ignore_ascii_case("Parallelism") {
+            let nums: Result<Vec<u32>, _> =
+                value.split(',').map(|n| n.trim().parse::<u32>()).collect();
+            parallelism = match nums.as_deref() {
+                Ok([start, ..]) if *start >= 1 => Some(*start),
+                _ => {
+                    return Err(format!(
+                        "bad Parallelism value {value:?}; expected start,min,max"
+                    ));
+                }
+            };
+        } else if key.eq_ignore_ascii_case("blocksize") {
+            let chunk = crate::checksum::CHUNK;
+            block = match value.trim().parse::<u64>() {
+                Ok(n) if n >= chunk && n.is_multiple_of(chunk) && n <= 1 << 30 => Some(n),
+                _ => {
+                    return Err(format!(
+                        "blocksize must be a multiple of {chunk} up to 1 GiB"
+                    ));
+                }
+            };
+        }
+    }
+    Ok((parallelism, block))
+}
+
+/// `111 Range Marker a-b,...`: byte ranges the receiver has stored (sent during an upload).
+pub fn range_marker(ranges: &RangeSet) -> Reply {
+    Reply::new(111, format!("Range Marker {ranges}"))
+}
+
+/// `112-Perf Marker`: progress of a transfer, as GridFTP clients parse it.
+pub fn perf_marker(unix_time: f64, bytes: u64) -> Reply {
+    Reply::multi(
+        112,
+        vec![
+            "Perf Marker".into(),
+            format!(" Timestamp:  {unix_time:.1}"),
+            " Stripe Index: 0".into(),
+            format!(" Stripe Bytes Transferred: {bytes}"),
+            " Total Stripe Count: 1".into(),
+            "End.".into(),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logged_in() -> Session {
+        let mut s = Session::new(
+            SessionConfig {
+                anonymous: Some(Perm::ReadWrite),
+                max_login_failures: 3,
+                max_streams: 16,
+            },
+            "127.0.0.1".parse().unwrap(),
+        );
+        s.handle(Command::User("anonymous".into()));
+        s.handle(Command::Pass("x".into()));
+        assert!(matches!(s.login_done(Some(Perm::ReadWrite)), Action::Reply(r) if r.code == 230));
+        s
+    }
+
+    fn wire(r: &Reply) -> String {
+        let mut out = Vec::new();
+        r.encode(&mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    fn code(a: Action) -> u16 {
+        match a {
+            Action::Reply(r) | Action::Close(r) => r.code,
+            other => panic!("expected a reply, got {other:?}"),
+        }
+    }
+
+    fn passive(s: &mut Session) {
+        assert_eq!(
+            s.handle(Command::Epsv(EpsvArg::Default)),
+            Action::Passive { extended: true }
+        );
+        s.passive_done(true, Ok("127.0.0.1:5000".parse().unwrap()));
+    }
+
+    #[test]
+    fn mode_e_retr_carries_parallelism_and_restart_ranges() {
+        let mut s = logged_in();
+        assert_eq!(code(s.handle(Command::Mode(Mode::Extended))), 200);
+        assert_eq!(
+            code(s.handle(Command::Opts("RETR Parallelism=8,8,8;".into()))),
+            200
+        );
+        assert_eq!(
+            code(s.handle(Command::Opts("RETR Parallelism=x;".into()))),
+            501
+        );
+        // Capped at the server's limit.
+        assert_eq!(
+            code(s.handle(Command::Opts("RETR Parallelism=99,1,99;".into()))),
+            200
+        );
+        passive(&mut s);
+        let ranges = RangeSet::parse("0-100,200-300").unwrap();
+        assert_eq!(code(s.handle(Command::RestRanges(ranges.clone()))), 350);
+        let Action::Transfer(t) = s.handle(Command::Retr("f".into())) else {
+            panic!("no transfer")
+        };
+        let block = t.block.expect("MODE E transfer");
+        assert_eq!(block.parallelism, 16);
+        assert_eq!(block.have, ranges);
+        // REST applies to one transfer only.
+        passive(&mut s);
+        let Action::Transfer(t) = s.handle(Command::Retr("f".into())) else {
+            panic!("no transfer")
+        };
+        assert!(t.block.is_some_and(|b| b.have.is_empty()));
+    }
+
+    #[test]
+    fn mode_e_upload_needs_a_passive_server_and_binary_type() {
+        let mut s = logged_in();
+        s.handle(Command::Mode(Mode::Extended));
+        assert_eq!(
+            code(s.handle(Command::Port("127.0.0.1:5000".parse().unwrap()))),
+            200
+        );
+        assert_eq!(code(s.handle(Command::Stor("f".into()))), 425);
+        s.handle(Command::Type(TransferType::Ascii));
+        passive(&mut s);
+        assert_eq!(code(s.handle(Command::Retr("f".into()))), 504);
+        s.handle(Command::Type(TransferType::Image));
+        passive(&mut s);
+        assert_eq!(
+            code(s.handle(Command::Scks {
+                alg: "XXH3".into(),
+                value: None
+            })),
+            200
+        );
+        let Action::Transfer(t) = s.handle(Command::Stor("f".into())) else {
+            panic!("no transfer")
+        };
+        assert_eq!(t.block.and_then(|b| b.expect), Some(Expected::Deferred));
+        // Back in stream mode, ranges are refused.
+        s.handle(Command::Mode(Mode::Stream));
+        passive(&mut s);
+        s.handle(Command::RestRanges(RangeSet::parse("0-5").unwrap()));
+        assert_eq!(code(s.handle(Command::Retr("f".into()))), 504);
+    }
+
+    #[test]
+    fn cksm_scks_and_xftp_commands() {
+        let mut s = logged_in();
+        assert_eq!(
+            code(s.handle(Command::Cksm {
+                alg: "SHA1".into(),
+                offset: 0,
+                length: None,
+                path: "f".into()
+            })),
+            504
+        );
+        assert_eq!(
+            code(s.handle(Command::Cksm {
+                alg: "XXH3".into(),
+                offset: 5,
+                length: None,
+                path: "f".into()
+            })),
+            504
+        );
+        assert!(matches!(
+            s.handle(Command::Cksm {
+                alg: "md5".into(),
+                offset: 0,
+                length: Some(10),
+                path: "f".into()
+            }),
+            Action::Fs(FsOp::Checksum {
+                alg: ChecksumAlg::Md5,
+                length: Some(10),
+                ..
+            })
+        ));
+        assert_eq!(
+            wire(&s.fs_done(Ok(FsOutcome::Checksum("abc".into())))),
+            "213 abc\r\n"
+        );
+        assert_eq!(
+            code(s.handle(Command::Scks {
+                alg: "MD5".into(),
+                value: Some("ab".into())
+            })),
+            504
+        );
+        assert_eq!(code(s.handle(Command::Mult(0))), 501);
+        assert_eq!(code(s.handle(Command::Mult(4))), 200);
+        assert_eq!(code(s.handle(Command::Mprt(vec![40000, 40001, 80]))), 504);
+        assert_eq!(code(s.handle(Command::Mprt(vec![40000, 40001]))), 200);
+        s.handle(Command::Mode(Mode::Extended));
+        let Action::Transfer(t) = s.handle(Command::Retr("f".into())) else {
+            panic!("no transfer")
+        };
+        assert_eq!(t.block.map(|b| b.parallelism), Some(2));
+        assert!(matches!(t.endpoint, DataEndpoint::ActivePorts(p) if p.len() == 2));
+        // SPAS answers in GridFTP's striped form.
+        assert_eq!(s.handle(Command::Spas), Action::Passive { extended: false });
+        let r = s.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
+        assert_eq!(
+            wire(&r),
+            "229-Entering Striped Passive Mode\r\n 127,0,0,1,19,136\r\n229 End\r\n"
+        );
+    }
+
+    #[test]
+    fn markers_have_gridftp_form() {
+        let r = range_marker(&RangeSet::parse("0-20000000").unwrap());
+        assert_eq!(wire(&r), "111 Range Marker 0-20000000\r\n");
+        let p = wire(&perf_marker(1795340180.25, 20000000));
+        assert!(
+            p.starts_with("112-Perf Marker\r\n Timestamp:  1795340180.2"),
+            "{p}"
+        );
+        assert!(
+            p.contains(" Stripe Bytes Transferred: 20000000\r\n") && p.ends_with("112 End.\r\n"),
+            "{p}"
+        );
+    }
 }

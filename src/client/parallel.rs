@@ -1,0 +1,550 @@
+//! MODE E downloads and uploads: N data connections, blocks at offsets, the whole-file
+//! checksum confirmed on the control connection, and a sidecar so `--resume` fetches only what
+//! is missing.
+
+use super::control::{Control, connect_data};
+use super::error::{ClientError, Result};
+use super::url::Target;
+use super::{Dest, Options, Summary, local_err, part_path, progress_bar};
+use crate::blocks::receive::{Conns, Progress, Shared};
+use crate::blocks::send::Source;
+use crate::blocks::sink::{Reorder, Sink};
+use crate::blocks::{self, Abort, EngineError};
+use braid_proto::checksum::{self, ChunkSum};
+use braid_proto::command::Mode;
+use braid_proto::ranges::RangeSet;
+use braid_proto::{Command, Reply};
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The kind of MODE E server, from its FEAT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// braid: the client opens the data connections both ways, XXH3 checksums.
+    Braid,
+    /// A GridFTP server: it connects to us when it sends; MD5 through CKSM.
+    GridFtp,
+}
+
+impl Peer {
+    pub fn of(c: &Control) -> Option<Peer> {
+        if c.has_feature("BRAID") {
+            Some(Peer::Braid)
+        } else if c.has_feature("PARALLEL") {
+            Some(Peer::GridFtp)
+        } else {
+            None
+        }
+    }
+}
+
+/// How long a reorder buffer may wait for a missing block, and how long a receiver waits for
+/// a data connection.
+const STALL: Duration = Duration::from_secs(120);
+
+/// `DEST.part.braid`: what a download has stored, so that `--resume` asks for the rest only.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Sidecar {
+    /// The remote path and size identify the file (not host and port: a restarted server may
+    /// listen elsewhere).
+    path: String,
+    size: u64,
+    /// Byte ranges stored, `a-b,c-d` with exclusive ends.
+    ranges: String,
+    /// The checksum accumulator over those ranges (hex), when known.
+    sum: Option<String>,
+}
+
+fn sidecar_path(part: &Path) -> PathBuf {
+    let mut s = part.as_os_str().to_owned();
+    s.push(".braid");
+    PathBuf::from(s)
+}
+
+/// Writes the sidecar atomically (temporary file, then rename), so a crash mid-write leaves the
+/// previous one.
+fn save_sidecar(path: &Path, remote: &str, size: u64, p: &Progress) {
+    let sc = Sidecar {
+        path: remote.to_string(),
+        size,
+        ranges: p.ranges.to_string(),
+        sum: p.sum.map(|s| format!("{:032x}", s.raw())),
+    };
+    let tmp = path.with_extension("braid-tmp");
+    let ok = serde_json::to_vec(&sc)
+        .ok()
+        .and_then(|bytes| std::fs::write(&tmp, bytes).ok())
+        .and_then(|_| std::fs::rename(&tmp, path).ok());
+    if ok.is_none() {
+        tracing::warn!(path = %path.display(), "could not save the resume sidecar");
+    }
+}
+
+/// What an earlier run stored, if its sidecar describes this same remote file.
+fn load_sidecar(path: &Path, remote: &str, size: Option<u64>) -> Option<Progress> {
+    let sc: Sidecar = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    if sc.path != remote || Some(sc.size) != size {
+        return None;
+    }
+    let ranges = if sc.ranges.is_empty() {
+        RangeSet::new()
+    } else {
+        RangeSet::parse(&sc.ranges).ok()?
+    };
+    let sum = match sc.sum {
+        Some(h) => Some(ChunkSum::from_raw(u128::from_str_radix(&h, 16).ok()?)),
+        None => None,
+    };
+    Some(Progress {
+        ranges,
+        sum,
+        per_conn: Vec::new(),
+    })
+}
+
+/// The final-name, partial-name and file of a download to disk.
+struct Part {
+    final_path: PathBuf,
+    part: PathBuf,
+    sidecar: PathBuf,
+    file: File,
+}
+
+/// Downloads in MODE E. `size` is what SIZE said.
+pub fn get(
+    c: &mut Control,
+    peer: Peer,
+    target: &Target,
+    dest: &Dest,
+    size: Option<u64>,
+    opts: &Options,
+) -> Result<Summary> {
+    let n = opts.streams.max(1);
+    let remote = target.path.as_str();
+    c.expect(&Command::Mode(Mode::Extended), &[200])?;
+    let mut retr_opts = format!("RETR Parallelism={n},{n},{n};");
+    if let Some(b) = opts.block_size {
+        retr_opts.push_str(&format!("blocksize={b};"));
+    }
+    c.expect(&Command::Opts(retr_opts), &[200])?;
+    if let Some(b) = opts.buffer {
+        c.expect(&Command::Sbuf(b), &[200])?;
+    }
+    let (sink, part, start) = match dest {
+        Dest::Stdout => {
+            // Room for a couple of blocks per connection, within bounds.
+            let block = opts.block_size.unwrap_or(blocks::DEFAULT_BLOCK) as usize;
+            let cap = (block * n as usize * 2).clamp(8 << 20, 256 << 20);
+            let out = Box::new(std::io::stdout());
+            let start = Progress {
+                sum: Some(ChunkSum::new()),
+                ..Progress::default()
+            };
+            (Sink::Ordered(Reorder::new(out, cap, STALL)), None, start)
+        }
+        Dest::File(path) => {
+            let part = part_path(path);
+            let sidecar = sidecar_path(&part);
+            // Blocks land at their offsets, so a partial may have holes: only its sidecar says
+            // what it holds. Without one (or for another file) it starts over.
+            let resume = if opts.resume {
+                let found = load_sidecar(&sidecar, remote, size);
+                if found.is_none() && part.exists() {
+                    eprintln!(
+                        "braid: {} has no matching record of what it holds ({}); downloading again",
+                        part.display(),
+                        sidecar.display()
+                    );
+                }
+                found
+            } else {
+                None
+            };
+            let mut oo = OpenOptions::new();
+            oo.write(true).read(true).create(true);
+            let file = if resume.is_some() {
+                oo.open(&part)
+            } else {
+                oo.truncate(true).open(&part)
+            }
+            .map_err(local_err(format!("cannot write {}", part.display())))?;
+            let start = resume.unwrap_or_else(|| {
+                let _ = std::fs::remove_file(&sidecar);
+                Progress {
+                    sum: Some(ChunkSum::new()),
+                    ..Progress::default()
+                }
+            });
+            let writer = file
+                .try_clone()
+                .map_err(local_err("cannot duplicate file handle"))?;
+            let part = Part {
+                final_path: path.clone(),
+                part,
+                sidecar,
+                file,
+            };
+            (Sink::File(writer), Some(part), start)
+        }
+    };
+    let resumed_from = start.ranges.len();
+    let have = start.ranges.clone();
+    let started = Instant::now();
+    let bytes = Arc::new(AtomicU64::new(0));
+    let shared = Shared::new(start, bytes.clone());
+    let abort = Abort::new();
+    let complete_already = size.is_some_and(|s| have.covers(0, s)) && resumed_from > 0;
+    let retr = Command::Retr(target.path.clone());
+    let partial_name = part.as_ref().map(|p| p.part.display().to_string());
+    let save = |p: &Progress| {
+        if let (Some(part), Some(s)) = (&part, size) {
+            save_sidecar(&part.sidecar, remote, s, p);
+        }
+    };
+    if !complete_already {
+        let conns = match peer {
+            Peer::Braid => {
+                let addr = c.passive_addr()?;
+                if !have.is_empty() {
+                    c.expect(&Command::RestRanges(have.clone()), &[350])?;
+                }
+                Conns::Fixed(open_and_start(c, &retr, addr, n, opts.buffer)?)
+            }
+            Peer::GridFtp => {
+                let listener = c.active_listener()?;
+                if !have.is_empty() {
+                    c.expect(&Command::RestRanges(have.clone()), &[350])?;
+                }
+                c.start_transfer(&retr)?;
+                Conns::Accept {
+                    listener,
+                    peer: braid_proto::session::canonical_ip(c.peer().ip()),
+                    wait: STALL,
+                    max: 4 * n as usize + 4,
+                    buffer: opts.buffer,
+                }
+            }
+        };
+        let bar = progress_bar(opts, size, resumed_from);
+        let result = std::thread::scope(|scope| {
+            let worker =
+                scope.spawn(|| blocks::receive::receive(conns, &sink, size, &shared, &abort));
+            let mut last_save = Instant::now();
+            while !worker.is_finished() {
+                std::thread::sleep(Duration::from_millis(100));
+                bar.set_position(resumed_from + bytes.load(Ordering::Relaxed));
+                if last_save.elapsed() > Duration::from_secs(1) {
+                    save(&shared.snapshot());
+                    last_save = Instant::now();
+                }
+            }
+            worker
+                .join()
+                .unwrap_or_else(|_| Err(EngineError::Setup("receiver thread panicked".into())))
+        });
+        bar.finish_and_clear();
+        let received = bytes.load(Ordering::Relaxed);
+        if let Err(e) = result {
+            save(&shared.snapshot());
+            // The server's reply usually says why the data stopped.
+            let why = match c.finish_transfer(&retr) {
+                Err(ClientError::Remote { reply, .. }) => format!("{e}; server reported {reply}"),
+                _ => e.to_string(),
+            };
+            return Err(match e {
+                EngineError::Local(source) => ClientError::Local {
+                    what: "cannot write the download".into(),
+                    source,
+                },
+                _ => ClientError::Interrupted {
+                    bytes: received,
+                    why,
+                    partial: partial_name,
+                },
+            });
+        }
+        if let Err(e) = c.finish_transfer(&retr) {
+            save(&shared.snapshot());
+            return Err(ClientError::Interrupted {
+                bytes: received,
+                why: e.to_string(),
+                partial: partial_name,
+            });
+        }
+    }
+    let got = shared.snapshot();
+    let total = size.unwrap_or_else(|| got.ranges.iter().last().map_or(0, |(_, e)| e));
+    let missing = got.ranges.missing(total);
+    if !missing.is_empty() {
+        save(&got);
+        return Err(ClientError::Integrity(format!(
+            "the server ended the transfer but bytes {missing} of {total} never arrived; run again with --resume"
+        )));
+    }
+    let verified = verify(c, peer, target, total, &got, part.as_ref().map(|p| &p.file))?;
+    let local = match part {
+        Some(p) => {
+            p.file
+                .set_len(total)
+                .and_then(|_| p.file.sync_all())
+                .map_err(local_err(format!("cannot flush {}", p.part.display())))?;
+            std::fs::rename(&p.part, &p.final_path).map_err(local_err(format!(
+                "cannot rename {} to {}",
+                p.part.display(),
+                p.final_path.display()
+            )))?;
+            let _ = std::fs::remove_file(&p.sidecar);
+            p.final_path.display().to_string()
+        }
+        None => "-".into(),
+    };
+    let s = super::summary(
+        "get",
+        target,
+        local,
+        got.per_conn.iter().sum(),
+        Some(total),
+        resumed_from,
+        started,
+    );
+    Ok(extended(s, got.per_conn, verified))
+}
+
+/// Marks a summary as a MODE E transfer over these connections.
+fn extended(mut s: Summary, per_conn: Vec<u64>, checksum: Option<String>) -> Summary {
+    s.mode = "extended-block";
+    s.streams = per_conn.len() as u32;
+    s.per_connection_bytes = per_conn;
+    s.checksum = checksum;
+    s
+}
+
+/// Compares the whole-file checksum with the server's. braid peers: XXH3 from the blocks as
+/// they arrived. GridFTP peers: MD5, which needs one read of the file. Returns what was
+/// checked; a mismatch is an error that says so.
+fn verify(
+    c: &mut Control,
+    peer: Peer,
+    target: &Target,
+    total: u64,
+    got: &Progress,
+    file: Option<&File>,
+) -> Result<Option<String>> {
+    let (alg, local) = match (peer, got.sum, file) {
+        (Peer::Braid, Some(sum), _) => (checksum::NAME, checksum::hex(sum.finish(total))),
+        (Peer::Braid, None, Some(f)) => (
+            checksum::NAME,
+            checksum::hex(
+                crate::sums::xxh3(f, total)
+                    .map_err(local_err("cannot read the download back to check it"))?,
+            ),
+        ),
+        (Peer::GridFtp, _, Some(f)) => (
+            "MD5",
+            crate::sums::md5(f, 0, total)
+                .map_err(local_err("cannot read the download back to check it"))?,
+        ),
+        // Standard output from a GridFTP server: nothing to read back.
+        _ => return Ok(None),
+    };
+    let r = c.cmd(&Command::Cksm {
+        alg: alg.into(),
+        offset: 0,
+        length: None,
+        path: target.path.clone(),
+    })?;
+    if r.code != 213 {
+        tracing::info!(reply = %r, "the server offers no {alg} checksum; size check only");
+        return Ok(None);
+    }
+    let remote = r.text().trim().to_ascii_lowercase();
+    if remote != local {
+        return Err(ClientError::Integrity(format!(
+            "checksum mismatch: the server's {alg} of {} is {remote}, the data received hashes to {local}; the data is kept, rerun without --resume to fetch it again",
+            target.path
+        )));
+    }
+    Ok(Some(format!("{alg} {local}")))
+}
+
+/// Uploads in MODE E.
+pub fn put(
+    c: &mut Control,
+    peer: Peer,
+    file: &File,
+    len: u64,
+    target: &Target,
+    opts: &Options,
+) -> Result<Summary> {
+    let n = opts.streams.max(1);
+    c.expect(&Command::Mode(Mode::Extended), &[200])?;
+    if let Some(b) = opts.buffer {
+        c.expect(&Command::Sbuf(b), &[200])?;
+    }
+    match peer {
+        // The checksum is computed while the data goes out and sent once it is all out.
+        Peer::Braid => c.expect(
+            &Command::Scks {
+                alg: checksum::NAME.into(),
+                value: None,
+            },
+            &[200],
+        )?,
+        Peer::GridFtp => c.expect(&Command::Allo(len.to_string()), &[200, 202])?,
+    };
+    let addr = c.passive_addr()?;
+    let stor = Command::Stor(target.path.clone());
+    // Connect before waiting for 150: the Globus server sends it only once data connections
+    // have arrived; a braid server accepts them from its backlog after sending it.
+    let socks = open_and_start(c, &stor, addr, n, opts.buffer)?;
+    let started = Instant::now();
+    let todo: RangeSet = [(0, len)].into_iter().collect();
+    let block = opts.block_size.unwrap_or(blocks::DEFAULT_BLOCK);
+    let progress = AtomicU64::new(0);
+    let abort = Abort::new();
+    let bar = progress_bar(opts, Some(len), 0);
+    let result = std::thread::scope(|scope| {
+        let worker = scope.spawn(|| {
+            blocks::send::send(
+                Source::File { file, size: len },
+                &todo,
+                block,
+                socks,
+                &progress,
+                &abort,
+                peer == Peer::Braid,
+            )
+        });
+        while !worker.is_finished() {
+            std::thread::sleep(Duration::from_millis(100));
+            bar.set_position(progress.load(Ordering::Relaxed));
+        }
+        worker
+            .join()
+            .unwrap_or_else(|_| Err(EngineError::Setup("sender thread panicked".into())))
+    });
+    bar.finish_and_clear();
+    let sent = match result {
+        Ok(s) => s,
+        Err(e) => {
+            let why = match c.finish_transfer(&stor) {
+                Err(ClientError::Remote { reply, .. }) => format!("{e}; server reported {reply}"),
+                _ => e.to_string(),
+            };
+            return Err(match e {
+                EngineError::Local(source) => ClientError::Local {
+                    what: "cannot read the file being uploaded".into(),
+                    source,
+                },
+                _ => ClientError::Interrupted {
+                    bytes: progress.load(Ordering::Relaxed),
+                    why,
+                    partial: None,
+                },
+            });
+        }
+    };
+    let mut verified = None;
+    if let Some(sum) = sent.sum {
+        let hex = checksum::hex(sum.finish(len));
+        let scks = Command::Scks {
+            alg: checksum::NAME.into(),
+            value: Some(hex.clone()),
+        };
+        c.send(&scks)?;
+        let r = final_reply(c)?;
+        if r.code != 200 {
+            return Err(transfer_failed(r));
+        }
+        verified = Some(format!("{} {hex}", checksum::NAME));
+    }
+    let r = final_reply(c)?;
+    if r.code != 226 && r.code != 250 {
+        return Err(transfer_failed(r));
+    }
+    if peer == Peer::GridFtp {
+        let local = crate::sums::md5(file, 0, len).map_err(local_err("cannot read the file"))?;
+        let r = c.cmd(&Command::Cksm {
+            alg: "MD5".into(),
+            offset: 0,
+            length: None,
+            path: target.path.clone(),
+        })?;
+        if r.code == 213 {
+            let remote = r.text().trim().to_ascii_lowercase();
+            if remote != local {
+                return Err(ClientError::Integrity(format!(
+                    "checksum mismatch: the server's MD5 of {} is {remote}, the file sent hashes to {local}",
+                    target.path
+                )));
+            }
+            verified = Some(format!("MD5 {local}"));
+        }
+    }
+    let s = super::summary(
+        "put",
+        target,
+        String::new(),
+        sent.per_conn.iter().sum(),
+        Some(len),
+        0,
+        started,
+    );
+    Ok(extended(s, sent.per_conn, verified))
+}
+
+/// Sends the transfer command, opens `n` data connections to the server's passive address,
+/// then waits for 150. Connecting before the 150 matters: the Globus server sends it only once
+/// data connections have arrived (a braid server takes them from its backlog after sending
+/// it). If the server refused the command instead, that refusal is the error reported.
+fn open_and_start(
+    c: &mut Control,
+    cmd: &Command,
+    addr: std::net::SocketAddr,
+    n: u32,
+    buffer: Option<u64>,
+) -> Result<Vec<std::net::TcpStream>> {
+    c.send(cmd)?;
+    let socks = (0..n)
+        .map(|_| {
+            let s = connect_data(addr)?;
+            blocks::set_buffer(&s, buffer);
+            Ok(s)
+        })
+        .collect::<Result<Vec<_>>>();
+    match socks {
+        Ok(socks) => {
+            c.transfer_started(cmd)?;
+            Ok(socks)
+        }
+        Err(e) => {
+            c.transfer_started(cmd)?;
+            Err(e)
+        }
+    }
+}
+
+/// The next reply that is not a mark (1xx): GridFTP servers send 111/112 markers meanwhile.
+fn final_reply(c: &mut Control) -> Result<Reply> {
+    loop {
+        let r = c.reply()?;
+        if !r.is_preliminary() {
+            return Ok(r);
+        }
+    }
+}
+
+fn transfer_failed(r: Reply) -> ClientError {
+    if r.code == 550 && r.text().contains("checksum mismatch") {
+        ClientError::Integrity(format!("the server refused the upload: {r}"))
+    } else {
+        ClientError::Interrupted {
+            bytes: 0,
+            why: format!("server reported {r}"),
+            partial: None,
+        }
+    }
+}
