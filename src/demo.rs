@@ -89,6 +89,7 @@ pub fn run(size: u64) -> anyhow::Result<()> {
     println!("demo: braid get {url} {}", dest.display());
     let opts = Options {
         progress: true,
+        streams: 4,
         ..Options::default()
     };
     let summary = client::get(&target, &Dest::File(dest.clone()), &opts);
@@ -100,13 +101,14 @@ pub fn run(size: u64) -> anyhow::Result<()> {
         Some(off) => bail!("demo: the copy differs from the source at byte {off}"),
     }
     println!(
-        "demo: {} in {:.3} s = {}/s ({:.0} Mbit/s) over loopback, {} mode, {} data connection(s)",
+        "demo: {} in {:.3} s = {}/s ({:.0} Mbit/s) over loopback, {} mode, {} data connection(s), checksum {}",
         human_bytes(summary.bytes as f64),
         summary.seconds,
         human_bytes(summary.bytes_per_second),
         summary.bytes_per_second * 8.0 / 1e6,
         summary.mode,
-        summary.streams
+        summary.streams,
+        summary.checksum.as_deref().unwrap_or("not compared")
     );
     Ok(())
 }

@@ -4,7 +4,9 @@
 mod cli;
 mod curl;
 mod ftplib;
+mod globus;
 mod lftp;
+mod parallel;
 mod safety;
 mod scripted;
 mod util;

@@ -1,0 +1,299 @@
+//! MODE E between braid peers: sizes around block boundaries, 1 to 32 connections, standard
+//! output, protocol violations and checksum mismatches.
+use crate::util::{BRAID, Raw, Server, braid, random_bytes, tempdir};
+use braid_proto::block::Header;
+use std::io::{Read, Write};
+
+fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {s:?}"))
+}
+
+/// 64 KiB, the smallest block: keeps the edge sizes small.
+const BLOCK: usize = 64 << 10;
+
+#[test]
+fn get_and_put_round_trip_at_block_edges_with_1_to_32_connections() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let sizes = [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 7];
+    for (i, &size) in sizes.iter().enumerate() {
+        let content = random_bytes(size, 100 + i as u64);
+        let name = format!("f{size}.bin");
+        std::fs::write(root.join(&name), &content).unwrap();
+        for streams in ["1", "2", "8", "32"] {
+            let dest = top.path().join(format!("got-{size}-{streams}"));
+            let args = ["-n", streams, "--block-size", "64KiB", "--json"];
+            let (code, out, err) = braid(
+                &[
+                    &["get", &server.url(&name), dest.to_str().unwrap()],
+                    &args[..],
+                ]
+                .concat(),
+                &[],
+            );
+            assert_eq!(code, 0, "get {size} bytes over {streams}: {err}");
+            assert!(
+                std::fs::read(&dest).unwrap() == content,
+                "get {size}/{streams}: content differs"
+            );
+            let s = json(&out);
+            assert_eq!(s["mode"], "extended-block");
+            assert_eq!(
+                s["streams"].as_u64().unwrap(),
+                streams.parse::<u64>().unwrap()
+            );
+            let per: u64 = s["per_connection_bytes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .sum();
+            assert_eq!(per, size as u64, "{s}");
+            let up = format!("up-{size}-{streams}.bin");
+            let (code, out, err) = braid(
+                &[
+                    &["put", dest.to_str().unwrap(), &server.url(&up)],
+                    &args[..],
+                ]
+                .concat(),
+                &[],
+            );
+            assert_eq!(code, 0, "put {size} bytes over {streams}: {err}");
+            assert!(
+                std::fs::read(root.join(&up)).unwrap() == content,
+                "put {size}/{streams}: content differs"
+            );
+            assert!(
+                json(&out)["checksum"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("XXH3 ")
+            );
+        }
+    }
+}
+
+#[test]
+fn one_gib_of_random_data_both_ways_and_to_stdout() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let content = random_bytes(1 << 30, 7);
+    std::fs::write(root.join("big.bin"), &content).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let dest = top.path().join("big.bin");
+    let (code, out, err) = braid(
+        &[
+            "get",
+            &server.url("big.bin"),
+            dest.to_str().unwrap(),
+            "-n",
+            "8",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read(&dest).unwrap() == content,
+        "1 GiB get: content differs"
+    );
+    let s = json(&out);
+    // Dynamic striping: every connection carried some of it.
+    assert!(
+        s["per_connection_bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v.as_u64().unwrap() > 0),
+        "{s}"
+    );
+    let (code, _, err) = braid(
+        &[
+            "put",
+            dest.to_str().unwrap(),
+            &server.url("back.bin"),
+            "-n",
+            "4",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read(root.join("back.bin")).unwrap() == content,
+        "1 GiB put: content differs"
+    );
+    std::fs::remove_file(root.join("back.bin")).unwrap();
+    // Standard output needs the bytes in order: the reorder buffer puts them back.
+    let out = std::process::Command::new(BRAID)
+        .args([
+            "get",
+            &server.url("big.bin"),
+            "-",
+            "-n",
+            "8",
+            "--block-size",
+            "256KiB",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout == content,
+        "1 GiB to stdout: bytes differ or are out of order"
+    );
+}
+
+/// A raw MODE E upload: MODE E, SCKS, EPSV, STOR, then `blocks` on one data connection.
+fn raw_upload(server: &Server, name: &str, scks: Option<&str>, blocks: &[u8]) -> (Raw, String) {
+    let mut c = Raw::login(server.addr, "anonymous", "x");
+    c.expect("TYPE I", "200 Switching to Binary mode.\r\n");
+    c.expect("MODE E", "200 Mode set to E.\r\n");
+    if let Some(v) = scks {
+        c.expect(
+            &format!("SCKS XXH3 {v}"),
+            "200 SCKS Command Successful.\r\n",
+        );
+    }
+    let mut data = c.epsv();
+    c.send(&format!("STOR {name}"));
+    assert!(c.reply().starts_with("150 "));
+    data.write_all(blocks).unwrap();
+    drop(data);
+    let r = c.reply();
+    (c, r)
+}
+
+#[test]
+fn checksum_mismatch_and_protocol_violations_fail_clearly_and_keep_nothing() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let data = random_bytes(100_000, 3);
+    let mut good = Header::data(0, data.len() as u64).encode().to_vec();
+    good.extend_from_slice(&data);
+    good.extend_from_slice(&Header::eof(1).encode());
+    let right = braid_proto::checksum::hex(braid_proto::checksum::of(&data));
+
+    // The right checksum: stored under its name.
+    let (_, r) = raw_upload(&server, "ok.bin", Some(&right), &good);
+    assert!(r.starts_with("226 "), "{r}");
+    assert!(std::fs::read(root.join("ok.bin")).unwrap() == data);
+
+    // One flipped bit in flight: the checksum the client announced does not match.
+    let mut flipped = good.clone();
+    flipped[17 + 5000] ^= 0x01;
+    let (mut c, r) = raw_upload(&server, "bad.bin", Some(&right), &flipped);
+    assert!(
+        r.starts_with("550 ") && r.contains("checksum mismatch"),
+        "{r}"
+    );
+    assert!(
+        !root.join("bad.bin").exists(),
+        "a corrupt upload took its final name"
+    );
+    assert!(
+        root.join(".bad.bin.braid-part").exists(),
+        "the received data must stay for resume"
+    );
+    c.expect("NOOP", "200 NOOP ok.\r\n");
+
+    // Unknown descriptor bits.
+    let mut odd = good.clone();
+    odd[0] = 0x10;
+    let (_, r) = raw_upload(&server, "odd.bin", None, &odd);
+    assert!(r.starts_with("426 ") && r.contains("0x10"), "{r}");
+    assert!(!root.join("odd.bin").exists());
+
+    // The sender closes in the middle of a block.
+    let (_, r) = raw_upload(&server, "short.bin", None, &good[..17 + 50_000]);
+    assert!(r.starts_with("426 ") && r.contains("closed"), "{r}");
+    assert!(!root.join("short.bin").exists());
+
+    // EOF claims data in its count field.
+    let mut lying = Header::eof(1);
+    lying.count = 9;
+    let (_, r) = raw_upload(&server, "lie.bin", None, &lying.encode());
+    assert!(r.starts_with("426 ") && r.contains("EOF"), "{r}");
+
+    // The server still serves.
+    let (code, _, err) = braid(
+        &[
+            "get",
+            &server.url("ok.bin"),
+            top.path().join("again").to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn mode_e_download_by_hand_matches_the_gridftp_wire_format() {
+    // RETR in MODE E over connections the client opens (braid's extension), read by hand:
+    // blocks with offsets, EOD on every connection, one EOF carrying the connection count.
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let data = random_bytes(300_000, 4);
+    std::fs::write(root.join("f.bin"), &data).unwrap();
+    let server = Server::start(&root, &[]);
+    let mut c = Raw::login(server.addr, "anonymous", "x");
+    c.expect("TYPE I", "200 Switching to Binary mode.\r\n");
+    c.expect("MODE E", "200 Mode set to E.\r\n");
+    c.expect(
+        "OPTS RETR Parallelism=3,3,3;blocksize=65536;",
+        "200 OPTS Command Successful.\r\n",
+    );
+    let first = c.epsv();
+    let addr = first.peer_addr().unwrap();
+    c.send("RETR f.bin");
+    assert!(c.reply().starts_with("150 "));
+    let mut conns = vec![first];
+    conns.push(std::net::TcpStream::connect(addr).unwrap());
+    conns.push(std::net::TcpStream::connect(addr).unwrap());
+    let mut got = vec![0u8; data.len()];
+    let (mut eods, mut eof_count) = (0, None);
+    for mut s in conns {
+        let mut all = Vec::new();
+        s.read_to_end(&mut all).unwrap();
+        let mut at = 0;
+        while at < all.len() {
+            let h = Header::decode(all[at..at + 17].try_into().unwrap()).unwrap();
+            at += 17;
+            if h.is_eof() {
+                eof_count = Some(h.offset);
+            }
+            let n = h.payload() as usize;
+            got[h.offset as usize..][..n].copy_from_slice(&all[at..at + n]);
+            at += n;
+            if h.is_eod() {
+                eods += 1;
+                assert_eq!(at, all.len(), "bytes after EOD");
+            }
+        }
+    }
+    assert_eq!((eods, eof_count), (3, Some(3)));
+    assert!(got == data, "reassembled blocks differ from the file");
+    assert!(c.reply().starts_with("226 "));
+    let r = {
+        c.send("CKSM XXH3 0 -1 f.bin");
+        c.reply()
+    };
+    assert_eq!(
+        r,
+        format!(
+            "213 {}\r\n",
+            braid_proto::checksum::hex(braid_proto::checksum::of(&data))
+        )
+    );
+    c.send("CKSM MD5 0 -1 f.bin");
+    assert!(c.reply().starts_with("213 "));
+}
