@@ -105,6 +105,57 @@ fn load_sidecar(path: &Path, remote: &str, size: Option<u64>) -> Option<Progress
     })
 }
 
+/// Ctrl-C (or SIGTERM) during a data phase: the first stops the transfer cleanly (data
+/// connections closed, ABOR sent, partial kept for `--resume`); a second exits at once.
+struct Interrupt {
+    flag: Arc<std::sync::atomic::AtomicBool>,
+    ids: Vec<signal_hook::SigId>,
+}
+
+impl Interrupt {
+    fn install() -> Interrupt {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut ids = Vec::new();
+        for sig in [SIGINT, SIGTERM] {
+            // The shutdown check runs first, so only a signal that finds the flag set exits.
+            if let Ok(id) = signal_hook::flag::register_conditional_shutdown(sig, 130, flag.clone())
+            {
+                ids.push(id);
+            }
+            if let Ok(id) = signal_hook::flag::register(sig, flag.clone()) {
+                ids.push(id);
+            }
+        }
+        Interrupt { flag, ids }
+    }
+
+    fn hit(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Interrupt {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
+    }
+}
+
+/// After Ctrl-C: tells the server with ABOR and reads its replies (426 then 226, or 225).
+fn send_abort(c: &mut Control) {
+    if c.send(&Command::Abor).is_err() {
+        return;
+    }
+    for _ in 0..3 {
+        match c.reply() {
+            Ok(r) if r.code == 426 || r.is_preliminary() => continue,
+            _ => return,
+        }
+    }
+}
+
 /// The final-name, partial-name and file of a download to disk.
 struct Part {
     final_path: PathBuf,
@@ -229,12 +280,16 @@ pub fn get(
             }
         };
         let bar = progress_bar(opts, size, resumed_from);
+        let interrupt = Interrupt::install();
         let result = std::thread::scope(|scope| {
             let worker =
                 scope.spawn(|| blocks::receive::receive(conns, &sink, size, &shared, &abort));
             let mut last_save = Instant::now();
             while !worker.is_finished() {
                 std::thread::sleep(Duration::from_millis(100));
+                if interrupt.hit() {
+                    abort.abort();
+                }
                 bar.set_position(resumed_from + bytes.load(Ordering::Relaxed));
                 if last_save.elapsed() > Duration::from_secs(1) {
                     save(&shared.snapshot());
@@ -247,6 +302,15 @@ pub fn get(
         });
         bar.finish_and_clear();
         let received = bytes.load(Ordering::Relaxed);
+        if interrupt.hit() {
+            save(&shared.snapshot());
+            send_abort(c);
+            return Err(ClientError::Interrupted {
+                bytes: received,
+                why: "stopped by Ctrl-C; the server was sent ABOR".into(),
+                partial: partial_name,
+            });
+        }
         if let Err(e) = result {
             save(&shared.snapshot());
             // The server's reply usually says why the data stopped.
@@ -406,6 +470,7 @@ pub fn put(
     let progress = AtomicU64::new(0);
     let abort = Abort::new();
     let bar = progress_bar(opts, Some(len), 0);
+    let interrupt = Interrupt::install();
     let result = std::thread::scope(|scope| {
         let worker = scope.spawn(|| {
             blocks::send::send(
@@ -420,6 +485,9 @@ pub fn put(
         });
         while !worker.is_finished() {
             std::thread::sleep(Duration::from_millis(100));
+            if interrupt.hit() {
+                abort.abort();
+            }
             bar.set_position(progress.load(Ordering::Relaxed));
         }
         worker
@@ -427,6 +495,16 @@ pub fn put(
             .unwrap_or_else(|_| Err(EngineError::Setup("sender thread panicked".into())))
     });
     bar.finish_and_clear();
+    if interrupt.hit() {
+        send_abort(c);
+        return Err(ClientError::Interrupted {
+            bytes: progress.load(Ordering::Relaxed),
+            why:
+                "stopped by Ctrl-C; the server was sent ABOR and keeps nothing under the final name"
+                    .into(),
+            partial: None,
+        });
+    }
     let sent = match result {
         Ok(s) => s,
         Err(e) => {

@@ -297,3 +297,97 @@ fn mode_e_download_by_hand_matches_the_gridftp_wire_format() {
     c.send("CKSM MD5 0 -1 f.bin");
     assert!(c.reply().starts_with("213 "));
 }
+
+#[test]
+fn ctrl_c_sends_abor_keeps_the_partial_and_resume_sends_nothing_twice() {
+    use crate::util::{signal_process, wait_timeout};
+    use rustix::process::Signal;
+    use std::time::{Duration, Instant};
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let content = random_bytes(256 << 20, 8);
+    std::fs::write(root.join("big.bin"), &content).unwrap();
+    let server = Server::start(&root, &[]);
+    let dest = top.path().join("big.bin");
+    let sidecar = top.path().join("big.bin.part.braid");
+    let mut child = std::process::Command::new(BRAID)
+        .args([
+            "get",
+            &server.url("big.bin"),
+            dest.to_str().unwrap(),
+            "-n",
+            "4",
+            "-q",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Freeze the server once data has landed, so the Ctrl-C certainly arrives while the
+    // transfer runs.
+    let part = top.path().join("big.bin.part");
+    let landed = || {
+        std::fs::metadata(&part)
+            .map(|m| m.len() > 0)
+            .unwrap_or(false)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !landed() && Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    signal_process(server.pid(), Signal::STOP);
+    let done_early = child.try_wait().unwrap().is_some();
+    signal_process(child.id(), Signal::INT);
+    std::thread::sleep(Duration::from_millis(300));
+    signal_process(server.pid(), Signal::CONT);
+    let status = wait_timeout(&mut child, Duration::from_secs(30))
+        .expect("client did not stop after Ctrl-C");
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(
+        !done_early,
+        "the download finished before it could be interrupted: {err}"
+    );
+    assert_eq!(status.code(), Some(7), "{err}");
+    assert!(err.contains("Ctrl-C") && err.contains("--resume"), "{err}");
+    assert!(sidecar.exists() && !dest.exists());
+    // The server noticed, logged it, and serves on.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.log().contains("outcome=Aborted")
+        && !server.log().contains("outcome=ConnectionLost")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "server did not log the stopped transfer: {}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (code, out, err) = braid(
+        &[
+            "get",
+            &server.url("big.bin"),
+            dest.to_str().unwrap(),
+            "--resume",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let s = json(&out);
+    let (kept, fetched) = (
+        s["resumed_from"].as_u64().unwrap(),
+        s["bytes"].as_u64().unwrap(),
+    );
+    assert!(kept > 0, "{s}");
+    assert_eq!(kept + fetched, content.len() as u64, "{s}");
+    assert!(
+        std::fs::read(&dest).unwrap() == content,
+        "resumed file differs"
+    );
+}

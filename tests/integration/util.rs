@@ -72,6 +72,10 @@ impl Server {
         self.addr.port()
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr_log).unwrap_or_default()
     }
