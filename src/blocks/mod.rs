@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub const DEFAULT_BLOCK: u64 = 4 << 20;
 
 /// Bytes read or written per syscall on the copying paths; a multiple of the checksum chunk.
-pub const PIECE: usize = 1 << 20;
+pub const PIECE: usize = 256 << 10;
 
 /// Why a parallel data phase failed.
 #[derive(Debug, thiserror::Error)]

@@ -134,6 +134,8 @@ fn progress_bar(opts: &Options, total: Option<u64>, start: u64) -> ProgressBar {
 #[derive(Debug, Clone)]
 pub enum Dest {
     Stdout,
+    /// `/dev/null`: the data is received and checked, then dropped (for measurements).
+    Null,
     File(PathBuf),
 }
 
@@ -146,6 +148,7 @@ pub fn resolve_dest(dest: Option<&str>, remote_path: &str) -> Result<Dest> {
         .filter(|n| !n.is_empty() && *n != "." && *n != "..");
     match dest {
         Some("-") => Ok(Dest::Stdout),
+        Some("/dev/null") => Ok(Dest::Null),
         Some(d) if Path::new(d).is_dir() => match name {
             Some(n) => Ok(Dest::File(Path::new(d).join(n))),
             None => Err(ClientError::Usage(format!(
@@ -182,7 +185,7 @@ struct PartFile {
 pub fn get(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
     let part = match dest {
         Dest::File(p) => Some(part_path(p)),
-        Dest::Stdout => None,
+        Dest::Stdout | Dest::Null => None,
     };
     let existed = part.as_ref().is_some_and(|p| p.exists());
     let result = get_inner(target, dest, opts);
@@ -218,6 +221,7 @@ fn get_inner(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
     }
     let (mut out, part, offset): (Box<dyn Write>, Option<PartFile>, u64) = match dest {
         Dest::Stdout => (Box::new(std::io::stdout().lock()), None, 0),
+        Dest::Null => (Box::new(std::io::sink()), None, 0),
         Dest::File(path) => {
             let part = part_path(path);
             let mut oo = OpenOptions::new();

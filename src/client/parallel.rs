@@ -185,6 +185,13 @@ pub fn get(
         c.expect(&Command::Sbuf(b), &[200])?;
     }
     let (sink, part, start) = match dest {
+        Dest::Null => {
+            let start = Progress {
+                sum: Some(ChunkSum::new()),
+                ..Progress::default()
+            };
+            (Sink::Discard, None, start)
+        }
         Dest::Stdout => {
             // Room for a couple of blocks per connection, within bounds.
             let block = opts.block_size.unwrap_or(blocks::DEFAULT_BLOCK) as usize;

@@ -2,7 +2,7 @@
 //! for, and keeps listening (for ABOR, STAT, QUIT) while a transfer runs.
 
 use super::data::{self, BlockConns, DataError, Finished, Job};
-use super::{Config, Shutdown};
+use super::{ChecksumCache, Config, Shutdown};
 use crate::blocks::{self, Abort};
 use crate::fsroot::{Root, Upload, UploadStart};
 use braid_proto::checksum;
@@ -288,7 +288,8 @@ impl Io {
 
     async fn fs(&self, op: FsOp) -> Result<FsOutcome, FsError> {
         let root = self.root()?;
-        tokio::task::spawn_blocking(move || fs_blocking(&root, op))
+        let sums = self.config.checksums.clone();
+        tokio::task::spawn_blocking(move || fs_blocking(&root, &sums, op))
             .await
             .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
     }
@@ -437,7 +438,7 @@ async fn connect_all(
     Ok(socks.into_iter().map(|(_, s)| s).collect())
 }
 
-fn fs_blocking(root: &Root, op: FsOp) -> Result<FsOutcome, FsError> {
+fn fs_blocking(root: &Root, sums: &ChecksumCache, op: FsOp) -> Result<FsOutcome, FsError> {
     Ok(match op {
         FsOp::ChangeDir(p) => {
             root.is_dir(&p)?;
@@ -493,9 +494,7 @@ fn fs_blocking(root: &Root, op: FsOp) -> Result<FsOutcome, FsError> {
             }
             let io = |e: std::io::Error| crate::fsroot::io_to_fs(&e);
             FsOutcome::Checksum(match alg {
-                ChecksumAlg::Xxh3 => {
-                    checksum::hex(crate::sums::xxh3(&file, entry.size).map_err(io)?)
-                }
+                ChecksumAlg::Xxh3 => checksum::hex(sums.xxh3(&file, entry.size).map_err(io)?),
                 ChecksumAlg::Md5 => crate::sums::md5(&file, offset, end).map_err(io)?,
                 ChecksumAlg::Adler32 => crate::sums::adler32(&file, offset, end).map_err(io)?,
             })

@@ -34,6 +34,51 @@ pub struct Config {
     pub login_fail_delay: Duration,
     /// Most data connections for one MODE E transfer.
     pub max_streams: u32,
+    /// XXH3 checksums already computed, shared by all sessions.
+    pub checksums: ChecksumCache,
+}
+
+/// A file version: device, inode, size, modification and change times (s, ns).
+type FileVersion = (u64, u64, u64, i64, i64, i64, i64);
+
+/// Checksums by file version: a file served again unchanged is not read again for CKSM.
+/// Bounded; cleared when full.
+#[derive(Debug, Clone, Default)]
+pub struct ChecksumCache {
+    map: Arc<Mutex<HashMap<FileVersion, u128>>>,
+}
+
+impl ChecksumCache {
+    const MAX: usize = 4096;
+
+    pub fn xxh3(&self, file: &std::fs::File, len: u64) -> std::io::Result<u128> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata()?;
+        let key = (
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        );
+        let cached = self.lock().get(&key).copied();
+        if let Some(sum) = cached.filter(|_| m.size() == len) {
+            return Ok(sum);
+        }
+        let sum = crate::sums::xxh3(file, len)?;
+        let mut map = self.lock();
+        if map.len() >= Self::MAX {
+            map.clear();
+        }
+        map.insert(key, sum);
+        Ok(sum)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<FileVersion, u128>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl Config {
@@ -50,6 +95,7 @@ impl Config {
             passive_ports: None,
             login_fail_delay: Duration::from_millis(500),
             max_streams: 64,
+            checksums: ChecksumCache::default(),
         }
     }
 }

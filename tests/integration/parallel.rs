@@ -318,6 +318,8 @@ fn ctrl_c_sends_abor_keeps_the_partial_and_resume_sends_nothing_twice() {
             dest.to_str().unwrap(),
             "-n",
             "4",
+            "--block-size",
+            "1MiB",
             "-q",
         ])
         .stderr(std::process::Stdio::piped())
@@ -326,9 +328,11 @@ fn ctrl_c_sends_abor_keeps_the_partial_and_resume_sends_nothing_twice() {
     // Freeze the server once data has landed, so the Ctrl-C certainly arrives while the
     // transfer runs.
     let part = top.path().join("big.bin.part");
+    // Past 8 blocks of 1 MiB, some connection has begun its second block, so it finished its
+    // first: at least one whole block is stored when the Ctrl-C comes.
     let landed = || {
         std::fs::metadata(&part)
-            .map(|m| m.len() > 0)
+            .map(|m| m.len() > 8 << 20)
             .unwrap_or(false)
     };
     let deadline = Instant::now() + Duration::from_secs(30);

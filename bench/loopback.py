@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Loopback throughput of braid next to the tools it means to beat, measured in one run.
+
+Rows: iperf3 with one stream (memory to memory: the ceiling), braid get with 1, 4 and 8
+connections to /dev/null and to disk, curl downloading from vsftpd, and globus-url-copy -p 4
+downloading from globus-gridftp-server. Each is run 3 times on the same cached file; the table
+gives the median in MB/s (10^6 bytes/s) and its ratio to iperf3's median.
+
+    cargo build --release && python3 bench/loopback.py [--size-mib 2048] [--runs 3]
+
+Needs iperf3, vsftpd, curl, globus-url-copy and globus-gridftp-server (scripts/test installs
+all but iperf3: apt-get install iperf3). Rows whose program is missing are skipped and said so.
+Only loopback is used; every server started here is stopped at the end, also on error.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BRAID = os.path.join(ROOT, "target", "release", "braid")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc, limit=10.0):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited early")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{proc.args[0]} did not listen on {port}")
+
+
+def program(name):
+    for d in ("/usr/sbin", "/sbin"):
+        p = os.path.join(d, name)
+        if os.access(p, os.X_OK):
+            return p
+    return shutil.which(name)
+
+
+class Servers:
+    """Processes to stop at the end, each in its own process group."""
+
+    def __init__(self):
+        self.procs = []
+
+    def start(self, args, **kw):
+        p = subprocess.Popen(args, start_new_session=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, **kw)
+        self.procs.append(p)
+        return p
+
+    def stop(self):
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # p.pid leads its own group (start_new_session)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def timed(cmd, size):
+    """Runs cmd, returns MB/s over wall-clock time."""
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
+    return size / (time.perf_counter() - t) / 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mib", type=int, default=2048)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    if not os.access(BRAID, os.X_OK):
+        sys.exit(f"{BRAID} is missing: run cargo build --release first")
+    size = args.size_mib << 20
+    work = tempfile.mkdtemp(prefix="braid-bench-")
+    os.chmod(work, 0o755)
+    servers = Servers()
+    rows = []  # (name, [MB/s...]) or (name, None, why)
+    try:
+        srv = os.path.join(work, "srv")
+        os.mkdir(srv)
+        os.chmod(srv, 0o755)
+        src = os.path.join(srv, "f.bin")
+        with open(src, "wb") as f:
+            left = size
+            while left:
+                n = min(left, 64 << 20)
+                f.write(os.urandom(n))
+                left -= n
+        os.chmod(src, 0o644)
+        subprocess.run(["cat", src], stdout=subprocess.DEVNULL, check=True)  # into the page cache
+
+        def measure(name, fn):
+            try:
+                rows.append((name, [fn() for _ in range(args.runs)]))
+            except Exception as e:  # a failed row is reported, not hidden
+                rows.append((name, None, str(e)))
+            print(f"  measured {name}", file=sys.stderr)
+
+        if program("iperf3"):
+            def iperf():
+                port = free_port()
+                servers.start(["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", str(port)])
+                time.sleep(0.3)
+                out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-n", str(size), "-J"],
+                                     check=True, capture_output=True, text=True, timeout=300).stdout
+                return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 8e6
+            measure("iperf3, 1 stream (memory to memory)", iperf)
+        else:
+            rows.append(("iperf3, 1 stream (memory to memory)", None, "iperf3 not installed"))
+
+        p = servers.start([BRAID, "serve", "--root", srv, "--listen", "127.0.0.1:0"], text=True)
+        line = p.stdout.readline()
+        url = line.split("ftp://")[1].strip().rstrip("/")
+        disk = os.path.join(work, "disk.bin")
+        for n in (1, 4, 8):
+            def braid_get(dest, n=n):
+                out = subprocess.run([BRAID, "get", f"ftp://{url}/f.bin", dest, "-n", str(n), "--json"],
+                                     check=True, capture_output=True, text=True, timeout=600).stdout
+                if os.path.exists(disk):
+                    os.remove(disk)
+                return json.loads(out)["bytes_per_second"] / 1e6
+            measure(f"braid get -n {n} -> /dev/null (XXH3 checked)", lambda: braid_get("/dev/null"))
+            measure(f"braid get -n {n} -> disk (XXH3 checked)", lambda: braid_get(disk))
+
+        vs = program("vsftpd")
+        if vs and shutil.which("curl"):
+            port = free_port()
+            empty = os.path.join(work, "empty")
+            os.mkdir(empty)
+            conf = os.path.join(work, "vsftpd.conf")
+            with open(conf, "w") as f:
+                f.write(f"listen=YES\nlisten_ipv6=NO\nlisten_address=127.0.0.1\nlisten_port={port}\n"
+                        f"background=NO\nanonymous_enable=YES\nlocal_enable=NO\nanon_root={srv}\n"
+                        f"no_anon_password=YES\nseccomp_sandbox=NO\nrun_as_launching_user=YES\n"
+                        f"pasv_enable=YES\npasv_address=127.0.0.1\nsecure_chroot_dir={empty}\n")
+            wait_port(port, servers.start([vs, conf]))
+            measure("curl <- vsftpd (stream mode)",
+                    lambda: timed(["curl", "-sS", "-o", "/dev/null", f"ftp://127.0.0.1:{port}/f.bin"], size))
+        else:
+            rows.append(("curl <- vsftpd (stream mode)", None, "vsftpd or curl not installed"))
+
+        gs = program("globus-gridftp-server")
+        if gs and shutil.which("globus-url-copy"):
+            port = free_port()
+            user = os.environ.get("USER", "root")
+            wait_port(port, servers.start([gs, "-aa", "-anonymous-user", user, "-auth-level", "0", "-p", str(port),
+                                           "-control-interface", "127.0.0.1", "-data-interface", "127.0.0.1",
+                                           "-home-dir", srv, "-allow-root", "-log-level", "ERROR"]))
+            measure("globus-url-copy -p 4 <- globus-gridftp-server",
+                    lambda: timed(["globus-url-copy", "-p", "4", f"ftp://127.0.0.1:{port}{src}",
+                                   "file:///dev/null"], size))
+        else:
+            rows.append(("globus-url-copy -p 4 <- globus-gridftp-server", None, "Globus programs not installed"))
+    finally:
+        servers.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    ref = next((statistics.median(r[1]) for r in rows if r[0].startswith("iperf3") and r[1]), None)
+    cores = os.cpu_count()
+    print(f"\nloopback, {args.size_mib} MiB cached file, median of {args.runs}, {cores} cores\n")
+    print(f"| {'what':52} | {'MB/s':>7} | {'x iperf3':>8} | runs (MB/s)")
+    print(f"|{'-' * 54}|{'-' * 9}|{'-' * 10}|------------")
+    for r in rows:
+        if r[1] is None:
+            print(f"| {r[0]:52} | {'-':>7} | {'-':>8} | skipped: {r[2]}")
+            continue
+        med = statistics.median(r[1])
+        ratio = f"{med / ref:.2f}" if ref else "-"
+        print(f"| {r[0]:52} | {med:7.0f} | {ratio:>8} | {', '.join(f'{v:.0f}' for v in r[1])}")
+
+
+if __name__ == "__main__":
+    main()
