@@ -113,7 +113,7 @@ struct TransferArgs {
     #[arg(short = 'n', long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     streams: u32,
     /// Block size: each connection takes the next block of this size when it is ready. A
-    /// multiple of 64KiB [default: 4MiB].
+    /// multiple of 64KiB [default: 1MiB].
     #[arg(long, value_parser = parse_block_size)]
     block_size: Option<u64>,
     /// Socket buffer size for each data connection (SO_SNDBUF/SO_RCVBUF), e.g. 16MiB. Without

@@ -5,7 +5,6 @@ use super::data::{self, BlockConns, DataError, Finished, Job};
 use super::{ChecksumCache, Config, Shutdown};
 use crate::blocks::{self, Abort};
 use crate::fsroot::{Root, Upload, UploadStart};
-use braid_proto::checksum;
 use braid_proto::line::{LineBuffer, LineError};
 use braid_proto::listing::{self, EntryKind};
 use braid_proto::session::{
@@ -14,6 +13,7 @@ use braid_proto::session::{
     select_facts,
 };
 use braid_proto::{Command, MAX_LINE, Reply};
+use braid_proto::{checksum, session};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -320,6 +320,7 @@ impl Io {
         &mut self,
         t: &Transfer,
         b: &BlockMode,
+        progress: &Arc<AtomicU64>,
     ) -> Result<BlockConns, String> {
         let deadline = Instant::now() + self.config.data_timeout;
         if matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_)) {
@@ -329,13 +330,16 @@ impl Io {
                 let _ = socket2::SockRef::from(&listener)
                     .set_recv_buffer_size(usize::try_from(bytes).unwrap_or(usize::MAX));
             }
-            return Ok(BlockConns::Receive(blocks::receive::Conns::Accept {
-                listener,
-                peer: canonical_ip(self.peer.ip()),
-                wait: self.config.data_timeout,
-                max: self.config.max_streams as usize,
-                buffer: t.buffer,
-            }));
+            return Ok(BlockConns::Receive(
+                blocks::receive::Conns::Accept {
+                    listener,
+                    peer: canonical_ip(self.peer.ip()),
+                    wait: self.config.data_timeout,
+                    max: self.config.max_streams as usize,
+                    buffer: t.buffer,
+                },
+                data::upload_state(&b.have, progress.clone()),
+            ));
         }
         let n = b.parallelism.max(1) as usize;
         let socks = match &t.endpoint {
@@ -654,13 +658,18 @@ async fn transfer(
     let started = std::time::Instant::now();
     let progress = Arc::new(AtomicU64::new(0));
     let abort = Arc::new(Abort::new());
+    // A MODE E upload's receiving state, for the 111 Range Markers.
+    let mut received = None;
     let connected = match &t.block {
         None => io.stream_connection(&t.endpoint).await.map(|sock| {
             abort.register(&sock);
             let progress = progress.clone();
             tokio::task::spawn_blocking(move || data::run(job, sock, progress))
         }),
-        Some(b) => io.block_connections(&t, b).await.map(|conns| {
+        Some(b) => io.block_connections(&t, b, &progress).await.map(|conns| {
+            if let BlockConns::Receive(_, state) = &conns {
+                received = Some(state.clone());
+            }
             let (progress, abort) = (progress.clone(), abort.clone());
             let have = b.have.clone();
             let block = b.block_size.unwrap_or(blocks::DEFAULT_BLOCK);
@@ -692,9 +701,15 @@ async fn transfer(
     let mut stopped_by_shutdown = false;
     // SCKS sent while the data moves (braid clients announce the checksum once sent).
     let mut announced: Option<String> = None;
+    let mut markers = tokio::time::interval_at(Instant::now() + MARKER_INTERVAL, MARKER_INTERVAL);
     let result = loop {
         tokio::select! {
             r = &mut worker => break r,
+            _ = markers.tick(), if received.is_some() => {
+                if let Some(state) = &received {
+                    send_markers(conn, &progress, state).await;
+                }
+            }
             input = conn.next_input(), if !client_gone && conn.queued.len() < MAX_QUEUED => match input {
                 Input::Line(l) => match Command::parse(&l) {
                     Ok(Command::Abor) => kill(&aborted),
@@ -786,6 +801,9 @@ async fn transfer(
     if client_gone {
         return false;
     }
+    if let (Some(state), TransferOutcome::Complete { .. }) = (&received, &outcome) {
+        send_markers(conn, &progress, state).await;
+    }
     for r in session.transfer_done(&t, outcome) {
         if conn.send(&r).await.is_err() {
             return false;
@@ -796,6 +814,25 @@ async fn transfer(
         return false;
     }
     true
+}
+
+/// How often a MODE E upload reports progress and stored ranges (the Globus server's default).
+const MARKER_INTERVAL: Duration = Duration::from_secs(5);
+
+/// `112-Perf Marker` and `111 Range Marker` for a MODE E upload: GridFTP clients show progress
+/// from the first and restart from the second.
+async fn send_markers(conn: &mut Conn, progress: &AtomicU64, state: &blocks::receive::Shared) {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let _ = conn
+        .send(&session::perf_marker(now, progress.load(Ordering::Relaxed)))
+        .await;
+    let ranges = state.snapshot().ranges;
+    if !ranges.is_empty() {
+        let _ = conn.send(&session::range_marker(&ranges)).await;
+    }
 }
 
 /// Checks a complete MODE E upload against the checksum the client gave with SCKS, waiting on

@@ -60,8 +60,20 @@ pub struct Finished {
 pub enum BlockConns {
     /// The server sends on these.
     Send(Vec<TcpStream>),
-    /// The server receives on these.
-    Receive(blocks::receive::Conns),
+    /// The server receives on these, into this state (which the control task reads for the
+    /// 111 Range Markers).
+    Receive(blocks::receive::Conns, Arc<blocks::receive::Shared>),
+}
+
+/// The receiving state of a MODE E upload that already holds `have` (REST ranges).
+pub fn upload_state(have: &RangeSet, progress: Arc<AtomicU64>) -> Arc<blocks::receive::Shared> {
+    // A restarted upload's earlier part was not hashed here: its checksum needs a read.
+    let resume = blocks::receive::Progress {
+        ranges: have.clone(),
+        sum: have.is_empty().then(ChunkSum::new),
+        per_conn: Vec::new(),
+    };
+    Arc::new(blocks::receive::Shared::new(resume, progress))
 }
 
 /// Runs a MODE E transfer. `have`: ranges the receiver already holds (REST ranges).
@@ -112,17 +124,10 @@ pub fn run_blocks(
                 received: None,
             })
         }
-        (Job::Stor { upload, file, .. }, BlockConns::Receive(conns)) => {
+        (Job::Stor { upload, file, .. }, BlockConns::Receive(conns, shared)) => {
             let writer = file
                 .try_clone()
                 .map_err(|e| DataError::Local(io_to_fs(&e)))?;
-            // A restarted upload's earlier part was not hashed here: its checksum needs a read.
-            let resume = blocks::receive::Progress {
-                ranges: have.clone(),
-                sum: have.is_empty().then(ChunkSum::new),
-                per_conn: Vec::new(),
-            };
-            let shared = blocks::receive::Shared::new(resume, progress.clone());
             blocks::receive::receive(conns, &Sink::File(writer), None, &shared, abort)
                 .map_err(engine)?;
             let got = shared.snapshot();

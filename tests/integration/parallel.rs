@@ -151,7 +151,13 @@ fn one_gib_of_random_data_both_ways_and_to_stdout() {
 }
 
 /// A raw MODE E upload: MODE E, SCKS, EPSV, STOR, then `blocks` on one data connection.
-fn raw_upload(server: &Server, name: &str, scks: Option<&str>, blocks: &[u8]) -> (Raw, String) {
+/// Returns the final reply, after the 1xx markers (all of them in the last string).
+fn raw_upload(
+    server: &Server,
+    name: &str,
+    scks: Option<&str>,
+    blocks: &[u8],
+) -> (Raw, String, String) {
     let mut c = Raw::login(server.addr, "anonymous", "x");
     c.expect("TYPE I", "200 Switching to Binary mode.\r\n");
     c.expect("MODE E", "200 Mode set to E.\r\n");
@@ -166,8 +172,14 @@ fn raw_upload(server: &Server, name: &str, scks: Option<&str>, blocks: &[u8]) ->
     assert!(c.reply().starts_with("150 "));
     data.write_all(blocks).unwrap();
     drop(data);
-    let r = c.reply();
-    (c, r)
+    let mut marks = String::new();
+    loop {
+        let r = c.reply();
+        if !r.starts_with('1') {
+            return (c, r, marks);
+        }
+        marks.push_str(&r);
+    }
 }
 
 #[test]
@@ -183,14 +195,21 @@ fn checksum_mismatch_and_protocol_violations_fail_clearly_and_keep_nothing() {
     let right = braid_proto::checksum::hex(braid_proto::checksum::of(&data));
 
     // The right checksum: stored under its name.
-    let (_, r) = raw_upload(&server, "ok.bin", Some(&right), &good);
+    let (_, r, marks) = raw_upload(&server, "ok.bin", Some(&right), &good);
     assert!(r.starts_with("226 "), "{r}");
+    // GridFTP's markers before the end: progress, and the ranges stored (for restarts).
+    assert!(
+        marks.contains("112-Perf Marker\r\n")
+            && marks.contains(" Stripe Bytes Transferred: 100000\r\n"),
+        "{marks}"
+    );
+    assert!(marks.ends_with("111 Range Marker 0-100000\r\n"), "{marks}");
     assert!(std::fs::read(root.join("ok.bin")).unwrap() == data);
 
     // One flipped bit in flight: the checksum the client announced does not match.
     let mut flipped = good.clone();
     flipped[17 + 5000] ^= 0x01;
-    let (mut c, r) = raw_upload(&server, "bad.bin", Some(&right), &flipped);
+    let (mut c, r, _) = raw_upload(&server, "bad.bin", Some(&right), &flipped);
     assert!(
         r.starts_with("550 ") && r.contains("checksum mismatch"),
         "{r}"
@@ -208,19 +227,19 @@ fn checksum_mismatch_and_protocol_violations_fail_clearly_and_keep_nothing() {
     // Unknown descriptor bits.
     let mut odd = good.clone();
     odd[0] = 0x10;
-    let (_, r) = raw_upload(&server, "odd.bin", None, &odd);
+    let (_, r, _) = raw_upload(&server, "odd.bin", None, &odd);
     assert!(r.starts_with("426 ") && r.contains("0x10"), "{r}");
     assert!(!root.join("odd.bin").exists());
 
     // The sender closes in the middle of a block.
-    let (_, r) = raw_upload(&server, "short.bin", None, &good[..17 + 50_000]);
+    let (_, r, _) = raw_upload(&server, "short.bin", None, &good[..17 + 50_000]);
     assert!(r.starts_with("426 ") && r.contains("closed"), "{r}");
     assert!(!root.join("short.bin").exists());
 
     // EOF claims data in its count field.
     let mut lying = Header::eof(1);
     lying.count = 9;
-    let (_, r) = raw_upload(&server, "lie.bin", None, &lying.encode());
+    let (_, r, _) = raw_upload(&server, "lie.bin", None, &lying.encode());
     assert!(r.starts_with("426 ") && r.contains("EOF"), "{r}");
 
     // The server still serves.
