@@ -414,3 +414,95 @@ fn ctrl_c_sends_abor_keeps_the_partial_and_resume_sends_nothing_twice() {
         "resumed file differs"
     );
 }
+
+/// A scripted MODE E server that sends one block with a flipped bit but reports the file's
+/// true checksum: the corruption happens in flight, where only the end-to-end check sees it.
+fn lying_server(data: Vec<u8>) -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+    use std::io::{BufRead, BufReader};
+    let control = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = control.local_addr().unwrap();
+    let handle = std::thread::spawn(move || {
+        let (sock, _) = control.accept().unwrap();
+        sock.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        let mut out = sock.try_clone().unwrap();
+        let mut lines = BufReader::new(sock);
+        let data_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let data_port = data_listener.local_addr().unwrap().port();
+        let mut streams = 1;
+        out.write_all(b"220 liar ready\r\n").unwrap();
+        let mut line = String::new();
+        while lines.read_line(&mut line).unwrap_or(0) > 0 {
+            let cmd = line.trim_end().to_string();
+            line.clear();
+            let verb = cmd.split(' ').next().unwrap_or("").to_ascii_uppercase();
+            let reply = match verb.as_str() {
+                "USER" => "331 ok".to_string(),
+                "PASS" => "230 ok".to_string(),
+                "FEAT" => "211-Features:\r\n PARALLEL\r\n BRAID 1\r\n211 End".to_string(),
+                "SIZE" => format!("213 {}", data.len()),
+                "OPTS" => {
+                    if let Some(n) = cmd.split("Parallelism=").nth(1) {
+                        streams = n.split(',').next().unwrap().parse().unwrap();
+                    }
+                    "200 ok".to_string()
+                }
+                "EPSV" => format!("229 Entering Extended Passive Mode (|||{data_port}|)"),
+                "RETR" => {
+                    out.write_all(b"150 here it comes\r\n").unwrap();
+                    let mut socks: Vec<_> = (0..streams)
+                        .map(|_| data_listener.accept().unwrap().0)
+                        .collect();
+                    let mut bad = data.clone();
+                    bad[data.len() / 2] ^= 0x04;
+                    let mut first = Header::data(0, bad.len() as u64).encode().to_vec();
+                    first.extend_from_slice(&bad);
+                    first.extend_from_slice(&Header::eof(streams).encode());
+                    socks[0].write_all(&first).unwrap();
+                    for s in socks.iter_mut().skip(1) {
+                        s.write_all(&Header::eod().encode()).unwrap();
+                    }
+                    drop(socks);
+                    "226 done".to_string()
+                }
+                "CKSM" => format!(
+                    "213 {}",
+                    braid_proto::checksum::hex(braid_proto::checksum::of(&data))
+                ),
+                "QUIT" => {
+                    out.write_all(b"221 bye\r\n").unwrap();
+                    return;
+                }
+                _ => "200 ok".to_string(),
+            };
+            out.write_all(format!("{reply}\r\n").as_bytes()).unwrap();
+        }
+    });
+    (addr, handle)
+}
+
+#[test]
+fn a_block_corrupted_in_flight_is_caught_and_the_file_keeps_its_partial_name() {
+    let top = tempdir();
+    let data = random_bytes(300_000, 12);
+    let (addr, server) = lying_server(data);
+    let dest = top.path().join("f.bin");
+    let (code, _, err) = braid(
+        &[
+            "get",
+            &format!("ftp://{addr}/f.bin"),
+            dest.to_str().unwrap(),
+            "-n",
+            "2",
+        ],
+        &[],
+    );
+    assert_eq!(code, 8, "{err}");
+    assert!(err.contains("checksum mismatch"), "{err}");
+    assert!(!dest.exists(), "corrupt data took the final name");
+    assert!(
+        top.path().join("f.bin.part").exists(),
+        "the received data must be kept"
+    );
+    server.join().unwrap();
+}
