@@ -51,8 +51,8 @@ enum Cmd {
     Get {
         /// ftp://[user[:password]@]host[:port]/path
         url: String,
-        /// Where to save: a file, a directory, or - for standard output [default: the remote
-        /// file's name in the current directory]
+        /// Where to save: a file, a directory, - for standard output, or /dev/null to measure (the
+        /// data is still checked) [default: the remote file's name in the current directory]
         dest: Option<String>,
         /// Continue a partial download (DEST.part) from where it stopped.
         #[arg(long)]
@@ -108,8 +108,9 @@ enum Cmd {
 /// GridFTP server); against a plain FTP server braid uses one stream-mode connection.
 #[derive(Args, Debug)]
 struct TransferArgs {
-    /// Parallel data connections. More help on long or lossy paths, where one TCP connection
-    /// cannot fill the link.
+    /// Parallel data connections, used when the server offers MODE E (braid, GridFTP servers);
+    /// a plain FTP server gets one connection. More help on long or lossy paths, where one TCP
+    /// connection cannot fill the link.
     #[arg(short = 'n', long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     streams: u32,
     /// Block size: each connection takes the next block of this size when it is ready. A
