@@ -84,6 +84,52 @@ impl Abort {
     }
 }
 
+/// The error that failed a data phase: the first one, not the echoes of the abort it causes
+/// on the other connections.
+#[derive(Debug, Default)]
+struct FirstError(Mutex<Option<EngineError>>);
+
+impl FirstError {
+    /// Records `e` unless something already failed (or the caller aborted), then stops every
+    /// connection: one broken connection fails the transfer.
+    fn fail(&self, e: EngineError, abort: &Abort) {
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() && !abort.is_aborted() {
+            *slot = Some(e);
+        }
+        drop(slot);
+        abort.abort();
+    }
+
+    fn into_inner(self) -> Option<EngineError> {
+        self.0.into_inner().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Sends `[offset, end)` of `file` on `sock` with sendfile, so the bytes never pass through user
+/// space. `sent` is told the offset reached after each call. Returns the offset reached, which
+/// is short of `end` when the file is shorter than that.
+pub fn sendfile_range(
+    sock: &TcpStream,
+    file: &std::fs::File,
+    mut offset: u64,
+    end: u64,
+    mut sent: impl FnMut(u64),
+) -> std::io::Result<u64> {
+    while offset < end {
+        let want = usize::try_from(end - offset)
+            .unwrap_or(usize::MAX)
+            .min(1 << 30);
+        match rustix::fs::sendfile(sock, file, Some(&mut offset), want) {
+            Ok(0) => break,
+            Ok(_) => sent(offset),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(offset)
+}
+
 /// Applies a fixed socket buffer size (SBUF, `--buffer`); without one the kernel's autotuning
 /// stays on, which setting any size switches off.
 pub fn set_buffer(sock: &TcpStream, bytes: Option<u64>) {

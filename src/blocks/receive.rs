@@ -2,7 +2,7 @@
 //! and folded into the checksum; done when the EOF block's count of EODs has arrived.
 
 use super::sink::Sink;
-use super::{Abort, EngineError, PIECE, set_buffer};
+use super::{Abort, EngineError, FirstError, PIECE, set_buffer};
 use braid_proto::block::{BlockError, Completion, Connection, HEADER_LEN, Header, Next};
 use braid_proto::checksum::ChunkSum;
 use braid_proto::ranges::RangeSet;
@@ -48,6 +48,18 @@ pub struct Shared {
     bytes: Arc<AtomicU64>,
 }
 
+impl Progress {
+    /// The start of a transfer whose receiver already holds `have`. Data stored by an earlier
+    /// run was not hashed here, so its checksum is unknown unless a record carries it.
+    pub fn holding(have: RangeSet) -> Progress {
+        Progress {
+            sum: have.is_empty().then(ChunkSum::new),
+            ranges: have,
+            per_conn: Vec::new(),
+        }
+    }
+}
+
 impl Shared {
     /// Starts from what an earlier, interrupted run already stored.
     pub fn new(mut resume: Progress, bytes: Arc<AtomicU64>) -> Shared {
@@ -81,15 +93,8 @@ pub fn receive(
     shared: &Shared,
     abort: &Abort,
 ) -> Result<(), EngineError> {
-    let first_error: Mutex<Option<EngineError>> = Mutex::new(None);
-    let fail = |e: EngineError| {
-        let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() && !abort.is_aborted() {
-            *slot = Some(e);
-        }
-        drop(slot);
-        abort.abort();
-    };
+    let first_error = FirstError::default();
+    let fail = |e: EngineError| first_error.fail(e, abort);
     std::thread::scope(|scope| {
         let spawn = |conn: usize, sock: TcpStream| {
             abort.register(&sock);
@@ -124,7 +129,7 @@ pub fn receive(
             }
         }
     });
-    if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+    if let Some(e) = first_error.into_inner() {
         return Err(e);
     }
     if abort.is_aborted() {

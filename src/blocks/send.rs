@@ -1,7 +1,7 @@
 //! Sending side of MODE E: N threads, one atomic cursor over the blocks, EOD on every
 //! connection and EOF (with the connection count) on the one that finishes last.
 
-use super::{Abort, EngineError, PIECE};
+use super::{Abort, EngineError, FirstError, PIECE, sendfile_range};
 use braid_proto::block::Header;
 use braid_proto::checksum::ChunkSum;
 use braid_proto::ranges::RangeSet;
@@ -9,7 +9,6 @@ use std::fs::File;
 use std::io::Write;
 use std::net::TcpStream;
 use std::os::unix::fs::FileExt;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Where the bytes come from.
@@ -102,7 +101,7 @@ pub fn send(
     let cursor = AtomicU64::new(0);
     let running = AtomicUsize::new(conns.len());
     let total_conns = conns.len() as u64;
-    let first_error: Mutex<Option<EngineError>> = Mutex::new(None);
+    let first_error = FirstError::default();
     for c in &conns {
         abort.register(c);
     }
@@ -124,13 +123,7 @@ pub fn send(
                 scope.spawn(move || match ctx.run(i, sock) {
                     Ok(r) => Some(r),
                     Err(e) => {
-                        let mut slot = first_error.lock().unwrap_or_else(|p| p.into_inner());
-                        if slot.is_none() && !abort.is_aborted() {
-                            *slot = Some(e);
-                        }
-                        drop(slot);
-                        // One broken connection fails the transfer: stop the others now.
-                        abort.abort();
+                        first_error.fail(e, abort);
                         None
                     }
                 })
@@ -141,7 +134,7 @@ pub fn send(
             .map(|h| h.join().ok().flatten())
             .collect()
     });
-    if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+    if let Some(e) = first_error.into_inner() {
         return Err(e);
     }
     if abort.is_aborted() || results.iter().any(Option::is_none) {
@@ -178,12 +171,13 @@ impl Ctx<'_> {
             send_more(&sock, &Header::data(offset, len).encode()).map_err(net)?;
             match self.source {
                 Source::File { file, .. } if !self.hash => {
-                    send_file(&sock, file, offset, len).map_err(|e| match e {
-                        SendFileError::Net(e) => net(e),
-                        SendFileError::Shrunk => EngineError::Local(std::io::Error::other(
+                    let reached =
+                        sendfile_range(&sock, file, offset, offset + len, |_| {}).map_err(net)?;
+                    if reached < offset + len {
+                        return Err(EngineError::Local(std::io::Error::other(
                             "the file shrank while it was being sent",
-                        )),
-                    })?;
+                        )));
+                    }
                     self.progress.fetch_add(len, Ordering::Relaxed);
                 }
                 _ => {
@@ -237,26 +231,6 @@ fn send_more(sock: &TcpStream, mut bytes: &[u8]) -> std::io::Result<()> {
             Ok(n) => bytes = &bytes[n..],
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
-enum SendFileError {
-    Net(std::io::Error),
-    Shrunk,
-}
-
-fn send_file(sock: &TcpStream, file: &File, offset: u64, len: u64) -> Result<(), SendFileError> {
-    let mut at = offset;
-    let end = offset + len;
-    while at < end {
-        let want = usize::try_from(end - at).unwrap_or(usize::MAX).min(1 << 30);
-        match rustix::fs::sendfile(sock, file, Some(&mut at), want) {
-            Ok(0) => return Err(SendFileError::Shrunk),
-            Ok(_) => {}
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(SendFileError::Net(e.into())),
         }
     }
     Ok(())

@@ -501,33 +501,27 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
 /// Sends `[offset, len)` of a file with sendfile: the bytes never pass through user space.
 fn send_file(
     file: &File,
-    mut offset: u64,
+    offset: u64,
     len: u64,
     sock: &TcpStream,
     bar: &ProgressBar,
 ) -> std::result::Result<u64, (u64, std::io::Error)> {
-    let start = offset;
-    while offset < len {
-        let want = usize::try_from(len - offset)
-            .unwrap_or(usize::MAX)
-            .min(1 << 30);
-        let before = offset;
-        match rustix::fs::sendfile(sock, file, Some(&mut offset), want) {
-            Ok(0) => {
-                return Err((
-                    offset - start,
-                    std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "local file shrank during upload",
-                    ),
-                ));
-            }
-            Ok(_) => bar.inc(offset - before),
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err((offset - start, e.into())),
-        }
+    let mut at = offset;
+    let reached = crate::blocks::sendfile_range(sock, file, offset, len, |now| {
+        at = now;
+        bar.set_position(now);
+    })
+    .map_err(|e| (at - offset, e))?;
+    if reached < len {
+        return Err((
+            reached - offset,
+            std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "local file shrank during upload",
+            ),
+        ));
     }
-    Ok(offset - start)
+    Ok(reached - offset)
 }
 
 /// One entry of a remote listing.

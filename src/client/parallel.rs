@@ -185,22 +185,13 @@ pub fn get(
         c.expect(&Command::Sbuf(b), &[200])?;
     }
     let (sink, part, start) = match dest {
-        Dest::Null => {
-            let start = Progress {
-                sum: Some(ChunkSum::new()),
-                ..Progress::default()
-            };
-            (Sink::Discard, None, start)
-        }
+        Dest::Null => (Sink::Discard, None, Progress::holding(RangeSet::new())),
         Dest::Stdout => {
             // Room for a couple of blocks per connection, within bounds.
             let block = opts.block_size.unwrap_or(blocks::DEFAULT_BLOCK) as usize;
             let cap = (block * n as usize * 2).clamp(8 << 20, 256 << 20);
             let out = Box::new(std::io::stdout());
-            let start = Progress {
-                sum: Some(ChunkSum::new()),
-                ..Progress::default()
-            };
+            let start = Progress::holding(RangeSet::new());
             (Sink::Ordered(Reorder::new(out, cap, STALL)), None, start)
         }
         Dest::File(path) => {
@@ -231,10 +222,7 @@ pub fn get(
             .map_err(local_err(format!("cannot write {}", part.display())))?;
             let start = resume.unwrap_or_else(|| {
                 let _ = std::fs::remove_file(&sidecar);
-                Progress {
-                    sum: Some(ChunkSum::new()),
-                    ..Progress::default()
-                }
+                Progress::holding(RangeSet::new())
             });
             let writer = file
                 .try_clone()

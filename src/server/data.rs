@@ -6,7 +6,6 @@ use crate::blocks::sink::Sink;
 use crate::blocks::{self, Abort, EngineError};
 use crate::fsroot::{Upload, io_to_fs};
 use braid_proto::ascii::{FromWire, ToWire};
-use braid_proto::checksum::ChunkSum;
 use braid_proto::ranges::RangeSet;
 use braid_proto::session::FsError;
 use std::fs::File;
@@ -67,12 +66,7 @@ pub enum BlockConns {
 
 /// The receiving state of a MODE E upload that already holds `have` (REST ranges).
 pub fn upload_state(have: &RangeSet, progress: Arc<AtomicU64>) -> Arc<blocks::receive::Shared> {
-    // A restarted upload's earlier part was not hashed here: its checksum needs a read.
-    let resume = blocks::receive::Progress {
-        ranges: have.clone(),
-        sum: have.is_empty().then(ChunkSum::new),
-        per_conn: Vec::new(),
-    };
+    let resume = blocks::receive::Progress::holding(have.clone());
     Arc::new(blocks::receive::Shared::new(resume, progress))
 }
 
@@ -226,7 +220,7 @@ fn finish_send(sock: TcpStream) -> Result<(), DataError> {
 
 fn send_binary(
     file: &File,
-    mut offset: u64,
+    offset: u64,
     sock: &TcpStream,
     progress: &AtomicU64,
 ) -> Result<u64, DataError> {
@@ -234,19 +228,12 @@ fn send_binary(
         .metadata()
         .map_err(|e| DataError::Local(io_to_fs(&e)))?
         .len();
-    let start = offset;
-    while offset < size {
-        let want = usize::try_from(size - offset)
-            .unwrap_or(usize::MAX)
-            .min(1 << 30);
-        match rustix::fs::sendfile(sock, file, Some(&mut offset), want) {
-            Ok(0) => break, // the file shrank under us
-            Ok(_) => progress.store(offset - start, Ordering::Relaxed),
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(DataError::Net(e.into())),
-        }
-    }
-    Ok(offset - start)
+    // A file that shrinks meanwhile just ends early: stream mode has no length to keep.
+    let reached = blocks::sendfile_range(sock, file, offset, size, |at| {
+        progress.store(at - offset, Ordering::Relaxed)
+    })
+    .map_err(DataError::Net)?;
+    Ok(reached - offset)
 }
 
 fn send_ascii(
