@@ -286,19 +286,24 @@ impl Control {
 
     /// The final reply of a transfer (226 or 250 on success).
     pub fn finish_transfer(&mut self, cmd: &Command) -> Result<Reply> {
+        let r = self.final_reply()?;
+        if r.code == 226 || r.code == 250 {
+            Ok(r)
+        } else {
+            Err(ClientError::Remote {
+                what: cmd_for_error(cmd),
+                reply: r,
+            })
+        }
+    }
+
+    /// The next reply that is not a mark (1xx): GridFTP servers send 111/112 markers meanwhile.
+    pub fn final_reply(&mut self) -> Result<Reply> {
         loop {
             let r = self.reply()?;
-            if r.is_preliminary() {
-                continue;
+            if !r.is_preliminary() {
+                return Ok(r);
             }
-            return if r.code == 226 || r.code == 250 {
-                Ok(r)
-            } else {
-                Err(ClientError::Remote {
-                    what: cmd_for_error(cmd),
-                    reply: r,
-                })
-            };
         }
     }
 

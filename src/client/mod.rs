@@ -181,6 +181,23 @@ struct PartFile {
     file: File,
 }
 
+impl PartFile {
+    /// Cuts the partial to `len` when given (blocks may have landed past the end of an older,
+    /// longer partial), flushes it to disk and gives it its final name, which it returns.
+    fn commit(self, len: Option<u64>) -> Result<String> {
+        let part = &self.part;
+        len.map_or(Ok(()), |l| self.file.set_len(l))
+            .and_then(|_| self.file.sync_all())
+            .map_err(local_err(format!("cannot flush {}", part.display())))?;
+        std::fs::rename(part, &self.final_path).map_err(local_err(format!(
+            "cannot rename {} to {}",
+            part.display(),
+            self.final_path.display()
+        )))?;
+        Ok(self.final_path.display().to_string())
+    }
+}
+
 /// Downloads one file. A failure that leaves a new, empty `DEST.part` removes it again.
 pub fn get(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
     let part = match dest {
@@ -319,20 +336,7 @@ fn get_inner(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
         )));
     }
     let local = match part {
-        Some(PartFile {
-            final_path,
-            part,
-            file,
-        }) => {
-            file.sync_all()
-                .map_err(local_err(format!("cannot flush {}", part.display())))?;
-            std::fs::rename(&part, &final_path).map_err(local_err(format!(
-                "cannot rename {} to {}",
-                part.display(),
-                final_path.display()
-            )))?;
-            final_path.display().to_string()
-        }
+        Some(p) => p.commit(None)?,
         None => "-".into(),
     };
     c.quit();

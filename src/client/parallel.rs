@@ -5,7 +5,7 @@
 use super::control::{Control, connect_data};
 use super::error::{ClientError, Result};
 use super::url::Target;
-use super::{Dest, Options, Summary, local_err, part_path, progress_bar};
+use super::{Dest, Options, PartFile, Summary, local_err, part_path, progress_bar};
 use crate::blocks::receive::{Conns, Progress, Shared};
 use crate::blocks::send::Source;
 use crate::blocks::sink::{Reorder, Sink};
@@ -156,14 +156,6 @@ fn send_abort(c: &mut Control) {
     }
 }
 
-/// The final-name, partial-name and file of a download to disk.
-struct Part {
-    final_path: PathBuf,
-    part: PathBuf,
-    sidecar: PathBuf,
-    file: File,
-}
-
 /// Downloads in MODE E. `size` is what SIZE said.
 pub fn get(
     c: &mut Control,
@@ -227,10 +219,9 @@ pub fn get(
             let writer = file
                 .try_clone()
                 .map_err(local_err("cannot duplicate file handle"))?;
-            let part = Part {
+            let part = PartFile {
                 final_path: path.clone(),
                 part,
-                sidecar,
                 file,
             };
             (Sink::File(writer), Some(part), start)
@@ -247,7 +238,7 @@ pub fn get(
     let partial_name = part.as_ref().map(|p| p.part.display().to_string());
     let save = |p: &Progress| {
         if let (Some(part), Some(s)) = (&part, size) {
-            save_sidecar(&part.sidecar, remote, s, p);
+            save_sidecar(&sidecar_path(&part.part), remote, s, p);
         }
     };
     if !complete_already {
@@ -276,25 +267,19 @@ pub fn get(
         };
         let bar = progress_bar(opts, size, resumed_from);
         let interrupt = Interrupt::install();
-        let result = std::thread::scope(|scope| {
-            let worker =
-                scope.spawn(|| blocks::receive::receive(conns, &sink, size, &shared, &abort));
-            let mut last_save = Instant::now();
-            while !worker.is_finished() {
-                std::thread::sleep(Duration::from_millis(100));
-                if interrupt.hit() {
-                    abort.abort();
-                }
+        let mut last_save = Instant::now();
+        let result = supervise(
+            &abort,
+            &interrupt,
+            || blocks::receive::receive(conns, &sink, size, &shared, &abort),
+            || {
                 bar.set_position(resumed_from + bytes.load(Ordering::Relaxed));
                 if last_save.elapsed() > Duration::from_secs(1) {
                     save(&shared.snapshot());
                     last_save = Instant::now();
                 }
-            }
-            worker
-                .join()
-                .unwrap_or_else(|_| Err(EngineError::Setup("receiver thread panicked".into())))
-        });
+            },
+        );
         bar.finish_and_clear();
         let received = bytes.load(Ordering::Relaxed);
         if interrupt.hit() {
@@ -308,22 +293,8 @@ pub fn get(
         }
         if let Err(e) = result {
             save(&shared.snapshot());
-            // The server's reply usually says why the data stopped.
-            let why = match c.finish_transfer(&retr) {
-                Err(ClientError::Remote { reply, .. }) => format!("{e}; server reported {reply}"),
-                _ => e.to_string(),
-            };
-            return Err(match e {
-                EngineError::Local(source) => ClientError::Local {
-                    what: "cannot write the download".into(),
-                    source,
-                },
-                _ => ClientError::Interrupted {
-                    bytes: received,
-                    why,
-                    partial: partial_name,
-                },
-            });
+            let what = "cannot write the download";
+            return Err(data_phase_failed(c, &retr, e, what, received, partial_name));
         }
         if let Err(e) = c.finish_transfer(&retr) {
             save(&shared.snapshot());
@@ -346,17 +317,10 @@ pub fn get(
     let verified = verify(c, peer, target, total, &got, part.as_ref().map(|p| &p.file))?;
     let local = match part {
         Some(p) => {
-            p.file
-                .set_len(total)
-                .and_then(|_| p.file.sync_all())
-                .map_err(local_err(format!("cannot flush {}", p.part.display())))?;
-            std::fs::rename(&p.part, &p.final_path).map_err(local_err(format!(
-                "cannot rename {} to {}",
-                p.part.display(),
-                p.final_path.display()
-            )))?;
-            let _ = std::fs::remove_file(&p.sidecar);
-            p.final_path.display().to_string()
+            let sidecar = sidecar_path(&p.part);
+            let local = p.commit(Some(total))?;
+            let _ = std::fs::remove_file(sidecar);
+            local
         }
         None => "-".into(),
     };
@@ -409,11 +373,27 @@ fn verify(
         // Standard output from a GridFTP server: nothing to read back.
         _ => return Ok(None),
     };
+    let ours = "the data received hashes to";
+    let advice = "; the data is kept, rerun without --resume to fetch it again";
+    compare_with_server(c, alg, &target.path, &local, ours, advice)
+}
+
+/// Compares `local` with the server's CKSM of the whole file: `ALG hex` when they agree,
+/// None when the server offers no such checksum, an integrity error (saying what `ours` is)
+/// when they differ.
+fn compare_with_server(
+    c: &mut Control,
+    alg: &str,
+    path: &str,
+    local: &str,
+    ours: &str,
+    advice: &str,
+) -> Result<Option<String>> {
     let r = c.cmd(&Command::Cksm {
         alg: alg.into(),
         offset: 0,
         length: None,
-        path: target.path.clone(),
+        path: path.into(),
     })?;
     if r.code != 213 {
         tracing::info!(reply = %r, "the server offers no {alg} checksum; size check only");
@@ -422,8 +402,7 @@ fn verify(
     let remote = r.text().trim().to_ascii_lowercase();
     if remote != local {
         return Err(ClientError::Integrity(format!(
-            "checksum mismatch: the server's {alg} of {} is {remote}, the data received hashes to {local}; the data is kept, rerun without --resume to fetch it again",
-            target.path
+            "checksum mismatch: the server's {alg} of {path} is {remote}, {ours} {local}{advice}"
         )));
     }
     Ok(Some(format!("{alg} {local}")))
@@ -466,29 +445,16 @@ pub fn put(
     let abort = Abort::new();
     let bar = progress_bar(opts, Some(len), 0);
     let interrupt = Interrupt::install();
-    let result = std::thread::scope(|scope| {
-        let worker = scope.spawn(|| {
-            blocks::send::send(
-                Source::File { file, size: len },
-                &todo,
-                block,
-                socks,
-                &progress,
-                &abort,
-                peer == Peer::Braid,
-            )
-        });
-        while !worker.is_finished() {
-            std::thread::sleep(Duration::from_millis(100));
-            if interrupt.hit() {
-                abort.abort();
-            }
-            bar.set_position(progress.load(Ordering::Relaxed));
-        }
-        worker
-            .join()
-            .unwrap_or_else(|_| Err(EngineError::Setup("sender thread panicked".into())))
-    });
+    let result = supervise(
+        &abort,
+        &interrupt,
+        || {
+            let source = Source::File { file, size: len };
+            let hash = peer == Peer::Braid;
+            blocks::send::send(source, &todo, block, socks, &progress, &abort, hash)
+        },
+        || bar.set_position(progress.load(Ordering::Relaxed)),
+    );
     bar.finish_and_clear();
     if interrupt.hit() {
         send_abort(c);
@@ -500,26 +466,10 @@ pub fn put(
             partial: None,
         });
     }
-    let sent = match result {
-        Ok(s) => s,
-        Err(e) => {
-            let why = match c.finish_transfer(&stor) {
-                Err(ClientError::Remote { reply, .. }) => format!("{e}; server reported {reply}"),
-                _ => e.to_string(),
-            };
-            return Err(match e {
-                EngineError::Local(source) => ClientError::Local {
-                    what: "cannot read the file being uploaded".into(),
-                    source,
-                },
-                _ => ClientError::Interrupted {
-                    bytes: progress.load(Ordering::Relaxed),
-                    why,
-                    partial: None,
-                },
-            });
-        }
-    };
+    let sent = result.map_err(|e| {
+        let what = "cannot read the file being uploaded";
+        data_phase_failed(c, &stor, e, what, progress.load(Ordering::Relaxed), None)
+    })?;
     let mut verified = None;
     if let Some(sum) = sent.sum {
         let hex = checksum::hex(sum.finish(len));
@@ -528,34 +478,20 @@ pub fn put(
             value: Some(hex.clone()),
         };
         c.send(&scks)?;
-        let r = final_reply(c)?;
+        let r = c.final_reply()?;
         if r.code != 200 {
             return Err(transfer_failed(r));
         }
         verified = Some(format!("{} {hex}", checksum::NAME));
     }
-    let r = final_reply(c)?;
+    let r = c.final_reply()?;
     if r.code != 226 && r.code != 250 {
         return Err(transfer_failed(r));
     }
     if peer == Peer::GridFtp {
         let local = crate::sums::md5(file, 0, len).map_err(local_err("cannot read the file"))?;
-        let r = c.cmd(&Command::Cksm {
-            alg: "MD5".into(),
-            offset: 0,
-            length: None,
-            path: target.path.clone(),
-        })?;
-        if r.code == 213 {
-            let remote = r.text().trim().to_ascii_lowercase();
-            if remote != local {
-                return Err(ClientError::Integrity(format!(
-                    "checksum mismatch: the server's MD5 of {} is {remote}, the file sent hashes to {local}",
-                    target.path
-                )));
-            }
-            verified = Some(format!("MD5 {local}"));
-        }
+        let ours = "the file sent hashes to";
+        verified = compare_with_server(c, "MD5", &target.path, &local, ours, "")?;
     }
     let s = super::summary(
         "put",
@@ -567,6 +503,56 @@ pub fn put(
         started,
     );
     Ok(extended(s, sent.per_conn, verified))
+}
+
+/// Runs a data phase on its own thread while this one turns Ctrl-C into an abort and calls
+/// `tick` (progress bar, resume record) every 100 ms.
+fn supervise<T: Send>(
+    abort: &Abort,
+    interrupt: &Interrupt,
+    work: impl FnOnce() -> std::result::Result<T, EngineError> + Send,
+    mut tick: impl FnMut(),
+) -> std::result::Result<T, EngineError> {
+    std::thread::scope(|scope| {
+        let worker = scope.spawn(work);
+        while !worker.is_finished() {
+            std::thread::sleep(Duration::from_millis(100));
+            if interrupt.hit() {
+                abort.abort();
+            }
+            tick();
+        }
+        worker
+            .join()
+            .unwrap_or_else(|_| Err(EngineError::Setup("data thread panicked".into())))
+    })
+}
+
+/// The error for a data phase that failed: a local file error as such, anything else as an
+/// interrupted transfer, with the server's final reply, which usually says why.
+fn data_phase_failed(
+    c: &mut Control,
+    cmd: &Command,
+    e: EngineError,
+    local_what: &str,
+    bytes: u64,
+    partial: Option<String>,
+) -> ClientError {
+    let why = match c.finish_transfer(cmd) {
+        Err(ClientError::Remote { reply, .. }) => format!("{e}; server reported {reply}"),
+        _ => e.to_string(),
+    };
+    match e {
+        EngineError::Local(source) => ClientError::Local {
+            what: local_what.into(),
+            source,
+        },
+        _ => ClientError::Interrupted {
+            bytes,
+            why,
+            partial,
+        },
+    }
 }
 
 /// Sends the transfer command, opens `n` data connections to the server's passive address,
@@ -596,16 +582,6 @@ fn open_and_start(
         Err(e) => {
             c.transfer_started(cmd)?;
             Err(e)
-        }
-    }
-}
-
-/// The next reply that is not a mark (1xx): GridFTP servers send 111/112 markers meanwhile.
-fn final_reply(c: &mut Control) -> Result<Reply> {
-    loop {
-        let r = c.reply()?;
-        if !r.is_preliminary() {
-            return Ok(r);
         }
     }
 }
