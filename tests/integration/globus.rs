@@ -1,24 +1,9 @@
 //! MODE E interoperability with the Globus programs: `globus-url-copy -p 4` against
 //! `braid serve`, and `braid get/put -n 4` against `globus-gridftp-server`, both directions,
 //! contents compared byte for byte and checksums compared by the client (MD5 through CKSM).
-use crate::util::{Server, braid, random_bytes, require, run, signal_group, tempdir, wait_timeout};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use crate::util::{Daemon, Server, braid, random_bytes, require, run, sbin, tempdir};
+use std::process::Command;
 use std::time::Duration;
-
-fn sbin(program: &str) -> std::path::PathBuf {
-    let found = ["/usr/sbin", "/sbin", "/usr/bin"]
-        .iter()
-        .map(|d| std::path::Path::new(d).join(program))
-        .find(|p| p.exists());
-    match found {
-        Some(p) => p,
-        None => {
-            require(program);
-            unreachable!("require panics when the program is missing")
-        }
-    }
-}
 
 #[test]
 fn globus_url_copy_against_braid_serve() {
@@ -74,62 +59,25 @@ fn globus_url_copy_against_braid_serve() {
     );
 }
 
-/// A globus-gridftp-server serving `home` anonymously on a free loopback port, in its own
-/// process group so that its per-session children die with it.
-struct Gridftp {
-    child: Child,
-    port: u16,
-}
-
-impl Gridftp {
-    fn start(home: &std::path::Path) -> Gridftp {
-        let program = sbin("globus-gridftp-server");
-        let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
-        for _ in 0..5 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let mut child = Command::new(&program)
-                .args(["-aa", "-anonymous-user", &user, "-auth-level", "0", "-p"])
-                .arg(port.to_string())
-                .args([
-                    "-control-interface",
-                    "127.0.0.1",
-                    "-data-interface",
-                    "127.0.0.1",
-                ])
-                .arg("-home-dir")
-                .arg(home)
-                .args(["-allow-root", "-log-level", "ERROR"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .process_group(0)
-                .spawn()
-                .expect("start globus-gridftp-server");
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while std::time::Instant::now() < deadline {
-                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return Gridftp { child, port };
-                }
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            signal_group(child.id(), rustix::process::Signal::KILL);
-            let _ = child.wait();
-        }
-        panic!("globus-gridftp-server did not start");
-    }
-}
-
-impl Drop for Gridftp {
-    fn drop(&mut self) {
-        signal_group(self.child.id(), rustix::process::Signal::KILL);
-        let _ = wait_timeout(&mut self.child, Duration::from_secs(5));
-    }
+/// A globus-gridftp-server serving `home` anonymously.
+fn start_gridftp(home: &std::path::Path) -> Daemon {
+    let program = sbin("globus-gridftp-server");
+    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+    Daemon::start("globus-gridftp-server", |port| {
+        let mut c = Command::new(&program);
+        c.args(["-aa", "-anonymous-user", &user, "-auth-level", "0", "-p"])
+            .arg(port.to_string())
+            .args([
+                "-control-interface",
+                "127.0.0.1",
+                "-data-interface",
+                "127.0.0.1",
+            ])
+            .arg("-home-dir")
+            .arg(home)
+            .args(["-allow-root", "-log-level", "ERROR"]);
+        c
+    })
 }
 
 #[test]
@@ -139,7 +87,7 @@ fn braid_get_and_put_against_globus_gridftp_server() {
     std::fs::create_dir(&home).unwrap();
     let content = random_bytes(20_000_003, 43);
     std::fs::write(home.join("src.bin"), &content).unwrap();
-    let server = Gridftp::start(&home);
+    let server = start_gridftp(&home);
     let base = format!("ftp://127.0.0.1:{}", server.port);
     let got = top.path().join("got.bin");
     let (code, out, err) = braid(

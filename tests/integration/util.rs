@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -114,6 +115,86 @@ pub fn signal_group(leader: u32, signal: rustix::process::Signal) {
     {
         let _ = rustix::process::kill_process_group(pid, signal);
     }
+}
+
+/// A program from sbin (not always on PATH) or bin; the test fails plainly when it is missing.
+pub fn sbin(program: &str) -> PathBuf {
+    let found = ["/usr/sbin", "/sbin", "/usr/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(program))
+        .find(|p| p.exists());
+    found.unwrap_or_else(|| {
+        require(program);
+        unreachable!("require panics when the program is missing")
+    })
+}
+
+/// A server program nobody here wrote, on a free loopback port, in its own process group so
+/// that its per-session children die with it when this is dropped.
+pub struct Daemon {
+    child: Child,
+    pub port: u16,
+}
+
+impl Daemon {
+    /// Starts `command(port)` and waits until it listens. Another test may take the port
+    /// first, so up to five ports are tried.
+    pub fn start(name: &str, mut command: impl FnMut(u16) -> Command) -> Daemon {
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("free port")
+                .port();
+            let mut child = command(port)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::time::Instant::now() < deadline {
+                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return Daemon { child, port };
+                }
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // port taken meanwhile: try another
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            signal_group(child.id(), rustix::process::Signal::KILL);
+            let _ = child.wait();
+        }
+        panic!("{name} did not start");
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        signal_group(self.child.id(), rustix::process::Signal::KILL);
+        let _ = wait_timeout(&mut self.child, Duration::from_secs(5));
+    }
+}
+
+/// The one-line `--json` summary braid printed.
+pub fn json(s: &str) -> serde_json::Value {
+    serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {s:?}"))
+}
+
+/// `braid get URL DEST --resume --json`, which must complete without sending anything twice:
+/// this run's bytes are exactly the ones the earlier run had not stored. Returns the bytes kept.
+pub fn resume_get(url: &str, dest: &Path, size: usize) -> u64 {
+    let (code, out, err) = braid(
+        &["get", url, dest.to_str().unwrap(), "--resume", "--json"],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let s = json(&out);
+    let (kept, fetched) = (
+        s["resumed_from"].as_u64().unwrap(),
+        s["bytes"].as_u64().unwrap(),
+    );
+    assert_eq!(kept + fetched, size as u64, "{s}");
+    kept
 }
 
 pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {

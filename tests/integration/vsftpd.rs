@@ -1,88 +1,41 @@
 //! `braid get`, `put` and `ls` against vsftpd, a server nobody here wrote.
-use crate::util::{braid, random_bytes, require, signal_group, tempdir, wait_timeout};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use crate::util::{Daemon, braid, random_bytes, sbin, tempdir};
+use std::process::Command;
 
-/// A vsftpd serving `root` anonymously (with uploads into `root/pub`), in its own process group
-/// so that its per-connection children die with it.
-struct Vsftpd {
-    child: Child,
-    port: u16,
-}
-
-impl Vsftpd {
-    fn start(program: &std::path::Path, top: &std::path::Path) -> Vsftpd {
-        let root = top.join("root");
-        std::fs::create_dir_all(root.join("pub")).unwrap();
-        std::fs::create_dir_all(top.join("empty")).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::set_permissions(root.join("pub"), std::fs::Permissions::from_mode(0o777)).unwrap();
-        for _ in 0..5 {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
-            let conf = top.join("vsftpd.conf");
-            std::fs::write(
-                &conf,
-                format!(
-                    "listen=YES\nlisten_ipv6=NO\nlisten_address=127.0.0.1\nlisten_port={port}\nbackground=NO\n\
-                     anonymous_enable=YES\nlocal_enable=NO\nanon_root={}\nno_anon_password=YES\nwrite_enable=YES\n\
-                     anon_upload_enable=YES\nanon_mkdir_write_enable=YES\nanon_other_write_enable=YES\nanon_umask=022\n\
-                     seccomp_sandbox=NO\nrun_as_launching_user=YES\npasv_enable=YES\npasv_address=127.0.0.1\n\
-                     secure_chroot_dir={}\nxferlog_enable=NO\n",
-                    root.display(),
-                    top.join("empty").display()
-                ),
-            )
-            .unwrap();
-            let mut child = Command::new(program)
-                .arg(&conf)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .process_group(0)
-                .spawn()
-                .expect("start vsftpd");
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
-            while std::time::Instant::now() < deadline {
-                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return Vsftpd { child, port };
-                }
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // port taken meanwhile: try another
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        panic!("vsftpd did not start");
-    }
-}
-
-impl Drop for Vsftpd {
-    fn drop(&mut self) {
-        signal_group(self.child.id(), rustix::process::Signal::KILL);
-        let _ = wait_timeout(&mut self.child, Duration::from_secs(5));
-    }
+/// A vsftpd serving `top/root` anonymously, with uploads into `root/pub`.
+fn start_vsftpd(top: &std::path::Path) -> Daemon {
+    let program = sbin("vsftpd");
+    let root = top.join("root");
+    std::fs::create_dir_all(root.join("pub")).unwrap();
+    std::fs::create_dir_all(top.join("empty")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(root.join("pub"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    Daemon::start("vsftpd", |port| {
+        let conf = top.join("vsftpd.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listen=YES\nlisten_ipv6=NO\nlisten_address=127.0.0.1\nlisten_port={port}\nbackground=NO\n\
+                 anonymous_enable=YES\nlocal_enable=NO\nanon_root={}\nno_anon_password=YES\nwrite_enable=YES\n\
+                 anon_upload_enable=YES\nanon_mkdir_write_enable=YES\nanon_other_write_enable=YES\nanon_umask=022\n\
+                 seccomp_sandbox=NO\nrun_as_launching_user=YES\npasv_enable=YES\npasv_address=127.0.0.1\n\
+                 secure_chroot_dir={}\nxferlog_enable=NO\n",
+                root.display(),
+                top.join("empty").display()
+            ),
+        )
+        .unwrap();
+        let mut c = Command::new(&program);
+        c.arg(&conf);
+        c
+    })
 }
 
 #[test]
 fn braid_client_against_vsftpd() {
-    // vsftpd lives in sbin, which is not always on PATH.
-    let program = ["/usr/sbin", "/sbin", "/usr/bin"]
-        .iter()
-        .map(|d| std::path::Path::new(d).join("vsftpd"))
-        .find(|p| p.exists());
-    let Some(program) = program else {
-        require("vsftpd");
-        unreachable!("require panics when the program is missing");
-    };
     let top = tempdir();
-    let vs = Vsftpd::start(&program, top.path());
+    let vs = start_vsftpd(top.path());
     let root = top.path().join("root");
     let content = random_bytes(3 << 20, 61);
     std::fs::write(root.join("pub/src.bin"), &content).unwrap();
