@@ -13,20 +13,52 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Where the data connections come from.
-pub enum Conns {
-    /// Already connected (the receiver opened them).
-    Fixed(Vec<TcpStream>),
-    /// The sender connects here, as many times as it likes, until its EOF block's count of
-    /// connections has sent EOD. Connections from any host but `peer` are dropped.
-    Accept {
-        listener: TcpListener,
-        peer: IpAddr,
-        /// How long to wait for a connection while data is still owed.
-        wait: Duration,
-        /// Most connections accepted for one transfer.
-        max: usize,
-        buffer: Option<u64>,
-    },
+pub struct Conns {
+    /// Already connected: the receiver opened them, or an earlier transfer left them open.
+    pub open: Vec<TcpStream>,
+    /// `open` carried an earlier transfer: one that closes before its first header has just
+    /// left the cache, which is no error.
+    pub reused: bool,
+    /// Where the sender may open (more) connections.
+    pub accept: Option<Accept>,
+}
+
+/// The sender connects here, as many times as it likes, until its EOF block's count of
+/// connections has sent EOD. Connections from any host but `peer` are dropped.
+pub struct Accept {
+    pub listener: TcpListener,
+    pub peer: IpAddr,
+    /// How long to wait for a connection while data is still owed.
+    pub wait: Duration,
+    /// Most connections for one transfer, counting the open ones.
+    pub max: usize,
+    pub buffer: Option<u64>,
+}
+
+impl Conns {
+    pub fn fixed(open: Vec<TcpStream>) -> Conns {
+        Conns {
+            open,
+            reused: false,
+            accept: None,
+        }
+    }
+
+    pub fn accept(accept: Accept) -> Conns {
+        Conns {
+            open: Vec::new(),
+            reused: false,
+            accept: Some(accept),
+        }
+    }
+}
+
+/// What a finished transfer leaves for the next one: the connections whose sender ended
+/// without CLOSE, and the listener it may connect to again.
+#[derive(Debug, Default)]
+pub struct Kept {
+    pub socks: Vec<TcpStream>,
+    pub listener: Option<TcpListener>,
 }
 
 /// What has arrived so far: survives a failure, so a partial download can be resumed.
@@ -92,41 +124,31 @@ pub fn receive(
     limit: Option<u64>,
     shared: &Shared,
     abort: &Abort,
-) -> Result<(), EngineError> {
+) -> Result<Kept, EngineError> {
     let first_error = FirstError::default();
     let fail = |e: EngineError| first_error.fail(e, abort);
+    let kept = Mutex::new(Vec::new());
+    let open = conns.open.len();
     std::thread::scope(|scope| {
-        let spawn = |conn: usize, sock: TcpStream| {
+        let spawn = |conn: usize, sock: TcpStream, reused: bool| {
             abort.register(&sock);
             shared.lock().1.per_conn.push(0);
-            let fail = &fail;
-            scope.spawn(move || {
-                if let Err(e) = receive_conn(conn, sock, sink, limit, shared) {
-                    fail(e);
-                }
-            });
+            let (fail, kept) = (&fail, &kept);
+            scope.spawn(
+                move || match receive_conn(conn, sock, reused, sink, limit, shared) {
+                    Ok(Some(sock)) => kept.lock().unwrap_or_else(|p| p.into_inner()).push(sock),
+                    Ok(None) => {}
+                    Err(e) => fail(e),
+                },
+            );
         };
-        match conns {
-            Conns::Fixed(socks) => {
-                for (i, s) in socks.into_iter().enumerate() {
-                    spawn(i, s);
-                }
-            }
-            Conns::Accept {
-                listener,
-                peer,
-                wait,
-                max,
-                buffer,
-            } => {
-                if let Err(e) =
-                    accept_loop(&listener, peer, wait, max, buffer, shared, abort, |i, s| {
-                        spawn(i, s)
-                    })
-                {
-                    fail(e);
-                }
-            }
+        for (i, s) in conns.open.into_iter().enumerate() {
+            spawn(i, s, conns.reused);
+        }
+        if let Some(a) = &conns.accept
+            && let Err(e) = accept_loop(a, open, shared, abort, |i, s| spawn(i, s, false))
+        {
+            fail(e);
         }
     });
     if let Some(e) = first_error.into_inner() {
@@ -140,24 +162,34 @@ pub fn receive(
             "the data connections ended without the sender's EOF block".into(),
         ));
     }
-    sink.finish().map_err(EngineError::Local)
+    sink.finish().map_err(EngineError::Local)?;
+    Ok(Kept {
+        socks: kept.into_inner().unwrap_or_else(|p| p.into_inner()),
+        listener: conns.accept.map(|a| a.listener),
+    })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Accepts the sender's connections until the transfer is complete; `open` connections are
+/// already running.
 fn accept_loop(
-    listener: &TcpListener,
-    peer: IpAddr,
-    wait: Duration,
-    max: usize,
-    buffer: Option<u64>,
+    a: &Accept,
+    open: usize,
     shared: &Shared,
     abort: &Abort,
     mut spawn: impl FnMut(usize, TcpStream),
 ) -> Result<(), EngineError> {
+    let Accept {
+        listener,
+        peer,
+        wait,
+        max,
+        buffer,
+    } = a;
+    let (peer, wait, max, buffer) = (*peer, *wait, *max, *buffer);
     listener
         .set_nonblocking(true)
         .map_err(|e| EngineError::Setup(e.to_string()))?;
-    let mut accepted = 0usize;
+    let mut accepted = open;
     // Last time anything happened: a connection arrived or bytes moved.
     let mut last = Instant::now();
     let mut last_bytes = 0;
@@ -211,30 +243,40 @@ fn accept_loop(
     Ok(())
 }
 
+/// Receives one connection's blocks until its EOD. Returns the connection when the sender
+/// left it open for the next transfer.
 fn receive_conn(
     conn: usize,
     mut sock: TcpStream,
+    reused: bool,
     sink: &Sink,
     limit: Option<u64>,
     shared: &Shared,
-) -> Result<(), EngineError> {
+) -> Result<Option<TcpStream>, EngineError> {
     let net = |source| EngineError::Net { conn, source };
     let proto = |source| EngineError::Protocol { conn, source };
     let mut checks = Connection::new(limit);
     let mut raw = [0u8; HEADER_LEN];
     let mut buf = vec![0u8; PIECE];
+    let mut first = true;
     loop {
         if !read_header(&mut sock, &mut raw).map_err(net)? {
+            if reused && first {
+                // The sender closed a cached connection instead of using it again.
+                return Ok(None);
+            }
             return Err(proto(BlockError::ClosedBeforeEod(
                 "the sender closed it between blocks".into(),
             )));
         }
+        first = false;
         let header = Header::decode(&raw).map_err(proto)?;
         let next = checks
             .header(&header, &mut shared.lock().0)
             .map_err(proto)?;
+        let keep = |checks: &Connection, sock| checks.reusable().then_some(sock);
         let (offset, count) = match next {
-            Next::Done => return Ok(()),
+            Next::Done => return Ok(keep(&checks, sock)),
             Next::Payload { offset, count } => (offset, count),
         };
         let mut sum = ChunkSum::new();
@@ -282,7 +324,7 @@ fn receive_conn(
             }
         }
         if checks.finished() {
-            return Ok(());
+            return Ok(keep(&checks, sock));
         }
     }
 }

@@ -27,11 +27,26 @@ impl Source<'_> {
     }
 }
 
-/// What each connection carried, and the checksum of what was sent when asked for.
+/// What each connection carried, the checksum of what was sent when asked for, and the
+/// connections themselves when they were kept.
 #[derive(Debug, Default)]
 pub struct Sent {
     pub per_conn: Vec<u64>,
     pub sum: Option<ChunkSum>,
+    pub kept: Vec<TcpStream>,
+}
+
+/// How to send.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Block size; blocks start at its multiples.
+    pub block: u64,
+    /// Read the data through memory and fold it into the checksum (the sender of an upload
+    /// needs it); otherwise file data goes by `sendfile` without being copied.
+    pub hash: bool,
+    /// End with EOD but without CLOSE and leave the connections open for the next transfer
+    /// (GridFTP data-channel caching); otherwise set CLOSE and shut them down.
+    pub keep: bool,
 }
 
 /// The blocks to send: `todo` cut at multiples of `block` from offset 0, so that blocks line
@@ -85,19 +100,16 @@ impl BlockList {
     }
 }
 
-/// Sends `todo` from `source` over `conns`. With `hash`, the data is read through memory and
-/// folded into the checksum on the way (the sender of an upload needs it); otherwise file data
-/// goes by `sendfile` without being copied.
+/// Sends `todo` from `source` over `conns`.
 pub fn send(
     source: Source<'_>,
     todo: &RangeSet,
-    block: u64,
     conns: Vec<TcpStream>,
+    options: Options,
     progress: &AtomicU64,
     abort: &Abort,
-    hash: bool,
 ) -> Result<Sent, EngineError> {
-    let blocks = BlockList::new(todo, block);
+    let blocks = BlockList::new(todo, options.block);
     let cursor = AtomicU64::new(0);
     let running = AtomicUsize::new(conns.len());
     let total_conns = conns.len() as u64;
@@ -105,7 +117,7 @@ pub fn send(
     for c in &conns {
         abort.register(c);
     }
-    let results: Vec<Option<(u64, ChunkSum)>> = std::thread::scope(|scope| {
+    let results: Vec<Option<(u64, ChunkSum, TcpStream)>> = std::thread::scope(|scope| {
         let handles: Vec<_> = conns
             .into_iter()
             .enumerate()
@@ -117,7 +129,7 @@ pub fn send(
                     running: &running,
                     total_conns,
                     progress,
-                    hash,
+                    options,
                 };
                 let first_error = &first_error;
                 scope.spawn(move || match ctx.run(i, sock) {
@@ -142,11 +154,14 @@ pub fn send(
     }
     let mut sent = Sent::default();
     let mut sum = ChunkSum::new();
-    for (bytes, s) in results.into_iter().flatten() {
+    for (bytes, s, sock) in results.into_iter().flatten() {
         sent.per_conn.push(bytes);
         sum.merge(s);
+        if options.keep {
+            sent.kept.push(sock);
+        }
     }
-    sent.sum = hash.then_some(sum);
+    sent.sum = options.hash.then_some(sum);
     Ok(sent)
 }
 
@@ -157,11 +172,15 @@ struct Ctx<'a> {
     running: &'a AtomicUsize,
     total_conns: u64,
     progress: &'a AtomicU64,
-    hash: bool,
+    options: Options,
 }
 
 impl Ctx<'_> {
-    fn run(&self, conn: usize, mut sock: TcpStream) -> Result<(u64, ChunkSum), EngineError> {
+    fn run(
+        &self,
+        conn: usize,
+        mut sock: TcpStream,
+    ) -> Result<(u64, ChunkSum, TcpStream), EngineError> {
         let net = |source| EngineError::Net { conn, source };
         let mut buf = Vec::new();
         let mut sum = ChunkSum::new();
@@ -170,7 +189,7 @@ impl Ctx<'_> {
         {
             send_more(&sock, &Header::data(offset, len).encode()).map_err(net)?;
             match self.source {
-                Source::File { file, .. } if !self.hash => {
+                Source::File { file, .. } if !self.options.hash => {
                     let reached =
                         sendfile_range(&sock, file, offset, offset + len, |_| {}).map_err(net)?;
                     if reached < offset + len {
@@ -195,7 +214,7 @@ impl Ctx<'_> {
                             }
                             Source::Memory(m) => piece.copy_from_slice(&m[at as usize..][..n]),
                         }
-                        if self.hash {
+                        if self.options.hash {
                             let ends_file = at + n as u64 == self.source.size();
                             // Blocks are cut at multiples of the block size, itself a multiple
                             // of the chunk, so this cannot fail; if it did the receiver's
@@ -217,10 +236,14 @@ impl Ctx<'_> {
         } else {
             Header::eod()
         };
-        sock.write_all(&end.encode()).map_err(net)?;
-        sock.flush().map_err(net)?;
-        sock.shutdown(std::net::Shutdown::Write).map_err(net)?;
-        Ok((bytes, sum))
+        if self.options.keep {
+            sock.write_all(&end.keeping_connection().encode())
+                .map_err(net)?;
+        } else {
+            sock.write_all(&end.encode()).map_err(net)?;
+            sock.shutdown(std::net::Shutdown::Write).map_err(net)?;
+        }
+        Ok((bytes, sum, sock))
     }
 }
 

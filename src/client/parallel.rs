@@ -6,7 +6,7 @@ use super::control::{Control, connect_data};
 use super::error::{ClientError, Result};
 use super::url::Target;
 use super::{Dest, Options, PartFile, Summary, local_err, part_path, progress_bar};
-use crate::blocks::receive::{Conns, Progress, Shared};
+use crate::blocks::receive::{Accept, Conns, Progress, Shared};
 use crate::blocks::send::Source;
 use crate::blocks::sink::{Reorder, Sink};
 use crate::blocks::{self, Abort, EngineError};
@@ -248,7 +248,7 @@ pub fn get(
                 if !have.is_empty() {
                     c.expect(&Command::RestRanges(have.clone()), &[350])?;
                 }
-                Conns::Fixed(open_and_start(c, &retr, addr, n, opts.buffer)?)
+                Conns::fixed(open_and_start(c, &retr, addr, n, opts.buffer)?)
             }
             Peer::GridFtp => {
                 let listener = c.active_listener()?;
@@ -256,13 +256,13 @@ pub fn get(
                     c.expect(&Command::RestRanges(have.clone()), &[350])?;
                 }
                 c.start_transfer(&retr)?;
-                Conns::Accept {
+                Conns::accept(Accept {
                     listener,
                     peer: braid_proto::session::canonical_ip(c.peer().ip()),
                     wait: STALL,
                     max: 4 * n as usize + 4,
                     buffer: opts.buffer,
-                }
+                })
             }
         };
         let bar = progress_bar(opts, size, resumed_from);
@@ -271,7 +271,7 @@ pub fn get(
         let result = supervise(
             &abort,
             &interrupt,
-            || blocks::receive::receive(conns, &sink, size, &shared, &abort),
+            || blocks::receive::receive(conns, &sink, size, &shared, &abort).map(drop),
             || {
                 bar.set_position(resumed_from + bytes.load(Ordering::Relaxed));
                 if last_save.elapsed() > Duration::from_secs(1) {
@@ -451,7 +451,12 @@ pub fn put(
         || {
             let source = Source::File { file, size: len };
             let hash = peer == Peer::Braid;
-            blocks::send::send(source, &todo, block, socks, &progress, &abort, hash)
+            let options = blocks::send::Options {
+                block,
+                hash,
+                keep: false,
+            };
+            blocks::send::send(source, &todo, socks, options, &progress, &abort)
         },
         || bar.set_position(progress.load(Ordering::Relaxed)),
     );

@@ -8,8 +8,8 @@ use crate::fsroot::{Root, Upload, UploadStart};
 use braid_proto::line::{LineBuffer, LineError};
 use braid_proto::listing::{self, EntryKind};
 use braid_proto::session::{
-    Action, BlockMode, ChecksumAlg, DataEndpoint, Expected, FsError, FsOp, FsOutcome, ListStyle,
-    Perm, Session, SessionConfig, Transfer, TransferKind, TransferOutcome, canonical_ip,
+    Action, BlockMode, ChecksumAlg, DataEndpoint, Direction, Expected, FsError, FsOp, FsOutcome,
+    ListStyle, Perm, Session, SessionConfig, Transfer, TransferKind, TransferOutcome, canonical_ip,
     select_facts,
 };
 use braid_proto::{Command, MAX_LINE, Reply};
@@ -92,6 +92,8 @@ struct Io {
     local: SocketAddr,
     root: Option<Arc<Root>>,
     passive: Option<TcpListener>,
+    /// MODE E data connections the last transfer left open, and which way they carry data.
+    cached: Option<(Direction, blocks::receive::Kept)>,
 }
 
 pub(super) async fn serve(
@@ -120,6 +122,7 @@ pub(super) async fn serve(
         local,
         root: None,
         passive: None,
+        cached: None,
     };
     let mut session = Session::new(
         SessionConfig {
@@ -211,6 +214,9 @@ pub(super) async fn serve(
         };
         if !keep_going {
             break;
+        }
+        if !session.keeps_data_connections() {
+            io.cached = None;
         }
     }
     tracing::info!(%peer, "disconnected");
@@ -310,6 +316,7 @@ impl Io {
                 let addr = addrs.first().ok_or("MPRT gave no ports")?;
                 connect_to(*addr, self.local.ip(), deadline).await?
             }
+            DataEndpoint::Cached => return Err("stream mode keeps no data connections".into()),
         };
         self.blocking(sock, None)
     }
@@ -323,23 +330,44 @@ impl Io {
         progress: &Arc<AtomicU64>,
     ) -> Result<BlockConns, String> {
         let deadline = Instant::now() + self.config.data_timeout;
-        if matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_)) {
-            let listener = self.passive.take().ok_or("no passive listener")?;
-            let listener = listener.into_std().map_err(|e| e.to_string())?;
-            if let Some(bytes) = t.buffer {
-                let _ = socket2::SockRef::from(&listener)
-                    .set_recv_buffer_size(usize::try_from(bytes).unwrap_or(usize::MAX));
-            }
-            return Ok(BlockConns::Receive(
-                blocks::receive::Conns::Accept {
+        let cached = match t.endpoint {
+            DataEndpoint::Cached => match self.cached.take() {
+                Some((direction, kept)) if direction == t.direction() => Some(kept),
+                _ => return Err("no open data connections to reuse".into()),
+            },
+            _ => None,
+        };
+        if t.direction() == Direction::FromClient {
+            let (open, listener) = match cached {
+                Some(kept) => (kept.socks, kept.listener),
+                None => {
+                    let listener = self.passive.take().ok_or("no passive listener")?;
+                    let listener = listener.into_std().map_err(|e| e.to_string())?;
+                    if let Some(bytes) = t.buffer {
+                        let _ = socket2::SockRef::from(&listener)
+                            .set_recv_buffer_size(usize::try_from(bytes).unwrap_or(usize::MAX));
+                    }
+                    (Vec::new(), Some(listener))
+                }
+            };
+            let conns = blocks::receive::Conns {
+                reused: !open.is_empty(),
+                open,
+                accept: listener.map(|listener| blocks::receive::Accept {
                     listener,
                     peer: canonical_ip(self.peer.ip()),
                     wait: self.config.data_timeout,
                     max: self.config.max_streams as usize,
                     buffer: t.buffer,
-                },
+                }),
+            };
+            return Ok(BlockConns::Receive(
+                conns,
                 data::upload_state(&b.have, progress.clone()),
             ));
+        }
+        if let Some(kept) = cached {
+            return Ok(BlockConns::Send(kept.socks));
         }
         let n = b.parallelism.max(1) as usize;
         let socks = match &t.endpoint {
@@ -358,6 +386,7 @@ impl Io {
             DataEndpoint::ActivePorts(addrs) => {
                 connect_all(addrs.clone(), self.local.ip(), deadline).await?
             }
+            DataEndpoint::Cached => return Err("no open data connections to reuse".into()),
         };
         let socks = socks
             .into_iter()
@@ -749,8 +778,9 @@ async fn transfer(
             bytes,
             upload,
             received,
+            kept,
         })) => match upload {
-            None => TransferOutcome::Complete { bytes },
+            None => complete(io, &t, bytes, kept),
             Some(_) if client_gone => {
                 TransferOutcome::ConnectionLost("client closed the control connection".into())
             }
@@ -776,7 +806,7 @@ async fn transfer(
                     Err(outcome) => outcome,
                     Ok(()) => {
                         match tokio::task::spawn_blocking(move || upload.commit(file)).await {
-                            Ok(Ok(())) => TransferOutcome::Complete { bytes },
+                            Ok(Ok(())) => complete(io, &t, bytes, kept),
                             Ok(Err(e)) => TransferOutcome::Local(e),
                             Err(e) => TransferOutcome::Local(FsError::Other(e.to_string())),
                         }
@@ -814,6 +844,16 @@ async fn transfer(
         return false;
     }
     true
+}
+
+/// A finished transfer; what it leaves open waits for the next transfer the same way.
+fn complete(io: &mut Io, t: &Transfer, bytes: u64, kept: blocks::receive::Kept) -> TransferOutcome {
+    let reusable = !kept.socks.is_empty();
+    io.cached = reusable.then(|| (t.direction(), kept));
+    TransferOutcome::Complete {
+        bytes,
+        kept: reusable,
+    }
 }
 
 /// How often a MODE E upload reports progress and stored ranges (the Globus server's default).

@@ -2,6 +2,7 @@
 //! binary downloads, large `pwrite`s for uploads. The control task aborts a transfer by shutting
 //! the socket down under it.
 
+use crate::blocks::receive::Kept;
 use crate::blocks::sink::Sink;
 use crate::blocks::{self, Abort, EngineError};
 use crate::fsroot::{Upload, io_to_fs};
@@ -53,6 +54,8 @@ pub struct Finished {
     /// MODE E uploads: the file's length and its checksum as received, when every byte of
     /// `[0, length)` arrived in this run.
     pub received: Option<(u64, Option<u128>)>,
+    /// MODE E: the data connections left open for the session's next transfer.
+    pub kept: Kept,
 }
 
 /// Data connections for a MODE E transfer.
@@ -92,37 +95,38 @@ pub fn run_blocks(
                 .len();
             let todo = have.missing(size);
             let source = blocks::send::Source::File { file: &file, size };
-            blocks::send::send(source, &todo, block, socks, &progress, abort, false)
+            let sent = blocks::send::send(source, &todo, socks, keep(block), &progress, abort)
                 .map_err(engine)?;
             Ok(Finished {
                 bytes: todo.len(),
                 upload: None,
                 received: None,
+                kept: Kept {
+                    socks: sent.kept,
+                    listener: None,
+                },
             })
         }
         (Job::List { text }, BlockConns::Send(socks)) => {
             let todo: RangeSet = [(0, text.len() as u64)].into_iter().collect();
-            blocks::send::send(
-                blocks::send::Source::Memory(&text),
-                &todo,
-                block,
-                socks,
-                &progress,
-                abort,
-                false,
-            )
-            .map_err(engine)?;
+            let source = blocks::send::Source::Memory(&text);
+            let sent = blocks::send::send(source, &todo, socks, keep(block), &progress, abort)
+                .map_err(engine)?;
             Ok(Finished {
                 bytes: text.len() as u64,
                 upload: None,
                 received: None,
+                kept: Kept {
+                    socks: sent.kept,
+                    listener: None,
+                },
             })
         }
         (Job::Stor { upload, file, .. }, BlockConns::Receive(conns, shared)) => {
             let writer = file
                 .try_clone()
                 .map_err(|e| DataError::Local(io_to_fs(&e)))?;
-            blocks::receive::receive(conns, &Sink::File(writer), None, &shared, abort)
+            let kept = blocks::receive::receive(conns, &Sink::File(writer), None, &shared, abort)
                 .map_err(engine)?;
             let got = shared.snapshot();
             let whole = match got.ranges.iter().collect::<Vec<_>>().as_slice() {
@@ -149,11 +153,22 @@ pub fn run_blocks(
                 bytes: got.per_conn.iter().sum(),
                 upload: Some((upload, file)),
                 received: Some((len, sum)),
+                kept,
             })
         }
         _ => Err(DataError::Local(FsError::Other(
             "internal error: transfer direction and data connections disagree".into(),
         ))),
+    }
+}
+
+/// The server sends like the Globus server: without CLOSE, so that the client may send the
+/// next transfer command without a new PORT or PASV.
+fn keep(block: u64) -> blocks::send::Options {
+    blocks::send::Options {
+        block,
+        hash: false,
+        keep: true,
     }
 }
 
@@ -167,6 +182,7 @@ pub fn run(job: Job, mut sock: TcpStream, progress: Arc<AtomicU64>) -> Result<Fi
                 bytes: text.len() as u64,
                 upload: None,
                 received: None,
+                kept: Kept::default(),
             })
         }
         Job::Retr {
@@ -180,6 +196,7 @@ pub fn run(job: Job, mut sock: TcpStream, progress: Arc<AtomicU64>) -> Result<Fi
                 bytes,
                 upload: None,
                 received: None,
+                kept: Kept::default(),
             })
         }
         Job::Retr {
@@ -193,6 +210,7 @@ pub fn run(job: Job, mut sock: TcpStream, progress: Arc<AtomicU64>) -> Result<Fi
                 bytes,
                 upload: None,
                 received: None,
+                kept: Kept::default(),
             })
         }
         Job::Stor {
@@ -206,6 +224,7 @@ pub fn run(job: Job, mut sock: TcpStream, progress: Arc<AtomicU64>) -> Result<Fi
                 bytes,
                 upload: Some((upload, file)),
                 received: None,
+                kept: Kept::default(),
             })
         }
     }

@@ -59,10 +59,75 @@ fn globus_url_copy_against_braid_serve() {
     );
 }
 
+#[test]
+fn globus_url_copy_reuses_data_connections_across_files() {
+    // With a file list, globus-url-copy sends the next RETR/STOR without PORT/PASV and expects
+    // the data connections of the previous transfer in the same direction to carry it (125).
+    require("globus-url-copy");
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let local = top.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    let a = random_bytes(3_000_001, 51);
+    let b = random_bytes(5_000_000, 52);
+    std::fs::write(root.join("a.bin"), &a).unwrap();
+    std::fs::write(root.join("b.bin"), &b).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let base = format!("ftp://127.0.0.1:{}", server.port());
+    let l = |name: &str| format!("file://{}", local.join(name).display());
+    let list = top.path().join("list");
+    let lines = [
+        format!("{base}/a.bin {}", l("a.bin")),
+        format!("{base}/b.bin {}", l("b.bin")),
+        format!("{} {base}/up-a.bin", l("a.bin")),
+        format!("{} {base}/up-b.bin", l("b.bin")),
+    ];
+    std::fs::write(&list, lines.join("\n") + "\n").unwrap();
+    let (ok, out, err) = run(
+        Command::new("globus-url-copy")
+            .args(["-dbg", "-p", "4", "-f"])
+            .arg(&list),
+        Duration::from_secs(120),
+    );
+    assert!(
+        ok,
+        "globus-url-copy -f: {err}\nserver log:\n{}",
+        server.log()
+    );
+    let debug = format!("{out}{err}");
+    let reused = debug.matches("125 Beginning transfer").count();
+    let fresh = debug.matches("150 ").count();
+    assert_eq!(
+        (fresh, reused),
+        (2, 2),
+        "expected a fresh and a reused transfer per direction:\n{debug}"
+    );
+    assert!(
+        std::fs::read(local.join("a.bin")).unwrap() == a,
+        "a differs"
+    );
+    assert!(
+        std::fs::read(local.join("b.bin")).unwrap() == b,
+        "b differs"
+    );
+    assert!(
+        std::fs::read(root.join("up-a.bin")).unwrap() == a,
+        "up-a differs"
+    );
+    assert!(
+        std::fs::read(root.join("up-b.bin")).unwrap() == b,
+        "up-b differs"
+    );
+}
+
 /// A globus-gridftp-server serving `home` anonymously.
 fn start_gridftp(home: &std::path::Path) -> Daemon {
     let program = sbin("globus-gridftp-server");
-    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+    let user = std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "root".into());
     Daemon::start("globus-gridftp-server", |port| {
         let mut c = Command::new(&program);
         c.args(["-aa", "-anonymous-user", &user, "-auth-level", "0", "-p"])

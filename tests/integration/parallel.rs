@@ -250,6 +250,34 @@ fn checksum_mismatch_and_protocol_violations_fail_clearly_and_keep_nothing() {
     assert_eq!(code, 0, "{err}");
 }
 
+/// Reads MODE E blocks from each connection into `file` until that connection's EOD, and
+/// returns the EOD counts of the EOF blocks seen. Like globus-gridftp-server, braid keeps the
+/// connections open (no CLOSE bit) so that the next transfer can reuse them.
+fn read_blocks_until_eod(conns: &mut [std::net::TcpStream], file: &mut [u8]) -> Vec<u64> {
+    let mut eofs = Vec::new();
+    for s in conns {
+        loop {
+            let mut raw = [0u8; 17];
+            s.read_exact(&mut raw).unwrap();
+            let h = Header::decode(&raw).unwrap();
+            assert_eq!(
+                h.descriptor & braid_proto::block::desc::CLOSE,
+                0,
+                "CLOSE on a reusable connection"
+            );
+            if h.is_eof() {
+                eofs.push(h.offset);
+            }
+            let n = h.payload() as usize;
+            s.read_exact(&mut file[h.offset as usize..][..n]).unwrap();
+            if h.is_eod() {
+                break;
+            }
+        }
+    }
+    eofs
+}
+
 #[test]
 fn mode_e_download_by_hand_matches_the_gridftp_wire_format() {
     // RETR in MODE E over connections the client opens (braid's extension), read by hand:
@@ -275,28 +303,29 @@ fn mode_e_download_by_hand_matches_the_gridftp_wire_format() {
     conns.push(std::net::TcpStream::connect(addr).unwrap());
     conns.push(std::net::TcpStream::connect(addr).unwrap());
     let mut got = vec![0u8; data.len()];
-    let (mut eods, mut eof_count) = (0, None);
-    for mut s in conns {
-        let mut all = Vec::new();
-        s.read_to_end(&mut all).unwrap();
-        let mut at = 0;
-        while at < all.len() {
-            let h = Header::decode(all[at..at + 17].try_into().unwrap()).unwrap();
-            at += 17;
-            if h.is_eof() {
-                eof_count = Some(h.offset);
-            }
-            let n = h.payload() as usize;
-            got[h.offset as usize..][..n].copy_from_slice(&all[at..at + n]);
-            at += n;
-            if h.is_eod() {
-                eods += 1;
-                assert_eq!(at, all.len(), "bytes after EOD");
-            }
-        }
-    }
-    assert_eq!((eods, eof_count), (3, Some(3)));
+    let eofs = read_blocks_until_eod(&mut conns, &mut got);
+    assert_eq!(eofs, [3], "one EOF carrying the connection count");
     assert!(got == data, "reassembled blocks differ from the file");
+    assert!(c.reply().starts_with("226 "));
+    // Nothing follows EOD, and the connections stay open.
+    for s in &mut conns {
+        s.set_read_timeout(Some(std::time::Duration::from_millis(100)))
+            .unwrap();
+        let err = s.read(&mut [0u8; 1]).expect_err("bytes after EOD");
+        assert_eq!(err.kind(), std::io::ErrorKind::WouldBlock);
+    }
+    // A second RETR without PASV reuses them: 125, not 150.
+    c.send("RETR f.bin");
+    assert!(c.reply().starts_with("125 "));
+    let mut again = vec![0u8; data.len()];
+    for s in &mut conns {
+        s.set_read_timeout(None).unwrap();
+    }
+    assert_eq!(read_blocks_until_eod(&mut conns, &mut again), [3]);
+    assert!(
+        again == data,
+        "second transfer over reused connections differs"
+    );
     assert!(c.reply().starts_with("226 "));
     let r = {
         c.send("CKSM XXH3 0 -1 f.bin");

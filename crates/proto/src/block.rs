@@ -88,6 +88,15 @@ impl Header {
         }
     }
 
+    /// The same end-of-connection header without CLOSE: the connection stays open for the
+    /// session's next transfer (GridFTP data-channel caching).
+    pub fn keeping_connection(self) -> Header {
+        Header {
+            descriptor: self.descriptor & !desc::CLOSE,
+            ..self
+        }
+    }
+
     pub fn encode(&self) -> [u8; HEADER_LEN] {
         let mut out = [0u8; HEADER_LEN];
         out[0] = self.descriptor;
@@ -157,6 +166,8 @@ pub struct Connection {
     /// Bytes past which no block may reach (the file's size when it is known).
     limit: Option<u64>,
     finished: bool,
+    /// The sender ended with EOD but without CLOSE: the connection may carry the next transfer.
+    reusable: bool,
 }
 
 impl Connection {
@@ -164,6 +175,7 @@ impl Connection {
         Connection {
             limit,
             finished: false,
+            reusable: false,
         }
     }
 
@@ -187,6 +199,7 @@ impl Connection {
         }
         if h.is_eod() {
             self.finished = true;
+            self.reusable = h.descriptor & desc::CLOSE == 0;
             completion.eod()?;
         }
         match (h.payload(), self.finished) {
@@ -205,6 +218,11 @@ impl Connection {
 
     pub fn finished(&self) -> bool {
         self.finished
+    }
+
+    /// Finished, and the sender did not set CLOSE.
+    pub fn reusable(&self) -> bool {
+        self.reusable
     }
 }
 
@@ -327,8 +345,16 @@ mod tests {
             })
         );
         assert_eq!(a.header(&Header::eod(), &mut c), Ok(Next::Done));
+        assert!(!a.reusable(), "EOD with CLOSE: the connection goes away");
         // EOD on every open connection, but EOF says three: a third is still coming.
-        assert_eq!(b.header(&Header::eof(3), &mut c), Ok(Next::Done));
+        assert_eq!(
+            b.header(&Header::eof(3).keeping_connection(), &mut c),
+            Ok(Next::Done)
+        );
+        assert!(
+            b.reusable(),
+            "EOD without CLOSE: cached for the next transfer"
+        );
         assert!(!c.complete());
         assert_eq!(c.outstanding(), Some(1));
         let mut late = Connection::new(Some(100));

@@ -50,6 +50,18 @@ pub enum DataEndpoint {
     Active(SocketAddr),
     /// XFTP's MPRT: one connection to each of these (all at the control peer).
     ActivePorts(Vec<SocketAddr>),
+    /// MODE E: the data connections the previous transfer in the same direction left open
+    /// (GridFTP data-channel caching; the transfer opens with 125 instead of 150).
+    Cached,
+}
+
+/// Which way a transfer's data flows, seen from the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// RETR, LIST, NLST, MLSD.
+    ToClient,
+    /// STOR, APPE.
+    FromClient,
 }
 
 /// MODE E settings that travel with one transfer.
@@ -93,6 +105,15 @@ pub enum TransferKind {
     Stor(VPath),
     Appe(VPath),
     List(VPath, ListStyle),
+}
+
+impl TransferKind {
+    pub fn direction(&self) -> Direction {
+        match self {
+            TransferKind::Stor(_) | TransferKind::Appe(_) => Direction::FromClient,
+            TransferKind::Retr(_) | TransferKind::List(..) => Direction::ToClient,
+        }
+    }
 }
 
 /// A transfer for the caller to run: open the file or directory, send the 150 reply from
@@ -219,6 +240,8 @@ impl FsError {
 pub enum TransferOutcome {
     Complete {
         bytes: u64,
+        /// MODE E: the data connections stayed open for the next transfer.
+        kept: bool,
     },
     /// The client sent ABOR.
     Aborted,
@@ -232,10 +255,7 @@ pub enum TransferOutcome {
     Shutdown,
     /// The upload arrived whole but its checksum is not the one the client announced. The data
     /// is kept as a partial upload.
-    ChecksumMismatch {
-        expected: String,
-        actual: String,
-    },
+    ChecksumMismatch { expected: String, actual: String },
 }
 
 /// What the caller must do next.
@@ -261,8 +281,19 @@ pub enum Action {
 }
 
 impl Transfer {
-    /// The 150 reply that opens the data connection.
+    /// The 150 reply that opens the data connection (125 when cached connections carry it).
     pub fn opening(&self, size: Option<u64>) -> Reply {
+        if self.endpoint == DataEndpoint::Cached {
+            let what = match (&self.kind, size) {
+                (TransferKind::Retr(p), Some(n)) => format!(" of {p} ({n} bytes)"),
+                (TransferKind::List(..), _) => String::new(),
+                _ => format!(" of {}", self.path()),
+            };
+            return Reply::new(
+                125,
+                format!("Beginning transfer{what}; reusing existing data connection."),
+            );
+        }
         let mode = if self.ascii { "ASCII" } else { "BINARY" };
         let text = match (&self.kind, size) {
             (TransferKind::Retr(p), Some(n)) => {
@@ -274,6 +305,10 @@ impl Transfer {
             (TransferKind::List(..), _) => "Here comes the directory listing.".to_string(),
         };
         Reply::new(150, text)
+    }
+
+    pub fn direction(&self) -> Direction {
+        self.kind.direction()
     }
 
     pub fn path(&self) -> &VPath {
@@ -313,6 +348,8 @@ pub struct Session {
     buffer: Option<u64>,
     /// The pending passive request came as SPAS (multi-line reply).
     spas: bool,
+    /// The last MODE E transfer left its data connections open, for transfers this way.
+    cached: Option<Direction>,
 }
 
 impl Session {
@@ -338,6 +375,7 @@ impl Session {
             expect: None,
             buffer: None,
             spas: false,
+            cached: None,
         }
     }
 
@@ -364,8 +402,29 @@ impl Session {
         }
     }
 
+    /// Whether the caller should keep the data connections of the last transfer; once this
+    /// is false it closes them.
+    pub fn keeps_data_connections(&self) -> bool {
+        self.cached.is_some()
+    }
+
     /// Answers one command.
     pub fn handle(&mut self, cmd: Command) -> Action {
+        // A new data address or mode retires cached data connections (GridFTP closes them when
+        // MODE changes; a new PASV or PORT says the client wants fresh ones).
+        if matches!(
+            cmd,
+            Command::Pasv
+                | Command::Epsv(_)
+                | Command::Spas
+                | Command::Spor(_)
+                | Command::Mprt(_)
+                | Command::Port(_)
+                | Command::Eprt(_)
+                | Command::Mode(_)
+        ) {
+            self.cached = None;
+        }
         // RNFR must be followed directly by RNTO (RFC 959).
         let rename_from = self.rename_from.take();
         // REST applies to the next transfer command. RFC 3659 wants it right before that
@@ -705,11 +764,20 @@ impl Session {
         writable: bool,
     ) -> Action {
         let expect = self.expect.take();
-        let Some(endpoint) = self.endpoint.take() else {
-            return Action::Reply(Reply::new(425, "Use PORT, EPRT, PASV or EPSV first."));
+        let direction = kind.direction();
+        let endpoint = match self.endpoint.take() {
+            Some(e) => e,
+            None if self.extended && self.cached == Some(direction) => DataEndpoint::Cached,
+            None if self.cached.is_some() => {
+                return Action::Reply(Reply::new(
+                    425,
+                    "The open data connections carry data the other way; send PASV or PORT first.",
+                ));
+            }
+            None => return Action::Reply(Reply::new(425, "Use PORT, EPRT, PASV or EPSV first.")),
         };
         let block = if self.extended {
-            let upload = matches!(kind, TransferKind::Stor(_) | TransferKind::Appe(_));
+            let upload = direction == Direction::FromClient;
             if self.ascii && !matches!(kind, TransferKind::List(..)) {
                 return Action::Reply(Reply::new(
                     504,
@@ -725,7 +793,7 @@ impl Session {
             // GFD.20: the sender opens the data connections, so an upload needs a passive
             // server. (A braid server also lets a passive sender take connections the client
             // opens, which is what a client behind NAT needs.)
-            if upload && !matches!(endpoint, DataEndpoint::Passive(_)) {
+            if upload && !matches!(endpoint, DataEndpoint::Passive(_) | DataEndpoint::Cached) {
                 return Action::Reply(Reply::new(
                     425,
                     "In MODE E the sender opens the data connections: use PASV or EPSV before STOR.",
@@ -957,6 +1025,12 @@ impl Session {
 
     /// The replies that end a transfer.
     pub fn transfer_done(&mut self, t: &Transfer, outcome: TransferOutcome) -> Vec<Reply> {
+        self.cached = match outcome {
+            TransferOutcome::Complete { kept: true, .. } if t.block.is_some() => {
+                Some(t.direction())
+            }
+            _ => None,
+        };
         match outcome {
             TransferOutcome::Complete { .. } => vec![Reply::new(226, "Transfer complete.")],
             TransferOutcome::Aborted => vec![
@@ -1389,5 +1463,82 @@ mod tests {
             p.contains(" Stripe Bytes Transferred: 20000000\r\n") && p.ends_with("112 End.\r\n"),
             "{p}"
         );
+    }
+
+    fn transfer(a: Action) -> Transfer {
+        match a {
+            Action::Transfer(t) => t,
+            other => panic!("expected a transfer, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn mode_e_data_connections_are_cached_per_direction() {
+        let mut s = logged_in();
+        s.handle(Command::Mode(Mode::Extended));
+        assert_eq!(
+            code(s.handle(Command::Port("127.0.0.1:5000".parse().unwrap()))),
+            200
+        );
+        let first = transfer(s.handle(Command::Retr("a".into())));
+        assert_eq!(first.opening(Some(3)).code, 150);
+        s.transfer_done(
+            &first,
+            TransferOutcome::Complete {
+                bytes: 3,
+                kept: true,
+            },
+        );
+        assert!(s.keeps_data_connections());
+        // No new PORT: the next download rides on the kept connections, announced by 125.
+        let second = transfer(s.handle(Command::Retr("b".into())));
+        assert_eq!(second.endpoint, DataEndpoint::Cached);
+        let opening = second.opening(Some(7));
+        assert_eq!(opening.code, 125);
+        assert!(wire(&opening).contains("reusing existing data connection"));
+        // Those connections carry data to the client; an upload needs its own.
+        assert_eq!(code(s.handle(Command::Stor("c".into()))), 425);
+        // A failed transfer leaves nothing cached.
+        s.transfer_done(&second, TransferOutcome::ConnectionLost("reset".into()));
+        assert!(!s.keeps_data_connections());
+        assert_eq!(code(s.handle(Command::Retr("b".into()))), 425);
+        // Uploads cache too, and a new PASV retires the cache.
+        passive(&mut s);
+        let up = transfer(s.handle(Command::Stor("c".into())));
+        s.transfer_done(
+            &up,
+            TransferOutcome::Complete {
+                bytes: 1,
+                kept: true,
+            },
+        );
+        assert_eq!(
+            transfer(s.handle(Command::Stor("d".into()))).endpoint,
+            DataEndpoint::Cached
+        );
+        passive(&mut s);
+        assert!(!s.keeps_data_connections());
+        // The sender closed its connections (CLOSE bit): nothing to reuse.
+        let up = transfer(s.handle(Command::Stor("e".into())));
+        s.transfer_done(
+            &up,
+            TransferOutcome::Complete {
+                bytes: 1,
+                kept: false,
+            },
+        );
+        assert_eq!(code(s.handle(Command::Stor("f".into()))), 425);
+        // Stream mode never caches.
+        s.handle(Command::Mode(Mode::Stream));
+        passive(&mut s);
+        let plain = transfer(s.handle(Command::Retr("a".into())));
+        s.transfer_done(
+            &plain,
+            TransferOutcome::Complete {
+                bytes: 3,
+                kept: true,
+            },
+        );
+        assert!(!s.keeps_data_connections());
     }
 }
