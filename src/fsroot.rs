@@ -258,11 +258,12 @@ impl Upload {
         {
             return Err(FsError::NotAFile);
         }
+        // Read as well as write: a resumed MODE E upload is checksummed from the file.
         let open_part = |flags: OFlags| {
             rustix::fs::openat(
                 &up.dir,
                 up.part.as_str(),
-                flags | OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+                flags | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW,
                 Mode::from_bits_truncate(0o644),
             )
             .map(File::from)

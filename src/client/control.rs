@@ -2,7 +2,9 @@
 
 use super::error::{ClientError, Result};
 use super::url::Target;
+use braid_proto::ranges::RangeSet;
 use braid_proto::{Command, Reply, ReplyParser, addr};
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
@@ -20,6 +22,10 @@ pub struct Control {
     pub verbose: bool,
     /// FEAT lines, upper-cased and trimmed (empty until [`Control::probe_features`]).
     features: Vec<String>,
+    /// Replies read ahead by [`Control::poll`], not yet handed out.
+    pending: VecDeque<Reply>,
+    /// What the server's `111 Range Marker` replies say it has stored (uploads).
+    stored: RangeSet,
 }
 
 impl Control {
@@ -47,6 +53,8 @@ impl Control {
                         no_epsv: false,
                         verbose: false,
                         features: Vec::new(),
+                        pending: VecDeque::new(),
+                        stored: RangeSet::new(),
                     };
                     let mut greeting = c.reply()?;
                     while greeting.is_preliminary() {
@@ -76,29 +84,86 @@ impl Control {
 
     /// Reads the next reply, whatever its code.
     pub fn reply(&mut self) -> Result<Reply> {
-        let mut buf = [0u8; 4096];
-        loop {
-            match self.parser.next_reply() {
-                Ok(Some(r)) => {
-                    if self.verbose {
-                        eprintln!("< {r}");
-                    }
-                    return Ok(r);
-                }
-                Ok(None) => {}
-                Err(e) => return Err(ClientError::Protocol(e.to_string())),
-            }
-            let n = self
-                .stream
-                .read(&mut buf)
-                .map_err(|e| ClientError::Protocol(format!("reading reply: {e}")))?;
-            if n == 0 {
-                return Err(ClientError::Protocol(
-                    "server closed the control connection".into(),
-                ));
-            }
-            self.parser.feed(&buf[..n]);
+        if let Some(r) = self.pending.pop_front() {
+            return Ok(r);
         }
+        loop {
+            if let Some(r) = self.parsed()? {
+                return Ok(r);
+            }
+            self.read_some()?;
+        }
+    }
+
+    /// Reads the replies that have arrived without waiting for more (during a data phase, so
+    /// that range markers are seen as they come). They are handed out later by `reply`.
+    pub fn poll(&mut self) -> Result<()> {
+        let mut buf = [0u8; 4096];
+        self.stream
+            .set_nonblocking(true)
+            .map_err(|e| ClientError::Protocol(format!("polling replies: {e}")))?;
+        let read = loop {
+            match self.stream.read(&mut buf) {
+                Ok(0) => break Ok(()),
+                Ok(n) => self.parser.feed(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(ClientError::Protocol(format!("reading reply: {e}"))),
+            }
+        };
+        let _ = self.stream.set_nonblocking(false);
+        read?;
+        while let Some(r) = self.parsed()? {
+            self.pending.push_back(r);
+        }
+        Ok(())
+    }
+
+    /// The next complete reply in the parser, noting range markers on the way.
+    fn parsed(&mut self) -> Result<Option<Reply>> {
+        let r = self
+            .parser
+            .next_reply()
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        if let Some(r) = &r {
+            if self.verbose {
+                eprintln!("< {r}");
+            }
+            if let Some(ranges) = braid_proto::session::parse_range_marker(r) {
+                for (a, b) in ranges.iter() {
+                    self.stored.insert(a, b);
+                }
+            }
+        }
+        Ok(r)
+    }
+
+    fn read_some(&mut self) -> Result<()> {
+        let mut buf = [0u8; 4096];
+        let n = loop {
+            match self.stream.read(&mut buf) {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(ClientError::Protocol(format!("reading reply: {e}"))),
+            }
+        };
+        if n == 0 {
+            return Err(ClientError::Protocol(
+                "server closed the control connection".into(),
+            ));
+        }
+        self.parser.feed(&buf[..n]);
+        Ok(())
+    }
+
+    /// Starts counting range markers afresh from what the server is known to hold.
+    pub fn reset_stored(&mut self, have: RangeSet) {
+        self.stored = have;
+    }
+
+    /// What the server's range markers say it has stored.
+    pub fn stored(&self) -> &RangeSet {
+        &self.stored
     }
 
     pub fn send(&mut self, cmd: &Command) -> Result<()> {

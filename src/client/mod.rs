@@ -4,6 +4,7 @@
 mod control;
 pub mod error;
 mod parallel;
+mod records;
 pub mod url;
 
 use braid_proto::Command;
@@ -355,7 +356,7 @@ fn get_inner(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
 fn note_stream_mode(opts: &Options) {
     if opts.verbose {
         eprintln!(
-            "braid: the server offers no MODE E (no PARALLEL in FEAT), or this is a resumed upload: using one stream-mode connection"
+            "braid: the server offers no MODE E (no PARALLEL in FEAT): using one stream-mode connection"
         );
     }
 }
@@ -434,16 +435,36 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
         target.path.push_str(name);
     }
     let mut c = session(&target, opts)?;
-    // Resuming a MODE E upload needs the server's record of what it holds, which braid does
-    // not keep yet: resumed uploads go in stream mode, which SIZE and REST can continue.
-    match parallel::Peer::of(&c) {
-        Some(peer) if !opts.resume => {
-            let mut s = parallel::put(&mut c, peer, &file, len, &target, opts)?;
-            s.local = local.display().to_string();
-            c.quit();
-            return Ok(s);
+    if let Some(peer) = parallel::Peer::of(&c) {
+        let record = records::UploadRecord::new(local, &meta, &target.host, &target.path);
+        let have = if opts.resume {
+            record.load()
+        } else {
+            Some(braid_proto::ranges::RangeSet::new())
+        };
+        match have {
+            Some(have) => {
+                let up = parallel::Upload {
+                    file: &file,
+                    len,
+                    record,
+                    have,
+                };
+                let mut s = parallel::put(&mut c, peer, up, &target, opts)?;
+                s.local = local.display().to_string();
+                c.quit();
+                return Ok(s);
+            }
+            // No record of a MODE E upload: whatever the server holds came in stream mode
+            // (another tool, or an older braid), so its length says what it holds.
+            None => eprintln!(
+                "braid: no record of an earlier MODE E upload of {} ({}); continuing in stream mode from the size the server reports",
+                local.display(),
+                record.location()
+            ),
         }
-        _ => note_stream_mode(opts),
+    } else {
+        note_stream_mode(opts);
     }
     let mut offset = 0;
     if opts.resume {
@@ -460,35 +481,43 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
         }
     }
     let started = Instant::now();
-    let mut sent = 0;
-    if !(opts.resume && offset == len && len > 0) {
-        let stor = Command::Stor(target.path.clone());
-        let data = c.open_data()?;
-        if offset > 0 {
-            c.restart_at(offset)?;
-        }
-        c.start_transfer(&stor)?;
-        let bar = progress_bar(opts, Some(len), offset);
-        let r = send_file(&file, offset, len, &data, &bar);
-        bar.finish_and_clear();
-        sent = r.map_err(|(n, e)| ClientError::Interrupted {
-            bytes: n,
-            why: format!("data connection: {e}"),
+    // Even with nothing left to send, STOR is what makes the server's partial take the final
+    // name.
+    let stor = Command::Stor(target.path.clone());
+    let data = c.open_data()?;
+    if offset > 0 {
+        c.restart_at(offset)?;
+    }
+    c.start_transfer(&stor)?;
+    let bar = progress_bar(opts, Some(len), offset);
+    let r = send_file(&file, offset, len, &data, &bar);
+    bar.finish_and_clear();
+    let sent = r.map_err(|(n, e)| ClientError::Interrupted {
+        bytes: n,
+        why: format!("data connection: {e}"),
+        partial: None,
+    })?;
+    let _ = data.shutdown(std::net::Shutdown::Write);
+    // Wait for the server to close its side, so the 226 describes the whole file.
+    let mut sink = [0u8; 64];
+    let _ = (&data).read(&mut sink);
+    drop(data);
+    c.finish_transfer(&stor).map_err(|e| match e {
+        ClientError::Remote { reply, .. } => ClientError::Interrupted {
+            bytes: sent,
+            why: format!("server reported {reply}; run again with --resume to continue"),
             partial: None,
-        })?;
-        let _ = data.shutdown(std::net::Shutdown::Write);
-        // Wait for the server to close its side, so the 226 describes the whole file.
-        let mut sink = [0u8; 64];
-        let _ = (&data).read(&mut sink);
-        drop(data);
-        c.finish_transfer(&stor).map_err(|e| match e {
-            ClientError::Remote { reply, .. } => ClientError::Interrupted {
-                bytes: sent,
-                why: format!("server reported {reply}; run again with --resume to continue"),
-                partial: None,
-            },
-            e => e,
-        })?;
+        },
+        e => e,
+    })?;
+    if offset > 0 && c.has_feature("BRAID") {
+        // The partial this continued was not ours to vouch for: check the whole file.
+        let local_sum = crate::sums::xxh3(&file, len)
+            .map_err(local_err(format!("cannot read {}", local.display())))?;
+        let hex = braid_proto::checksum::hex(local_sum);
+        let ours = "the local file hashes to";
+        let advice = "; the partial on the server was not a prefix of this file: send it again without --resume";
+        parallel::compare_with_server(&mut c, "XXH3", &target.path, &hex, ours, advice)?;
     }
     c.quit();
     Ok(summary(

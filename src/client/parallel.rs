@@ -4,18 +4,18 @@
 
 use super::control::{Control, connect_data};
 use super::error::{ClientError, Result};
+use super::records::{UploadRecord, load_sidecar, save_sidecar, sidecar_path};
 use super::url::Target;
 use super::{Dest, Options, PartFile, Summary, local_err, part_path, progress_bar};
 use crate::blocks::receive::{Accept, Conns, Progress, Shared};
 use crate::blocks::send::Source;
 use crate::blocks::sink::{Reorder, Sink};
 use crate::blocks::{self, Abort, EngineError};
-use braid_proto::checksum::{self, ChunkSum};
+use braid_proto::checksum;
 use braid_proto::command::Mode;
 use braid_proto::ranges::RangeSet;
 use braid_proto::{Command, Reply};
 use std::fs::{File, OpenOptions};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -45,66 +45,6 @@ impl Peer {
 /// a data connection.
 const STALL: Duration = Duration::from_secs(120);
 
-/// `DEST.part.braid`: what a download has stored, so that `--resume` asks for the rest only.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct Sidecar {
-    /// The remote path and size identify the file (not host and port: a restarted server may
-    /// listen elsewhere).
-    path: String,
-    size: u64,
-    /// Byte ranges stored, `a-b,c-d` with exclusive ends.
-    ranges: String,
-    /// The checksum accumulator over those ranges (hex), when known.
-    sum: Option<String>,
-}
-
-fn sidecar_path(part: &Path) -> PathBuf {
-    let mut s = part.as_os_str().to_owned();
-    s.push(".braid");
-    PathBuf::from(s)
-}
-
-/// Writes the sidecar atomically (temporary file, then rename), so a crash mid-write leaves the
-/// previous one.
-fn save_sidecar(path: &Path, remote: &str, size: u64, p: &Progress) {
-    let sc = Sidecar {
-        path: remote.to_string(),
-        size,
-        ranges: p.ranges.to_string(),
-        sum: p.sum.map(|s| format!("{:032x}", s.raw())),
-    };
-    let tmp = path.with_extension("braid-tmp");
-    let ok = serde_json::to_vec(&sc)
-        .ok()
-        .and_then(|bytes| std::fs::write(&tmp, bytes).ok())
-        .and_then(|_| std::fs::rename(&tmp, path).ok());
-    if ok.is_none() {
-        tracing::warn!(path = %path.display(), "could not save the resume sidecar");
-    }
-}
-
-/// What an earlier run stored, if its sidecar describes this same remote file.
-fn load_sidecar(path: &Path, remote: &str, size: Option<u64>) -> Option<Progress> {
-    let sc: Sidecar = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-    if sc.path != remote || Some(sc.size) != size {
-        return None;
-    }
-    let ranges = if sc.ranges.is_empty() {
-        RangeSet::new()
-    } else {
-        RangeSet::parse(&sc.ranges).ok()?
-    };
-    let sum = match sc.sum {
-        Some(h) => Some(ChunkSum::from_raw(u128::from_str_radix(&h, 16).ok()?)),
-        None => None,
-    };
-    Some(Progress {
-        ranges,
-        sum,
-        per_conn: Vec::new(),
-    })
-}
-
 /// Ctrl-C (or SIGTERM) during a data phase: the first stops the transfer cleanly (data
 /// connections closed, ABOR sent, partial kept for `--resume`); a second exits at once.
 struct Interrupt {
@@ -115,6 +55,13 @@ struct Interrupt {
 impl Interrupt {
     fn install() -> Interrupt {
         use signal_hook::consts::{SIGINT, SIGTERM};
+        for id in EXIT_ON_SIGNAL
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            signal_hook::low_level::unregister(id);
+        }
         let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut ids = Vec::new();
         for sig in [SIGINT, SIGTERM] {
@@ -140,8 +87,23 @@ impl Drop for Interrupt {
         for id in self.ids.drain(..) {
             signal_hook::low_level::unregister(id);
         }
+        // signal-hook keeps its handler installed, which would now swallow Ctrl-C (and only
+        // interrupt system calls): make it exit as it did before the data phase.
+        let exit = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let mut restored = EXIT_ON_SIGNAL.lock().unwrap_or_else(|e| e.into_inner());
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            if let Ok(id) = signal_hook::flag::register_conditional_shutdown(sig, 130, exit.clone())
+            {
+                restored.push(id);
+            }
+        }
     }
 }
+
+/// The "exit at once" actions that stand in for the default signal action between data
+/// phases; the next data phase removes them.
+static EXIT_ON_SIGNAL: std::sync::Mutex<Vec<signal_hook::SigId>> =
+    std::sync::Mutex::new(Vec::new());
 
 /// After Ctrl-C: tells the server with ABOR and reads its replies (426 then 226, or 225).
 fn send_abort(c: &mut Control) {
@@ -381,7 +343,7 @@ fn verify(
 /// Compares `local` with the server's CKSM of the whole file: `ALG hex` when they agree,
 /// None when the server offers no such checksum, an integrity error (saying what `ours` is)
 /// when they differ.
-fn compare_with_server(
+pub(super) fn compare_with_server(
     c: &mut Control,
     alg: &str,
     path: &str,
@@ -408,72 +370,157 @@ fn compare_with_server(
     Ok(Some(format!("{alg} {local}")))
 }
 
-/// Uploads in MODE E.
+/// A MODE E upload: the local file, and what the server already holds of it (REST ranges,
+/// from the record a broken earlier run left).
+pub struct Upload<'a> {
+    pub file: &'a File,
+    pub len: u64,
+    pub record: UploadRecord,
+    pub have: RangeSet,
+}
+
+/// Uploads in MODE E, sending only what the server does not hold yet. While the data moves,
+/// the server's `111 Range Marker` replies are written to the upload record, so a broken
+/// upload (Ctrl-C, either side killed) can continue with `--resume`.
 pub fn put(
     c: &mut Control,
     peer: Peer,
-    file: &File,
-    len: u64,
+    up: Upload,
     target: &Target,
     opts: &Options,
 ) -> Result<Summary> {
+    let Upload {
+        file,
+        len,
+        record,
+        have,
+    } = up;
     let n = opts.streams.max(1);
     c.expect(&Command::Mode(Mode::Extended), &[200])?;
     if let Some(b) = opts.buffer {
         c.expect(&Command::Sbuf(b), &[200])?;
     }
+    // A fresh upload hashes the blocks as they go out and announces the checksum at the end;
+    // a resumed one sends only some blocks, so it reads the file once up front.
+    let hash_while_sending = peer == Peer::Braid && have.is_empty();
     match peer {
-        // The checksum is computed while the data goes out and sent once it is all out.
-        Peer::Braid => c.expect(
-            &Command::Scks {
+        Peer::Braid => {
+            let value = if have.is_empty() {
+                None
+            } else {
+                let sum =
+                    crate::sums::xxh3(file, len).map_err(local_err("cannot read the file"))?;
+                Some(checksum::hex(sum))
+            };
+            let scks = Command::Scks {
                 alg: checksum::NAME.into(),
-                value: None,
-            },
-            &[200],
-        )?,
-        Peer::GridFtp => c.expect(&Command::Allo(len.to_string()), &[200, 202])?,
-    };
+                value,
+            };
+            c.expect(&scks, &[200])?;
+        }
+        Peer::GridFtp => {
+            c.expect(&Command::Allo(len.to_string()), &[200, 202])?;
+            // Range markers every second instead of every 5: less to resend after a break.
+            // Only the Globus server knows TREV; others may refuse it.
+            let trev = Command::Unknown {
+                verb: "TREV".into(),
+                arg: Some("RESTART 1".into()),
+            };
+            let _ = c.cmd(&trev);
+        }
+    }
+    // The record exists from the start: a later --resume then knows this upload was in MODE E.
+    if let Err(e) = record.save(&have) {
+        eprintln!(
+            "braid: cannot keep a record of this upload in {} ({e}); if it breaks, it starts over",
+            record.location()
+        );
+    }
     let addr = c.passive_addr()?;
+    if !have.is_empty() {
+        c.expect(&Command::RestRanges(have.clone()), &[350])?;
+    }
+    c.reset_stored(have.clone());
     let stor = Command::Stor(target.path.clone());
     // Connect before waiting for 150: the Globus server sends it only once data connections
     // have arrived; a braid server accepts them from its backlog after sending it.
-    let socks = open_and_start(c, &stor, addr, n, opts.buffer)?;
+    let socks = match open_and_start(c, &stor, addr, n, opts.buffer) {
+        Err(ClientError::Remote { reply, .. }) if !have.is_empty() => {
+            eprintln!(
+                "braid: the server cannot continue the earlier upload ({reply}); sending the whole file"
+            );
+            let again = Upload {
+                file,
+                len,
+                record,
+                have: RangeSet::new(),
+            };
+            return put(c, peer, again, target, opts);
+        }
+        r => r?,
+    };
+    let resumed_from = have.len();
     let started = Instant::now();
-    let todo: RangeSet = [(0, len)].into_iter().collect();
+    let todo = have.missing(len);
     let block = opts.block_size.unwrap_or(blocks::DEFAULT_BLOCK);
     let progress = AtomicU64::new(0);
     let abort = Abort::new();
-    let bar = progress_bar(opts, Some(len), 0);
+    let bar = progress_bar(opts, Some(len), resumed_from);
     let interrupt = Interrupt::install();
+    let mut recorded = have.clone();
+    let mut keep_record = |c: &Control| {
+        if *c.stored() != recorded {
+            recorded = c.stored().clone();
+            let _ = record.save(&recorded);
+        }
+    };
     let result = supervise(
         &abort,
         &interrupt,
         || {
             let source = Source::File { file, size: len };
-            let hash = peer == Peer::Braid;
             let options = blocks::send::Options {
                 block,
-                hash,
+                hash: hash_while_sending,
                 keep: false,
             };
             blocks::send::send(source, &todo, socks, options, &progress, &abort)
         },
-        || bar.set_position(progress.load(Ordering::Relaxed)),
+        || {
+            bar.set_position(resumed_from + progress.load(Ordering::Relaxed));
+            if c.poll().is_ok() {
+                keep_record(c);
+            }
+        },
     );
     bar.finish_and_clear();
+    let keeps = match peer {
+        Peer::Braid => {
+            "the server keeps what arrived (not under the final name): run again with --resume to send the rest"
+        }
+        Peer::GridFtp => "the server keeps what arrived: run again with --resume to send the rest",
+    };
     if interrupt.hit() {
         send_abort(c);
+        keep_record(c);
         return Err(ClientError::Interrupted {
             bytes: progress.load(Ordering::Relaxed),
-            why:
-                "stopped by Ctrl-C; the server was sent ABOR and keeps nothing under the final name"
-                    .into(),
+            why: format!("stopped by Ctrl-C; the server was sent ABOR; {keeps}"),
             partial: None,
         });
     }
     let sent = result.map_err(|e| {
         let what = "cannot read the file being uploaded";
-        data_phase_failed(c, &stor, e, what, progress.load(Ordering::Relaxed), None)
+        let e = data_phase_failed(c, &stor, e, what, progress.load(Ordering::Relaxed), None);
+        keep_record(c);
+        match e {
+            ClientError::Interrupted { bytes, why, .. } => ClientError::Interrupted {
+                bytes,
+                why: format!("{why}; {keeps}"),
+                partial: None,
+            },
+            e => e,
+        }
     })?;
     let mut verified = None;
     if let Some(sum) = sent.sum {
@@ -485,13 +532,19 @@ pub fn put(
         c.send(&scks)?;
         let r = c.final_reply()?;
         if r.code != 200 {
-            return Err(transfer_failed(r));
+            return Err(upload_failed(r, &record, c));
         }
         verified = Some(format!("{} {hex}", checksum::NAME));
     }
     let r = c.final_reply()?;
     if r.code != 226 && r.code != 250 {
-        return Err(transfer_failed(r));
+        return Err(upload_failed(r, &record, c));
+    }
+    record.remove();
+    if peer == Peer::Braid && verified.is_none() {
+        // Announced before the data (resumed upload); the server checked it before the 226.
+        let sum = crate::sums::xxh3(file, len).map_err(local_err("cannot read the file"))?;
+        verified = Some(format!("{} {}", checksum::NAME, checksum::hex(sum)));
     }
     if peer == Peer::GridFtp {
         let local = crate::sums::md5(file, 0, len).map_err(local_err("cannot read the file"))?;
@@ -504,10 +557,22 @@ pub fn put(
         String::new(),
         sent.per_conn.iter().sum(),
         Some(len),
-        0,
+        resumed_from,
         started,
     );
     Ok(extended(s, sent.per_conn, verified))
+}
+
+/// The error for an upload the server did not accept at the end. A checksum mismatch means
+/// the server's partial is bad: the record goes, so the next run sends everything.
+fn upload_failed(r: Reply, record: &UploadRecord, c: &Control) -> ClientError {
+    let e = transfer_failed(r);
+    if matches!(e, ClientError::Integrity(_)) {
+        record.remove();
+    } else {
+        let _ = record.save(c.stored());
+    }
+    e
 }
 
 /// Runs a data phase on its own thread while this one turns Ctrl-C into an abort and calls

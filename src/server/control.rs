@@ -599,11 +599,26 @@ fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), FsError> {
             )
         }
         TransferKind::Stor(p) | TransferKind::Appe(p) => {
-            let start = match t.kind {
-                TransferKind::Appe(_) => UploadStart::Append,
+            let have = t.block.as_ref().map(|b| &b.have).filter(|h| !h.is_empty());
+            let start = match (&t.kind, have) {
+                (TransferKind::Appe(_), _) => UploadStart::Append,
+                (_, Some(_)) => UploadStart::Keep,
                 _ => UploadStart::At(t.offset),
             };
-            let (upload, file, offset) = Upload::begin(root, p, start)?;
+            let (upload, file, offset) = Upload::begin(root, p, start).map_err(|e| match e {
+                FsError::NotFound if have.is_some() => FsError::NothingToResume,
+                e => e,
+            })?;
+            // REST ranges claim data the partial must hold.
+            if let Some(end) = have.and_then(|h| h.iter().last()).map(|(_, end)| end) {
+                let size = file
+                    .metadata()
+                    .map_err(|e| crate::fsroot::io_to_fs(&e))?
+                    .len();
+                if size < end {
+                    return Err(FsError::BadRestart { offset: end, size });
+                }
+            }
             (
                 Job::Stor {
                     upload,
@@ -730,13 +745,18 @@ async fn transfer(
     let mut stopped_by_shutdown = false;
     // SCKS sent while the data moves (braid clients announce the checksum once sent).
     let mut announced: Option<String> = None;
-    let mut markers = tokio::time::interval_at(Instant::now() + MARKER_INTERVAL, MARKER_INTERVAL);
+    let mut markers = tokio::time::interval(MARKER_CHECK);
+    let (mut marker_at, mut marker_bytes) = (Instant::now(), 0);
     let result = loop {
         tokio::select! {
             r = &mut worker => break r,
             _ = markers.tick(), if received.is_some() => {
-                if let Some(state) = &received {
+                let bytes = progress.load(Ordering::Relaxed);
+                if let Some(state) = &received
+                    && (marker_at.elapsed() >= MARKER_INTERVAL || bytes - marker_bytes >= MARKER_BYTES)
+                {
                     send_markers(conn, &progress, state).await;
+                    (marker_at, marker_bytes) = (Instant::now(), bytes);
                 }
             }
             input = conn.next_input(), if !client_gone && conn.queued.len() < MAX_QUEUED => match input {
@@ -831,7 +851,9 @@ async fn transfer(
     if client_gone {
         return false;
     }
-    if let (Some(state), TransferOutcome::Complete { .. }) = (&received, &outcome) {
+    // Whatever the outcome, the client learns what is stored: after ABOR or a lost data
+    // connection, that is what a resumed upload need not send again.
+    if let Some(state) = &received {
         send_markers(conn, &progress, state).await;
     }
     for r in session.transfer_done(&t, outcome) {
@@ -856,8 +878,11 @@ fn complete(io: &mut Io, t: &Transfer, bytes: u64, kept: blocks::receive::Kept) 
     }
 }
 
-/// How often a MODE E upload reports progress and stored ranges (the Globus server's default).
+/// How often a MODE E upload reports progress and stored ranges: every 5 s (the Globus server's
+/// default), and sooner once 32 MiB more have arrived, so that a client cut off resends little.
 const MARKER_INTERVAL: Duration = Duration::from_secs(5);
+const MARKER_BYTES: u64 = 32 << 20;
+const MARKER_CHECK: Duration = Duration::from_millis(100);
 
 /// `112-Perf Marker` and `111 Range Marker` for a MODE E upload: GridFTP clients show progress
 /// from the first and restart from the second.

@@ -178,7 +178,7 @@ fn interrupted_download_keeps_its_part_and_resumes_after_a_server_restart() {
     let dest = top.path().join("big.bin");
     // Stop the client's reads by giving it a pipe nobody drains: it blocks writing stdout...
     // simpler: start the download and kill the server while the data flows through a slow reader.
-    let mut child = std::process::Command::new(BRAID)
+    let child = std::process::Command::new(BRAID)
         .args(["get", &server.url("big.bin"), dest.to_str().unwrap(), "-q"])
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -192,15 +192,8 @@ fn interrupted_download_keeps_its_part_and_resumes_after_a_server_restart() {
         std::thread::sleep(Duration::from_millis(1));
     }
     drop(server);
-    let status = child.wait().unwrap();
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    if status.success() {
+    let (code, err) = crate::util::finish_child(child, Duration::from_secs(60));
+    if code == Some(0) {
         // The whole file made it before the kill: nothing to resume, and that is fine.
         assert!(
             std::fs::read(&dest).unwrap() == content,
@@ -208,7 +201,7 @@ fn interrupted_download_keeps_its_part_and_resumes_after_a_server_restart() {
         );
         return;
     }
-    assert_eq!(status.code(), Some(7), "{err}");
+    assert_eq!(code, Some(7), "{err}");
     assert!(err.contains("--resume"), "{err}");
     // MODE E writes blocks at their offsets: the sidecar says which ranges are stored.
     let sidecar: serde_json::Value =

@@ -344,7 +344,7 @@ fn mode_e_download_by_hand_matches_the_gridftp_wire_format() {
 
 #[test]
 fn ctrl_c_sends_abor_keeps_the_partial_and_resume_sends_nothing_twice() {
-    use crate::util::{signal_process, wait_timeout};
+    use crate::util::{finish_child, signal_process};
     use rustix::process::Signal;
     use std::time::{Duration, Instant};
     let top = tempdir();
@@ -388,20 +388,12 @@ fn ctrl_c_sends_abor_keeps_the_partial_and_resume_sends_nothing_twice() {
     signal_process(child.id(), Signal::INT);
     std::thread::sleep(Duration::from_millis(300));
     signal_process(server.pid(), Signal::CONT);
-    let status = wait_timeout(&mut child, Duration::from_secs(30))
-        .expect("client did not stop after Ctrl-C");
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let (code, err) = finish_child(child, Duration::from_secs(30));
     assert!(
         !done_early,
         "the download finished before it could be interrupted: {err}"
     );
-    assert_eq!(status.code(), Some(7), "{err}");
+    assert_eq!(code, Some(7), "{err}");
     assert!(err.contains("Ctrl-C") && err.contains("--resume"), "{err}");
     assert!(sidecar.exists() && !dest.exists());
     // The server noticed, logged it, and serves on.
@@ -514,4 +506,120 @@ fn a_block_corrupted_in_flight_is_caught_and_the_file_keeps_its_partial_name() {
         "the received data must be kept"
     );
     server.join().unwrap();
+}
+
+/// The ranges the client's upload record says the server holds (None: no record).
+fn upload_record(state: &std::path::Path) -> Option<braid_proto::ranges::RangeSet> {
+    let dir = state.join("braid").join("uploads");
+    let entry = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .find(|e| e.path().extension().is_some_and(|x| x == "json"))?;
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(entry.path()).ok()?).ok()?;
+    let ranges = record["ranges"].as_str()?;
+    if ranges.is_empty() {
+        return Some(braid_proto::ranges::RangeSet::new());
+    }
+    braid_proto::ranges::RangeSet::parse(ranges).ok()
+}
+
+#[test]
+fn a_broken_upload_resumes_in_mode_e_without_resending_what_the_server_stored() {
+    use crate::util::{finish_child, signal_process};
+    use rustix::process::Signal;
+    use std::time::{Duration, Instant};
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let state = top.path().join("state");
+    let content = random_bytes(384 << 20, 12);
+    let local = top.path().join("up.bin");
+    std::fs::write(&local, &content).unwrap();
+    let put = |url: &str, resume: bool| {
+        let mut cmd = std::process::Command::new(BRAID);
+        cmd.args(["put", local.to_str().unwrap(), url, "-n", "4", "-q"])
+            .env("XDG_STATE_HOME", &state)
+            .stderr(std::process::Stdio::piped());
+        if resume {
+            cmd.arg("--resume");
+        }
+        cmd.spawn().unwrap()
+    };
+    let wait_for = |child: &mut std::process::Child, ok: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ok() && Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        child.try_wait().unwrap().is_some()
+    };
+    let finish = |child| finish_child(child, Duration::from_secs(30));
+
+    // 1. The server is killed once it has reported stored ranges.
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let mut child = put(&server.url("up.bin"), false);
+    let reported = || upload_record(&state).is_some_and(|r| !r.is_empty());
+    let done_early = wait_for(&mut child, &reported);
+    signal_process(child.id(), Signal::STOP);
+    drop(server);
+    signal_process(child.id(), Signal::CONT);
+    let (code, err) = finish(child);
+    assert!(
+        !done_early,
+        "the upload ended before the server was killed: {err}"
+    );
+    assert_eq!(code, Some(7), "{err}");
+    assert!(err.contains("--resume"), "{err}");
+    assert!(
+        !root.join("up.bin").exists(),
+        "a broken upload took the final name"
+    );
+    let first = upload_record(&state).expect("no upload record");
+    assert!(!first.is_empty());
+
+    // 2. A resumed run, stopped with Ctrl-C once more has been stored.
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let mut child = put(&server.url("up.bin"), true);
+    let more = || upload_record(&state).is_some_and(|r| r.len() > first.len() + (32 << 20));
+    let done_early = wait_for(&mut child, &more);
+    signal_process(server.pid(), Signal::STOP);
+    signal_process(child.id(), Signal::INT);
+    std::thread::sleep(Duration::from_millis(300));
+    signal_process(server.pid(), Signal::CONT);
+    let (code, err) = finish(child);
+    assert!(!done_early, "the resumed upload ended before Ctrl-C: {err}");
+    assert_eq!(code, Some(7), "{err}");
+    assert!(err.contains("Ctrl-C") && err.contains("--resume"), "{err}");
+    let second = upload_record(&state).expect("no upload record");
+    assert!(
+        first.iter().all(|(a, b)| second.covers(a, b)),
+        "{first} then {second}"
+    );
+    assert!(second.len() > first.len(), "{first} then {second}");
+
+    // 3. The last run sends exactly what the server does not hold.
+    let (code, out, err) = braid(
+        &[
+            "put",
+            local.to_str().unwrap(),
+            &server.url("up.bin"),
+            "--resume",
+            "--json",
+        ],
+        &[("XDG_STATE_HOME", state.to_str().unwrap())],
+    );
+    assert_eq!(code, 0, "{err}");
+    let s = json(&out);
+    assert_eq!(s["resumed_from"], second.len(), "{s}");
+    assert_eq!(s["bytes"], content.len() as u64 - second.len(), "{s}");
+    assert_eq!(s["mode"], "extended-block", "{s}");
+    assert!(
+        std::fs::read(root.join("up.bin")).unwrap() == content,
+        "uploaded file differs"
+    );
+    assert_eq!(
+        upload_record(&state),
+        None,
+        "the record outlived the upload"
+    );
 }

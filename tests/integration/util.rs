@@ -197,6 +197,16 @@ pub fn resume_get(url: &str, dest: &Path, size: usize) -> u64 {
     kept
 }
 
+/// Waits (bounded) for a child whose stderr is piped; returns its exit code and stderr.
+pub fn finish_child(mut child: Child, limit: Duration) -> (Option<i32>, String) {
+    let status = wait_timeout(&mut child, limit).expect("the child did not exit in time");
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    (status.code(), err)
+}
+
 pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
     let deadline = std::time::Instant::now() + limit;
     loop {

@@ -220,6 +220,8 @@ pub enum FsError {
     NoSpace,
     #[error("restart offset {offset} is beyond the {size} bytes already stored")]
     BadRestart { offset: u64, size: u64 },
+    #[error("no partial upload to continue; send STOR without REST")]
+    NothingToResume,
     #[error("{0}")]
     Other(String),
 }
@@ -228,7 +230,9 @@ impl FsError {
     pub fn reply(&self, what: &VPath) -> Reply {
         match self {
             FsError::NoSpace => Reply::new(552, format!("{what}: {self}; transfer aborted.")),
-            FsError::BadRestart { .. } => Reply::new(554, format!("{what}: {self}.")),
+            FsError::BadRestart { .. } | FsError::NothingToResume => {
+                Reply::new(554, format!("{what}: {self}."))
+            }
             FsError::Other(_) => Reply::new(451, format!("{what}: local error: {self}.")),
             _ => Reply::new(550, format!("{what}: {self}.")),
         }
@@ -1265,6 +1269,16 @@ pub fn range_marker(ranges: &RangeSet) -> Reply {
     Reply::new(111, format!("Range Marker {ranges}"))
 }
 
+/// The ranges a `111 Range Marker` reply reports; None for any other reply.
+pub fn parse_range_marker(r: &Reply) -> Option<RangeSet> {
+    if r.code != 111 {
+        return None;
+    }
+    let text = r.text();
+    let ranges = text.trim().strip_prefix("Range Marker")?.trim();
+    RangeSet::parse(ranges).ok()
+}
+
 /// `112-Perf Marker`: progress of a transfer, as GridFTP clients parse it.
 pub fn perf_marker(unix_time: f64, bytes: u64) -> Reply {
     Reply::multi(
@@ -1452,8 +1466,21 @@ mod tests {
 
     #[test]
     fn markers_have_gridftp_form() {
-        let r = range_marker(&RangeSet::parse("0-20000000").unwrap());
-        assert_eq!(wire(&r), "111 Range Marker 0-20000000\r\n");
+        let ranges = RangeSet::parse("0-20000000,30000000-30000007").unwrap();
+        let r = range_marker(&ranges);
+        assert_eq!(
+            wire(&r),
+            "111 Range Marker 0-20000000,30000000-30000007\r\n"
+        );
+        assert_eq!(parse_range_marker(&r), Some(ranges));
+        assert_eq!(
+            parse_range_marker(&Reply::new(111, "Range Marker 5-x")),
+            None
+        );
+        assert_eq!(
+            parse_range_marker(&Reply::new(226, "Range Marker 0-5")),
+            None
+        );
         let p = wire(&perf_marker(1795340180.25, 20000000));
         assert!(
             p.starts_with("112-Perf Marker\r\n Timestamp:  1795340180.2"),

@@ -1,0 +1,216 @@
+//! What an interrupted MODE E transfer has already stored, kept on disk so that `--resume`
+//! moves only the rest, even after the client was killed. Blocks land at their offsets, so a
+//! partial file may have holes: its length alone says nothing.
+//!
+//! - Downloads: `DEST.part.braid` beside the partial file (like aria2's control file), with
+//!   the ranges stored and their checksum accumulator.
+//! - Uploads: the server's partial is out of reach, so the client keeps what the server's
+//!   `111 Range Marker` replies reported, in the user's state directory
+//!   (`$XDG_STATE_HOME/braid/uploads`, else `~/.local/state/braid/uploads`): the source may sit
+//!   in a directory the user cannot write.
+
+use crate::blocks::receive::Progress;
+use braid_proto::checksum::ChunkSum;
+use braid_proto::ranges::RangeSet;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+/// `DEST.part.braid`: what a download has stored.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Sidecar {
+    /// The remote path and size identify the file (not host and port: a restarted server may
+    /// listen elsewhere).
+    path: String,
+    size: u64,
+    /// Byte ranges stored, `a-b,c-d` with exclusive ends.
+    ranges: String,
+    /// The checksum accumulator over those ranges (hex), when known.
+    sum: Option<String>,
+}
+
+pub fn sidecar_path(part: &Path) -> PathBuf {
+    let mut s = part.as_os_str().to_owned();
+    s.push(".braid");
+    PathBuf::from(s)
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so a crash mid-write leaves
+/// the previous version.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("braid-tmp");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+pub fn save_sidecar(path: &Path, remote: &str, size: u64, p: &Progress) {
+    let sc = Sidecar {
+        path: remote.to_string(),
+        size,
+        ranges: p.ranges.to_string(),
+        sum: p.sum.map(|s| format!("{:032x}", s.raw())),
+    };
+    let saved = serde_json::to_vec(&sc)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| write_atomically(path, &bytes));
+    if let Err(e) = saved {
+        tracing::warn!(path = %path.display(), "could not save the resume sidecar: {e}");
+    }
+}
+
+/// What an earlier run stored, if its sidecar describes this same remote file.
+pub fn load_sidecar(path: &Path, remote: &str, size: Option<u64>) -> Option<Progress> {
+    let sc: Sidecar = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    if sc.path != remote || Some(sc.size) != size {
+        return None;
+    }
+    let ranges = parse_ranges(&sc.ranges)?;
+    let sum = match sc.sum {
+        Some(h) => Some(ChunkSum::from_raw(u128::from_str_radix(&h, 16).ok()?)),
+        None => None,
+    };
+    Some(Progress {
+        ranges,
+        sum,
+        per_conn: Vec::new(),
+    })
+}
+
+fn parse_ranges(s: &str) -> Option<RangeSet> {
+    if s.is_empty() {
+        Some(RangeSet::new())
+    } else {
+        RangeSet::parse(s).ok()
+    }
+}
+
+/// The upload record's contents: which local file went where, and what the server holds.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Upload {
+    local: String,
+    /// Size and modification time of the source: if either changed, the server's partial
+    /// holds stale data and the upload starts over.
+    size: u64,
+    modified_ns: u64,
+    host: String,
+    remote: String,
+    ranges: String,
+}
+
+/// The record of one upload (local file, server, remote path).
+pub struct UploadRecord {
+    /// None when there is no state directory (no HOME): uploads then cannot resume in MODE E.
+    path: Option<PathBuf>,
+    upload: Upload,
+}
+
+impl UploadRecord {
+    pub fn new(local: &Path, meta: &std::fs::Metadata, host: &str, remote: &str) -> UploadRecord {
+        let local = std::fs::canonicalize(local).unwrap_or_else(|_| local.to_path_buf());
+        let upload = Upload {
+            local: local.display().to_string(),
+            size: meta.len(),
+            modified_ns: meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+            host: host.to_string(),
+            remote: remote.to_string(),
+            ranges: String::new(),
+        };
+        let key = format!("{}\0{}\0{}", upload.local, upload.host, upload.remote);
+        let name = braid_proto::checksum::hex(braid_proto::checksum::of(key.as_bytes()));
+        let path = state_dir().map(|d| d.join("uploads").join(format!("{}.json", &name[..16])));
+        UploadRecord { path, upload }
+    }
+
+    /// Where the record lives, for messages.
+    pub fn location(&self) -> String {
+        match &self.path {
+            Some(p) => p.display().to_string(),
+            None => "nowhere: neither XDG_STATE_HOME nor HOME is set".into(),
+        }
+    }
+
+    /// The ranges an earlier run of this same upload left on the server, if it left a record.
+    pub fn load(&self) -> Option<RangeSet> {
+        let found: Upload =
+            serde_json::from_slice(&std::fs::read(self.path.as_ref()?).ok()?).ok()?;
+        let same = Upload {
+            ranges: found.ranges.clone(),
+            ..self.upload.clone()
+        };
+        (found == same)
+            .then(|| parse_ranges(&found.ranges))
+            .flatten()
+    }
+
+    /// Records that the server holds `ranges`. Returns why it could not.
+    pub fn save(&self, ranges: &RangeSet) -> std::io::Result<()> {
+        let path = self
+            .path
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("no state directory"))?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let upload = Upload {
+            ranges: ranges.to_string(),
+            ..self.upload.clone()
+        };
+        let bytes = serde_json::to_vec(&upload).map_err(std::io::Error::other)?;
+        write_atomically(path, &bytes)
+    }
+
+    pub fn remove(&self) {
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// `$XDG_STATE_HOME/braid`, else `~/.local/state/braid`.
+fn state_dir() -> Option<PathBuf> {
+    let absolute = |v: std::ffi::OsString| {
+        let p = PathBuf::from(v);
+        p.is_absolute().then_some(p)
+    };
+    std::env::var_os("XDG_STATE_HOME")
+        .and_then(absolute)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .and_then(absolute)
+                .map(|h| h.join(".local").join("state"))
+        })
+        .map(|d| d.join("braid"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_upload_record_matches_only_the_same_unchanged_source_and_target() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src.bin");
+        std::fs::write(&src, b"0123456789").unwrap();
+        let meta = std::fs::metadata(&src).unwrap();
+        let mut rec = UploadRecord::new(&src, &meta, "h", "/a");
+        rec.path = Some(dir.path().join("state").join("rec.json"));
+        assert_eq!(rec.load(), None);
+        let ranges = RangeSet::parse("0-4,6-8").unwrap();
+        rec.save(&ranges).unwrap();
+        assert_eq!(rec.load(), Some(ranges.clone()));
+        // Another target, or a source that changed since, does not match.
+        let mut other = UploadRecord::new(&src, &meta, "h", "/b");
+        other.path = rec.path.clone();
+        assert_eq!(other.load(), None);
+        std::fs::write(&src, b"01234567890").unwrap();
+        let changed = std::fs::metadata(&src).unwrap();
+        let mut stale = UploadRecord::new(&src, &changed, "h", "/a");
+        stale.path = rec.path.clone();
+        assert_eq!(stale.load(), None);
+        rec.remove();
+        assert_eq!(rec.load(), None);
+    }
+}
