@@ -3,14 +3,14 @@
 //! partial file may have holes: its length alone says nothing.
 //!
 //! - Downloads: `DEST.part.braid` beside the partial file (like aria2's control file), with
-//!   the ranges stored and their checksum accumulator.
+//!   the ranges stored. No checksum state: a partial sat on disk between runs, where nothing
+//!   watched it, so a resumed download is checked by reading the file back.
 //! - Uploads: the server's partial is out of reach, so the client keeps what the server's
 //!   `111 Range Marker` replies reported, in the user's state directory
 //!   (`$XDG_STATE_HOME/braid/uploads`, else `~/.local/state/braid/uploads`): the source may sit
 //!   in a directory the user cannot write.
 
 use crate::blocks::receive::Progress;
-use braid_proto::checksum::ChunkSum;
 use braid_proto::ranges::RangeSet;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
@@ -24,8 +24,6 @@ struct Sidecar {
     size: u64,
     /// Byte ranges stored, `a-b,c-d` with exclusive ends.
     ranges: String,
-    /// The checksum accumulator over those ranges (hex), when known.
-    sum: Option<String>,
 }
 
 pub fn sidecar_path(part: &Path) -> PathBuf {
@@ -47,7 +45,6 @@ pub fn save_sidecar(path: &Path, remote: &str, size: u64, p: &Progress) {
         path: remote.to_string(),
         size,
         ranges: p.ranges.to_string(),
-        sum: p.sum.map(|s| format!("{:032x}", s.raw())),
     };
     let saved = serde_json::to_vec(&sc)
         .map_err(std::io::Error::other)
@@ -63,16 +60,7 @@ pub fn load_sidecar(path: &Path, remote: &str, size: Option<u64>) -> Option<Prog
     if sc.path != remote || Some(sc.size) != size {
         return None;
     }
-    let ranges = parse_ranges(&sc.ranges)?;
-    let sum = match sc.sum {
-        Some(h) => Some(ChunkSum::from_raw(u128::from_str_radix(&h, 16).ok()?)),
-        None => None,
-    };
-    Some(Progress {
-        ranges,
-        sum,
-        per_conn: Vec::new(),
-    })
+    Some(Progress::holding(parse_ranges(&sc.ranges)?))
 }
 
 fn parse_ranges(s: &str) -> Option<RangeSet> {

@@ -250,6 +250,32 @@ fn checksum_mismatch_and_protocol_violations_fail_clearly_and_keep_nothing() {
     assert_eq!(code, 0, "{err}");
 }
 
+/// Starts a MODE E RETR by hand over `n` connections the client opens (braid's extension);
+/// returns the control connection (150 read) and the data connections.
+fn retr_by_hand(
+    server: &Server,
+    path: &str,
+    n: usize,
+    block: usize,
+) -> (Raw, Vec<std::net::TcpStream>) {
+    let mut c = Raw::login(server.addr, "anonymous", "x");
+    c.expect("TYPE I", "200 Switching to Binary mode.\r\n");
+    c.expect("MODE E", "200 Mode set to E.\r\n");
+    c.expect(
+        &format!("OPTS RETR Parallelism={n},{n},{n};blocksize={block};"),
+        "200 OPTS Command Successful.\r\n",
+    );
+    let first = c.epsv();
+    let addr = first.peer_addr().unwrap();
+    c.send(&format!("RETR {path}"));
+    assert!(c.reply().starts_with("150 "));
+    let mut conns = vec![first];
+    for _ in 1..n {
+        conns.push(std::net::TcpStream::connect(addr).unwrap());
+    }
+    (c, conns)
+}
+
 /// Reads MODE E blocks from each connection into `file` until that connection's EOD, and
 /// returns the EOD counts of the EOF blocks seen. Like globus-gridftp-server, braid keeps the
 /// connections open (no CLOSE bit) so that the next transfer can reuse them.
@@ -288,20 +314,7 @@ fn mode_e_download_by_hand_matches_the_gridftp_wire_format() {
     let data = random_bytes(300_000, 4);
     std::fs::write(root.join("f.bin"), &data).unwrap();
     let server = Server::start(&root, &[]);
-    let mut c = Raw::login(server.addr, "anonymous", "x");
-    c.expect("TYPE I", "200 Switching to Binary mode.\r\n");
-    c.expect("MODE E", "200 Mode set to E.\r\n");
-    c.expect(
-        "OPTS RETR Parallelism=3,3,3;blocksize=65536;",
-        "200 OPTS Command Successful.\r\n",
-    );
-    let first = c.epsv();
-    let addr = first.peer_addr().unwrap();
-    c.send("RETR f.bin");
-    assert!(c.reply().starts_with("150 "));
-    let mut conns = vec![first];
-    conns.push(std::net::TcpStream::connect(addr).unwrap());
-    conns.push(std::net::TcpStream::connect(addr).unwrap());
+    let (mut c, mut conns) = retr_by_hand(&server, "f.bin", 3, 65536);
     let mut got = vec![0u8; data.len()];
     let eofs = read_blocks_until_eod(&mut conns, &mut got);
     assert_eq!(eofs, [3], "one EOF carrying the connection count");
@@ -622,4 +635,138 @@ fn a_broken_upload_resumes_in_mode_e_without_resending_what_the_server_stored() 
         None,
         "the record outlived the upload"
     );
+}
+
+#[test]
+fn a_slow_connection_carries_only_what_it_can_take() {
+    // Four connections, one of them read slowly (about 3 MB/s): blocks go to whichever
+    // connection is ready, so the slow one ends up with far less than a static quarter, and
+    // the end waits only for what was already queued on it, never for a share of the file.
+    use std::time::Duration;
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let size = 128 << 20;
+    let data = random_bytes(size, 13);
+    std::fs::write(root.join("f.bin"), &data).unwrap();
+    let server = Server::start(&root, &[]);
+    let (mut c, conns) = retr_by_hand(&server, "f.bin", 4, 256 << 10);
+    // Each reader returns the blocks it got, as (offset, payload).
+    let readers: Vec<_> = conns
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut s)| {
+            std::thread::spawn(move || {
+                let slow = i == 0;
+                let mut blocks = Vec::new();
+                loop {
+                    let mut raw = [0u8; 17];
+                    s.read_exact(&mut raw).unwrap();
+                    let h = Header::decode(&raw).unwrap();
+                    let mut payload = vec![0u8; h.payload() as usize];
+                    if slow {
+                        for piece in payload.chunks_mut(16 << 10) {
+                            s.read_exact(piece).unwrap();
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
+                    } else {
+                        s.read_exact(&mut payload).unwrap();
+                    }
+                    blocks.push((h.offset, payload));
+                    if h.is_eod() {
+                        return blocks;
+                    }
+                }
+            })
+        })
+        .collect();
+    let per_conn: Vec<Vec<(u64, Vec<u8>)>> =
+        readers.into_iter().map(|r| r.join().unwrap()).collect();
+    assert!(c.reply().starts_with("226 "));
+    let mut got = vec![0u8; size];
+    for (offset, payload) in per_conn.iter().flatten() {
+        got[*offset as usize..][..payload.len()].copy_from_slice(payload);
+    }
+    assert!(got == data, "reassembled blocks differ from the file");
+    let bytes: Vec<usize> = per_conn
+        .iter()
+        .map(|blocks| blocks.iter().map(|(_, p)| p.len()).sum())
+        .collect();
+    // A static split would give each connection 32 MiB; the slow one gets what it reads
+    // while the others finish, plus what the socket buffers held.
+    assert!(
+        bytes[0] < size / 8,
+        "the slow connection carried {} of {size} bytes: {bytes:?}",
+        bytes[0]
+    );
+    eprintln!("bytes per connection (the first read slowly): {bytes:?}");
+}
+
+#[test]
+fn xftp_mult_and_mprt_download_over_the_ports_the_client_names() {
+    // The XFTP paper's commands: MULT n, then MPRT with n ports the client listens on; the
+    // server connects to each and sends MODE E blocks over all of them.
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let data = random_bytes(5_000_000, 14);
+    std::fs::write(root.join("f.bin"), &data).unwrap();
+    let server = Server::start(&root, &[]);
+    let mut c = Raw::login(server.addr, "anonymous", "x");
+    c.expect("TYPE I", "200 Switching to Binary mode.\r\n");
+    c.expect("MODE E", "200 Mode set to E.\r\n");
+    c.send("MULT 3");
+    assert!(c.reply().starts_with("200 MULT 3 ok"));
+    let listeners: Vec<_> = (0..3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let ports: Vec<String> = listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port().to_string())
+        .collect();
+    c.expect(
+        &format!("MPRT {}", ports.join(",")),
+        "200 MPRT command successful.\r\n",
+    );
+    c.send("RETR f.bin");
+    assert!(c.reply().starts_with("150 "));
+    let mut conns: Vec<_> = listeners.iter().map(|l| l.accept().unwrap().0).collect();
+    let mut got = vec![0u8; data.len()];
+    assert_eq!(read_blocks_until_eod(&mut conns, &mut got), [3]);
+    assert!(got == data, "reassembled blocks differ from the file");
+    assert!(c.reply().starts_with("226 "));
+}
+
+#[test]
+fn a_partial_damaged_on_disk_between_runs_fails_the_resumed_check() {
+    // The record says the first MiB is stored, but the partial's bytes were changed since:
+    // the resumed download must not trust them.
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let data = random_bytes(3 << 20, 15);
+    std::fs::write(root.join("f.bin"), &data).unwrap();
+    let server = Server::start(&root, &[]);
+    let dest = top.path().join("f.bin");
+    let mut damaged = data[..1 << 20].to_vec();
+    damaged[4096] ^= 1;
+    std::fs::write(top.path().join("f.bin.part"), &damaged).unwrap();
+    let record = serde_json::json!({"path": "f.bin", "size": data.len(), "ranges": "0-1048576"});
+    std::fs::write(top.path().join("f.bin.part.braid"), record.to_string()).unwrap();
+    let (code, _, err) = braid(
+        &[
+            "get",
+            &server.url("f.bin"),
+            dest.to_str().unwrap(),
+            "--resume",
+        ],
+        &[],
+    );
+    assert_eq!(code, 8, "{err}");
+    assert!(err.contains("checksum mismatch"), "{err}");
+    assert!(!dest.exists(), "a damaged file took the final name");
+    // Without --resume it starts over and succeeds.
+    let (code, _, err) = braid(&["get", &server.url("f.bin"), dest.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read(&dest).unwrap() == data);
 }

@@ -40,15 +40,6 @@ impl ChunkSum {
         ChunkSum::default()
     }
 
-    /// Restores an accumulator saved with [`ChunkSum::raw`] (resume sidecars).
-    pub fn from_raw(acc: u128) -> ChunkSum {
-        ChunkSum { acc }
-    }
-
-    pub fn raw(&self) -> u128 {
-        self.acc
-    }
-
     /// Adds the bytes at `offset`. `data` must start on a chunk boundary and hold whole chunks,
     /// except that it may end with the file's short last chunk (the caller knows when it does:
     /// `ends_file`).
