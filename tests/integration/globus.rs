@@ -57,6 +57,19 @@ fn globus_url_copy_against_braid_serve() {
         std::fs::read(root.join("up.bin")).unwrap() == content,
         "upload differs"
     );
+    std::fs::create_dir(root.join("sub")).unwrap();
+    let (ok, out, err) = run(
+        Command::new("globus-url-copy").args(["-list", &format!("{base}/")]),
+        Duration::from_secs(60),
+    );
+    assert!(ok, "globus-url-copy -list: {err}");
+    let names: Vec<&str> = out.lines().skip(1).map(str::trim).collect();
+    for name in ["src.bin", "up.bin", "sub/"] {
+        assert!(
+            names.contains(&name),
+            "{name} missing from the listing:\n{out}"
+        );
+    }
 }
 
 #[test]
