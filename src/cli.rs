@@ -96,6 +96,9 @@ enum Cmd {
         #[arg(long)]
         rw: bool,
     },
+    /// The link emulator: two network namespaces joined by an emulated link (needs root).
+    #[command(subcommand)]
+    Lab(Box<crate::lab::LabCmd>),
     /// Run a loopback server, download a generated file from it, verify it and print the rate.
     Demo {
         /// Size of the generated file, e.g. 256MiB, 1GiB, 1000000.
@@ -328,6 +331,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             Ok(exit::OK)
         }
         Cmd::Demo { size } => crate::demo::run(size).map(|()| exit::OK),
+        Cmd::Lab(cmd) => crate::lab::main(*cmd),
     }
 }
 

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod client;
 pub mod demo;
 pub mod fsroot;
+pub mod lab;
 pub mod server;
 pub mod sums;
 pub mod users;

@@ -5,6 +5,7 @@ mod cli;
 mod curl;
 mod ftplib;
 mod globus;
+mod lab;
 mod lftp;
 mod parallel;
 mod safety;

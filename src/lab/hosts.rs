@@ -1,0 +1,267 @@
+//! The lab's two hosts: a network namespace each, holding a TUN device whose other end is the
+//! relay. Set up with iproute2, and removed whatever happens (drop, Ctrl-C, error), together
+//! with every process still running inside.
+
+use anyhow::{Context, Result, bail};
+use std::net::Ipv4Addr;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tun_rs::SyncDevice;
+
+pub const HOSTS: [&str; 2] = ["left", "right"];
+/// The TUN device's name inside each host.
+pub const DEVICE: &str = "braid0";
+
+/// A host's address: 198.18.0.0/15 is reserved for benchmarking (RFC 2544).
+pub fn address(host: &str) -> Ipv4Addr {
+    if host == "left" {
+        Ipv4Addr::new(198, 18, 0, 1)
+    } else {
+        Ipv4Addr::new(198, 18, 0, 2)
+    }
+}
+
+pub fn namespace(lab: &str, host: &str) -> String {
+    format!("{lab}-{host}")
+}
+
+/// Where running labs note their owner's pid, so `braid lab clean` can tell crashed labs from
+/// running ones.
+fn records() -> PathBuf {
+    PathBuf::from("/run/braid-lab")
+}
+
+/// The two hosts of a running lab. Dropping it tears everything down.
+pub struct Lab {
+    pub name: String,
+    pub devices: Vec<Arc<SyncDevice>>,
+    created: Vec<String>,
+}
+
+impl Lab {
+    pub fn up(name: &str, mtu: u16) -> Result<Lab> {
+        preflight()?;
+        if name.is_empty()
+            || name.len() > 20
+            || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            bail!("lab name {name:?}: use up to 20 letters, digits and '-'");
+        }
+        for host in HOSTS {
+            let ns = namespace(name, host);
+            if std::path::Path::new("/run/netns").join(&ns).exists() {
+                bail!(
+                    "network namespace {ns} exists already: another lab named {name} is running, \
+                     or a crashed one was left behind (`braid lab clean` removes those); or pick \
+                     another --name"
+                );
+            }
+        }
+        let mut lab = Lab {
+            name: name.to_string(),
+            devices: Vec::new(),
+            created: Vec::new(),
+        };
+        std::fs::create_dir_all(records()).context("cannot create /run/braid-lab")?;
+        std::fs::write(records().join(name), std::process::id().to_string())
+            .context("cannot write the lab record in /run/braid-lab")?;
+        for host in HOSTS {
+            let ns = namespace(name, host);
+            ip(&["netns", "add", &ns])?;
+            lab.created.push(ns.clone());
+            // IPv6 autoconfiguration would send router solicitations and MLD reports over the
+            // link: switch IPv6 off before the device exists.
+            run(Command::new("ip").args([
+                "netns",
+                "exec",
+                &ns,
+                "sysctl",
+                "-q",
+                "-w",
+                "net.ipv6.conf.all.disable_ipv6=1",
+                "net.ipv6.conf.default.disable_ipv6=1",
+            ]))?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            lab.devices.push(Arc::new(tun_in(&ns, mtu)?));
+            let addr = format!("{}/30", address(host));
+            ip(&["-n", &ns, "addr", "add", &addr, "dev", DEVICE])?;
+            // A TUN comes up DOWN, and writing to a DOWN TUN fails with EIO.
+            ip(&["-n", &ns, "link", "set", DEVICE, "up"])?;
+        }
+        Ok(lab)
+    }
+
+    /// Packets each host's TUN dropped before the relay read them (its TX ring was full):
+    /// drops outside the model.
+    pub fn device_drops(&self) -> Vec<u64> {
+        HOSTS
+            .iter()
+            .map(|h| tx_dropped(&namespace(&self.name, h)).unwrap_or(0))
+            .collect()
+    }
+
+    fn down(&mut self) {
+        for ns in self.created.drain(..) {
+            remove_namespace(&ns);
+        }
+        self.devices.clear();
+        let _ = std::fs::remove_file(records().join(&self.name));
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+/// Root, /dev/net/tun and iproute2, or a message saying which is missing.
+fn preflight() -> Result<()> {
+    if !rustix::process::geteuid().is_root() {
+        bail!("braid lab creates network namespaces and TUN devices: run it as root");
+    }
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        bail!("/dev/net/tun is missing: load the tun module (modprobe tun)");
+    }
+    if Command::new("ip")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_err()
+    {
+        bail!("braid lab needs iproute2's `ip` command (apt-get install iproute2)");
+    }
+    Ok(())
+}
+
+/// Creates the TUN device inside namespace `ns`: the device is looked up and created in the
+/// namespace of the calling thread, so a short-lived thread moves there first. The file
+/// descriptor stays tied to the device afterwards.
+fn tun_in(ns: &str, mtu: u16) -> Result<SyncDevice> {
+    let path = PathBuf::from("/run/netns").join(ns);
+    std::thread::spawn(move || -> Result<SyncDevice> {
+        let handle = std::fs::File::open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        rustix::thread::move_into_link_name_space(
+            handle.as_fd(),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )
+        .context("cannot enter the lab's network namespace")?;
+        let dev = tun_rs::DeviceBuilder::new()
+            .name(DEVICE)
+            .mtu(mtu)
+            .packet_information(false)
+            .build_sync()
+            .context("cannot create the TUN device")?;
+        dev.set_nonblocking(true)?;
+        Ok(dev)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the thread creating the TUN device panicked"))?
+}
+
+fn tx_dropped(ns: &str) -> Option<u64> {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-s", "-j", "link", "show", DEVICE])
+        .output()
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    v.get(0)?
+        .get("stats64")?
+        .get("tx")?
+        .get("dropped")?
+        .as_u64()
+}
+
+/// Stops every process inside `ns` (TERM, then KILL after a second), then deletes it.
+fn remove_namespace(ns: &str) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut signal = rustix::process::Signal::TERM;
+    loop {
+        let pids = namespace_pids(ns);
+        if pids.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            signal = rustix::process::Signal::KILL;
+        }
+        for pid in pids {
+            let _ = rustix::process::kill_process(pid, signal);
+        }
+        if Instant::now() > deadline + Duration::from_secs(2) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Err(e) = ip(&["netns", "del", ns]) {
+        eprintln!("braid lab: cannot remove network namespace {ns}: {e:#}");
+    }
+}
+
+fn namespace_pids(ns: &str) -> Vec<rustix::process::Pid> {
+    let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .filter(|&p| p > 1 && p != std::process::id() as i32)
+        .filter_map(rustix::process::Pid::from_raw)
+        .collect()
+}
+
+/// Removes labs whose owning process is gone. Returns the names removed and the names still
+/// running.
+pub fn clean() -> Result<(Vec<String>, Vec<String>)> {
+    let (mut removed, mut running) = (Vec::new(), Vec::new());
+    let Ok(entries) = std::fs::read_dir(records()) else {
+        return Ok((removed, running));
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let owner = std::fs::read_to_string(entry.path())
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw);
+        let alive = owner.is_some_and(|pid| {
+            rustix::process::test_kill_process(pid).is_ok()
+                && std::fs::read_to_string(format!("/proc/{}/comm", pid.as_raw_nonzero()))
+                    .is_ok_and(|c| c.trim() == "braid")
+        });
+        if alive {
+            running.push(name);
+            continue;
+        }
+        for host in HOSTS {
+            let ns = namespace(&name, host);
+            if std::path::Path::new("/run/netns").join(&ns).exists() {
+                remove_namespace(&ns);
+            }
+        }
+        let _ = std::fs::remove_file(entry.path());
+        removed.push(name);
+    }
+    Ok((removed, running))
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    run(Command::new("ip").args(args))
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,546 @@
+//! `braid lab`: a packet-level link emulator. Two network namespaces, `left` and `right`, each
+//! with a TUN device; a relay in this process carries every packet between them through a
+//! model of the link (rate, queue, delay, loss, corruption). This kernel has no netem, so the
+//! lab brings its own, in the style of mahimahi.
+
+pub mod hosts;
+pub mod model;
+pub mod packet;
+pub mod relay;
+pub mod scenario;
+pub mod units;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use model::{Loss, Params, QueueLimit};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Subcommand, Debug)]
+pub enum LabCmd {
+    /// Bring up two hosts, `left` (198.18.0.1) and `right` (198.18.0.2), joined by an
+    /// emulated link, and keep it up until Ctrl-C (or --duration). Prints the link's counters
+    /// at the end.
+    Link {
+        #[command(flatten)]
+        link: LinkArgs,
+        /// Stop by itself after this many seconds.
+        #[arg(long)]
+        duration: Option<f64>,
+    },
+    /// Run a command in a host of a running lab: braid lab exec left -- ping 198.18.0.2
+    Exec {
+        /// Which lab (see `link --name`).
+        #[arg(long, default_value = "braid")]
+        name: String,
+        /// left or right
+        host: String,
+        #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// One shot: bring the link up, start SERVER in `right`, run CLIENT in `left`, stop the
+    /// server, print both outputs and the link's counters, tear everything down.
+    Run {
+        #[command(flatten)]
+        link: LinkArgs,
+        /// Shell command for the right host, started first (e.g. "iperf3 -s -1").
+        #[arg(long)]
+        server: String,
+        /// Shell command for the left host; the run ends when it does.
+        #[arg(long)]
+        client: String,
+        /// Give up on the client after this many seconds.
+        #[arg(long, default_value_t = 600.0)]
+        timeout: f64,
+    },
+    /// List the named scenarios and their parameters.
+    Scenarios,
+    /// Remove the namespaces of labs whose braid process is gone (after a crash or kill -9).
+    Clean,
+}
+
+/// The link: a named scenario, then overrides for both directions, then per direction
+/// (`up` is left → right, `down` is right → left).
+#[derive(Args, Debug, Clone)]
+pub struct LinkArgs {
+    /// Start from a named scenario (see `braid lab scenarios`).
+    #[arg(long)]
+    scenario: Option<String>,
+    /// Lab name: its namespaces are NAME-left and NAME-right.
+    #[arg(long, default_value = "braid")]
+    name: String,
+    /// Link rate, e.g. 1.536mbit, 50mbit, 14.4kbit [default: unlimited]
+    #[arg(long)]
+    rate: Option<String>,
+    /// One-way propagation delay, e.g. 295ms [default: 0]
+    #[arg(long)]
+    delay: Option<String>,
+    /// Drop-tail queue: packets (64pkt) or bytes (60kB) [default: 1000pkt]
+    #[arg(long)]
+    queue: Option<String>,
+    /// Random loss probability per packet, e.g. 1e-4
+    #[arg(long, conflicts_with = "ber")]
+    loss: Option<String>,
+    /// Bit error rate: a packet is lost if any of its bits is hit, e.g. 1e-6
+    #[arg(long)]
+    ber: Option<String>,
+    /// Per-bit probability of a flipped payload bit that arrives with fixed checksums
+    #[arg(long)]
+    corrupt: Option<String>,
+    #[arg(long, hide_short_help = true)]
+    up_rate: Option<String>,
+    #[arg(long, hide_short_help = true)]
+    down_rate: Option<String>,
+    #[arg(long, hide_short_help = true)]
+    up_delay: Option<String>,
+    #[arg(long, hide_short_help = true)]
+    down_delay: Option<String>,
+    #[arg(long, hide_short_help = true)]
+    up_queue: Option<String>,
+    #[arg(long, hide_short_help = true)]
+    down_queue: Option<String>,
+    #[arg(long, hide_short_help = true, conflicts_with = "up_ber")]
+    up_loss: Option<String>,
+    #[arg(long, hide_short_help = true, conflicts_with = "down_ber")]
+    down_loss: Option<String>,
+    #[arg(long, hide_short_help = true)]
+    up_ber: Option<String>,
+    #[arg(long, hide_short_help = true)]
+    down_ber: Option<String>,
+    #[arg(long, hide_short_help = true)]
+    up_corrupt: Option<String>,
+    #[arg(long, hide_short_help = true)]
+    down_corrupt: Option<String>,
+    /// MTU of the hosts' devices [default: the scenario's, else 1500]
+    #[arg(long)]
+    mtu: Option<u16>,
+    /// Seed for loss and corruption, to repeat a run exactly.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write one line per packet (direction, arrival, size, fate, sent, delivered; µs) here.
+    #[arg(long)]
+    log: Option<std::path::PathBuf>,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Overrides for one direction, in the order they apply.
+struct Overrides<'a> {
+    rate: [&'a Option<String>; 2],
+    delay: [&'a Option<String>; 2],
+    queue: [&'a Option<String>; 2],
+    loss: [&'a Option<String>; 2],
+    ber: [&'a Option<String>; 2],
+    corrupt: [&'a Option<String>; 2],
+}
+
+fn apply(mut p: Params, o: Overrides) -> Result<Params, String> {
+    for v in o.rate.into_iter().flatten() {
+        p.rate = Some(units::rate(v)?);
+    }
+    for v in o.delay.into_iter().flatten() {
+        p.delay = units::delay(v)?;
+    }
+    for v in o.queue.into_iter().flatten() {
+        p.queue = units::queue(v)?;
+    }
+    for (loss, ber) in o.loss.into_iter().zip(o.ber) {
+        if let Some(v) = loss {
+            p.loss = Loss::Random(units::probability(v)?);
+        }
+        if let Some(v) = ber {
+            p.loss = Loss::Ber(units::probability(v)?);
+        }
+    }
+    for v in o.corrupt.into_iter().flatten() {
+        p.corrupt = units::probability(v)?;
+    }
+    Ok(p)
+}
+
+/// The resolved link.
+pub struct LinkSpec {
+    pub scenario: Option<String>,
+    pub mtu: u16,
+    pub up: Params,
+    pub down: Params,
+}
+
+impl LinkArgs {
+    pub fn spec(&self) -> Result<LinkSpec> {
+        let (mut mtu, up, down) = match &self.scenario {
+            Some(name) => {
+                let s = scenario::find(name).map_err(anyhow::Error::msg)?;
+                (s.mtu, s.up, s.down)
+            }
+            None => {
+                let open = Params {
+                    rate: None,
+                    delay: 0,
+                    queue: QueueLimit::Packets(1000),
+                    loss: Loss::None,
+                    corrupt: 0.0,
+                };
+                (1500, open.clone(), open)
+            }
+        };
+        if let Some(m) = self.mtu {
+            if !(576..=65535).contains(&m) {
+                bail!("--mtu {m}: use 576 to 65535");
+            }
+            mtu = m;
+        }
+        let up = apply(
+            up,
+            Overrides {
+                rate: [&self.rate, &self.up_rate],
+                delay: [&self.delay, &self.up_delay],
+                queue: [&self.queue, &self.up_queue],
+                loss: [&self.loss, &self.up_loss],
+                ber: [&self.ber, &self.up_ber],
+                corrupt: [&self.corrupt, &self.up_corrupt],
+            },
+        )
+        .map_err(anyhow::Error::msg)?;
+        let down = apply(
+            down,
+            Overrides {
+                rate: [&self.rate, &self.down_rate],
+                delay: [&self.delay, &self.down_delay],
+                queue: [&self.queue, &self.down_queue],
+                loss: [&self.loss, &self.down_loss],
+                ber: [&self.ber, &self.down_ber],
+                corrupt: [&self.corrupt, &self.down_corrupt],
+            },
+        )
+        .map_err(anyhow::Error::msg)?;
+        Ok(LinkSpec {
+            scenario: self.scenario.clone(),
+            mtu,
+            up,
+            down,
+        })
+    }
+}
+
+/// The report at the end of a run (`--json`).
+#[derive(Debug, serde::Serialize)]
+pub struct Report {
+    pub scenario: Option<String>,
+    pub mtu: u16,
+    pub seconds: f64,
+    pub up: Side,
+    pub down: Side,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct Side {
+    pub link: String,
+    #[serde(flatten)]
+    pub relay: relay::DirectionReport,
+    /// Packets the sending host's TUN device dropped before the relay read them: drops
+    /// outside the model, which make a run untrustworthy.
+    pub device_drops: u64,
+}
+
+impl Report {
+    fn device_drops(&self) -> u64 {
+        self.up.device_drops + self.down.device_drops
+    }
+
+    fn print(&self) {
+        eprintln!(
+            "braid lab: {:.1} s, MTU {}{}",
+            self.seconds,
+            self.mtu,
+            self.scenario
+                .as_ref()
+                .map_or(String::new(), |s| format!(", scenario {s}"))
+        );
+        for (dir, side) in [
+            ("up (left → right)", &self.up),
+            ("down (right → left)", &self.down),
+        ] {
+            let c = &side.relay.counters;
+            eprintln!("  {dir}: {}", side.link);
+            eprintln!(
+                "    arrived {} pkts / {} B; queue drops {}; lost {}; corrupted {}; delivered {} pkts / {} B; max queueing delay {:.1} ms; device drops {}",
+                c.arrived_packets,
+                c.arrived_bytes,
+                c.queue_drops,
+                c.lost,
+                c.corrupted,
+                c.delivered_packets,
+                c.delivered_bytes,
+                c.max_queue_delay_us as f64 / 1000.0,
+                side.device_drops
+            );
+        }
+    }
+}
+
+/// A lab with its relay running.
+struct Running {
+    lab: hosts::Lab,
+    relay: relay::Relay,
+    spec: LinkSpec,
+    started: Instant,
+}
+
+impl Running {
+    fn start(args: &LinkArgs) -> Result<Running> {
+        let spec = args.spec()?;
+        let log = match &args.log {
+            Some(path) => {
+                let f = std::fs::File::create(path)
+                    .with_context(|| format!("cannot create {}", path.display()))?;
+                Some(Arc::new(std::sync::Mutex::new(std::io::BufWriter::new(f))))
+            }
+            None => None,
+        };
+        let lab = hosts::Lab::up(&args.name, spec.mtu)?;
+        let relay = relay::Relay::start(
+            lab.devices[0].clone(),
+            lab.devices[1].clone(),
+            spec.up.clone(),
+            spec.down.clone(),
+            args.seed,
+            log.clone(),
+        );
+        Ok(Running {
+            lab,
+            relay,
+            spec,
+            started: Instant::now(),
+        })
+    }
+
+    fn stop(self) -> Report {
+        let seconds = self.started.elapsed().as_secs_f64();
+        let drops = self.lab.device_drops();
+        let (up, down) = self.relay.stop();
+        drop(self.lab);
+        Report {
+            scenario: self.spec.scenario.clone(),
+            mtu: self.spec.mtu,
+            seconds,
+            up: Side {
+                link: scenario::describe(&self.spec.up),
+                relay: up,
+                device_drops: drops.first().copied().unwrap_or(0),
+            },
+            down: Side {
+                link: scenario::describe(&self.spec.down),
+                relay: down,
+                device_drops: drops.get(1).copied().unwrap_or(0),
+            },
+        }
+    }
+}
+
+/// Ctrl-C and SIGTERM set a flag; the lab then stops and removes everything it made.
+fn stop_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(sig, flag.clone());
+    }
+    flag
+}
+
+/// Prints the report; a run with drops outside the model fails.
+fn finish(report: &Report, json: bool) -> Result<u8> {
+    report.print();
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    }
+    if report.device_drops() > 0 {
+        eprintln!(
+            "braid lab: ERROR: the TUN devices dropped {} packets before the emulator saw them \
+             (the relay fell behind): these losses are not part of the model, so this run's \
+             numbers cannot be trusted. Use a lower rate or a larger MTU.",
+            report.device_drops()
+        );
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+pub fn main(cmd: LabCmd) -> Result<u8> {
+    match cmd {
+        LabCmd::Link { link, duration } => {
+            let stop = stop_flag();
+            let running = Running::start(&link)?;
+            eprintln!(
+                "braid lab {}: left {} and right {} are up (MTU {}); run commands with `braid lab exec --name {} left -- CMD`; Ctrl-C stops",
+                link.name,
+                hosts::address("left"),
+                hosts::address("right"),
+                running.spec.mtu,
+                link.name
+            );
+            let deadline = duration.map(|d| Instant::now() + Duration::from_secs_f64(d.max(0.0)));
+            while !stop.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            finish(&running.stop(), link.json)
+        }
+        LabCmd::Exec {
+            name,
+            host,
+            command,
+        } => {
+            if !hosts::HOSTS.contains(&host.as_str()) {
+                bail!("unknown host {host:?}: the lab's hosts are left and right");
+            }
+            let ns = hosts::namespace(&name, &host);
+            if !std::path::Path::new("/run/netns").join(&ns).exists() {
+                bail!(
+                    "no lab named {name} is running (start one with `braid lab link --name {name}`)"
+                );
+            }
+            let status = Command::new("ip")
+                .args(["netns", "exec", &ns])
+                .args(&command)
+                .status()
+                .context("cannot run ip netns exec")?;
+            Ok(status.code().unwrap_or(1).clamp(0, 255) as u8)
+        }
+        LabCmd::Run {
+            link,
+            server,
+            client,
+            timeout,
+        } => run_once(&link, &server, &client, timeout),
+        LabCmd::Scenarios => {
+            for s in scenario::all() {
+                println!("{}\n  {}", s.name, s.about);
+                println!("  MTU {}", s.mtu);
+                println!("  up   (left → right): {}", scenario::describe(&s.up));
+                println!("  down (right → left): {}", scenario::describe(&s.down));
+            }
+            Ok(0)
+        }
+        LabCmd::Clean => {
+            let (removed, running) = hosts::clean()?;
+            for name in &removed {
+                eprintln!("braid lab: removed {name}-left and {name}-right");
+            }
+            for name in &running {
+                eprintln!("braid lab: {name} is running; stop it with Ctrl-C where it runs");
+            }
+            if removed.is_empty() && running.is_empty() {
+                eprintln!("braid lab: nothing to clean");
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// Output of one side of a one-shot run.
+#[derive(Debug, serde::Serialize)]
+struct Ran {
+    exit: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+fn run_once(args: &LinkArgs, server: &str, client: &str, timeout: f64) -> Result<u8> {
+    let stop = stop_flag();
+    let running = Running::start(args)?;
+    // Output goes to unnamed temporary files: a pipe nobody reads would stall a chatty command.
+    let in_host = |host: &str, cmd: &str| -> Result<Child> {
+        let (out, err) = (tempfile::tempfile()?, tempfile::tempfile()?);
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &hosts::namespace(&args.name, host),
+                "sh",
+                "-c",
+                cmd,
+            ])
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(err.try_clone()?)
+            .spawn()?;
+        Ok(Child { child, out, err })
+    };
+    let mut server_child = in_host("right", server).context("cannot start the server command")?;
+    // Let the server bind before the client connects.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut client_child = in_host("left", client).context("cannot start the client command")?;
+    let deadline = Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
+    let mut timed_out = false;
+    while client_child.child.try_wait()?.is_none() {
+        if stop.load(Ordering::Relaxed) || Instant::now() > deadline {
+            timed_out = !stop.load(Ordering::Relaxed);
+            let _ = client_child.child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client_out = client_child.collect();
+    // The server gets a moment to finish on its own (e.g. `iperf3 -s -1` after its one test),
+    // then the lab's teardown stops whatever is left.
+    let grace = Instant::now() + Duration::from_secs(2);
+    while server_child.child.try_wait()?.is_none() && Instant::now() < grace {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let report = running.stop();
+    let server_out = server_child.collect();
+    if args.json {
+        let all = serde_json::json!({
+            "client": client_out,
+            "server": server_out,
+            "link": report,
+        });
+        println!("{all}");
+    } else {
+        println!(
+            "== client (left) exit {:?}\n{}{}",
+            client_out.exit, client_out.stdout, client_out.stderr
+        );
+        println!(
+            "== server (right) exit {:?}\n{}{}",
+            server_out.exit, server_out.stdout, server_out.stderr
+        );
+    }
+    let code = finish(&report, false)?;
+    if timed_out {
+        eprintln!(
+            "braid lab: the client command ran longer than --timeout {timeout} s and was stopped"
+        );
+        return Ok(1);
+    }
+    if code != 0 {
+        return Ok(code);
+    }
+    Ok(client_out.exit.unwrap_or(1).clamp(0, 255) as u8)
+}
+
+/// A command running in a host, its output going to temporary files.
+struct Child {
+    child: std::process::Child,
+    out: std::fs::File,
+    err: std::fs::File,
+}
+
+impl Child {
+    fn collect(mut self) -> Ran {
+        use std::io::{Read, Seek};
+        let exit = self.child.wait().ok().and_then(|s| s.code());
+        let read = |f: &mut std::fs::File| {
+            let mut s = String::new();
+            let _ = f.rewind().and_then(|_| f.read_to_string(&mut s));
+            s
+        };
+        Ran {
+            exit,
+            stdout: read(&mut self.out),
+            stderr: read(&mut self.err),
+        }
+    }
+}

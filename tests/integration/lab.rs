@@ -1,0 +1,356 @@
+//! The link emulator, measured with real programs: ping for delay, iperf3 for rate, window and
+//! loss, Python sockets for corruption, braid itself for the end-to-end check. These tests
+//! need root and /dev/net/tun; each lab has its own name, so they run in parallel, and each
+//! checks that nothing of its lab is left afterwards.
+use crate::util::{BRAID, random_bytes, require, tempdir};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn require_lab() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "the lab tests create network namespaces and TUN devices: run them as root"
+    );
+    assert!(
+        std::path::Path::new("/dev/net/tun").exists(),
+        "the lab tests need /dev/net/tun (modprobe tun)"
+    );
+    require("ip");
+}
+
+/// A lab name no other test (or test run) uses.
+fn lab_name(tag: &str) -> String {
+    format!("bt{}{tag}", std::process::id() % 100_000)
+}
+
+/// Nothing of lab `name` remains: namespaces, record.
+fn assert_gone(name: &str) {
+    let list = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let list = String::from_utf8_lossy(&list.stdout);
+    for host in ["left", "right"] {
+        let ns = format!("{name}-{host}");
+        assert!(
+            !list
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(ns.as_str())),
+            "namespace {ns} was left behind: {list}"
+        );
+    }
+    assert!(
+        !std::path::Path::new("/run/braid-lab").join(name).exists(),
+        "the lab's record was left behind"
+    );
+}
+
+/// `braid lab link` running in the background; Ctrl-C'd (and waited for) when dropped.
+struct Link {
+    name: String,
+    child: Option<Child>,
+}
+
+impl Link {
+    fn up(name: &str, args: &[&str]) -> Link {
+        let mut child = Command::new(BRAID)
+            .args(["lab", "link", "--name", name, "--json"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut seen = String::new();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line.contains("are up") => break,
+                Some(Ok(line)) => seen.push_str(&(line + "\n")),
+                _ => {
+                    let _ = child.kill();
+                    panic!("braid lab link did not come up:\n{seen}");
+                }
+            }
+        }
+        // Keep draining stderr so the lab never blocks on it.
+        std::thread::spawn(move || for _ in lines {});
+        Link {
+            name: name.to_string(),
+            child: Some(child),
+        }
+    }
+
+    fn exec(&self, host: &str, cmd: &[&str]) -> std::process::Output {
+        Command::new(BRAID)
+            .args(["lab", "exec", "--name", &self.name, host, "--"])
+            .args(cmd)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// Stops the lab and returns its report.
+    fn stop(mut self) -> serde_json::Value {
+        let child = self.child.take().unwrap();
+        crate::util::signal_process(child.id(), rustix::process::Signal::INT);
+        let out = wait_output(child, Duration::from_secs(20));
+        assert_gone(&self.name);
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"))
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            crate::util::signal_process(child.id(), rustix::process::Signal::INT);
+            let _ = wait_output(child, Duration::from_secs(20));
+        }
+    }
+}
+
+fn wait_output(mut child: Child, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut out = String::new();
+    if let Some(mut s) = child.stdout.take() {
+        let _ = std::io::Read::read_to_string(&mut s, &mut out);
+    }
+    out
+}
+
+/// `braid lab run` with `--json`: (exit code, client stdout, server stdout, link report).
+fn run_once(
+    name: &str,
+    link: &[&str],
+    server: &str,
+    client: &str,
+) -> (i32, String, String, serde_json::Value) {
+    let out = Command::new(BRAID)
+        .args(["lab", "run", "--name", name, "--json", "--timeout", "120"])
+        .args(link)
+        .args(["--server", server, "--client", client])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_gone(name);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    (
+        out.status.code().unwrap_or(-1),
+        v["client"]["stdout"].as_str().unwrap_or("").to_string(),
+        v["server"]["stdout"].as_str().unwrap_or("").to_string(),
+        v["link"].clone(),
+    )
+}
+
+#[test]
+fn ping_rtt_is_twice_the_delay_plus_serialization() {
+    require_lab();
+    require("ping");
+    let name = lab_name("p");
+    let link = Link::up(&name, &["--rate", "1.536mbit", "--delay", "100ms"]);
+    let out = link.exec("left", &["ping", "-c", "10", "-i", "0.2", "198.18.0.2"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    let mut rtts: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.split("time=").nth(1))
+        .filter_map(|t| t.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(rtts.len(), 10, "{text}");
+    rtts.sort_by(f64::total_cmp);
+    let median = rtts[5];
+    // 84-byte echo and reply, each serialized at 1.536 Mbit/s: 0.4375 ms per direction.
+    let expected = 200.0 + 2.0 * 84.0 * 8.0 / 1536.0;
+    assert!(
+        (median - expected).abs() <= 1.0,
+        "median RTT {median} ms, expected {expected} ms: {rtts:?}"
+    );
+    let report = link.stop();
+    assert_eq!(report["up"]["delivered_packets"], 10, "{report}");
+    assert_eq!(report["down"]["delivered_packets"], 10, "{report}");
+}
+
+/// Mean goodput of an iperf3 server's intervals after the first two seconds, in bit/s.
+fn steady_goodput(server_json: &str) -> f64 {
+    let v: serde_json::Value = serde_json::from_str(server_json).unwrap();
+    let intervals = v["intervals"].as_array().unwrap();
+    let (bytes, secs) = intervals
+        .iter()
+        .skip(2)
+        .map(|i| {
+            (
+                i["sum"]["bytes"].as_f64().unwrap(),
+                i["sum"]["seconds"].as_f64().unwrap(),
+            )
+        })
+        .fold((0.0, 0.0), |(b, s), (x, y)| (b + x, s + y));
+    bytes * 8.0 / secs
+}
+
+#[test]
+fn iperf3_gets_the_payload_rate_at_1536_kbit_and_50_mbit() {
+    require_lab();
+    require("iperf3");
+    for (tag, rate, bps, link, secs) in [
+        (
+            "t",
+            "1.536mbit",
+            1_536_000.0,
+            ["--delay", "20ms", "--queue", "60kB"],
+            "8",
+        ),
+        (
+            "f",
+            "50mbit",
+            50e6,
+            ["--delay", "10ms", "--queue", "200pkt"],
+            "6",
+        ),
+    ] {
+        let name = lab_name(tag);
+        let mut args = vec!["--rate", rate];
+        args.extend(link);
+        let client = format!("iperf3 -c 198.18.0.2 -t {secs} -C cubic -J");
+        let (code, _, server, report) = run_once(&name, &args, "iperf3 -s -1 -J", &client);
+        assert_eq!(code, 0, "{report}");
+        // TCP payload per 1500-byte packet with timestamps: 1448 bytes.
+        let ceiling = bps * 1448.0 / 1500.0;
+        let got = steady_goodput(&server);
+        assert!(
+            (got - ceiling).abs() <= 0.03 * ceiling,
+            "{rate}: {got:.0} bit/s against a payload rate of {ceiling:.0}: {report}"
+        );
+        assert_eq!(report["up"]["device_drops"], 0, "{report}");
+    }
+}
+
+#[test]
+fn a_window_limited_flow_gets_window_over_rtt() {
+    require_lab();
+    require("iperf3");
+    let name = lab_name("w");
+    // No rate limit, 100 ms RTT: only the window limits. For `-w 24K` Linux advertises 20
+    // segments of 1448 bytes (28960), as captures show; the flow moves that much per RTT.
+    let (code, _, server, report) = run_once(
+        &name,
+        &["--delay", "50ms"],
+        "iperf3 -s -1 -J",
+        "iperf3 -c 198.18.0.2 -t 6 -w 24K -C cubic -J",
+    );
+    assert_eq!(code, 0, "{report}");
+    let expected = 28960.0 * 8.0 / 0.1;
+    let got = steady_goodput(&server);
+    assert!(
+        (got - expected).abs() <= 0.1 * expected,
+        "{got:.0} bit/s against window/RTT = {expected:.0}"
+    );
+}
+
+#[test]
+fn loss_matches_the_configured_rate_and_nothing_else_is_lost() {
+    require_lab();
+    require("iperf3");
+    let name = lab_name("l");
+    let p = 0.02;
+    let (code, _, server, report) = run_once(
+        &name,
+        &["--up-loss", &p.to_string(), "--rate", "100mbit"],
+        "iperf3 -s -1 -J",
+        "iperf3 -c 198.18.0.2 -u -b 20M -l 1400 -t 3 -J",
+    );
+    assert_eq!(code, 0, "{report}");
+    let up = &report["up"];
+    let arrived = up["arrived_packets"].as_f64().unwrap();
+    let lost = up["lost"].as_f64().unwrap();
+    let sd = (arrived * p * (1.0 - p)).sqrt();
+    assert!(
+        (lost - arrived * p).abs() < 5.0 * sd,
+        "{lost} of {arrived} lost, expected {} ± {sd:.1}",
+        arrived * p
+    );
+    assert_eq!(report["down"]["lost"], 0);
+    // The receiver misses exactly the packets the model lost: no drops outside it.
+    let v: serde_json::Value = serde_json::from_str(&server).unwrap();
+    let missed = v["end"]["sum"]["lost_packets"].as_f64().unwrap();
+    assert!(
+        (missed - lost).abs() <= 1.0,
+        "iperf3 missed {missed}, the model lost {lost}"
+    );
+}
+
+#[test]
+fn corrupted_payload_arrives_with_valid_checksums_and_only_braids_check_sees_it() {
+    require_lab();
+    require("python3");
+    let name = lab_name("c");
+    // Every UDP datagram gets one flipped bit; the kernel delivers it, so its checksum was fixed.
+    let receive = "python3 -c \"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+                   s.bind(('0.0.0.0', 7000)); print(s.recv(4096).hex())\"";
+    let send = "python3 -c \"import socket,time; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+                [s.sendto(b'A'*1000, ('198.18.0.2', 7000)) or time.sleep(0.05) for _ in range(20)]\"";
+    let (code, _, server, report) = run_once(&name, &["--up-corrupt", "1"], receive, send);
+    assert_eq!(code, 0, "{report}");
+    let got = (0..server.trim().len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&server.trim()[i..i + 2], 16).unwrap())
+        .collect::<Vec<u8>>();
+    assert_eq!(got.len(), 1000, "{server}");
+    let flipped: u32 = got.iter().map(|b| (b ^ b'A').count_ones()).sum();
+    assert_eq!(flipped, 1, "expected exactly one flipped bit");
+    assert!(report["up"]["corrupted"].as_u64().unwrap() >= 1, "{report}");
+
+    // TCP accepts damaged segments with fixed checksums too: braid's whole-file check is what
+    // catches them (exit 8), and nothing takes the final name.
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.bin"), random_bytes(4 << 20, 16)).unwrap();
+    let dest = top.path().join("f.bin");
+    let name = lab_name("d");
+    let serve = format!(
+        "{BRAID} serve --root {} --listen 198.18.0.2:2121",
+        root.display()
+    );
+    let get = format!(
+        "{BRAID} get ftp://198.18.0.2:2121/f.bin {} -n 2 -q",
+        dest.display()
+    );
+    let (code, _, _, report) = run_once(
+        &name,
+        &["--down-corrupt", "1e-5", "--mtu", "1500"],
+        &serve,
+        &get,
+    );
+    assert!(
+        report["down"]["corrupted"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    assert_eq!(code, 8, "braid did not report the damage: {report}");
+    assert!(!dest.exists(), "a damaged download took its final name");
+}
+
+#[test]
+fn clean_removes_a_lab_whose_process_was_killed() {
+    require_lab();
+    let name = lab_name("k");
+    let mut link = Link::up(&name, &["--delay", "1ms"]);
+    let mut child = link.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        std::path::Path::new("/run/netns")
+            .join(format!("{name}-left"))
+            .exists(),
+        "SIGKILL should leave the namespaces for clean to find"
+    );
+    let out = Command::new(BRAID).args(["lab", "clean"]).output().unwrap();
+    assert!(out.status.success());
+    assert_gone(&name);
+}
