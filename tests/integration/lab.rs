@@ -154,7 +154,30 @@ fn ping_rtt_is_twice_the_delay_plus_serialization() {
     require_lab();
     require("ping");
     let name = lab_name("p");
-    let link = Link::up(&name, &["--rate", "1.536mbit", "--delay", "100ms"]);
+    let top = tempdir();
+    let log = top.path().join("packets.csv");
+    let link = Link::up(
+        &name,
+        &[
+            "--rate",
+            "1.536mbit",
+            "--delay",
+            "100ms",
+            "--log",
+            log.to_str().unwrap(),
+        ],
+    );
+    // A second lab of the same name is refused and leaves the first alone.
+    let second = Command::new(BRAID)
+        .args(["lab", "link", "--name", &name, "--duration", "1"])
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("exists already"),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
     let out = link.exec("left", &["ping", "-c", "10", "-i", "0.2", "198.18.0.2"]);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{text}");
@@ -175,6 +198,21 @@ fn ping_rtt_is_twice_the_delay_plus_serialization() {
     let report = link.stop();
     assert_eq!(report["up"]["delivered_packets"], 10, "{report}");
     assert_eq!(report["down"]["delivered_packets"], 10, "{report}");
+    // The packet log: one line per packet, 84 bytes each, delivered 100 ms (plus 0.44 ms on
+    // the wire) after the end of its transmission.
+    let log = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<Vec<&str>> = log.lines().map(|l| l.split(',').collect()).collect();
+    assert_eq!(lines.len(), 20, "{log}");
+    for f in &lines {
+        assert_eq!((f[2], f[3]), ("84", "deliver"), "{log}");
+        let (arrival, sent, delivered): (u64, u64, u64) = (
+            f[1].parse().unwrap(),
+            f[4].parse().unwrap(),
+            f[5].parse().unwrap(),
+        );
+        assert_eq!(delivered - sent, 100_000, "{log}");
+        assert!((437..=438).contains(&(sent - arrival)), "{log}");
+    }
 }
 
 /// Mean goodput of an iperf3 server's intervals after the first two seconds, in bit/s.
