@@ -96,6 +96,8 @@ enum Cmd {
         #[arg(long)]
         rw: bool,
     },
+    /// Throughput, retransmissions, RTT and windows per TCP connection from a pcap/pcapng file.
+    Trace(crate::trace::TraceArgs),
     /// The link emulator: two network namespaces joined by an emulated link (needs root).
     #[command(subcommand)]
     Lab(Box<crate::lab::LabCmd>),
@@ -332,6 +334,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Cmd::Demo { size } => crate::demo::run(size).map(|()| exit::OK),
         Cmd::Lab(cmd) => crate::lab::main(*cmd),
+        Cmd::Trace(args) => crate::trace::main(args),
     }
 }
 

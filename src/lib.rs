@@ -11,4 +11,5 @@ pub mod fsroot;
 pub mod lab;
 pub mod server;
 pub mod sums;
+pub mod trace;
 pub mod users;

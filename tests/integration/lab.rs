@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn require_lab() {
+pub fn require_lab() {
     assert!(
         rustix::process::geteuid().is_root(),
         "the lab tests create network namespaces and TUN devices: run them as root"
@@ -20,7 +20,7 @@ fn require_lab() {
 }
 
 /// A lab name no other test (or test run) uses.
-fn lab_name(tag: &str) -> String {
+pub fn lab_name(tag: &str) -> String {
     format!("bt{}{tag}", std::process::id() % 100_000)
 }
 

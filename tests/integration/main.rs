@@ -10,5 +10,6 @@ mod lftp;
 mod parallel;
 mod safety;
 mod scripted;
+mod trace;
 mod util;
 mod vsftpd;

@@ -53,6 +53,16 @@ impl RangeSet {
         self.ranges.iter().map(|(s, e)| e - s).sum()
     }
 
+    /// How many bytes of `[start, end)` are already covered.
+    pub fn overlap(&self, start: u64, end: u64) -> u64 {
+        let i = self.ranges.partition_point(|&(_, e)| e <= start);
+        self.ranges[i..]
+            .iter()
+            .take_while(|&&(s, _)| s < end)
+            .map(|&(s, e)| e.min(end) - s.max(start))
+            .sum()
+    }
+
     /// Whether `[start, end)` is wholly covered.
     pub fn covers(&self, start: u64, end: u64) -> bool {
         if start >= end {
@@ -155,6 +165,10 @@ mod tests {
                 prop_assert_eq!(set.covers(i as u64, i as u64 + 1), *b);
             }
             prop_assert_eq!(RangeSet::parse(&set.to_string()).ok().filter(|_| !set.is_empty()), (!set.is_empty()).then(|| set.clone()));
+            for (a, b) in [(0u64, 250u64), (17, 18), (30, 90), (100, 100), (199, 260)] {
+                let covered = bits[a as usize..b as usize].iter().filter(|x| **x).count() as u64;
+                prop_assert_eq!(set.overlap(a, b), covered);
+            }
         }
     }
 

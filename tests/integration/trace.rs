@@ -1,0 +1,236 @@
+//! `braid trace` against tcptrace on a capture with real losses (taken inside the link
+//! emulator), and on hand-made captures that are cut, garbled or not TCP.
+use crate::util::{BRAID, braid, json, require, tempdir};
+use std::collections::HashMap;
+use std::process::Command;
+
+/// One connection as tcptrace prints it: host a, host b, the two-column fields as (a2b, b2a)
+/// pairs, and the elapsed time in seconds.
+type TcptraceConnection = (String, String, HashMap<String, (u64, u64)>, f64);
+
+/// tcptrace -l -n -r, parsed.
+fn tcptrace(capture: &std::path::Path) -> Vec<TcptraceConnection> {
+    let out = Command::new("tcptrace")
+        .args(["-l", "-n", "-r"])
+        .arg(capture)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut conns = Vec::new();
+    for block in text.split("TCP connection ").skip(1) {
+        let mut hosts = Vec::new();
+        let mut fields = HashMap::new();
+        let mut elapsed = 0.0;
+        for line in block.lines() {
+            let l = line.trim();
+            if let Some(h) = l.strip_prefix("host ").and_then(|h| h.split_once(':')) {
+                hosts.push(h.1.trim().to_string());
+            } else if let Some(t) = l.strip_prefix("elapsed time:") {
+                let parts: Vec<f64> = t.trim().split(':').map(|p| p.parse().unwrap()).collect();
+                elapsed = parts[0] * 3600.0 + parts[1] * 60.0 + parts[2];
+            } else if let Some((name, rest)) = l.split_once(':') {
+                // "total packets:   13   total packets:   14"
+                let values: Vec<u64> = rest
+                    .split_whitespace()
+                    .filter_map(|w| w.parse().ok())
+                    .collect();
+                if values.len() == 2 && rest.contains(&format!("{name}:")) {
+                    fields.insert(name.trim().to_string(), (values[0], values[1]));
+                }
+            }
+        }
+        if hosts.len() == 2 {
+            conns.push((hosts[0].clone(), hosts[1].clone(), fields, elapsed));
+        }
+    }
+    conns
+}
+
+#[test]
+fn trace_agrees_with_tcptrace_on_a_lossy_lab_capture() {
+    crate::lab::require_lab();
+    for program in ["tcpdump", "tcptrace", "iperf3"] {
+        require(program);
+    }
+    let top = tempdir();
+    let capture = top.path().join("lossy.pcap");
+    // Captured on the sending host's TUN: 2 % of data packets are lost after it, so the
+    // sender retransmits.
+    let client = format!(
+        "tcpdump -i braid0 -s 128 -Z root -w {} -U 2>/dev/null & p=$!; sleep 1; \
+         iperf3 -c 198.18.0.2 -t 3 -C cubic >/dev/null; sleep 0.5; kill -INT $p; wait $p",
+        capture.display()
+    );
+    let name = crate::lab::lab_name("r");
+    let out = Command::new(BRAID)
+        .args([
+            "lab", "run", "--name", &name, "--rate", "20mbit", "--delay", "5ms",
+        ])
+        .args([
+            "--up-loss",
+            "0.02",
+            "--server",
+            "iperf3 -s -1",
+            "--client",
+            &client,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs = tcptrace(&capture);
+    let (code, stdout, err) = braid(&["trace", capture.to_str().unwrap(), "--json"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let ours = json(&stdout);
+    let conns = ours["connections"].as_array().unwrap();
+    assert_eq!(conns.len(), theirs.len(), "{stdout}");
+    let mut retransmitted = 0;
+    for (c, (a, b, fields, elapsed)) in conns.iter().zip(&theirs) {
+        assert_eq!(
+            (c["a"].as_str().unwrap(), c["b"].as_str().unwrap()),
+            (a.as_str(), b.as_str())
+        );
+        for (theirs_name, ours_name) in [
+            ("total packets", "packets"),
+            ("actual data pkts", "data_packets"),
+            ("actual data bytes", "data_bytes"),
+            ("rexmt data pkts", "rexmt_packets"),
+            ("rexmt data bytes", "rexmt_bytes"),
+            ("unique bytes sent", "unique_bytes"),
+        ] {
+            let t = fields[theirs_name];
+            let o = (
+                c["a2b"][ours_name].as_u64().unwrap(),
+                c["b2a"][ours_name].as_u64().unwrap(),
+            );
+            assert_eq!(o, t, "{theirs_name} of {a} <-> {b}");
+        }
+        retransmitted += fields["rexmt data pkts"].0 + fields["rexmt data pkts"].1;
+        let d = c["duration_s"].as_f64().unwrap();
+        assert!((d - elapsed).abs() < 1e-5, "duration {d} against {elapsed}");
+    }
+    assert!(
+        retransmitted > 0,
+        "the capture has no retransmissions to compare"
+    );
+}
+
+/// A pcap file (microsecond times, raw IP) holding `frames`.
+fn pcap(frames: &[Vec<u8>]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&0xa1b2c3d4u32.to_le_bytes());
+    f.extend_from_slice(&2u16.to_le_bytes());
+    f.extend_from_slice(&4u16.to_le_bytes());
+    f.extend_from_slice(&[0; 8]);
+    f.extend_from_slice(&65535u32.to_le_bytes());
+    f.extend_from_slice(&101u32.to_le_bytes());
+    for (i, frame) in frames.iter().enumerate() {
+        f.extend_from_slice(&(1_700_000_000u32 + i as u32).to_le_bytes());
+        f.extend_from_slice(&0u32.to_le_bytes());
+        f.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        f.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        f.extend_from_slice(frame);
+    }
+    f
+}
+
+/// An IPv4 packet from 198.18.0.1:1000 to 198.18.0.2:2000, `len` payload bytes.
+fn ipv4(proto: u8, seq: u32, len: usize) -> Vec<u8> {
+    let header = if proto == 6 { 20 } else { 8 };
+    let total = 20 + header + len;
+    let mut p = vec![
+        0x45,
+        0,
+        (total >> 8) as u8,
+        total as u8,
+        0,
+        0,
+        0x40,
+        0,
+        64,
+        proto,
+        0,
+        0,
+    ];
+    p.extend_from_slice(&[198, 18, 0, 1, 198, 18, 0, 2]);
+    p.extend_from_slice(&1000u16.to_be_bytes());
+    p.extend_from_slice(&2000u16.to_be_bytes());
+    if proto == 6 {
+        p.extend_from_slice(&seq.to_be_bytes());
+        p.extend_from_slice(&[0, 0, 0, 0, 0x50, 0x18, 0x10, 0, 0, 0, 0, 0]);
+    } else {
+        p.extend_from_slice(&((8 + len) as u16).to_be_bytes());
+        p.extend_from_slice(&[0, 0]);
+    }
+    p.extend(std::iter::repeat_n(7u8, len));
+    p
+}
+
+#[test]
+fn cut_garbled_and_foreign_captures_get_clear_messages_and_partial_results() {
+    let top = tempdir();
+    let path = |name: &str| top.path().join(name);
+    let frames = vec![
+        ipv4(6, 1, 100),
+        ipv4(6, 101, 100),
+        ipv4(17, 0, 50),
+        ipv4(6, 201, 100),
+    ];
+    let whole = pcap(&frames);
+    std::fs::write(path("ok.pcap"), &whole).unwrap();
+    let (code, out, err) = braid(&["trace", path("ok.pcap").to_str().unwrap(), "--json"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let r = json(&out);
+    assert_eq!(
+        (r["frames"].as_u64(), r["tcp_segments"].as_u64()),
+        (Some(4), Some(3))
+    );
+    assert_eq!(r["skipped"]["not_tcp"], 1);
+    assert_eq!(r["connections"][0]["a2b"]["data_bytes"], 300);
+
+    // Cut in the middle of the last frame: the first three are still reported.
+    std::fs::write(path("cut.pcap"), &whole[..whole.len() - 30]).unwrap();
+    let (code, out, err) = braid(
+        &["trace", path("cut.pcap").to_str().unwrap(), "--json"],
+        &[],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("ends in the middle of a packet"), "{err}");
+    let r = json(&out);
+    assert_eq!(r["frames"], 3);
+    assert_eq!(r["connections"][0]["a2b"]["data_bytes"], 200);
+
+    // Not a capture at all, and an empty file.
+    std::fs::write(path("junk.pcap"), b"this is not a capture file at all").unwrap();
+    let (code, _, err) = braid(&["trace", path("junk.pcap").to_str().unwrap()], &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("not a pcap or pcapng file"), "{err}");
+    std::fs::write(path("empty.pcap"), b"").unwrap();
+    let (code, _, err) = braid(&["trace", path("empty.pcap").to_str().unwrap()], &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("empty"), "{err}");
+
+    // The series: one line per TCP segment, cumulative data bits.
+    let series = path("series.csv");
+    let (code, _, err) = braid(
+        &[
+            "trace",
+            path("ok.pcap").to_str().unwrap(),
+            "--series",
+            series.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let csv = std::fs::read_to_string(&series).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        lines[0],
+        "time_s,connection,direction,kind,data_bits,acked_bits"
+    );
+    assert_eq!(lines.len(), 4, "{csv}");
+    assert!(lines[3].starts_with("3.000000,0,a2b,data,2400,"), "{csv}");
+}
