@@ -4,6 +4,7 @@
 
 pub mod capture;
 pub mod decode;
+pub mod plot;
 pub mod tcp;
 
 use anyhow::{Context, Result};
@@ -18,6 +19,13 @@ pub struct TraceArgs {
     /// Print the summary as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Group every connection between the same two hosts into one transfer, not only those
+    /// that overlap in time.
+    #[arg(long)]
+    group_by_hosts: bool,
+    /// Draw the time-sequence graph, throughput and RTT over time into this SVG file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Write the bps.awk-style series here: time, connection, direction, kind (data, rexmt or
     /// ack), cumulative data bits, cumulative acknowledged bits.
     #[arg(long)]
@@ -45,6 +53,72 @@ pub struct Report {
     /// Why reading stopped early, if it did.
     pub damaged: Option<String>,
     pub connections: Vec<tcp::ConnectionReport>,
+    /// Connections that ran together between the same two hosts (a braid transfer: one
+    /// control connection and its data connections), when there are several.
+    pub transfers: Vec<Transfer>,
+}
+
+/// Several connections between the same two hosts, taken as one transfer.
+#[derive(Debug, serde::Serialize)]
+pub struct Transfer {
+    pub hosts: [String; 2],
+    /// Indexes into `connections`.
+    pub connections: Vec<usize>,
+    pub first_s: f64,
+    pub last_s: f64,
+    /// Data bytes of all connections (both directions).
+    pub data_bytes: u64,
+    /// Over the transfer's span, in bit/s.
+    pub rate_bps: Option<f64>,
+    /// Each connection's part of the data bytes, in the order of `connections`.
+    pub shares: Vec<f64>,
+}
+
+/// Groups connections between the same two hosts whose lifetimes overlap (a braid transfer's
+/// control connection spans its data connections); with `by_hosts`, every connection between
+/// the same two hosts, whatever its time.
+pub fn transfers(conns: &[tcp::ConnectionReport], by_hosts: bool) -> Vec<Transfer> {
+    let host = |a: &str| a.rsplit_once(':').map_or(a, |(h, _)| h).to_string();
+    let mut groups: Vec<Transfer> = Vec::new();
+    for (i, c) in conns.iter().enumerate() {
+        let mut hosts = [host(&c.a), host(&c.b)];
+        hosts.sort();
+        let bytes = c.a2b.data_bytes + c.b2a.data_bytes;
+        let joined = groups.iter_mut().rev().find(|g| {
+            g.hosts == hosts && (by_hosts || (c.first_s <= g.last_s && c.last_s >= g.first_s))
+        });
+        match joined {
+            Some(g) => {
+                g.connections.push(i);
+                g.first_s = g.first_s.min(c.first_s);
+                g.last_s = g.last_s.max(c.last_s);
+                g.data_bytes += bytes;
+            }
+            None => groups.push(Transfer {
+                hosts,
+                connections: vec![i],
+                first_s: c.first_s,
+                last_s: c.last_s,
+                data_bytes: bytes,
+                rate_bps: None,
+                shares: Vec::new(),
+            }),
+        }
+    }
+    groups.retain(|g| g.connections.len() > 1);
+    for g in &mut groups {
+        let span = g.last_s - g.first_s;
+        g.rate_bps = (span > 0.0).then(|| g.data_bytes as f64 * 8.0 / span);
+        g.shares = g
+            .connections
+            .iter()
+            .map(|&i| {
+                let c = &conns[i];
+                (c.a2b.data_bytes + c.b2a.data_bytes) as f64 / (g.data_bytes.max(1)) as f64
+            })
+            .collect();
+    }
+    groups
 }
 
 /// Reads and analyses a capture. `series` receives one CSV line per TCP segment.
@@ -52,6 +126,7 @@ pub fn analyse(
     input: impl std::io::Read + Send,
     name: &str,
     mut series: Option<&mut dyn Write>,
+    mut plot: Option<&mut plot::Collector>,
 ) -> Result<Report> {
     let mut analysis = tcp::Analysis::new();
     let (mut frames, mut segments) = (0u64, 0u64);
@@ -67,6 +142,9 @@ pub fn analyse(
             Ok(s) => {
                 segments += 1;
                 let seen = analysis.add(t, &s);
+                if let Some(p) = plot.as_deref_mut() {
+                    p.add(t as f64 / 1e9, &seen);
+                }
                 if let Some(w) = series.as_deref_mut() {
                     if data_bits.len() <= seen.connection {
                         data_bits.resize(seen.connection + 1, [0, 0]);
@@ -112,6 +190,7 @@ pub fn analyse(
             capture::End::Complete => None,
             capture::End::Damaged(why) => Some(why),
         },
+        transfers: Vec::new(),
         connections: analysis.report(),
     })
 }
@@ -131,7 +210,17 @@ pub fn main(args: TraceArgs) -> Result<u8> {
         None => None,
     };
     let name = args.capture.display().to_string();
-    let report = analyse(input, &name, series.as_mut().map(|w| w as &mut dyn Write))?;
+    let mut plot = args.plot.as_ref().map(|_| plot::Collector::default());
+    let mut report = analyse(
+        input,
+        &name,
+        series.as_mut().map(|w| w as &mut dyn Write),
+        plot.as_mut(),
+    )?;
+    if let (Some(path), Some(p)) = (&args.plot, &plot) {
+        p.draw(path, &name).map_err(anyhow::Error::msg)?;
+    }
+    report.transfers = transfers(&report.connections, args.group_by_hosts);
     if let Some(mut w) = series {
         w.flush().context("cannot write the series")?;
     }
@@ -153,6 +242,29 @@ pub fn main(args: TraceArgs) -> Result<u8> {
 }
 
 fn print_text(r: &Report) {
+    print_connections(r);
+    for t in &r.transfers {
+        println!(
+            "\ntransfer {} <-> {}: {} connections, {} data bytes in {:.3} s, {}",
+            t.hosts[0],
+            t.hosts[1],
+            t.connections.len(),
+            t.data_bytes,
+            t.last_s - t.first_s,
+            t.rate_bps
+                .map_or("-".into(), |b| format!("{:.3} Mbit/s", b / 1e6))
+        );
+        let shares: Vec<String> = t
+            .connections
+            .iter()
+            .zip(&t.shares)
+            .map(|(i, s)| format!("#{i} {:.1} %", s * 100.0))
+            .collect();
+        println!("  shares: {}", shares.join(", "));
+    }
+}
+
+fn print_connections(r: &Report) {
     println!(
         "{}: {} frames, {} TCP segments, {} connections",
         r.capture,

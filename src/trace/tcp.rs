@@ -139,6 +139,10 @@ pub struct Seen {
     pub retransmission: bool,
     /// Bytes of the other direction acknowledged so far, as of this segment.
     pub acked: u64,
+    /// Where this segment's data starts, from the direction's first sequence number.
+    pub offset: u64,
+    /// An RTT sample this segment's ACK gave for the other direction.
+    pub rtt: Option<Nanos>,
 }
 
 impl Analysis {
@@ -177,10 +181,16 @@ impl Analysis {
             (second, first)
         };
         let retransmission = on_segment(this, other, t, s);
-        let acked = if s.has_ack {
+        let offset = match this.base {
+            Some(base) if s.data_len > 0 => {
+                this.position(s.seq).map_or(0, |p| p.saturating_sub(base))
+            }
+            _ => 0,
+        };
+        let (acked, rtt) = if s.has_ack {
             on_ack(other, t, s.ack)
         } else {
-            0
+            (0, None)
         };
         Seen {
             connection: c.index,
@@ -188,6 +198,8 @@ impl Analysis {
             data_len: s.data_len,
             retransmission,
             acked,
+            offset,
+            rtt,
         }
     }
 
@@ -283,11 +295,12 @@ fn on_segment(this: &mut Direction, other: &Direction, t: Nanos, s: &Segment) ->
 }
 
 /// An ACK from the other side, for `this` direction's data: RTT samples (Karn's rule).
-/// Returns the bytes of this direction acknowledged so far.
-fn on_ack(this: &mut Direction, t: Nanos, ack: u32) -> u64 {
+/// Returns the bytes of this direction acknowledged so far, and the RTT sample, if any.
+fn on_ack(this: &mut Direction, t: Nanos, ack: u32) -> (u64, Option<Nanos>) {
     let (Some(base), Some(ack)) = (this.base, this.position(ack)) else {
-        return 0;
+        return (0, None);
     };
+    let mut got = None;
     while let Some(&(end, sent, retransmitted)) = this.outstanding.front() {
         if end > ack {
             break;
@@ -299,10 +312,11 @@ fn on_ack(this: &mut Direction, t: Nanos, ack: u32) -> u64 {
             this.rtt.sum += sample;
             this.rtt.min = Some(this.rtt.min.map_or(sample, |m| m.min(sample)));
             this.rtt.max = this.rtt.max.max(sample);
+            got = Some(sample);
         }
     }
     this.highest_ack = this.highest_ack.max(ack.saturating_sub(base));
-    this.highest_ack
+    (this.highest_ack, got)
 }
 
 fn secs(ns: Nanos) -> f64 {

@@ -116,6 +116,32 @@ fn trace_agrees_with_tcptrace_on_a_lossy_lab_capture() {
         retransmitted > 0,
         "the capture has no retransmissions to compare"
     );
+
+    // The plot marks each retransmission of data with a red dot.
+    let svg = top.path().join("lossy.svg");
+    let (code, _, err) = braid(
+        &[
+            "trace",
+            capture.to_str().unwrap(),
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    for caption in ["time-sequence", "throughput", "RTT samples"] {
+        assert!(svg.contains(caption), "{caption} missing from the plot");
+    }
+    let red = svg
+        .split("<circle")
+        .skip(1)
+        .filter(|c| c.contains("fill=\"#FF0000\""))
+        .count() as u64;
+    assert!(
+        red > 0 && red <= retransmitted,
+        "{red} red dots for {retransmitted} retransmissions"
+    );
 }
 
 /// A pcap file (microsecond times, raw IP) holding `frames`.
@@ -233,4 +259,64 @@ fn cut_garbled_and_foreign_captures_get_clear_messages_and_partial_results() {
     );
     assert_eq!(lines.len(), 4, "{csv}");
     assert!(lines[3].starts_with("3.000000,0,a2b,data,2400,"), "{csv}");
+}
+
+#[test]
+fn a_parallel_braid_download_is_summarised_as_one_transfer() {
+    crate::lab::require_lab();
+    require("tcpdump");
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.bin"), crate::util::random_bytes(8 << 20, 17)).unwrap();
+    let capture = top.path().join("braid.pcap");
+    let serve = format!(
+        "{BRAID} serve --root {} --listen 198.18.0.2:2121",
+        root.display()
+    );
+    let client = format!(
+        "tcpdump -i braid0 -s 96 -B 32768 -Z root -w {} -U 2>/dev/null & p=$!; sleep 1; \
+         {BRAID} get ftp://198.18.0.2:2121/f.bin /dev/null -n 4 -q; sleep 0.3; kill -INT $p; wait $p",
+        capture.display()
+    );
+    let name = crate::lab::lab_name("g");
+    let out = Command::new(BRAID)
+        .args([
+            "lab", "run", "--name", &name, "--rate", "100mbit", "--delay", "2ms",
+        ])
+        .args(["--server", &serve, "--client", &client])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (code, stdout, err) = braid(&["trace", capture.to_str().unwrap(), "--json"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let r = json(&stdout);
+    // The control connection and four data connections, one transfer.
+    assert_eq!(r["connections"].as_array().unwrap().len(), 5, "{stdout}");
+    let transfers = r["transfers"].as_array().unwrap();
+    assert_eq!(transfers.len(), 1, "{stdout}");
+    let t = &transfers[0];
+    assert_eq!(t["connections"].as_array().unwrap().len(), 5);
+    let total = t["data_bytes"].as_u64().unwrap();
+    assert!(total >= 8 << 20, "{t}");
+    let shares: Vec<f64> = t["shares"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_f64().unwrap())
+        .collect();
+    assert!(
+        (shares.iter().sum::<f64>() - 1.0).abs() < 1e-9,
+        "{shares:?}"
+    );
+    // Every data connection carried a real part of the file.
+    assert_eq!(
+        shares.iter().filter(|s| **s > 0.05).count(),
+        4,
+        "{shares:?}"
+    );
 }
