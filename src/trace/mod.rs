@@ -318,3 +318,37 @@ fn print_connections(r: &Report) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the fuzz target does, on a few hostile inputs: damage is reported, never a panic.
+    #[test]
+    fn hostile_bytes_are_reported_not_panicked_on() {
+        let mut pcap_header = 0xa1b2c3d4u32.to_le_bytes().to_vec();
+        pcap_header.extend_from_slice(&[2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0]);
+        pcap_header.extend_from_slice(&101u32.to_le_bytes());
+        let mut huge_record = pcap_header.clone();
+        // A record claiming 4 GB of data.
+        huge_record.extend_from_slice(&[
+            0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        ]);
+        let mut garbage_frame = pcap_header.clone();
+        garbage_frame.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 8, 0, 0, 0]);
+        garbage_frame.extend_from_slice(&[0x45, 0xff, 0, 0, 0, 0, 0, 0]);
+        let ng_header_only = [0x0A, 0x0D, 0x0D, 0x0A, 0xff, 0xff, 0xff, 0x7f];
+        for input in [
+            &pcap_header[..],
+            &huge_record,
+            &garbage_frame,
+            &ng_header_only,
+            b"\xd4\xc3\xb2\xa1",
+        ] {
+            match analyse(input, "hostile", None, None) {
+                Ok(r) => assert!(r.connections.is_empty()),
+                Err(e) => assert!(!e.to_string().is_empty()),
+            }
+        }
+    }
+}

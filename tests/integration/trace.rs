@@ -320,3 +320,93 @@ fn a_parallel_braid_download_is_summarised_as_one_transfer() {
         "{shares:?}"
     );
 }
+
+/// A pcapng file: one section, one raw-IP interface with nanosecond times, `frames` as
+/// enhanced packet blocks, 1.5 ms apart.
+fn pcapng(frames: &[Vec<u8>]) -> Vec<u8> {
+    fn block(kind: u32, body: &[u8]) -> Vec<u8> {
+        let padded = body.len().div_ceil(4) * 4;
+        let len = (12 + padded) as u32;
+        let mut b = kind.to_le_bytes().to_vec();
+        b.extend_from_slice(&len.to_le_bytes());
+        b.extend_from_slice(body);
+        b.resize(8 + padded, 0);
+        b.extend_from_slice(&len.to_le_bytes());
+        b
+    }
+    let mut shb = 0x1A2B_3C4Du32.to_le_bytes().to_vec();
+    shb.extend_from_slice(&1u16.to_le_bytes());
+    shb.extend_from_slice(&0u16.to_le_bytes());
+    shb.extend_from_slice(&(-1i64).to_le_bytes());
+    let mut f = block(0x0A0D_0D0A, &shb);
+    let mut idb = 101u16.to_le_bytes().to_vec();
+    idb.extend_from_slice(&0u16.to_le_bytes());
+    idb.extend_from_slice(&0u32.to_le_bytes());
+    // if_tsresol = 9: nanoseconds; then the end of options.
+    idb.extend_from_slice(&[9, 0, 1, 0, 9, 0, 0, 0, 0, 0, 0, 0]);
+    f.extend(block(1, &idb));
+    for (i, frame) in frames.iter().enumerate() {
+        let ts: u64 = 1_700_000_000_000_000_000 + i as u64 * 1_500_000;
+        let mut epb = 0u32.to_le_bytes().to_vec();
+        epb.extend_from_slice(&((ts >> 32) as u32).to_le_bytes());
+        epb.extend_from_slice(&(ts as u32).to_le_bytes());
+        epb.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        epb.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        epb.extend_from_slice(frame);
+        f.extend(block(6, &epb));
+    }
+    f
+}
+
+/// An IPv6 TCP segment from [2001:db8::1]:1000 to [2001:db8::2]:2000 with `len` bytes.
+fn ipv6_tcp(seq: u32, len: usize) -> Vec<u8> {
+    let mut p = vec![0x60, 0, 0, 0];
+    p.extend_from_slice(&((20 + len) as u16).to_be_bytes());
+    p.extend_from_slice(&[6, 64]);
+    let mut a = [0u8; 16];
+    a[..4].copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8]);
+    a[15] = 1;
+    p.extend_from_slice(&a);
+    a[15] = 2;
+    p.extend_from_slice(&a);
+    p.extend_from_slice(&1000u16.to_be_bytes());
+    p.extend_from_slice(&2000u16.to_be_bytes());
+    p.extend_from_slice(&seq.to_be_bytes());
+    p.extend_from_slice(&[0, 0, 0, 0, 0x50, 0x18, 0x10, 0, 0, 0, 0, 0]);
+    p.extend(std::iter::repeat_n(9u8, len));
+    p
+}
+
+#[test]
+fn pcapng_with_nanosecond_times_and_ipv6() {
+    let top = tempdir();
+    let path = top.path().join("v6.pcapng");
+    // Three segments, the second sent twice.
+    let frames = vec![
+        ipv6_tcp(1, 1000),
+        ipv6_tcp(1001, 1000),
+        ipv6_tcp(1001, 1000),
+        ipv6_tcp(2001, 1000),
+    ];
+    std::fs::write(&path, pcapng(&frames)).unwrap();
+    let (code, out, err) = braid(&["trace", path.to_str().unwrap(), "--json"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let r = json(&out);
+    let c = &r["connections"][0];
+    assert_eq!(c["a"], "[2001:db8::1]:1000");
+    assert_eq!(c["a2b"]["data_bytes"], 4000);
+    assert_eq!(c["a2b"]["unique_bytes"], 3000);
+    assert_eq!(
+        (
+            c["a2b"]["rexmt_packets"].as_u64(),
+            c["a2b"]["rexmt_bytes"].as_u64()
+        ),
+        (Some(1), Some(1000))
+    );
+    // 4.5 ms from first to last, at nanosecond resolution.
+    assert!(
+        (c["duration_s"].as_f64().unwrap() - 0.0045).abs() < 1e-9,
+        "{c}"
+    );
+    assert_eq!(c["a2b"]["wire_bytes"], 4 * 1060);
+}
