@@ -89,28 +89,40 @@ pub struct LinkArgs {
     /// Per-bit probability of a flipped payload bit that arrives with fixed checksums
     #[arg(long)]
     corrupt: Option<String>,
+    /// --rate, for left → right only.
     #[arg(long, hide_short_help = true)]
     up_rate: Option<String>,
+    /// --rate, for right → left only.
     #[arg(long, hide_short_help = true)]
     down_rate: Option<String>,
+    /// --delay, for left → right only.
     #[arg(long, hide_short_help = true)]
     up_delay: Option<String>,
+    /// --delay, for right → left only.
     #[arg(long, hide_short_help = true)]
     down_delay: Option<String>,
+    /// --queue, for left → right only.
     #[arg(long, hide_short_help = true)]
     up_queue: Option<String>,
+    /// --queue, for right → left only.
     #[arg(long, hide_short_help = true)]
     down_queue: Option<String>,
+    /// --loss, for left → right only.
     #[arg(long, hide_short_help = true, conflicts_with = "up_ber")]
     up_loss: Option<String>,
+    /// --loss, for right → left only.
     #[arg(long, hide_short_help = true, conflicts_with = "down_ber")]
     down_loss: Option<String>,
+    /// --ber, for left → right only.
     #[arg(long, hide_short_help = true)]
     up_ber: Option<String>,
+    /// --ber, for right → left only.
     #[arg(long, hide_short_help = true)]
     down_ber: Option<String>,
+    /// --corrupt, for left → right only.
     #[arg(long, hide_short_help = true)]
     up_corrupt: Option<String>,
+    /// --corrupt, for right → left only.
     #[arg(long, hide_short_help = true)]
     down_corrupt: Option<String>,
     /// MTU of the hosts' devices [default: the scenario's, else 1500]
