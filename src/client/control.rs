@@ -138,19 +138,17 @@ impl Control {
         Ok(r)
     }
 
-    fn read_some(&mut self) -> Result<()> {
+    fn read_some(&mut self) -> std::result::Result<(), ReadError> {
         let mut buf = [0u8; 4096];
         let n = loop {
             match self.stream.read(&mut buf) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(ClientError::Protocol(format!("reading reply: {e}"))),
+                Err(e) => return Err(ReadError::Io(e)),
             }
         };
         if n == 0 {
-            return Err(ClientError::Protocol(
-                "server closed the control connection".into(),
-            ));
+            return Err(ReadError::Closed);
         }
         self.parser.feed(&buf[..n]);
         Ok(())
@@ -372,6 +370,33 @@ impl Control {
         }
     }
 
+    /// Like `final_reply`, but gives up (None) when `stop` turns true, checked every 100 ms:
+    /// a user's Ctrl-C while the server finishes an upload must not be swallowed.
+    pub fn final_reply_unless(&mut self, stop: impl Fn() -> bool) -> Result<Option<Reply>> {
+        loop {
+            while let Some(r) = match self.pending.pop_front() {
+                Some(r) => Some(r),
+                None => self.parsed()?,
+            } {
+                if !r.is_preliminary() {
+                    return Ok(Some(r));
+                }
+            }
+            if stop() {
+                return Ok(None);
+            }
+            let _ = self
+                .stream
+                .set_read_timeout(Some(Duration::from_millis(100)));
+            let read = self.read_some();
+            let _ = self.stream.set_read_timeout(None);
+            match read {
+                Err(ReadError::Io(e)) if is_timeout(&e) => {}
+                r => r?,
+            }
+        }
+    }
+
     pub fn quit(mut self) {
         let _ = self.cmd(&Command::Quit);
     }
@@ -394,4 +419,27 @@ pub fn connect_data(addr: SocketAddr) -> Result<TcpStream> {
     s.set_read_timeout(Some(REPLY_TIMEOUT)).ok();
     s.set_write_timeout(Some(REPLY_TIMEOUT)).ok();
     Ok(s)
+}
+
+/// Why reading the control connection stopped.
+enum ReadError {
+    Io(std::io::Error),
+    Closed,
+}
+
+impl From<ReadError> for ClientError {
+    fn from(e: ReadError) -> ClientError {
+        ClientError::Protocol(match e {
+            ReadError::Io(e) => format!("reading reply: {e}"),
+            ReadError::Closed => "server closed the control connection".into(),
+        })
+    }
+}
+
+/// A read timeout shows as WouldBlock or TimedOut depending on the platform.
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }

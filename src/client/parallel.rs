@@ -500,14 +500,17 @@ pub fn put(
         }
         Peer::GridFtp => "the server keeps what arrived: run again with --resume to send the rest",
     };
-    if interrupt.hit() {
+    let stopped = |c: &mut Control| {
         send_abort(c);
-        keep_record(c);
-        return Err(ClientError::Interrupted {
+        let _ = record.save(c.stored());
+        ClientError::Interrupted {
             bytes: progress.load(Ordering::Relaxed),
             why: format!("stopped by Ctrl-C; the server was sent ABOR; {keeps}"),
             partial: None,
-        });
+        }
+    };
+    if interrupt.hit() {
+        return Err(stopped(c));
     }
     let sent = result.map_err(|e| {
         let what = "cannot read the file being uploaded";
@@ -530,17 +533,23 @@ pub fn put(
             value: Some(hex.clone()),
         };
         c.send(&scks)?;
-        let r = c.final_reply()?;
+        let Some(r) = c.final_reply_unless(|| interrupt.hit())? else {
+            return Err(stopped(c));
+        };
         if r.code != 200 {
             return Err(upload_failed(r, &record, c));
         }
         verified = Some(format!("{} {hex}", checksum::NAME));
     }
-    let r = c.final_reply()?;
+    let Some(r) = c.final_reply_unless(|| interrupt.hit())? else {
+        return Err(stopped(c));
+    };
     if r.code != 226 && r.code != 250 {
         return Err(upload_failed(r, &record, c));
     }
     record.remove();
+    // Done: from here (reading the file back to check it) Ctrl-C exits at once.
+    drop(interrupt);
     if peer == Peer::Braid && verified.is_none() {
         // Announced before the data (resumed upload); the server checked it before the 226.
         let sum = crate::sums::xxh3(file, len).map_err(local_err("cannot read the file"))?;
