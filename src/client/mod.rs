@@ -3,6 +3,7 @@
 
 mod control;
 pub mod error;
+mod interrupt;
 mod parallel;
 mod records;
 pub mod url;
@@ -293,8 +294,15 @@ fn get_inner(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
         c.start_transfer(&retr)?;
         let bar = progress_bar(opts, size, offset);
         let partial_name = part.as_ref().map(|p| p.part.display().to_string());
-        let copied = copy_stream(data, &mut out, &bar);
+        let (copied, stopped) =
+            interrupt::on_one_connection(&data, || copy_stream(&data, &mut out, &bar));
         bar.finish_and_clear();
+        if stopped {
+            out.flush()
+                .map_err(local_err("cannot write the download"))?;
+            let n = copied.unwrap_or_else(|(n, _)| n);
+            return Err(interrupt::stopped(&mut c, n, "", partial_name));
+        }
         received = match copied {
             Ok(n) => n,
             Err((n, CopyError::Read(e))) => {
@@ -394,7 +402,7 @@ enum CopyError {
 
 /// Copies a data connection into `out` until the server closes it.
 fn copy_stream(
-    mut data: TcpStream,
+    mut data: &TcpStream,
     out: &mut dyn Write,
     bar: &ProgressBar,
 ) -> std::result::Result<u64, (u64, CopyError)> {
@@ -490,8 +498,15 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
     }
     c.start_transfer(&stor)?;
     let bar = progress_bar(opts, Some(len), offset);
-    let r = send_file(&file, offset, len, &data, &bar);
+    let (r, stopped) =
+        interrupt::on_one_connection(&data, || send_file(&file, offset, len, &data, &bar));
     bar.finish_and_clear();
+    if stopped {
+        drop(data);
+        let n = r.unwrap_or_else(|(n, _)| n);
+        let advice = "; run again with --resume to send the rest";
+        return Err(interrupt::stopped(&mut c, n, advice, None));
+    }
     let sent = r.map_err(|(n, e)| ClientError::Interrupted {
         bytes: n,
         why: format!("data connection: {e}"),

@@ -4,6 +4,7 @@
 
 use super::control::{Control, connect_data};
 use super::error::{ClientError, Result};
+use super::interrupt::{Interrupt, stopped, supervise};
 use super::records::{UploadRecord, load_sidecar, save_sidecar, sidecar_path};
 use super::url::Target;
 use super::{Dest, Options, PartFile, Summary, local_err, part_path, progress_bar};
@@ -44,79 +45,6 @@ impl Peer {
 /// How long a reorder buffer may wait for a missing block, and how long a receiver waits for
 /// a data connection.
 const STALL: Duration = Duration::from_secs(120);
-
-/// Ctrl-C (or SIGTERM) during a data phase: the first stops the transfer cleanly (data
-/// connections closed, ABOR sent, partial kept for `--resume`); a second exits at once.
-struct Interrupt {
-    flag: Arc<std::sync::atomic::AtomicBool>,
-    ids: Vec<signal_hook::SigId>,
-}
-
-impl Interrupt {
-    fn install() -> Interrupt {
-        use signal_hook::consts::{SIGINT, SIGTERM};
-        for id in EXIT_ON_SIGNAL
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
-            signal_hook::low_level::unregister(id);
-        }
-        let flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut ids = Vec::new();
-        for sig in [SIGINT, SIGTERM] {
-            // The shutdown check runs first, so only a signal that finds the flag set exits.
-            if let Ok(id) = signal_hook::flag::register_conditional_shutdown(sig, 130, flag.clone())
-            {
-                ids.push(id);
-            }
-            if let Ok(id) = signal_hook::flag::register(sig, flag.clone()) {
-                ids.push(id);
-            }
-        }
-        Interrupt { flag, ids }
-    }
-
-    fn hit(&self) -> bool {
-        self.flag.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for Interrupt {
-    fn drop(&mut self) {
-        for id in self.ids.drain(..) {
-            signal_hook::low_level::unregister(id);
-        }
-        // signal-hook keeps its handler installed, which would now swallow Ctrl-C (and only
-        // interrupt system calls): make it exit as it did before the data phase.
-        let exit = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let mut restored = EXIT_ON_SIGNAL.lock().unwrap_or_else(|e| e.into_inner());
-        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-            if let Ok(id) = signal_hook::flag::register_conditional_shutdown(sig, 130, exit.clone())
-            {
-                restored.push(id);
-            }
-        }
-    }
-}
-
-/// The "exit at once" actions that stand in for the default signal action between data
-/// phases; the next data phase removes them.
-static EXIT_ON_SIGNAL: std::sync::Mutex<Vec<signal_hook::SigId>> =
-    std::sync::Mutex::new(Vec::new());
-
-/// After Ctrl-C: tells the server with ABOR and reads its replies (426 then 226, or 225).
-fn send_abort(c: &mut Control) {
-    if c.send(&Command::Abor).is_err() {
-        return;
-    }
-    for _ in 0..3 {
-        match c.reply() {
-            Ok(r) if r.code == 426 || r.is_preliminary() => continue,
-            _ => return,
-        }
-    }
-}
 
 /// Downloads in MODE E. `size` is what SIZE said.
 pub fn get(
@@ -246,12 +174,7 @@ pub fn get(
         let received = bytes.load(Ordering::Relaxed);
         if interrupt.hit() {
             save(&shared.snapshot());
-            send_abort(c);
-            return Err(ClientError::Interrupted {
-                bytes: received,
-                why: "stopped by Ctrl-C; the server was sent ABOR".into(),
-                partial: partial_name,
-            });
+            return Err(stopped(c, received, "", partial_name));
         }
         if let Err(e) = result {
             save(&shared.snapshot());
@@ -500,17 +423,14 @@ pub fn put(
         }
         Peer::GridFtp => "the server keeps what arrived: run again with --resume to send the rest",
     };
-    let stopped = |c: &mut Control| {
-        send_abort(c);
+    let stop_upload = |c: &mut Control| {
+        let advice = format!("; {keeps}");
+        let e = stopped(c, progress.load(Ordering::Relaxed), &advice, None);
         let _ = record.save(c.stored());
-        ClientError::Interrupted {
-            bytes: progress.load(Ordering::Relaxed),
-            why: format!("stopped by Ctrl-C; the server was sent ABOR; {keeps}"),
-            partial: None,
-        }
+        e
     };
     if interrupt.hit() {
-        return Err(stopped(c));
+        return Err(stop_upload(c));
     }
     let sent = result.map_err(|e| {
         let what = "cannot read the file being uploaded";
@@ -534,7 +454,7 @@ pub fn put(
         };
         c.send(&scks)?;
         let Some(r) = c.final_reply_unless(|| interrupt.hit())? else {
-            return Err(stopped(c));
+            return Err(stop_upload(c));
         };
         if r.code != 200 {
             return Err(upload_failed(r, &record, c));
@@ -542,7 +462,7 @@ pub fn put(
         verified = Some(format!("{} {hex}", checksum::NAME));
     }
     let Some(r) = c.final_reply_unless(|| interrupt.hit())? else {
-        return Err(stopped(c));
+        return Err(stop_upload(c));
     };
     if r.code != 226 && r.code != 250 {
         return Err(upload_failed(r, &record, c));
@@ -582,29 +502,6 @@ fn upload_failed(r: Reply, record: &UploadRecord, c: &Control) -> ClientError {
         let _ = record.save(c.stored());
     }
     e
-}
-
-/// Runs a data phase on its own thread while this one turns Ctrl-C into an abort and calls
-/// `tick` (progress bar, resume record) every 100 ms.
-fn supervise<T: Send>(
-    abort: &Abort,
-    interrupt: &Interrupt,
-    work: impl FnOnce() -> std::result::Result<T, EngineError> + Send,
-    mut tick: impl FnMut(),
-) -> std::result::Result<T, EngineError> {
-    std::thread::scope(|scope| {
-        let worker = scope.spawn(work);
-        while !worker.is_finished() {
-            std::thread::sleep(Duration::from_millis(100));
-            if interrupt.hit() {
-                abort.abort();
-            }
-            tick();
-        }
-        worker
-            .join()
-            .unwrap_or_else(|_| Err(EngineError::Setup("data thread panicked".into())))
-    })
 }
 
 /// The error for a data phase that failed: a local file error as such, anything else as an

@@ -168,6 +168,13 @@ impl Daemon {
     }
 }
 
+impl Daemon {
+    /// Stops or continues the daemon with every session process it forked.
+    pub fn signal(&self, signal: rustix::process::Signal) {
+        signal_group(self.child.id(), signal);
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         signal_group(self.child.id(), rustix::process::Signal::KILL);

@@ -101,3 +101,85 @@ fn braid_client_against_vsftpd() {
     );
     assert_eq!(code, 5, "{err}");
 }
+
+/// Ctrl-C in stream mode (the only mode vsftpd has): ABOR, exit 7, the partial kept, and
+/// `--resume` sends only the rest. vsftpd is stopped while the client gets Ctrl-C, so the
+/// transfer cannot end first.
+#[test]
+fn ctrl_c_in_stream_mode_sends_abor_and_resume_continues() {
+    use crate::util::{finish_child, json, signal_process};
+    use rustix::process::Signal;
+    use std::time::{Duration, Instant};
+    let top = tempdir();
+    let vs = start_vsftpd(top.path());
+    let root = top.path().join("root");
+    let content = random_bytes(256 << 20, 62);
+    std::fs::write(root.join("pub/src.bin"), &content).unwrap();
+    let base = format!("ftp://127.0.0.1:{}/pub", vs.port);
+    let dest = top.path().join("got.bin");
+    let part = top.path().join("got.bin.part");
+    let local = top.path().join("local.bin");
+    std::fs::write(&local, &content).unwrap();
+    let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    // Starts `args`, waits until `grown` holds 16 MiB, then Ctrl-C with vsftpd stopped.
+    let interrupt = |args: &[&str], grown: &std::path::Path| {
+        let mut child = Command::new(crate::util::BRAID)
+            .args(args)
+            .arg("-q")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while size(grown) < 16 << 20
+            && Instant::now() < deadline
+            && child.try_wait().unwrap().is_none()
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let done_early = child.try_wait().unwrap().is_some();
+        vs.signal(Signal::STOP);
+        signal_process(child.id(), Signal::INT);
+        std::thread::sleep(Duration::from_millis(300));
+        vs.signal(Signal::CONT);
+        let (code, err) = finish_child(child, Duration::from_secs(30));
+        assert!(!done_early, "the transfer ended before Ctrl-C: {err}");
+        assert_eq!(code, Some(7), "{err}");
+        assert!(err.contains("Ctrl-C") && err.contains("ABOR"), "{err}");
+    };
+
+    let url = format!("{base}/src.bin");
+    interrupt(&["get", &url, dest.to_str().unwrap()], &part);
+    let kept = size(&part) as usize;
+    assert!(
+        !dest.exists(),
+        "an interrupted download took the final name"
+    );
+    assert!(kept > 0 && kept < content.len(), "{kept} bytes kept");
+    assert!(std::fs::read(&part).unwrap() == content[..kept]);
+    let (code, out, err) = braid(
+        &["get", &url, dest.to_str().unwrap(), "--resume", "--json"],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["resumed_from"], kept, "{out}");
+    assert!(
+        std::fs::read(&dest).unwrap() == content,
+        "resumed download differs"
+    );
+
+    let up = format!("{base}/up.bin");
+    let stored = root.join("pub/up.bin");
+    interrupt(&["put", local.to_str().unwrap(), &up], &stored);
+    let held = size(&stored);
+    assert!(held > 0 && held < content.len() as u64, "{held} bytes held");
+    let (code, out, err) = braid(
+        &["put", local.to_str().unwrap(), &up, "--resume", "--json"],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(json(&out)["resumed_from"], held, "{out}");
+    assert!(
+        std::fs::read(&stored).unwrap() == content,
+        "resumed upload differs"
+    );
+}
