@@ -129,7 +129,7 @@ fn run_once(
     link: &[&str],
     server: &str,
     client: &str,
-) -> (i32, String, String, serde_json::Value) {
+) -> (i32, i64, String, serde_json::Value) {
     let out = Command::new(BRAID)
         .args(["lab", "run", "--name", name, "--json", "--timeout", "120"])
         .args(link)
@@ -143,7 +143,7 @@ fn run_once(
         .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
     (
         out.status.code().unwrap_or(-1),
-        v["client"]["stdout"].as_str().unwrap_or("").to_string(),
+        v["client"]["exit"].as_i64().unwrap_or(-1),
         v["server"]["stdout"].as_str().unwrap_or("").to_string(),
         v["link"].clone(),
     )
@@ -360,7 +360,7 @@ fn corrupted_payload_arrives_with_valid_checksums_and_only_braids_check_sees_it(
         "{BRAID} get ftp://198.18.0.2:2121/f.bin {} -n 2 -q",
         dest.display()
     );
-    let (code, _, _, report) = run_once(
+    let (_, client_code, _, report) = run_once(
         &name,
         &["--down-corrupt", "1e-5", "--mtu", "1500"],
         &serve,
@@ -370,7 +370,9 @@ fn corrupted_payload_arrives_with_valid_checksums_and_only_braids_check_sees_it(
         report["down"]["corrupted"].as_u64().unwrap() > 0,
         "{report}"
     );
-    assert_eq!(code, 8, "braid did not report the damage: {report}");
+    // The client's own code: on a loaded machine the TUN devices may drop a few packets too,
+    // which fails the lab run but only costs TCP a retransmission.
+    assert_eq!(client_code, 8, "braid did not report the damage: {report}");
     assert!(!dest.exists(), "a damaged download took its final name");
 }
 
