@@ -172,6 +172,11 @@ struct ServeArgs {
     /// Passive ports to choose from at random, e.g. 50000-50100 [default: any free port].
     #[arg(long, value_parser = parse_range)]
     passive_ports: Option<(u16, u16)>,
+    /// IPv4 address to put in PASV and SPAS replies instead of the one the server listens on:
+    /// the address clients reach it at when it sits behind NAT. Forward --passive-ports too.
+    /// EPSV replies carry no address and need nothing.
+    #[arg(long, value_name = "IPV4")]
+    public_address: Option<std::net::Ipv4Addr>,
     /// Most control connections from one client address.
     #[arg(long, default_value_t = 16)]
     max_per_ip: usize,
@@ -410,6 +415,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         (true, true) => Some(Perm::ReadWrite),
     };
     config.passive_ports = args.passive_ports;
+    config.public_address = args.public_address;
     config.max_per_ip = args.max_per_ip.max(1);
     config.max_connections = args.max_connections.max(1);
     config.login_timeout = Duration::from_secs(args.login_timeout);

@@ -289,7 +289,11 @@ impl Io {
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         self.passive = Some(listener);
         // A v4-mapped local address is reported as plain IPv4 for the 227 reply.
-        Ok(SocketAddr::new(canonical_ip(addr.ip()), addr.port()))
+        let ip = match (canonical_ip(addr.ip()), self.config.public_address) {
+            (IpAddr::V4(_), Some(public)) => IpAddr::V4(public),
+            (ip, _) => ip,
+        };
+        Ok(SocketAddr::new(ip, addr.port()))
     }
 
     async fn fs(&self, op: FsOp) -> Result<FsOutcome, FsError> {

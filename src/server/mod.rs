@@ -30,6 +30,8 @@ pub struct Config {
     pub max_connections: usize,
     /// Passive ports to choose from at random; `None`: any free port.
     pub passive_ports: Option<(u16, u16)>,
+    /// The address PASV and SPAS replies give (NAT); `None`: the control connection's local one.
+    pub public_address: Option<std::net::Ipv4Addr>,
     /// Delay before answering a failed login (slows down guessing).
     pub login_fail_delay: Duration,
     /// Most data connections for one MODE E transfer.
@@ -93,6 +95,7 @@ impl Config {
             max_per_ip: 16,
             max_connections: 256,
             passive_ports: None,
+            public_address: None,
             login_fail_delay: Duration::from_millis(500),
             max_streams: 64,
             checksums: ChecksumCache::default(),

@@ -131,3 +131,32 @@ fn curl_lists_gets_puts_resumes_renames_deletes() {
         .unwrap();
     assert_eq!(status.code(), Some(78));
 }
+
+/// Behind NAT: `--public-address` goes into the 227 reply, and curl, which connects to the
+/// control connection's address instead (as NAT-aware clients do), still downloads.
+#[test]
+fn curl_downloads_from_a_server_that_advertises_a_public_address() {
+    require("curl");
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let content = random_bytes(1 << 20, 32);
+    std::fs::write(root.join("f.bin"), &content).unwrap();
+    // 198.51.100.0/24 is TEST-NET-2: nothing here ever connects to it.
+    let server = Server::start(&root, &["--public-address", "198.51.100.7"]);
+    let dest = top.path().join("dl.bin");
+    let (ok, _, err) = curl(&[
+        "-v",
+        "--disable-epsv",
+        "--ftp-skip-pasv-ip",
+        &format!("ftp://{}/f.bin", server.addr),
+        "-o",
+        dest.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("227 Entering Passive Mode (198,51,100,7,"),
+        "PASV did not give the public address: {err}"
+    );
+    assert!(std::fs::read(&dest).unwrap() == content, "download differs");
+}
