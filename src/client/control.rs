@@ -34,7 +34,7 @@ impl Control {
         let name = format!("{}:{}", target.host, target.port);
         let fail = |e| ClientError::Connect {
             addr: name.clone(),
-            source: e,
+            cause: e,
         };
         let addrs: Vec<SocketAddr> = (target.host.as_str(), target.port)
             .to_socket_addrs()
@@ -255,18 +255,18 @@ impl Control {
     pub fn active_listener(&mut self) -> Result<std::net::TcpListener> {
         let local = self.stream.local_addr().map_err(|e| ClientError::Local {
             what: "control connection address".into(),
-            source: e,
+            cause: e,
         })?;
         let listener =
             std::net::TcpListener::bind(SocketAddr::new(local.ip(), 0)).map_err(|e| {
                 ClientError::Local {
                     what: "cannot listen for data connections".into(),
-                    source: e,
+                    cause: e,
                 }
             })?;
         let addr = listener.local_addr().map_err(|e| ClientError::Local {
             what: "data listener address".into(),
-            source: e,
+            cause: e,
         })?;
         let r = self.cmd(&Command::Eprt(addr))?;
         if r.code != 200 {
@@ -414,7 +414,7 @@ pub fn connect_data(addr: SocketAddr) -> Result<TcpStream> {
     let s =
         TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| ClientError::Connect {
             addr: format!("data connection {addr}"),
-            source: e,
+            cause: e,
         })?;
     s.set_read_timeout(Some(REPLY_TIMEOUT)).ok();
     s.set_write_timeout(Some(REPLY_TIMEOUT)).ok();

@@ -18,20 +18,14 @@ pub mod exit {
 /// What went wrong, in words that say what to do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot connect to {addr}: {source}")]
-    Connect {
-        addr: String,
-        source: std::io::Error,
-    },
+    #[error("cannot connect to {addr}: {cause}")]
+    Connect { addr: String, cause: std::io::Error },
     #[error("login as {user} refused by the server: {reply}")]
     Login { user: String, reply: Reply },
     #[error("server refused {what}: {reply}")]
     Remote { what: String, reply: Reply },
-    #[error("{what}: {source}")]
-    Local {
-        what: String,
-        source: std::io::Error,
-    },
+    #[error("{what}: {cause}")]
+    Local { what: String, cause: std::io::Error },
     #[error("transfer interrupted after {bytes} bytes: {why}{}", hint(.partial))]
     Interrupted {
         bytes: u64,

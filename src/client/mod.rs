@@ -173,7 +173,7 @@ pub fn part_path(dest: &Path) -> PathBuf {
 
 fn local_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClientError {
     let what = what.into();
-    move |source| ClientError::Local { what, source }
+    move |cause| ClientError::Local { what, cause }
 }
 
 /// A download in progress: `part` is renamed to `final_path` once complete.
@@ -314,13 +314,13 @@ fn get_inner(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
             }
             Err((_, CopyError::Write(e))) => {
                 return Err(ClientError::Local {
-                    what: "cannot write the download".into(),
-                    source: e,
+                    what: cannot_write(partial_name.as_deref()),
+                    cause: e,
                 });
             }
         };
         out.flush()
-            .map_err(local_err("cannot write the download"))?;
+            .map_err(local_err(cannot_write(partial_name.as_deref())))?;
         // Stream mode cannot tell a finished download from a server that died: only the
         // 226 (and the size check below) can.
         if let Err(e) = c.finish_transfer(&retr) {
@@ -358,6 +358,16 @@ fn get_inner(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
         offset,
         started,
     ))
+}
+
+/// What a failed write of a download says: where what arrived is kept.
+fn cannot_write(partial: Option<&str>) -> String {
+    match partial {
+        Some(p) => format!(
+            "cannot write {p} (what arrived is kept there: once the cause is fixed, e.g. space freed, run again with --resume)"
+        ),
+        None => "cannot write the download".into(),
+    }
 }
 
 /// Says, in verbose mode, why this transfer uses one plain connection.

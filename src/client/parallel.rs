@@ -5,9 +5,9 @@
 use super::control::{Control, connect_data};
 use super::error::{ClientError, Result};
 use super::interrupt::{Interrupt, stopped, supervise};
-use super::records::{UploadRecord, load_sidecar, save_sidecar, sidecar_path};
+use super::records::{UploadRecord, load_sidecar, remove_sidecar, save_sidecar, sidecar_path};
 use super::url::Target;
-use super::{Dest, Options, PartFile, Summary, local_err, part_path, progress_bar};
+use super::{Dest, Options, PartFile, Summary, cannot_write, local_err, part_path, progress_bar};
 use crate::blocks::receive::{Accept, Conns, Progress, Shared};
 use crate::blocks::send::Source;
 use crate::blocks::sink::{Reorder, Sink};
@@ -103,7 +103,7 @@ pub fn get(
             }
             .map_err(local_err(format!("cannot write {}", part.display())))?;
             let start = resume.unwrap_or_else(|| {
-                let _ = std::fs::remove_file(&sidecar);
+                remove_sidecar(&sidecar);
                 Progress::holding(RangeSet::new())
             });
             let writer = file
@@ -132,6 +132,8 @@ pub fn get(
         }
     };
     if !complete_already {
+        // Written now, so the space for the next version is reserved before data arrives.
+        save(&shared.snapshot());
         let conns = match peer {
             Peer::Braid => {
                 let addr = c.passive_addr()?;
@@ -178,8 +180,15 @@ pub fn get(
         }
         if let Err(e) = result {
             save(&shared.snapshot());
-            let what = "cannot write the download";
-            return Err(data_phase_failed(c, &retr, e, what, received, partial_name));
+            let what = cannot_write(partial_name.as_deref());
+            return Err(data_phase_failed(
+                c,
+                &retr,
+                e,
+                &what,
+                received,
+                partial_name,
+            ));
         }
         if let Err(e) = c.finish_transfer(&retr) {
             save(&shared.snapshot());
@@ -204,7 +213,7 @@ pub fn get(
         Some(p) => {
             let sidecar = sidecar_path(&p.part);
             let local = p.commit(Some(total))?;
-            let _ = std::fs::remove_file(sidecar);
+            remove_sidecar(&sidecar);
             local
         }
         None => "-".into(),
@@ -519,9 +528,9 @@ fn data_phase_failed(
         _ => e.to_string(),
     };
     match e {
-        EngineError::Local(source) => ClientError::Local {
+        EngineError::Local(cause) => ClientError::Local {
             what: local_what.into(),
-            source,
+            cause,
         },
         _ => ClientError::Interrupted {
             bytes,

@@ -40,6 +40,39 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Space kept allocated for the sidecar's next version.
+const SIDECAR_ROOM: u64 = 16 << 10;
+
+/// Like `write_atomically`, but the temporary file already holds allocated space (taken right
+/// after the previous rename): when the download itself fills the disk, the save that records
+/// what arrived must still fit.
+fn write_into_reserved(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let tmp = path.with_extension("braid-tmp");
+    // No truncation: that would give the reserved space back.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&tmp)?;
+    f.write_all_at(bytes, 0)?;
+    f.set_len(bytes.len() as u64)?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    if let Ok(f) = std::fs::File::create_new(&tmp) {
+        // Best effort: without it the next save just needs free space as any write does.
+        let keep = rustix::fs::FallocateFlags::KEEP_SIZE;
+        let _ = rustix::fs::fallocate(&f, keep, 0, SIDECAR_ROOM);
+    }
+    Ok(())
+}
+
+/// Removes a sidecar and the space reserved for its next version.
+pub fn remove_sidecar(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_file(path.with_extension("braid-tmp"));
+}
+
 pub fn save_sidecar(path: &Path, remote: &str, size: u64, p: &Progress) {
     let sc = Sidecar {
         path: remote.to_string(),
@@ -48,7 +81,7 @@ pub fn save_sidecar(path: &Path, remote: &str, size: u64, p: &Progress) {
     };
     let saved = serde_json::to_vec(&sc)
         .map_err(std::io::Error::other)
-        .and_then(|bytes| write_atomically(path, &bytes));
+        .and_then(|bytes| write_into_reserved(path, &bytes));
     if let Err(e) = saved {
         tracing::warn!(path = %path.display(), "could not save the resume sidecar: {e}");
     }

@@ -3,6 +3,7 @@
 
 mod cli;
 mod curl;
+mod diskfull;
 mod ftplib;
 mod globus;
 mod lab;

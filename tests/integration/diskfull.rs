@@ -1,0 +1,117 @@
+//! A full disk on either side: a clear error, nothing lost, and `--resume` continues. Each test
+//! mounts a small tmpfs in a private mount namespace (`unshare --mount`), which disappears with
+//! the processes inside it, so nothing is left mounted when a test fails.
+use crate::util::{BRAID, Daemon, Server, braid, json, random_bytes, require, run, tempdir};
+use std::process::Command;
+use std::time::Duration;
+
+fn require_root() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "the disk-full tests mount a small tmpfs in a private mount namespace: run them as root"
+    );
+    require("unshare");
+}
+
+/// A download that fills the disk keeps what arrived and its record of it; with room again,
+/// `--resume` fetches only the rest.
+#[test]
+fn a_download_that_fills_the_disk_resumes_once_there_is_room() {
+    require_root();
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let content = random_bytes(12 << 20, 71);
+    std::fs::write(root.join("f.bin"), &content).unwrap();
+    let server = Server::start(&root, &[]);
+    let disk = top.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let dest = disk.join("f.bin");
+    let url = server.url("f.bin");
+    let d = dest.display();
+    // Everything that needs the small disk runs inside one namespace; what the test checks
+    // is printed before it goes.
+    let script = format!(
+        "mount -t tmpfs -o size=4m tmpfs {disk} || exit 99
+         {BRAID} get {url} {d} -n 4 -q; echo \"first=$?\"
+         echo \"record=$(cat {d}.part.braid)\"
+         mount -o remount,size=16m {disk}
+         {BRAID} get {url} {d} -n 4 --resume --json; echo \"second=$?\"
+         cmp -s {d} {src} && echo same
+         ls -a {disk}",
+        disk = disk.display(),
+        src = root.join("f.bin").display(),
+    );
+    let (_, out, err) = run(
+        Command::new("unshare").args(["--mount", "sh", "-c", &script]),
+        Duration::from_secs(120),
+    );
+    assert!(!out.is_empty(), "the namespace script failed: {err}");
+    let line = |key: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in {out}\n{err}"))
+            .to_string()
+    };
+    assert_eq!(line("first="), "6", "{err}");
+    assert!(
+        err.contains("No space left on device") && err.contains("--resume"),
+        "{err}"
+    );
+    let record = json(&line("record="));
+    let recorded = record["ranges"].as_str().unwrap();
+    assert!(!recorded.is_empty(), "nothing recorded: {record}");
+    let ranges = braid_proto::ranges::RangeSet::parse(recorded).unwrap();
+    assert_eq!(line("second="), "0", "{err}");
+    let summary = out.lines().find(|l| l.starts_with('{')).unwrap();
+    assert_eq!(json(summary)["resumed_from"], ranges.len(), "{summary}");
+    assert!(out.lines().any(|l| l == "same"), "the resumed file differs");
+    // Only the file: no partial, record or reserved space left behind.
+    let names: Vec<&str> = out.lines().skip_while(|l| *l != "same").skip(1).collect();
+    assert_eq!(names, [".", "..", "f.bin"], "{out}");
+}
+
+/// An upload that fills the server's disk gets 552 and exit 7 (resumable), the server keeps
+/// serving, and nothing appears under the final name.
+#[test]
+fn an_upload_that_fills_the_servers_disk_is_refused_cleanly() {
+    require_root();
+    let top = tempdir();
+    let disk = top.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let local = top.path().join("up.bin");
+    std::fs::write(&local, random_bytes(12 << 20, 72)).unwrap();
+    let server = Daemon::start("braid serve on a 4 MiB tmpfs", |port| {
+        let script = format!(
+            "mount -t tmpfs -o size=4m tmpfs {disk} && exec {BRAID} serve --root {disk} \
+             --listen 127.0.0.1:{port} --anonymous-write",
+            disk = disk.display()
+        );
+        let mut c = Command::new("unshare");
+        c.args(["--mount", "sh", "-c", &script]);
+        c
+    });
+    let base = format!("ftp://127.0.0.1:{}", server.port);
+    let (code, _, err) = braid(
+        &[
+            "put",
+            local.to_str().unwrap(),
+            &format!("{base}/up.bin"),
+            "-n",
+            "4",
+        ],
+        &[],
+    );
+    assert_eq!(code, 7, "{err}");
+    assert!(err.contains("552") && err.contains("no space"), "{err}");
+    // Still serving; the partial is there, the final name is not.
+    let (code, out, err) = braid(&["ls", &format!("{base}/"), "--json"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let names: Vec<String> = json(&out)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, [".up.bin.braid-part"], "{out}");
+}
