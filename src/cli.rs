@@ -177,6 +177,13 @@ struct ServeArgs {
     /// EPSV replies carry no address and need nothing.
     #[arg(long, value_name = "IPV4")]
     public_address: Option<std::net::Ipv4Addr>,
+    /// PEM certificate chain: offers AUTH TLS (RFC 4217, explicit FTPS), so clients can
+    /// encrypt the control connection (passwords) and, with PROT P, stream-mode data.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Most control connections from one client address.
     #[arg(long, default_value_t = 16)]
     max_per_ip: usize,
@@ -416,6 +423,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     config.passive_ports = args.passive_ports;
     config.public_address = args.public_address;
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        config.tls = Some(server::tls::server_config(cert, key)?);
+    }
     config.max_per_ip = args.max_per_ip.max(1);
     config.max_connections = args.max_connections.max(1);
     config.login_timeout = Duration::from_secs(args.login_timeout);
@@ -434,7 +444,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             (Some(Perm::ReadOnly), true) => "accounts, plus anonymous read-only",
             (None, _) => "accounts only",
         };
-        println!("braid serve: serving {} ({who}) at {}", root.display(), server::url_for(addr));
+        let tls = if args.tls_cert.is_some() { "; AUTH TLS offered" } else { "" };
+        println!("braid serve: serving {} ({who}{tls}) at {}", root.display(), server::url_for(addr));
         use std::io::Write;
         let _ = std::io::stdout().flush();
         let (stop, stop_rx) = tokio::sync::watch::channel(Shutdown::Running);

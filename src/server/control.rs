@@ -19,18 +19,32 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout, timeout_at};
+use tokio_rustls::server::TlsStream;
 
 /// Commands a client may pipeline behind a running transfer before the server stops reading.
 const MAX_QUEUED: usize = 32;
 
+/// The control connection, in clear or, after AUTH TLS, encrypted.
+enum Channel {
+    Clear {
+        rd: OwnedReadHalf,
+        wr: OwnedWriteHalf,
+    },
+    Tls {
+        rd: ReadHalf<TlsStream<TcpStream>>,
+        wr: WriteHalf<TlsStream<TcpStream>>,
+    },
+    /// Only while the TLS handshake runs, or after it failed.
+    Closed,
+}
+
 struct Conn {
-    rd: OwnedReadHalf,
-    wr: OwnedWriteHalf,
+    channel: Channel,
     lines: LineBuffer,
     buf: Box<[u8]>,
     /// Lines read while a transfer ran, handled after it.
@@ -56,23 +70,31 @@ impl Conn {
                 Ok(None) => {}
                 Err(LineError::TooLong(_)) => return Input::TooLong,
             }
-            // Take what the kernel already holds first. A read stops at a TCP urgent mark (ABOR
-            // from ftplib, lftp), and tokio then treats the socket as drained although the rest
-            // of the line is waiting, so awaiting readiness alone could wait forever.
-            match rustix::net::recv(
-                self.rd.as_ref(),
-                &mut self.buf[..],
-                rustix::net::RecvFlags::DONTWAIT,
-            ) {
-                Ok((0, _)) => return Input::Closed,
-                Ok((n, _)) => {
-                    self.lines.extend(&self.buf[..n]);
-                    continue;
+            let read = match &mut self.channel {
+                Channel::Clear { rd, .. } => {
+                    // Take what the kernel already holds first. A read stops at a TCP urgent
+                    // mark (ABOR from ftplib, lftp), and tokio then treats the socket as drained
+                    // although the rest of the line is waiting, so awaiting readiness alone
+                    // could wait forever.
+                    match rustix::net::recv(
+                        rd.as_ref(),
+                        &mut self.buf[..],
+                        rustix::net::RecvFlags::DONTWAIT,
+                    ) {
+                        Ok((0, _)) => return Input::Closed,
+                        Ok((n, _)) => {
+                            self.lines.extend(&self.buf[..n]);
+                            continue;
+                        }
+                        Err(rustix::io::Errno::AGAIN) => {}
+                        Err(_) => return Input::Closed,
+                    }
+                    rd.read(&mut self.buf).await
                 }
-                Err(rustix::io::Errno::AGAIN) => {}
-                Err(_) => return Input::Closed,
-            }
-            match self.rd.read(&mut self.buf).await {
+                Channel::Tls { rd, .. } => rd.read(&mut self.buf).await,
+                Channel::Closed => return Input::Closed,
+            };
+            match read {
                 Ok(0) | Err(_) => return Input::Closed,
                 Ok(n) => self.lines.extend(&self.buf[..n]),
             }
@@ -81,7 +103,38 @@ impl Conn {
 
     async fn send(&mut self, r: &Reply) -> std::io::Result<()> {
         tracing::debug!("> {r}");
-        self.wr.write_all(&r.to_bytes()).await
+        match &mut self.channel {
+            Channel::Clear { wr, .. } => wr.write_all(&r.to_bytes()).await,
+            Channel::Tls { wr, .. } => {
+                wr.write_all(&r.to_bytes()).await?;
+                wr.flush().await
+            }
+            Channel::Closed => Err(std::io::ErrorKind::NotConnected.into()),
+        }
+    }
+
+    /// AUTH TLS: the handshake, within `limit`. Anything the client sent after AUTH in clear
+    /// is dropped unread: it must not count as sent under TLS (command injection).
+    async fn start_tls(
+        &mut self,
+        config: Arc<rustls::ServerConfig>,
+        limit: Duration,
+    ) -> Result<(), String> {
+        let Channel::Clear { rd, wr } = std::mem::replace(&mut self.channel, Channel::Closed)
+        else {
+            return Err("the control connection is not in clear".into());
+        };
+        let stream = rd.reunite(wr).map_err(|e| e.to_string())?;
+        self.lines = LineBuffer::new(MAX_LINE);
+        self.queued.clear();
+        let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
+        let tls = timeout(limit, accept)
+            .await
+            .map_err(|_| "TLS handshake timed out".to_string())?
+            .map_err(|e| format!("TLS handshake failed: {e}"))?;
+        let (rd, wr) = tokio::io::split(tls);
+        self.channel = Channel::Tls { rd, wr };
+        Ok(())
     }
 }
 
@@ -110,8 +163,7 @@ pub(super) async fn serve(
     };
     let (rd, wr) = stream.into_split();
     let mut conn = Conn {
-        rd,
-        wr,
+        channel: Channel::Clear { rd, wr },
         lines: LineBuffer::new(MAX_LINE),
         buf: vec![0u8; 4096].into_boxed_slice(),
         queued: VecDeque::new(),
@@ -129,6 +181,7 @@ pub(super) async fn serve(
             anonymous: config.anonymous,
             max_login_failures: 3,
             max_streams: config.max_streams,
+            tls: config.tls.is_some(),
         },
         peer.ip(),
     );
@@ -211,6 +264,21 @@ pub(super) async fn serve(
             Action::Transfer(t) => {
                 transfer(&mut conn, &mut io, &mut session, t, &mut shutdown).await
             }
+            Action::StartTls(r) => match (&config.tls, conn.send(&r).await) {
+                (Some(tls), Ok(())) => {
+                    match conn.start_tls(tls.clone(), config.login_timeout).await {
+                        Ok(()) => {
+                            tracing::info!(%peer, "control connection now uses TLS");
+                            true
+                        }
+                        Err(e) => {
+                            tracing::warn!(%peer, "{e}");
+                            false
+                        }
+                    }
+                }
+                _ => false,
+            },
         };
         if !keep_going {
             break;
@@ -712,7 +780,8 @@ async fn transfer(
         None => io.stream_connection(&t.endpoint).await.map(|sock| {
             abort.register(&sock);
             let progress = progress.clone();
-            tokio::task::spawn_blocking(move || data::run(job, sock, progress))
+            let tls = io.config.tls.clone().filter(|_| t.private);
+            tokio::task::spawn_blocking(move || data::run(job, sock, tls, progress))
         }),
         Some(b) => io.block_connections(&t, b, &progress).await.map(|conns| {
             if let BlockConns::Receive(_, state) = &conns {

@@ -172,62 +172,102 @@ fn keep(block: u64) -> blocks::send::Options {
     }
 }
 
-pub fn run(job: Job, mut sock: TcpStream, progress: Arc<AtomicU64>) -> Result<Finished, DataError> {
-    match job {
+/// Runs a stream-mode transfer; `tls` (PROT P) makes the data connection TLS.
+pub fn run(
+    job: Job,
+    sock: TcpStream,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    progress: Arc<AtomicU64>,
+) -> Result<Finished, DataError> {
+    match tls {
+        None => run_clear(job, sock, &progress),
+        Some(config) => run_tls(job, sock, config, &progress),
+    }
+}
+
+/// PROT P: the same transfer through TLS, which rules out sendfile: the bytes must pass
+/// through user space to be encrypted.
+fn run_tls(
+    job: Job,
+    sock: TcpStream,
+    config: Arc<rustls::ServerConfig>,
+    progress: &AtomicU64,
+) -> Result<Finished, DataError> {
+    let conn = rustls::ServerConnection::new(config)
+        .map_err(|e| DataError::Net(std::io::Error::other(e)))?;
+    let mut s = rustls::StreamOwned::new(conn, sock);
+    let (bytes, upload) = match job {
         Job::List { text } => {
-            sock.write_all(&text).map_err(DataError::Net)?;
+            s.write_all(&text).map_err(DataError::Net)?;
             progress.store(text.len() as u64, Ordering::Relaxed);
-            finish_send(sock)?;
-            Ok(Finished {
-                bytes: text.len() as u64,
-                upload: None,
-                received: None,
-                kept: Kept::default(),
-            })
+            (text.len() as u64, None)
         }
         Job::Retr {
             file,
             offset,
-            ascii: false,
-        } => {
-            let bytes = send_binary(&file, offset, &sock, &progress)?;
-            finish_send(sock)?;
-            Ok(Finished {
-                bytes,
-                upload: None,
-                received: None,
-                kept: Kept::default(),
-            })
-        }
-        Job::Retr {
-            file,
-            offset,
-            ascii: true,
-        } => {
-            let bytes = send_ascii(&file, offset, &mut sock, &progress)?;
-            finish_send(sock)?;
-            Ok(Finished {
-                bytes,
-                upload: None,
-                received: None,
-                kept: Kept::default(),
-            })
-        }
+            ascii,
+        } => (send_copied(&file, offset, ascii, &mut s, progress)?, None),
         Job::Stor {
             upload,
             file,
             offset,
             ascii,
         } => {
-            let bytes = receive(&file, offset, ascii, &mut sock, &progress)?;
-            Ok(Finished {
-                bytes,
-                upload: Some((upload, file)),
-                received: None,
-                kept: Kept::default(),
-            })
+            let n = receive(&file, offset, ascii, &mut s, progress)?;
+            (n, Some((upload, file)))
         }
+    };
+    // close_notify tells the client the data ended here, not by a cut connection.
+    s.conn.send_close_notify();
+    let ended = s.flush();
+    if upload.is_none() {
+        ended.map_err(DataError::Net)?;
+        finish_send(s.sock)?;
     }
+    Ok(Finished {
+        bytes,
+        upload,
+        received: None,
+        kept: Kept::default(),
+    })
+}
+
+fn run_clear(job: Job, mut sock: TcpStream, progress: &AtomicU64) -> Result<Finished, DataError> {
+    let (bytes, upload) = match job {
+        Job::List { text } => {
+            sock.write_all(&text).map_err(DataError::Net)?;
+            progress.store(text.len() as u64, Ordering::Relaxed);
+            (text.len() as u64, None)
+        }
+        Job::Retr {
+            file,
+            offset,
+            ascii: false,
+        } => (send_binary(&file, offset, &sock, progress)?, None),
+        Job::Retr {
+            file,
+            offset,
+            ascii: true,
+        } => (send_copied(&file, offset, true, &mut sock, progress)?, None),
+        Job::Stor {
+            upload,
+            file,
+            offset,
+            ascii,
+        } => {
+            let n = receive(&file, offset, ascii, &mut sock, progress)?;
+            (n, Some((upload, file)))
+        }
+    };
+    if upload.is_none() {
+        finish_send(sock)?;
+    }
+    Ok(Finished {
+        bytes,
+        upload,
+        received: None,
+        kept: Kept::default(),
+    })
 }
 
 /// Ends a stream-mode download: FIN after the last byte. Closing without waiting for the
@@ -255,14 +295,17 @@ fn send_binary(
     Ok(reached - offset)
 }
 
-fn send_ascii(
+/// A download through user space: ASCII (converted to CRLF) or through TLS. Large reads at
+/// offsets, one buffer reused.
+fn send_copied(
     file: &File,
     mut offset: u64,
-    sock: &mut TcpStream,
+    ascii: bool,
+    out: &mut impl Write,
     progress: &AtomicU64,
 ) -> Result<u64, DataError> {
     let mut buf = vec![0u8; BUF];
-    let mut wire = Vec::with_capacity(BUF + BUF / 8);
+    let mut wire = Vec::with_capacity(if ascii { BUF + BUF / 8 } else { 0 });
     let mut conv = ToWire::default();
     let mut sent = 0;
     loop {
@@ -273,10 +316,15 @@ fn send_ascii(
             return Ok(sent);
         }
         offset += n as u64;
-        wire.clear();
-        conv.convert(&buf[..n], &mut wire);
-        sock.write_all(&wire).map_err(DataError::Net)?;
-        sent += wire.len() as u64;
+        let data = if ascii {
+            wire.clear();
+            conv.convert(&buf[..n], &mut wire);
+            &wire[..]
+        } else {
+            &buf[..n]
+        };
+        out.write_all(data).map_err(DataError::Net)?;
+        sent += data.len() as u64;
         progress.store(sent, Ordering::Relaxed);
     }
 }
@@ -285,7 +333,7 @@ fn receive(
     file: &File,
     mut offset: u64,
     ascii: bool,
-    sock: &mut TcpStream,
+    sock: &mut impl Read,
     progress: &AtomicU64,
 ) -> Result<u64, DataError> {
     let mut buf = vec![0u8; BUF];
@@ -297,6 +345,9 @@ fn receive(
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            // A TLS client that closed without close_notify, as many FTPS clients do (vsftpd
+            // accepts this too unless strict_ssl_read_eof is set).
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
             Err(e) => return Err(DataError::Net(e)),
         };
         received += n as u64;

@@ -3,6 +3,7 @@
 
 mod control;
 mod data;
+pub mod tls;
 
 use crate::users::Users;
 use braid_proto::session::Perm;
@@ -38,6 +39,8 @@ pub struct Config {
     pub max_streams: u32,
     /// XXH3 checksums already computed, shared by all sessions.
     pub checksums: ChecksumCache,
+    /// Certificate and key for AUTH TLS (RFC 4217); `None`: no TLS.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// A file version: device, inode, size, modification and change times (s, ns).
@@ -99,6 +102,7 @@ impl Config {
             login_fail_delay: Duration::from_millis(500),
             max_streams: 64,
             checksums: ChecksumCache::default(),
+            tls: None,
         }
     }
 }

@@ -11,6 +11,7 @@ mod lftp;
 mod parallel;
 mod safety;
 mod scripted;
+mod tls;
 mod trace;
 mod util;
 mod vsftpd;

@@ -302,6 +302,20 @@ impl Raw {
         matches!(self.reader.read(&mut buf), Ok(0) | Err(_))
     }
 
+    /// True if the server closes the connection (whatever it sends first) within the read
+    /// timeout.
+    pub fn closes(&mut self) -> bool {
+        let mut rest = Vec::new();
+        match self.reader.read_to_end(&mut rest) {
+            Ok(_) => true,
+            // A reset (the server closed with our bytes unread) is a close too.
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    }
+
     /// EPSV, then connect to the port it names.
     pub fn epsv(&mut self) -> TcpStream {
         self.send("EPSV");

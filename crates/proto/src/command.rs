@@ -72,6 +72,12 @@ pub enum Command {
     /// `REST a-b,c-d` (GridFTP): in MODE E, the ranges the receiver already holds.
     RestRanges(RangeSet),
     Allo(String),
+    /// `AUTH TLS` (RFC 4217; `SSL` and `TLS-C` are old spellings), upper-cased.
+    Auth(String),
+    /// `PBSZ n`: protection buffer size, always 0 for TLS.
+    Pbsz(u64),
+    /// `PROT C|S|E|P`: clear or private data connections.
+    Prot(char),
     /// `CKSM alg offset length path` (GridFTP); length None is `-1`, to the end of the file.
     Cksm {
         alg: String,
@@ -242,6 +248,23 @@ impl Command {
                 Command::Rest(word.parse().map_err(|_| bad("REST", "offset too large"))?)
             }
             "ALLO" => Command::Allo(path("ALLO")?),
+            "AUTH" => {
+                if word.is_empty() {
+                    return Err(ParseError::MissingArgument("AUTH"));
+                }
+                Command::Auth(word.to_ascii_uppercase())
+            }
+            "PBSZ" => {
+                if word.is_empty() {
+                    return Err(ParseError::MissingArgument("PBSZ"));
+                }
+                Command::Pbsz(word.parse().map_err(|_| bad("PBSZ", "expected a number"))?)
+            }
+            "PROT" => match word.to_ascii_uppercase().as_str() {
+                "" => return Err(ParseError::MissingArgument("PROT")),
+                l @ ("C" | "S" | "E" | "P") => Command::Prot(l.chars().next().unwrap_or('C')),
+                _ => return Err(bad("PROT", "expected C, S, E or P")),
+            },
             "CKSM" => parse_cksm(arg.unwrap_or(""))?,
             "SCKS" => {
                 let (alg, value) = word
@@ -391,6 +414,9 @@ impl Command {
                     .join(" ")
             ),
             Command::Allo(a) => with("ALLO", a),
+            Command::Auth(a) => with("AUTH", a),
+            Command::Pbsz(n) => format!("PBSZ {n}"),
+            Command::Prot(l) => format!("PROT {l}"),
             Command::Retr(a) => with("RETR", a),
             Command::Stor(a) => with("STOR", a),
             Command::Appe(a) => with("APPE", a),
@@ -429,11 +455,11 @@ impl Command {
 
 /// Every verb the parser knows (aliases such as XPWD included), for HELP and for tests.
 pub const KNOWN_VERBS: &[&str] = &[
-    "ABOR", "ACCT", "ALLO", "APPE", "CDUP", "CKSM", "CWD", "DELE", "EPRT", "EPSV", "FEAT", "HELP",
-    "LIST", "MDTM", "MKD", "MLSD", "MLST", "MODE", "MPRT", "MULT", "NLST", "NOOP", "OPTS", "PASS",
-    "PASV", "PORT", "PWD", "SBUF", "SCKS", "SPAS", "SPOR", "QUIT", "REIN", "REST", "RETR", "RMD",
-    "RNFR", "RNTO", "SITE", "SIZE", "STAT", "STOR", "STRU", "SYST", "TYPE", "USER", "XCUP", "XCWD",
-    "XMKD", "XPWD", "XRMD",
+    "ABOR", "ACCT", "ALLO", "APPE", "AUTH", "CDUP", "CKSM", "CWD", "DELE", "EPRT", "EPSV", "FEAT",
+    "HELP", "LIST", "MDTM", "MKD", "MLSD", "MLST", "MODE", "MPRT", "MULT", "NLST", "NOOP", "OPTS",
+    "PASS", "PASV", "PBSZ", "PORT", "PROT", "PWD", "SBUF", "SCKS", "SPAS", "SPOR", "QUIT", "REIN",
+    "REST", "RETR", "RMD", "RNFR", "RNTO", "SITE", "SIZE", "STAT", "STOR", "STRU", "SYST", "TYPE",
+    "USER", "XCUP", "XCWD", "XMKD", "XPWD", "XRMD",
 ];
 
 fn bad(verb: &'static str, reason: impl ToString) -> ParseError {
@@ -628,6 +654,9 @@ mod tests {
             Just(Command::Spas),
             proptest::collection::vec(any::<SocketAddrV4>(), 1..4).prop_map(Command::Spor),
             path_arg().prop_map(Command::Allo),
+            "[A-Z][A-Z0-9-]{0,7}".prop_map(Command::Auth),
+            any::<u64>().prop_map(Command::Pbsz),
+            prop_oneof![Just('C'), Just('S'), Just('E'), Just('P')].prop_map(Command::Prot),
             path_arg().prop_map(Command::Retr),
             path_arg().prop_map(Command::Stor),
             path_arg().prop_map(Command::Appe),

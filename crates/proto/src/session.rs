@@ -28,6 +28,19 @@ pub struct SessionConfig {
     pub max_login_failures: u32,
     /// Most data connections one MODE E transfer may use.
     pub max_streams: u32,
+    /// The server has a certificate: AUTH TLS, PBSZ and PROT are offered (RFC 4217).
+    pub tls: bool,
+}
+
+/// How far RFC 4217's protection has gone on this session.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Protection {
+    /// The control connection is TLS.
+    control: bool,
+    /// PBSZ was given (PROT must follow it).
+    pbsz: bool,
+    /// PROT P: data connections are TLS too.
+    data: bool,
 }
 
 /// Names accepted for anonymous login (RFC 1635).
@@ -133,6 +146,8 @@ pub struct Transfer {
     pub block: Option<BlockMode>,
     /// SBUF: socket buffer size for the data connections (None: kernel autotuning).
     pub buffer: Option<u64>,
+    /// PROT P: the data connection is TLS.
+    pub private: bool,
 }
 
 /// A file-system request for the caller.
@@ -282,6 +297,9 @@ pub enum Action {
     Fs(FsOp),
     /// Run the transfer, then call [`Session::transfer_done`].
     Transfer(Transfer),
+    /// Send the reply (234), then run the TLS handshake on the control connection; if it
+    /// fails, close the connection.
+    StartTls(Reply),
 }
 
 impl Transfer {
@@ -354,6 +372,7 @@ pub struct Session {
     spas: bool,
     /// The last MODE E transfer left its data connections open, for transfers this way.
     cached: Option<Direction>,
+    protection: Protection,
 }
 
 impl Session {
@@ -380,6 +399,7 @@ impl Session {
             buffer: None,
             spas: false,
             cached: None,
+            protection: Protection::default(),
         }
     }
 
@@ -456,9 +476,9 @@ impl Session {
             Command::User(name) => return self.user_cmd(name),
             Command::Pass(pw) => return self.pass_cmd(pw),
             Command::Abor => return reply(225, "No transfer to abort."),
-            Command::Unknown { verb, .. } if verb == "AUTH" => {
-                return reply(502, "AUTH is not implemented; TLS is not available yet.");
-            }
+            Command::Auth(mechanism) => return self.auth(mechanism),
+            Command::Pbsz(_) => return self.pbsz(),
+            Command::Prot(level) => return self.prot(*level),
             Command::Unknown { verb, .. } => {
                 return Action::Reply(Reply::new(500, format!("Unknown command {verb}.")));
             }
@@ -488,7 +508,10 @@ impl Session {
             Command::Acct(_) => reply(202, "ACCT not needed."),
             Command::Rein => {
                 let config = self.config.clone();
+                // The control connection stays TLS: only the login and settings start over.
+                let control = self.protection.control;
                 *self = Session::new(config, self.peer);
+                self.protection.control = control;
                 reply(220, "Service ready for new user.")
             }
             Command::Stat(None) => Action::Reply(self.status()),
@@ -742,6 +765,9 @@ impl Session {
             | Command::User(_)
             | Command::Pass(_)
             | Command::Abor
+            | Command::Auth(_)
+            | Command::Pbsz(_)
+            | Command::Prot(_)
             | Command::Unknown { .. } => reply(500, "Unexpected command."),
         }
     }
@@ -782,6 +808,12 @@ impl Session {
         };
         let block = if self.extended {
             let upload = direction == Direction::FromClient;
+            if self.protection.data {
+                return Action::Reply(Reply::new(
+                    536,
+                    "MODE E data connections cannot be protected yet; send PROT C, or MODE S.",
+                ));
+            }
             if self.ascii && !matches!(kind, TransferKind::List(..)) {
                 return Action::Reply(Reply::new(
                     504,
@@ -829,7 +861,59 @@ impl Session {
             facts: self.facts.clone(),
             block,
             buffer: self.buffer,
+            private: self.protection.data,
         })
+    }
+
+    /// AUTH (RFC 4217): TLS on the control connection, before login.
+    fn auth(&mut self, mechanism: &str) -> Action {
+        let reply = |code, text: &str| Action::Reply(Reply::new(code, text));
+        if !self.config.tls {
+            return reply(
+                502,
+                "TLS is not configured on this server (braid serve needs --tls-cert and --tls-key).",
+            );
+        }
+        if !matches!(mechanism, "TLS" | "TLS-C" | "SSL") {
+            return Action::Reply(Reply::new(
+                504,
+                format!("AUTH {mechanism} is not supported; use AUTH TLS."),
+            ));
+        }
+        if self.protection.control {
+            return reply(503, "The control connection already uses TLS.");
+        }
+        if self.user().is_some() || self.login != Login::AwaitUser {
+            return reply(503, "AUTH must come before USER.");
+        }
+        self.protection.control = true;
+        Action::StartTls(Reply::new(234, format!("AUTH {mechanism} successful.")))
+    }
+
+    /// PBSZ: always 0 for TLS; only after AUTH TLS.
+    fn pbsz(&mut self) -> Action {
+        if !self.protection.control {
+            return Action::Reply(Reply::new(503, "PBSZ needs AUTH TLS first."));
+        }
+        self.protection.pbsz = true;
+        Action::Reply(Reply::new(200, "PBSZ=0"))
+    }
+
+    /// PROT C (clear) or P (private) data connections; only after PBSZ.
+    fn prot(&mut self, level: char) -> Action {
+        if !self.protection.pbsz {
+            return Action::Reply(Reply::new(503, "PROT needs PBSZ first."));
+        }
+        match level {
+            'C' | 'P' => {
+                self.protection.data = level == 'P';
+                Action::Reply(Reply::new(200, format!("PROT {level} accepted.")))
+            }
+            _ => Action::Reply(Reply::new(
+                536,
+                format!("PROT {level} is not supported; use C or P."),
+            )),
+        }
     }
 
     /// PORT and EPRT: only to the control connection's peer, never to a privileged port
@@ -870,6 +954,13 @@ impl Session {
             return Action::Reply(Reply::new(
                 530,
                 "Anonymous login is disabled on this server.",
+            ));
+        }
+        // A server that can encrypt passwords does not take them in clear (RFC 4217 §4).
+        if !anonymous && self.config.tls && !self.protection.control {
+            return Action::Reply(Reply::new(
+                530,
+                "This server takes passwords only over TLS: send AUTH TLS first (curl --ssl-reqd, lftp set ftp:ssl-force yes).",
             ));
         }
         self.login = Login::AwaitPass {
@@ -1076,29 +1167,30 @@ impl Session {
                 format!("{f}{};", if on { "*" } else { "" })
             })
             .collect();
-        Reply::multi(
-            211,
-            vec![
-                "Features:".into(),
-                " EPRT".into(),
-                " EPSV".into(),
-                " MDTM".into(),
-                format!(" MLST {mlst}"),
-                " PARALLEL".into(),
-                " PASV".into(),
-                " REST STREAM".into(),
-                " SBUF".into(),
-                format!(" CKSM {};MD5;ADLER32;", crate::checksum::NAME),
-                // MODE E RETR over PASV/EPSV (the client opens the connections) and SCKS *.
-                " BRAID 1".into(),
-                " SIZE".into(),
-                " SPAS".into(),
-                " SPOR".into(),
-                " TVFS".into(),
-                " UTF8".into(),
-                "End".into(),
-            ],
-        )
+        let mut lines: Vec<String> = vec!["Features:".into()];
+        if self.config.tls {
+            lines.extend([" AUTH TLS".into(), " PBSZ".into(), " PROT".into()]);
+        }
+        lines.extend([
+            " EPRT".into(),
+            " EPSV".into(),
+            " MDTM".into(),
+            format!(" MLST {mlst}"),
+            " PARALLEL".into(),
+            " PASV".into(),
+            " REST STREAM".into(),
+            " SBUF".into(),
+            format!(" CKSM {};MD5;ADLER32;", crate::checksum::NAME),
+            // MODE E RETR over PASV/EPSV (the client opens the connections) and SCKS *.
+            " BRAID 1".into(),
+            " SIZE".into(),
+            " SPAS".into(),
+            " SPOR".into(),
+            " TVFS".into(),
+            " UTF8".into(),
+            "End".into(),
+        ]);
+        Reply::multi(211, lines)
     }
 
     fn opts(&mut self, arg: &str) -> Reply {
@@ -1298,15 +1390,58 @@ pub fn perf_marker(unix_time: f64, bytes: u64) -> Reply {
 mod tests {
     use super::*;
 
-    fn logged_in() -> Session {
-        let mut s = Session::new(
+    fn fresh(tls: bool) -> Session {
+        Session::new(
             SessionConfig {
                 anonymous: Some(Perm::ReadWrite),
                 max_login_failures: 3,
                 max_streams: 16,
+                tls,
             },
             "127.0.0.1".parse().unwrap(),
-        );
+        )
+    }
+
+    #[test]
+    fn tls_is_negotiated_in_rfc_4217_order_and_guards_passwords() {
+        // Without a certificate AUTH says how to get one.
+        assert_eq!(code(fresh(false).handle(Command::Auth("TLS".into()))), 502);
+        let mut s = fresh(true);
+        assert!(wire(&s.feat()).contains(" AUTH TLS\r\n"));
+        // Passwords only under TLS; anonymous login may stay in clear.
+        assert_eq!(code(s.handle(Command::User("alice".into()))), 530);
+        assert_eq!(code(s.handle(Command::User("anonymous".into()))), 331);
+        let mut s = fresh(true);
+        assert_eq!(code(s.handle(Command::Pbsz(0))), 503);
+        assert_eq!(code(s.handle(Command::Auth("GSSAPI".into()))), 504);
+        match s.handle(Command::Auth("TLS".into())) {
+            Action::StartTls(r) => assert_eq!(r.code, 234),
+            other => panic!("expected StartTls, got {other:?}"),
+        }
+        assert_eq!(code(s.handle(Command::Auth("TLS".into()))), 503);
+        assert_eq!(code(s.handle(Command::Prot('P'))), 503, "PROT before PBSZ");
+        assert_eq!(code(s.handle(Command::Pbsz(0))), 200);
+        assert_eq!(code(s.handle(Command::Prot('S'))), 536);
+        assert_eq!(code(s.handle(Command::Prot('P'))), 200);
+        assert_eq!(code(s.handle(Command::User("alice".into()))), 331);
+        s.handle(Command::Pass("pw".into()));
+        s.login_done(Some(Perm::ReadWrite));
+        s.handle(Command::Pasv);
+        s.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
+        assert!(transfer(s.handle(Command::Retr("a".into()))).private);
+        // MODE E data connections are not encrypted yet: refused rather than sent in clear.
+        s.handle(Command::Mode(Mode::Extended));
+        s.handle(Command::Pasv);
+        s.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
+        assert_eq!(code(s.handle(Command::Retr("a".into()))), 536);
+        assert_eq!(code(s.handle(Command::Prot('C'))), 200);
+        s.handle(Command::Pasv);
+        s.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
+        assert!(!transfer(s.handle(Command::Retr("a".into()))).private);
+    }
+
+    fn logged_in() -> Session {
+        let mut s = fresh(false);
         s.handle(Command::User("anonymous".into()));
         s.handle(Command::Pass("x".into()));
         assert!(matches!(s.login_done(Some(Perm::ReadWrite)), Action::Reply(r) if r.code == 230));

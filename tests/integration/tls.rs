@@ -1,0 +1,166 @@
+//! Explicit FTPS (RFC 4217) on `braid serve`: curl, lftp and Python's ftplib, each checking
+//! the server's certificate, log in over TLS and move files over TLS data connections.
+use crate::util::{BRAID, Raw, Server, random_bytes, require, run, tempdir};
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+/// A certificate for 127.0.0.1 and localhost, written as `cert.pem` and `key.pem` in `dir`.
+fn certificate(dir: &Path) -> (String, String) {
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let cert = rcgen::generate_simple_self_signed(names).unwrap();
+    let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&c, cert.cert.pem()).unwrap();
+    std::fs::write(&k, cert.signing_key.serialize_pem()).unwrap();
+    (c.display().to_string(), k.display().to_string())
+}
+
+/// A TLS server over `root` with an account `alice` (password `s3cret`) and anonymous uploads.
+fn start(top: &Path, root: &Path) -> (Server, String) {
+    let (cert, key) = certificate(top);
+    let users = top.join("users");
+    let mut child = Command::new(BRAID)
+        .args(["passwd", "alice", "--rw", "--file"])
+        .arg(&users)
+        .arg("--root")
+        .arg(root)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"s3cret\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    let users = users.display().to_string();
+    let args = [
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--users",
+        &users,
+        "--anonymous-write",
+    ];
+    (Server::start(root, &args), cert)
+}
+
+#[test]
+fn curl_logs_in_and_transfers_over_tls() {
+    require("curl");
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let content = random_bytes(3 << 20, 81);
+    std::fs::write(root.join("f.bin"), &content).unwrap();
+    let (server, cert) = start(top.path(), &root);
+    let base = format!("ftp://alice:s3cret@{}", server.addr);
+    let curl = |args: &[&str]| {
+        run(
+            Command::new("curl")
+                .args(["-sS", "--max-time", "30", "--ssl-reqd", "--cacert", &cert])
+                .args(args),
+            Duration::from_secs(40),
+        )
+    };
+    let dest = top.path().join("dl.bin");
+    for extra in [&[][..], &["--disable-epsv"][..]] {
+        let mut args = extra.to_vec();
+        let (url, d) = (format!("{base}/f.bin"), dest.display().to_string());
+        args.extend(["-v", url.as_str(), "-o", d.as_str()]);
+        let (ok, _, err) = curl(&args);
+        assert!(ok, "{err}");
+        assert!(err.contains("< 234 ") && err.contains("PROT P"), "{err}");
+        assert!(std::fs::read(&dest).unwrap() == content, "download differs");
+    }
+    let (ok, _, err) = curl(&["-T", dest.to_str().unwrap(), &format!("{base}/up.bin")]);
+    assert!(ok, "{err}");
+    assert!(std::fs::read(root.join("up.bin")).unwrap() == content);
+    let (ok, out, err) = curl(&[&format!("{base}/")]);
+    assert!(ok && out.contains("up.bin"), "{out}{err}");
+    // A password in clear is refused before it is sent.
+    let (ok, _, err) = run(
+        Command::new("curl").args(["-sS", "--max-time", "30", &format!("{base}/f.bin")]),
+        Duration::from_secs(40),
+    );
+    assert!(!ok, "a clear-text login succeeded");
+    assert!(err.contains("530"), "{err}");
+}
+
+#[test]
+fn ftplib_and_lftp_verify_the_certificate_and_protect_data() {
+    require("python3");
+    require("lftp");
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let content = random_bytes(2 << 20, 82);
+    std::fs::write(root.join("f.bin"), &content).unwrap();
+    let (server, cert) = start(top.path(), &root);
+    let script = r#"
+import ftplib, io, ssl, sys
+port, cafile = int(sys.argv[1]), sys.argv[2]
+ftp = ftplib.FTP_TLS(context=ssl.create_default_context(cafile=cafile))
+ftp.connect("127.0.0.1", port, timeout=20)
+ftp.login("alice", "s3cret")
+ftp.prot_p()
+buf = io.BytesIO()
+ftp.retrbinary("RETR f.bin", buf.write)
+ftp.storbinary("STOR py.bin", io.BytesIO(buf.getvalue()))
+assert ftp.size("py.bin") == len(buf.getvalue())
+# MODE E data connections are not encrypted yet: refused, never sent in clear.
+assert ftp.sendcmd("MODE E").startswith("200")
+try:
+    ftp.retrbinary("RETR f.bin", buf.write)
+    raise SystemExit("MODE E under PROT P was not refused")
+except ftplib.error_perm as e:
+    assert str(e).startswith("536"), e
+ftp.quit()
+print("ok")
+"#;
+    let port = server.port().to_string();
+    let (ok, out, err) = run(
+        Command::new("python3").args(["-c", script, &port, &cert]),
+        Duration::from_secs(60),
+    );
+    assert!(ok && out.trim() == "ok", "{out}{err}");
+    assert!(std::fs::read(root.join("py.bin")).unwrap() == content);
+
+    let local = top.path().join("lftp.bin");
+    let lftp = format!(
+        "set net:max-retries 1; set net:timeout 10; set cmd:fail-exit yes; \
+         set ssl:ca-file {cert}; set ftp:ssl-force yes; set ftp:ssl-protect-data yes; \
+         user alice s3cret; get f.bin -o {l}; put {l} -o lftp-up.bin; bye",
+        l = local.display()
+    );
+    let (ok, out, err) = run(
+        Command::new("lftp").args(["-p", &port, "-e", &lftp, "127.0.0.1"]),
+        Duration::from_secs(60),
+    );
+    assert!(ok, "{out}{err}");
+    assert!(std::fs::read(&local).unwrap() == content);
+    assert!(std::fs::read(root.join("lftp-up.bin")).unwrap() == content);
+}
+
+/// A client that asks for TLS and then speaks clear text loses its connection; the server
+/// keeps serving.
+#[test]
+fn a_failed_tls_handshake_ends_only_that_session() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let (server, _) = start(top.path(), &root);
+    let ask = |raw: &mut Raw, cmd: &str, code: &str| {
+        raw.send(cmd);
+        let reply = raw.reply();
+        assert!(reply.starts_with(code), "{cmd}: {reply}");
+    };
+    let mut raw = Raw::connect(server.addr);
+    ask(&mut raw, "AUTH TLS", "234 ");
+    raw.send("USER anonymous");
+    assert!(
+        raw.closes(),
+        "the server kept a session whose handshake failed"
+    );
+    let mut raw = Raw::connect(server.addr);
+    ask(&mut raw, "USER alice", "530 ");
+    ask(&mut raw, "USER anonymous", "331 ");
+}
