@@ -373,6 +373,7 @@ impl Control {
     /// Like `final_reply`, but gives up (None) when `stop` turns true, checked every 100 ms:
     /// a user's Ctrl-C while the server finishes an upload must not be swallowed.
     pub fn final_reply_unless(&mut self, stop: impl Fn() -> bool) -> Result<Option<Reply>> {
+        let mut heard = std::time::Instant::now();
         loop {
             while let Some(r) = match self.pending.pop_front() {
                 Some(r) => Some(r),
@@ -389,10 +390,19 @@ impl Control {
                 .stream
                 .set_read_timeout(Some(Duration::from_millis(100)));
             let read = self.read_some();
-            let _ = self.stream.set_read_timeout(None);
+            let _ = self.stream.set_read_timeout(Some(REPLY_TIMEOUT));
             match read {
-                Err(ReadError::Io(e)) if is_timeout(&e) => {}
-                r => r?,
+                Err(ReadError::Io(e)) if is_timeout(&e) && heard.elapsed() < REPLY_TIMEOUT => {}
+                Err(ReadError::Io(e)) if is_timeout(&e) => {
+                    return Err(ClientError::Protocol(format!(
+                        "no reply from the server for {} s",
+                        REPLY_TIMEOUT.as_secs()
+                    )));
+                }
+                r => {
+                    r?;
+                    heard = std::time::Instant::now();
+                }
             }
         }
     }
@@ -442,4 +452,58 @@ fn is_timeout(e: &std::io::Error) -> bool {
         e.kind(),
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A control connection to a scripted server that sends `script` after its greeting.
+    fn scripted(script: &'static [u8]) -> (Control, std::thread::JoinHandle<()>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.write_all(b"220 hi\r\n").unwrap();
+            s.write_all(script).unwrap();
+            // Hold the connection open until the client is done.
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+        });
+        let target = Target {
+            host: "127.0.0.1".into(),
+            port,
+            user: "anonymous".into(),
+            password: String::new(),
+            path: String::new(),
+        };
+        (Control::connect(&target).unwrap(), server)
+    }
+
+    #[test]
+    fn the_wait_for_a_final_reply_skips_marks_and_stops_on_request() {
+        let (mut c, server) = scripted(b"111 Range Marker 0-10\r\n226 Done.\r\n");
+        let r = c.final_reply_unless(|| false).unwrap().unwrap();
+        assert_eq!(r.code, 226);
+        assert!(c.stored().covers(0, 10));
+        // The usual reply timeout is back for the next reads.
+        assert_eq!(c.stream.read_timeout().unwrap(), Some(REPLY_TIMEOUT));
+
+        // A server that says nothing: the wait ends when asked to, not on its own.
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let setter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            flag.store(true, Ordering::SeqCst);
+        });
+        let r = c
+            .final_reply_unless(|| stop.load(Ordering::SeqCst))
+            .unwrap();
+        assert!(r.is_none(), "{r:?}");
+        setter.join().unwrap();
+        drop(c);
+        server.join().unwrap();
+    }
 }
