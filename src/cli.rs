@@ -61,6 +61,8 @@ enum Cmd {
         transfer: TransferArgs,
         #[command(flatten)]
         out: OutputArgs,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// Upload a file: braid put FILE ftp://host[:port]/path (a path ending in / keeps the name)
     #[command(after_help = EXIT_CODES)]
@@ -74,6 +76,8 @@ enum Cmd {
         transfer: TransferArgs,
         #[command(flatten)]
         out: OutputArgs,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// List a remote directory.
     #[command(after_help = EXIT_CODES)]
@@ -81,6 +85,8 @@ enum Cmd {
         url: String,
         #[command(flatten)]
         out: OutputArgs,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// Add or replace an account in a users file for `braid serve --users`. The password is
     /// read from the terminal (twice) or, when not on a terminal, from the first line of stdin.
@@ -137,6 +143,20 @@ fn parse_block_size(s: &str) -> Result<u64, String> {
         ));
     }
     Ok(n)
+}
+
+/// Explicit FTPS (RFC 4217).
+#[derive(Args, Debug)]
+struct TlsArgs {
+    /// Encrypt the session: AUTH TLS before login (so the password never travels in clear) and
+    /// TLS on the data connection (PROT P). The transfer then uses one stream-mode connection:
+    /// MODE E's parallel connections are not encrypted yet. Fails if the server has no TLS.
+    #[arg(long)]
+    tls: bool,
+    /// Trust the certificates in this PEM file (e.g. a self-signed server's) instead of the
+    /// system's. Implies --tls.
+    #[arg(long, value_name = "PEM")]
+    tls_ca: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -277,10 +297,12 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             resume,
             transfer,
             out,
+            tls,
         } => {
             let target = url::parse(&url, &url::CredentialSources::from_env())?;
             let dest = client::resolve_dest(dest.as_deref(), &target.path)?;
-            let summary = client::get(&target, &dest, &options(&out, resume, Some(&transfer)))?;
+            let opts = options(&out, resume, Some(&transfer), &tls)?;
+            let summary = client::get(&target, &dest, &opts)?;
             report(&summary, &out, matches!(dest, client::Dest::Stdout))
         }
         Cmd::Put {
@@ -289,14 +311,16 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             resume,
             transfer,
             out,
+            tls,
         } => {
             let target = url::parse(&url, &url::CredentialSources::from_env())?;
-            let summary = client::put(&file, &target, &options(&out, resume, Some(&transfer)))?;
+            let opts = options(&out, resume, Some(&transfer), &tls)?;
+            let summary = client::put(&file, &target, &opts)?;
             report(&summary, &out, false)
         }
-        Cmd::Ls { url, out } => {
+        Cmd::Ls { url, out, tls } => {
             let target = url::parse(&url, &url::CredentialSources::from_env())?;
-            let entries = client::ls(&target, &options(&out, false, None))?;
+            let entries = client::ls(&target, &options(&out, false, None, &tls)?)?;
             if out.json {
                 println!("{}", serde_json::to_string(&entries)?);
             } else {
@@ -350,15 +374,26 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
     }
 }
 
-fn options(out: &OutputArgs, resume: bool, t: Option<&TransferArgs>) -> Options {
-    Options {
+fn options(
+    out: &OutputArgs,
+    resume: bool,
+    t: Option<&TransferArgs>,
+    tls: &TlsArgs,
+) -> anyhow::Result<Options> {
+    let tls = match (&tls.tls_ca, tls.tls) {
+        (Some(ca), _) => Some(client::tls_config(Some(ca))?),
+        (None, true) => Some(client::tls_config(None)?),
+        (None, false) => None,
+    };
+    Ok(Options {
         resume,
         progress: !out.quiet && !out.json,
         verbose: out.verbose,
         streams: t.map_or(1, |t| t.streams),
         block_size: t.and_then(|t| t.block_size),
         buffer: t.and_then(|t| t.buffer),
-    }
+        tls,
+    })
 }
 
 fn report(summary: &client::Summary, out: &OutputArgs, data_on_stdout: bool) -> anyhow::Result<u8> {

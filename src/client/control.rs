@@ -2,11 +2,13 @@
 
 use super::error::{ClientError, Result};
 use super::url::Target;
+use super::wire::Wire;
 use braid_proto::ranges::RangeSet;
 use braid_proto::{Command, Reply, ReplyParser, addr};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long to wait for a reply before calling the server unresponsive.
@@ -14,7 +16,7 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct Control {
-    stream: TcpStream,
+    stream: Wire,
     parser: ReplyParser,
     peer: SocketAddr,
     /// Whether EPSV failed once, so later transfers go straight to PASV.
@@ -26,6 +28,8 @@ pub struct Control {
     pending: VecDeque<Reply>,
     /// What the server's `111 Range Marker` replies say it has stored (uploads).
     stored: RangeSet,
+    /// After AUTH TLS: how data connections are protected too.
+    tls: Option<(Arc<rustls::ClientConfig>, String)>,
 }
 
 impl Control {
@@ -47,7 +51,7 @@ impl Control {
                     stream.set_read_timeout(Some(REPLY_TIMEOUT)).map_err(fail)?;
                     let _ = stream.set_nodelay(true);
                     let mut c = Control {
-                        stream,
+                        stream: Wire::Clear(stream),
                         parser: ReplyParser::new(),
                         peer: a,
                         no_epsv: false,
@@ -55,6 +59,7 @@ impl Control {
                         features: Vec::new(),
                         pending: VecDeque::new(),
                         stored: RangeSet::new(),
+                        tls: None,
                     };
                     let mut greeting = c.reply()?;
                     while greeting.is_preliminary() {
@@ -100,6 +105,7 @@ impl Control {
     pub fn poll(&mut self) -> Result<()> {
         let mut buf = [0u8; 4096];
         self.stream
+            .tcp()
             .set_nonblocking(true)
             .map_err(|e| ClientError::Protocol(format!("polling replies: {e}")))?;
         let read = loop {
@@ -111,7 +117,7 @@ impl Control {
                 Err(e) => break Err(ClientError::Protocol(format!("reading reply: {e}"))),
             }
         };
-        let _ = self.stream.set_nonblocking(false);
+        let _ = self.stream.tcp().set_nonblocking(false);
         read?;
         while let Some(r) = self.parsed()? {
             self.pending.push_back(r);
@@ -253,10 +259,14 @@ impl Control {
     /// there (EPRT, or PORT if the server lacks EPRT): for MODE E downloads from GridFTP
     /// servers, where the sender must open the connections.
     pub fn active_listener(&mut self) -> Result<std::net::TcpListener> {
-        let local = self.stream.local_addr().map_err(|e| ClientError::Local {
-            what: "control connection address".into(),
-            cause: e,
-        })?;
+        let local = self
+            .stream
+            .tcp()
+            .local_addr()
+            .map_err(|e| ClientError::Local {
+                what: "control connection address".into(),
+                cause: e,
+            })?;
         let listener =
             std::net::TcpListener::bind(SocketAddr::new(local.ip(), 0)).map_err(|e| {
                 ClientError::Local {
@@ -386,11 +396,10 @@ impl Control {
             if stop() {
                 return Ok(None);
             }
-            let _ = self
-                .stream
-                .set_read_timeout(Some(Duration::from_millis(100)));
+            let tcp = self.stream.tcp();
+            let _ = tcp.set_read_timeout(Some(Duration::from_millis(100)));
             let read = self.read_some();
-            let _ = self.stream.set_read_timeout(Some(REPLY_TIMEOUT));
+            let _ = self.stream.tcp().set_read_timeout(Some(REPLY_TIMEOUT));
             match read {
                 Err(ReadError::Io(e)) if is_timeout(&e) && heard.elapsed() < REPLY_TIMEOUT => {}
                 Err(ReadError::Io(e)) if is_timeout(&e) => {
@@ -405,6 +414,41 @@ impl Control {
                 }
             }
         }
+    }
+
+    /// AUTH TLS, then PBSZ 0 and PROT P (RFC 4217): the control connection and every data
+    /// connection are TLS from here on.
+    pub fn start_tls(&mut self, config: &Arc<rustls::ClientConfig>, host: &str) -> Result<()> {
+        let r = self.cmd(&Command::Auth("TLS".into()))?;
+        if r.code != 234 {
+            return Err(ClientError::Remote {
+                what: "AUTH TLS (the server offers no TLS; drop --tls to go on in clear)".into(),
+                reply: r,
+            });
+        }
+        let Wire::Clear(sock) = &self.stream else {
+            return Err(ClientError::Protocol("TLS is already on".into()));
+        };
+        let sock = sock
+            .try_clone()
+            .map_err(|e| ClientError::Protocol(format!("TLS setup: {e}")))?;
+        self.stream = Wire::tls(sock, config, host)?;
+        self.tls = Some((config.clone(), host.to_string()));
+        self.expect(&Command::Pbsz(0), &[200])?;
+        self.expect(&Command::Prot('P'), &[200])?;
+        Ok(())
+    }
+
+    /// A data connection as this session protects it: TLS after `start_tls`.
+    pub fn protect(&self, sock: TcpStream) -> Result<Wire> {
+        match &self.tls {
+            Some((config, host)) => Wire::tls(sock, config, host),
+            None => Ok(Wire::Clear(sock)),
+        }
+    }
+
+    pub fn uses_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     pub fn quit(mut self) {
@@ -489,7 +533,7 @@ mod tests {
         assert_eq!(r.code, 226);
         assert!(c.stored().covers(0, 10));
         // The usual reply timeout is back for the next reads.
-        assert_eq!(c.stream.read_timeout().unwrap(), Some(REPLY_TIMEOUT));
+        assert_eq!(c.stream.tcp().read_timeout().unwrap(), Some(REPLY_TIMEOUT));
 
         // A server that says nothing: the wait ends when asked to, not on its own.
         let stop = Arc::new(AtomicBool::new(false));

@@ -7,6 +7,7 @@ mod interrupt;
 mod parallel;
 mod records;
 pub mod url;
+mod wire;
 
 use braid_proto::Command;
 pub use control::Control;
@@ -18,6 +19,8 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use url::Target;
+use wire::Wire;
+pub use wire::client_config as tls_config;
 
 /// Data-path buffer size: big reads and writes, few syscalls.
 const BUF: usize = 1 << 20;
@@ -36,6 +39,8 @@ pub struct Options {
     pub block_size: Option<u64>,
     /// Fixed socket buffer size (None: kernel autotuning).
     pub buffer: Option<u64>,
+    /// `--tls`: AUTH TLS before login, and PROT P data connections.
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 /// What a finished transfer reports (`--json`).
@@ -106,6 +111,9 @@ pub fn display_url(t: &Target) -> String {
 fn session(target: &Target, opts: &Options) -> Result<Control> {
     let mut c = Control::connect(target)?;
     c.set_verbose(opts.verbose);
+    if let Some(tls) = &opts.tls {
+        c.start_tls(tls, &target.host)?;
+    }
     c.login(target)?;
     c.probe_features()?;
     c.expect(
@@ -292,10 +300,15 @@ fn get_inner(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
             c.restart_at(offset)?;
         }
         c.start_transfer(&retr)?;
+        let mut data = c.protect(data)?;
+        let tcp = data
+            .tcp()
+            .try_clone()
+            .map_err(local_err("data connection"))?;
         let bar = progress_bar(opts, size, offset);
         let partial_name = part.as_ref().map(|p| p.part.display().to_string());
         let (copied, stopped) =
-            interrupt::on_one_connection(&data, || copy_stream(&data, &mut out, &bar));
+            interrupt::on_one_connection(&tcp, || copy_stream(&mut data, &mut out, &bar));
         bar.finish_and_clear();
         if stopped {
             out.flush()
@@ -372,7 +385,14 @@ fn cannot_write(partial: Option<&str>) -> String {
 
 /// Says, in verbose mode, why this transfer uses one plain connection.
 fn note_stream_mode(opts: &Options) {
-    if opts.verbose {
+    if !opts.verbose {
+        return;
+    }
+    if opts.tls.is_some() {
+        eprintln!(
+            "braid: TLS: using one stream-mode connection (MODE E data connections are not encrypted yet)"
+        );
+    } else {
         eprintln!(
             "braid: the server offers no MODE E (no PARALLEL in FEAT): using one stream-mode connection"
         );
@@ -412,7 +432,7 @@ enum CopyError {
 
 /// Copies a data connection into `out` until the server closes it.
 fn copy_stream(
-    mut data: &TcpStream,
+    data: &mut impl Read,
     out: &mut dyn Write,
     bar: &ProgressBar,
 ) -> std::result::Result<u64, (u64, CopyError)> {
@@ -507,9 +527,16 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
         c.restart_at(offset)?;
     }
     c.start_transfer(&stor)?;
+    let mut data = c.protect(data)?;
+    let tcp = data
+        .tcp()
+        .try_clone()
+        .map_err(local_err("data connection"))?;
     let bar = progress_bar(opts, Some(len), offset);
-    let (r, stopped) =
-        interrupt::on_one_connection(&data, || send_file(&file, offset, len, &data, &bar));
+    let (r, stopped) = interrupt::on_one_connection(&tcp, || match &mut data {
+        Wire::Clear(sock) => send_file(&file, offset, len, sock, &bar),
+        tls => send_copied(&file, offset, len, tls, &bar),
+    });
     bar.finish_and_clear();
     if stopped {
         drop(data);
@@ -522,10 +549,10 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
         why: format!("data connection: {e}"),
         partial: None,
     })?;
-    let _ = data.shutdown(std::net::Shutdown::Write);
+    data.finish();
     // Wait for the server to close its side, so the 226 describes the whole file.
     let mut sink = [0u8; 64];
-    let _ = (&data).read(&mut sink);
+    let _ = data.read(&mut sink);
     drop(data);
     c.finish_transfer(&stor).map_err(|e| match e {
         ClientError::Remote { reply, .. } => ClientError::Interrupted {
@@ -582,6 +609,40 @@ fn send_file(
     Ok(reached - offset)
 }
 
+/// Sends `[offset, len)` of a file through a writer that needs the bytes (TLS).
+fn send_copied(
+    file: &File,
+    offset: u64,
+    len: u64,
+    out: &mut impl Write,
+    bar: &ProgressBar,
+) -> std::result::Result<u64, (u64, std::io::Error)> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; BUF];
+    let mut at = offset;
+    while at < len {
+        let want = buf
+            .len()
+            .min(usize::try_from(len - at).unwrap_or(usize::MAX));
+        let n = match file.read_at(&mut buf[..want], at) {
+            Ok(0) => {
+                let shrank = std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "local file shrank during upload",
+                );
+                return Err((at - offset, shrank));
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err((at - offset, e)),
+        };
+        out.write_all(&buf[..n]).map_err(|e| (at - offset, e))?;
+        at += n as u64;
+        bar.set_position(at);
+    }
+    Ok(at - offset)
+}
+
 /// One entry of a remote listing.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ListEntry {
@@ -609,13 +670,13 @@ pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
     c.send(&mlsd)?;
     let r = c.reply()?;
     let (text, machine) = match r.code {
-        125 | 150 => (read_all(data, &mut c, &mlsd)?, true),
+        125 | 150 => (read_all(c.protect(data)?, &mut c, &mlsd)?, true),
         500 | 501 | 502 | 504 => {
             drop(data);
             let list = Command::List(path);
             let data = c.open_data()?;
             c.start_transfer(&list)?;
-            (read_all(data, &mut c, &list)?, false)
+            (read_all(c.protect(data)?, &mut c, &list)?, false)
         }
         _ => {
             return Err(ClientError::Remote {
@@ -653,7 +714,7 @@ pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
     Ok(entries)
 }
 
-fn read_all(mut data: TcpStream, c: &mut Control, cmd: &Command) -> Result<String> {
+fn read_all(mut data: Wire, c: &mut Control, cmd: &Command) -> Result<String> {
     let mut buf = Vec::new();
     data.read_to_end(&mut buf)
         .map_err(|e| ClientError::Interrupted {

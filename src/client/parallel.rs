@@ -31,8 +31,12 @@ pub enum Peer {
 }
 
 impl Peer {
+    /// None also under TLS: MODE E data connections are not encrypted yet, so a TLS session
+    /// moves its data over one stream-mode connection, which is.
     pub fn of(c: &Control) -> Option<Peer> {
-        if c.has_feature("BRAID") {
+        if c.uses_tls() {
+            None
+        } else if c.has_feature("BRAID") {
             Some(Peer::Braid)
         } else if c.has_feature("PARALLEL") {
             Some(Peer::GridFtp)

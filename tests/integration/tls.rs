@@ -164,3 +164,42 @@ fn a_failed_tls_handshake_ends_only_that_session() {
     ask(&mut raw, "USER alice", "530 ");
     ask(&mut raw, "USER anonymous", "331 ");
 }
+
+/// braid's own client over TLS: the password and the data are encrypted, the certificate is
+/// checked, and without `--tls` the server's refusal says what to do.
+#[test]
+fn braid_gets_puts_and_lists_over_tls() {
+    use crate::util::{braid, json};
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let content = random_bytes(3 << 20, 83);
+    std::fs::write(root.join("f.bin"), &content).unwrap();
+    let (server, cert) = start(top.path(), &root);
+    let env = [("BRAID_PASSWORD", "s3cret")];
+    let url = |p: &str| format!("ftp://alice@{}/{p}", server.addr);
+    let dest = top.path().join("got.bin");
+    let d = dest.to_str().unwrap();
+    let (code, out, err) = braid(
+        &["get", &url("f.bin"), d, "--tls-ca", &cert, "--json"],
+        &env,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read(&dest).unwrap() == content, "download differs");
+    assert_eq!(json(&out)["mode"], "stream", "{out}");
+    let (code, _, err) = braid(&["put", d, &url("up.bin"), "--tls-ca", &cert], &env);
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read(root.join("up.bin")).unwrap() == content);
+    let (code, out, err) = braid(&["ls", &url(""), "--tls-ca", &cert, "-v"], &env);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("up.bin"), "{out}");
+    assert!(err.contains("234 ") && err.contains("PROT P"), "{err}");
+    // In clear the account is refused, and the reply says why.
+    let (code, _, err) = braid(&["get", &url("f.bin"), d], &env);
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("AUTH TLS"), "{err}");
+    // A certificate nobody vouches for is refused: here the system's roots do not know it.
+    let (code, _, err) = braid(&["get", &url("f.bin"), d, "--tls"], &env);
+    assert_ne!(code, 0, "an unknown certificate was accepted");
+    assert!(err.contains("certificate"), "{err}");
+}
