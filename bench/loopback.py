@@ -6,7 +6,11 @@ connections to /dev/null and to disk, curl downloading from vsftpd, and globus-u
 downloading from globus-gridftp-server. Each is run 3 times on the same cached file; the table
 gives the median in MB/s (10^6 bytes/s) and its ratio to iperf3's median.
 
-    cargo build --release && python3 bench/loopback.py [--size-mib 2048] [--runs 3]
+    cargo build --release && python3 bench/loopback.py [--size-mib 2048] [--runs 3] [--braid PATH]
+
+A second table gives the CPU time per GiB moved, client and server together, for iperf3 (from
+its own JSON) and braid get -n 4 to /dev/null (from rusage and /proc): what the data path
+costs beyond the kernel's copy. --braid measures another build (e.g. the one before a change).
 
 Needs iperf3, vsftpd, curl, globus-url-copy and globus-gridftp-server (scripts/test installs
 all but iperf3: apt-get install iperf3). Rows whose program is missing are skipped and said so.
@@ -16,6 +20,7 @@ Only loopback is used; every server started here is stopped at the end, also on 
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -77,6 +82,18 @@ class Servers:
             p.wait()
 
 
+def proc_cpu(pid):
+    """CPU seconds (user + system) a running process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def timed(cmd, size):
     """Runs cmd, returns MB/s over wall-clock time."""
     t = time.perf_counter()
@@ -88,14 +105,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=2048)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--braid", default=BRAID, help="the braid binary to measure")
     args = ap.parse_args()
-    if not os.access(BRAID, os.X_OK):
-        sys.exit(f"{BRAID} is missing: run cargo build --release first")
+    braid = args.braid
+    if not os.access(braid, os.X_OK):
+        sys.exit(f"{braid} is missing: run cargo build --release first")
     size = args.size_mib << 20
     work = tempfile.mkdtemp(prefix="braid-bench-")
     os.chmod(work, 0o755)
     servers = Servers()
     rows = []  # (name, [MB/s...]) or (name, None, why)
+    cpu = {}  # name -> [CPU seconds per GiB, client + server]
     try:
         srv = os.path.join(work, "srv")
         os.mkdir(srv)
@@ -124,19 +144,28 @@ def main():
                 time.sleep(0.3)
                 out = subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-n", str(size), "-J"],
                                      check=True, capture_output=True, text=True, timeout=300).stdout
-                return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 8e6
+                end = json.loads(out)["end"]
+                u = end["cpu_utilization_percent"]
+                secs = end["sum_received"]["seconds"]
+                cpu.setdefault("iperf3, 1 stream", []).append(
+                    (u["host_total"] + u["remote_total"]) / 100 * secs / (size / 2**30))
+                return end["sum_received"]["bits_per_second"] / 8e6
             measure("iperf3, 1 stream (memory to memory)", iperf)
         else:
             rows.append(("iperf3, 1 stream (memory to memory)", None, "iperf3 not installed"))
 
-        p = servers.start([BRAID, "serve", "--root", srv, "--listen", "127.0.0.1:0"], text=True)
+        p = servers.start([braid, "serve", "--root", srv, "--listen", "127.0.0.1:0"], text=True)
         line = p.stdout.readline()
         url = line.split("ftp://")[1].strip().rstrip("/")
         disk = os.path.join(work, "disk.bin")
         for n in (1, 4, 8):
             def braid_get(dest, n=n):
-                out = subprocess.run([BRAID, "get", f"ftp://{url}/f.bin", dest, "-n", str(n), "--json"],
+                before = proc_cpu(p.pid) + children_cpu()
+                out = subprocess.run([braid, "get", f"ftp://{url}/f.bin", dest, "-n", str(n), "--json"],
                                      check=True, capture_output=True, text=True, timeout=600).stdout
+                if n == 4 and dest == "/dev/null":
+                    used = proc_cpu(p.pid) + children_cpu() - before
+                    cpu.setdefault("braid get -n 4 -> /dev/null", []).append(used / (size / 2**30))
                 if os.path.exists(disk):
                     os.remove(disk)
                 return json.loads(out)["bytes_per_second"] / 1e6
@@ -188,6 +217,15 @@ def main():
         med = statistics.median(r[1])
         ratio = f"{med / ref:.2f}" if ref else "-"
         print(f"| {r[0]:52} | {med:7.0f} | {ratio:>8} | {', '.join(f'{v:.0f}' for v in r[1])}")
+    if cpu:
+        ref = statistics.median(cpu["iperf3, 1 stream"]) if "iperf3, 1 stream" in cpu else None
+        print(f"\nCPU seconds per GiB moved, client + server, median of {args.runs}\n")
+        print(f"| {'what':52} | {'s/GiB':>7} | {'x iperf3':>8} | runs")
+        print(f"|{'-' * 54}|{'-' * 9}|{'-' * 10}|------------")
+        for name, v in cpu.items():
+            med = statistics.median(v)
+            ratio = f"{med / ref:.2f}" if ref else "-"
+            print(f"| {name:52} | {med:7.3f} | {ratio:>8} | {', '.join(f'{x:.3f}' for x in v)}")
 
 
 if __name__ == "__main__":

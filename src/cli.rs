@@ -132,6 +132,17 @@ struct TransferArgs {
     /// it the kernel tunes buffers itself, which is usually better.
     #[arg(long, value_parser = parse_size)]
     buffer: Option<u64>,
+    /// Cap the transfer's sending rate, in bytes per second over all its connections, e.g.
+    /// 50MB or 4MiB. The kernel paces each connection (SO_MAX_PACING_RATE). For `get` the
+    /// server is the sender: braid servers honour it, other servers ignore it.
+    #[arg(long, value_name = "BYTES_PER_SECOND", value_parser = parse_size)]
+    max_rate: Option<u64>,
+    /// Change the number of connections during the transfer (braid servers only; replaces
+    /// -n): "1,8@20%,2@60%" starts with one connection, uses eight once 20% of the bytes have
+    /// moved and two from 60%; "4,8@2s" goes from four to eight two seconds in. For
+    /// experiments: it shows what a count costs on a path while the rest stays the same.
+    #[arg(long, value_name = "SPEC", value_parser = crate::engine::hooks::Schedule::parse)]
+    schedule: Option<crate::engine::hooks::Schedule>,
 }
 
 fn parse_block_size(s: &str) -> Result<u64, String> {
@@ -393,6 +404,8 @@ fn options(
         block_size: t.and_then(|t| t.block_size),
         buffer: t.and_then(|t| t.buffer),
         tls,
+        schedule: t.and_then(|t| t.schedule.clone()),
+        max_rate: t.and_then(|t| t.max_rate),
     })
 }
 

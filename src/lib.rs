@@ -3,10 +3,10 @@
 //! Layers: `braid-proto` holds the protocol without I/O; [`fsroot`] confines file access to a
 //! root; [`server`] and [`client`] are the I/O around the protocol; [`cli`] is the command line.
 
-pub mod blocks;
 pub mod cli;
 pub mod client;
 pub mod demo;
+pub mod engine;
 pub mod fsroot;
 pub mod lab;
 pub mod server;

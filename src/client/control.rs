@@ -30,6 +30,8 @@ pub struct Control {
     stored: RangeSet,
     /// After AUTH TLS: how data connections are protected too.
     tls: Option<(Arc<rustls::ClientConfig>, String)>,
+    /// `OPTS BRAID ELASTIC` was accepted on this session.
+    pub elastic: bool,
 }
 
 impl Control {
@@ -60,6 +62,7 @@ impl Control {
                         pending: VecDeque::new(),
                         stored: RangeSet::new(),
                         tls: None,
+                        elastic: false,
                     };
                     let mut greeting = c.reply()?;
                     while greeting.is_preliminary() {
@@ -245,6 +248,16 @@ impl Control {
         self.features
             .iter()
             .any(|f| f.split_whitespace().next() == Some(name))
+    }
+
+    /// The number after a feature's name (`BRAID 2` gives 2), if FEAT listed it with one.
+    pub fn feature_version(&self, name: &str) -> Option<u32> {
+        self.features.iter().find_map(|f| {
+            let mut words = f.split_whitespace();
+            (words.next() == Some(name))
+                .then(|| words.next()?.parse().ok())
+                .flatten()
+        })
     }
 
     /// Opens a passive data connection: EPSV first (it works through NAT and over IPv6), PASV

@@ -4,7 +4,7 @@
 
 use super::control::Control;
 use super::error::ClientError;
-use crate::blocks::Abort;
+use crate::engine::Abort;
 use braid_proto::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -41,6 +41,10 @@ pub struct Options {
     pub buffer: Option<u64>,
     /// `--tls`: AUTH TLS before login, and PROT P data connections.
     pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// `--schedule`: connection counts over the transfer (braid servers only).
+    pub schedule: Option<crate::engine::hooks::Schedule>,
+    /// `--max-rate`: cap on the sending rate, bytes/s (the server's, for a download).
+    pub max_rate: Option<u64>,
 }
 
 /// What a finished transfer reports (`--json`).
@@ -66,6 +70,15 @@ pub struct Summary {
     pub per_connection_bytes: Vec<u64>,
     /// The whole-file checksum that was compared with the server's, `ALG hex`.
     pub checksum: Option<String>,
+    /// MODE E: each data connection's life (when it joined and ended, bytes, how it ended).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub connections: Vec<crate::engine::stats::LinkRecord>,
+    /// MODE E: open data connections over time, `[seconds, count]` at each change.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub connection_count: Vec<crate::engine::stats::Count>,
+    /// MODE E: one row per open connection per second: bytes, rate and the kernel's TCP_INFO.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<crate::engine::stats::Sample>,
 }
 
 impl Summary {
@@ -316,6 +329,7 @@ fn get_inner(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
             let n = copied.unwrap_or_else(|(n, _)| n);
             return Err(interrupt::stopped(&mut c, n, "", partial_name));
         }
+        close_data(data);
         received = match copied {
             Ok(n) => n,
             Err((n, CopyError::Read(e))) => {
@@ -422,6 +436,9 @@ fn summary(
         streams: 1,
         per_connection_bytes: Vec::new(),
         checksum: None,
+        connections: Vec::new(),
+        connection_count: Vec::new(),
+        timeline: Vec::new(),
     }
 }
 
@@ -592,7 +609,7 @@ fn send_file(
     bar: &ProgressBar,
 ) -> std::result::Result<u64, (u64, std::io::Error)> {
     let mut at = offset;
-    let reached = crate::blocks::sendfile_range(sock, file, offset, len, |now| {
+    let reached = crate::engine::sendfile_range(sock, file, offset, len, |now| {
         at = now;
         bar.set_position(now);
     })
@@ -641,6 +658,12 @@ fn send_copied(
         bar.set_position(at);
     }
     Ok(at - offset)
+}
+
+/// Closes a data connection whose data has all been read. Under TLS this sends close_notify
+/// first: vsftpd, for one, waits for it before it sends the 226.
+fn close_data(mut data: Wire) {
+    data.finish();
 }
 
 /// One entry of a remote listing.
@@ -722,6 +745,7 @@ fn read_all(mut data: Wire, c: &mut Control, cmd: &Command) -> Result<String> {
             why: e.to_string(),
             partial: None,
         })?;
+    close_data(data);
     c.finish_transfer(cmd)?;
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }

@@ -8,17 +8,22 @@ use super::interrupt::{Interrupt, stopped, supervise};
 use super::records::{UploadRecord, load_sidecar, remove_sidecar, save_sidecar, sidecar_path};
 use super::url::Target;
 use super::{Dest, Options, PartFile, Summary, cannot_write, local_err, part_path, progress_bar};
-use crate::blocks::receive::{Accept, Conns, Progress, Shared};
-use crate::blocks::send::Source;
-use crate::blocks::sink::{Reorder, Sink};
-use crate::blocks::{self, Abort, EngineError};
+use crate::engine::hooks::{Cap, Fixed, Pacer, Policy, Steering};
+use crate::engine::receive::{Progress, Shared};
+use crate::engine::send::Source;
+use crate::engine::sink::{Reorder, Sink};
+use crate::engine::transfer::{Accept, Joins, Transfer};
+use crate::engine::{self, EngineError};
 use braid_proto::checksum;
 use braid_proto::command::Mode;
 use braid_proto::ranges::RangeSet;
+use braid_proto::retr_opts::RetrOpts;
 use braid_proto::{Command, Reply};
 use std::fs::{File, OpenOptions};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// The kind of MODE E server, from its FEAT.
@@ -59,14 +64,22 @@ pub fn get(
     size: Option<u64>,
     opts: &Options,
 ) -> Result<Summary> {
-    let n = opts.streams.max(1);
     let remote = target.path.as_str();
+    let elastic = elastic(c, peer)?;
+    let plan = Plan::new(opts, elastic);
+    let n = plan.start;
     c.expect(&Command::Mode(Mode::Extended), &[200])?;
-    let mut retr_opts = format!("RETR Parallelism={n},{n},{n};");
-    if let Some(b) = opts.block_size {
-        retr_opts.push_str(&format!("blocksize={b};"));
-    }
-    c.expect(&Command::Opts(retr_opts), &[200])?;
+    let retr_opts = RetrOpts {
+        parallelism: Some((plan.start, plan.start.min(1), plan.max)),
+        block_size: opts.block_size,
+        // Only braid servers pace (GridFTP servers ignore options they do not know, but
+        // there is no need to find out).
+        max_rate: if elastic { opts.max_rate } else { None },
+    };
+    c.expect(
+        &Command::Opts(format!("RETR {}", retr_opts.encode())),
+        &[200],
+    )?;
     if let Some(b) = opts.buffer {
         c.expect(&Command::Sbuf(b), &[200])?;
     }
@@ -74,7 +87,7 @@ pub fn get(
         Dest::Null => (Sink::Discard, None, Progress::holding(RangeSet::new())),
         Dest::Stdout => {
             // Room for a couple of blocks per connection, within bounds.
-            let block = opts.block_size.unwrap_or(blocks::DEFAULT_BLOCK) as usize;
+            let block = opts.block_size.unwrap_or(engine::DEFAULT_BLOCK) as usize;
             let cap = (block * n as usize * 2).clamp(8 << 20, 256 << 20);
             let out = Box::new(std::io::stdout());
             let start = Progress::holding(RangeSet::new());
@@ -126,7 +139,7 @@ pub fn get(
     let started = Instant::now();
     let bytes = Arc::new(AtomicU64::new(0));
     let shared = Shared::new(start, bytes.clone());
-    let abort = Abort::new();
+    let transfer = Transfer::new(elastic);
     let complete_already = size.is_some_and(|s| have.covers(0, s)) && resumed_from > 0;
     let retr = Command::Retr(target.path.clone());
     let partial_name = part.as_ref().map(|p| p.part.display().to_string());
@@ -135,6 +148,9 @@ pub fn get(
             save_sidecar(&sidecar_path(&part.part), remote, s, p);
         }
     };
+    let todo = size.map(|s| s - have.overlap(0, s));
+    // A download is paced by the server (MaxRate, above): here the pacer has nothing to do.
+    let mut steering = Steering::new(plan.policy(), Box::new(Cap(None)), false, todo);
     if !complete_already {
         // Written now, so the space for the next version is reserved before data arrives.
         save(&shared.snapshot());
@@ -144,7 +160,8 @@ pub fn get(
                 if !have.is_empty() {
                     c.expect(&Command::RestRanges(have.clone()), &[350])?;
                 }
-                Conns::fixed(open_and_start(c, &retr, addr, n, opts.buffer)?)
+                let socks = open_and_start(c, &retr, addr, n, opts.buffer, elastic)?;
+                plan.joins(socks, addr, opts.buffer, &mut steering)
             }
             Peer::GridFtp => {
                 let listener = c.active_listener()?;
@@ -152,24 +169,28 @@ pub fn get(
                     c.expect(&Command::RestRanges(have.clone()), &[350])?;
                 }
                 c.start_transfer(&retr)?;
-                Conns::accept(Accept {
-                    listener,
-                    peer: braid_proto::session::canonical_ip(c.peer().ip()),
-                    wait: STALL,
-                    max: 4 * n as usize + 4,
-                    buffer: opts.buffer,
-                })
+                Joins::accept(
+                    Accept {
+                        listener,
+                        peer: braid_proto::session::canonical_ip(c.peer().ip()),
+                        max: 4 * n as usize + 4,
+                        buffer: opts.buffer,
+                        timeout: Some(STALL),
+                    },
+                    STALL,
+                )
             }
         };
         let bar = progress_bar(opts, size, resumed_from);
         let interrupt = Interrupt::install();
         let mut last_save = Instant::now();
         let result = supervise(
-            &abort,
+            transfer.abort(),
             &interrupt,
-            || blocks::receive::receive(conns, &sink, size, &shared, &abort).map(drop),
+            || engine::receive::receive(&transfer, conns, &sink, size, &shared).map(drop),
             || {
                 bar.set_position(resumed_from + bytes.load(Ordering::Relaxed));
+                steering.tick(&transfer);
                 if last_save.elapsed() > Duration::from_secs(1) {
                     save(&shared.snapshot());
                     last_save = Instant::now();
@@ -222,25 +243,124 @@ pub fn get(
         }
         None => "-".into(),
     };
+    let per_conn = transfer.per_link_bytes();
     let s = super::summary(
         "get",
         target,
         local,
-        got.per_conn.iter().sum(),
+        per_conn.iter().sum(),
         Some(total),
         resumed_from,
         started,
     );
-    Ok(extended(s, got.per_conn, verified))
+    Ok(extended(s, &transfer, steering, verified))
 }
 
-/// Marks a summary as a MODE E transfer over these connections.
-fn extended(mut s: Summary, per_conn: Vec<u64>, checksum: Option<String>) -> Summary {
+/// Marks a summary as a MODE E transfer over these connections, with their timeline.
+fn extended(
+    mut s: Summary,
+    transfer: &Transfer,
+    steering: Steering,
+    checksum: Option<String>,
+) -> Summary {
+    let (timeline, counts, links) = steering.finish(transfer);
     s.mode = "extended-block";
-    s.streams = per_conn.len() as u32;
-    s.per_connection_bytes = per_conn;
+    s.per_connection_bytes = transfer.per_link_bytes();
+    s.streams = transfer.most_open() as u32;
     s.checksum = checksum;
+    s.connections = links;
+    s.connection_count = counts;
+    s.timeline = timeline;
     s
+}
+
+/// Whether this transfer is elastic: the server is braid and can let connections join,
+/// leave and break mid-transfer (FEAT `BRAID 2`). Turned on once per session.
+fn elastic(c: &mut Control, peer: Peer) -> Result<bool> {
+    if peer != Peer::Braid || c.feature_version("BRAID").unwrap_or(0) < 2 {
+        return Ok(false);
+    }
+    if !c.elastic {
+        c.expect(&Command::Opts("BRAID ELASTIC".into()), &[200])?;
+        c.elastic = true;
+    }
+    Ok(true)
+}
+
+/// The connection plan of one transfer: how many to start with, how many at most, and the
+/// policy that moves between them.
+struct Plan {
+    start: u32,
+    max: u32,
+    schedule: Option<crate::engine::hooks::Schedule>,
+    elastic: bool,
+}
+
+impl Plan {
+    fn new(opts: &Options, elastic: bool) -> Plan {
+        let n = opts.streams.max(1);
+        match (&opts.schedule, elastic) {
+            (Some(s), true) => Plan {
+                start: s.start as u32,
+                max: s
+                    .steps
+                    .iter()
+                    .map(|&(_, n)| n)
+                    .chain([s.start])
+                    .max()
+                    .unwrap_or(s.start) as u32,
+                schedule: Some(s.clone()),
+                elastic,
+            },
+            _ => Plan {
+                start: n,
+                max: n,
+                schedule: None,
+                elastic,
+            },
+        }
+    }
+
+    fn policy(&self) -> Box<dyn Policy> {
+        match &self.schedule {
+            Some(s) => Box::new(s.clone()),
+            None => Box::new(Fixed),
+        }
+    }
+
+    /// The connections of a transfer to a braid server's passive address: those opened at
+    /// the start, and (elastic) any the policy opens later.
+    fn joins(
+        &self,
+        socks: Vec<TcpStream>,
+        addr: SocketAddr,
+        buffer: Option<u64>,
+        steering: &mut Steering,
+    ) -> Joins {
+        let initial = socks.len();
+        let mut joins = Joins::fixed(socks, STALL);
+        if self.elastic {
+            let (tx, rx) = mpsc::channel();
+            joins.incoming = Some(rx);
+            steering.set_opener(initial, move |failed: Arc<AtomicUsize>| {
+                let tx = tx.clone();
+                std::thread::spawn(move || match connect_data(addr) {
+                    Ok(s) => {
+                        engine::set_buffer(&s, buffer);
+                        if tx.send(s).is_err() {
+                            // The transfer ended meanwhile.
+                            failed.fetch_add(1, Ordering::AcqRel);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("could not open another data connection: {e}");
+                        failed.fetch_add(1, Ordering::AcqRel);
+                    }
+                });
+            });
+        }
+        joins
+    }
 }
 
 /// Compares the whole-file checksum with the server's. braid peers: XXH3 from the blocks as
@@ -331,7 +451,9 @@ pub fn put(
         record,
         have,
     } = up;
-    let n = opts.streams.max(1);
+    let elastic = elastic(c, peer)?;
+    let plan = Plan::new(opts, elastic);
+    let n = plan.start;
     c.expect(&Command::Mode(Mode::Extended), &[200])?;
     if let Some(b) = opts.buffer {
         c.expect(&Command::Sbuf(b), &[200])?;
@@ -380,7 +502,7 @@ pub fn put(
     let stor = Command::Stor(target.path.clone());
     // Connect before waiting for 150: the Globus server sends it only once data connections
     // have arrived; a braid server accepts them from its backlog after sending it.
-    let socks = match open_and_start(c, &stor, addr, n, opts.buffer) {
+    let socks = match open_and_start(c, &stor, addr, n, opts.buffer, elastic) {
         Err(ClientError::Remote { reply, .. }) if !have.is_empty() => {
             eprintln!(
                 "braid: the server cannot continue the earlier upload ({reply}); sending the whole file"
@@ -398,9 +520,13 @@ pub fn put(
     let resumed_from = have.len();
     let started = Instant::now();
     let todo = have.missing(len);
-    let block = opts.block_size.unwrap_or(blocks::DEFAULT_BLOCK);
+    let block = opts.block_size.unwrap_or(engine::DEFAULT_BLOCK);
     let progress = AtomicU64::new(0);
-    let abort = Abort::new();
+    let transfer = Transfer::new(elastic);
+    let pacer: Box<dyn Pacer> = Box::new(Cap(opts.max_rate));
+    let mut steering = Steering::new(plan.policy(), pacer, true, Some(todo.len()));
+    steering.prime(&transfer);
+    let joins = plan.joins(socks, addr, opts.buffer, &mut steering);
     let bar = progress_bar(opts, Some(len), resumed_from);
     let interrupt = Interrupt::install();
     let mut recorded = have.clone();
@@ -411,19 +537,20 @@ pub fn put(
         }
     };
     let result = supervise(
-        &abort,
+        transfer.abort(),
         &interrupt,
         || {
             let source = Source::File { file, size: len };
-            let options = blocks::send::Options {
+            let options = engine::send::Options {
                 block,
                 hash: hash_while_sending,
                 keep: false,
             };
-            blocks::send::send(source, &todo, socks, options, &progress, &abort)
+            engine::send::send(&transfer, source, &todo, joins, options, &progress)
         },
         || {
             bar.set_position(resumed_from + progress.load(Ordering::Relaxed));
+            steering.tick(&transfer);
             if c.poll().is_ok() {
                 keep_record(c);
             }
@@ -502,7 +629,7 @@ pub fn put(
         resumed_from,
         started,
     );
-    Ok(extended(s, sent.per_conn, verified))
+    Ok(extended(s, &transfer, steering, verified))
 }
 
 /// The error for an upload the server did not accept at the end. A checksum mismatch means
@@ -554,24 +681,42 @@ fn open_and_start(
     addr: std::net::SocketAddr,
     n: u32,
     buffer: Option<u64>,
+    elastic: bool,
 ) -> Result<Vec<std::net::TcpStream>> {
     c.send(cmd)?;
-    let socks = (0..n)
-        .map(|_| {
-            let s = connect_data(addr)?;
-            blocks::set_buffer(&s, buffer);
-            Ok(s)
-        })
-        .collect::<Result<Vec<_>>>();
-    match socks {
-        Ok(socks) => {
-            c.transfer_started(cmd)?;
-            Ok(socks)
+    // All at once: each connection costs a round trip, and they need not wait for each other.
+    let socks: Vec<Result<TcpStream>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|_| {
+                scope.spawn(move || {
+                    let s = connect_data(addr)?;
+                    engine::set_buffer(&s, buffer);
+                    Ok(s)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ClientError::Protocol("a connecting thread failed".into()))
+                })
+            })
+            .collect()
+    });
+    let started = c.transfer_started(cmd);
+    // Elastic: a server that has already sent everything on the first connections closes its
+    // listener, so a refused latecomer is no error.
+    let (ok, failed): (Vec<_>, Vec<_>) = socks.into_iter().partition(|s| s.is_ok());
+    started?;
+    let ok: Vec<TcpStream> = ok.into_iter().filter_map(|s| s.ok()).collect();
+    match failed.into_iter().find_map(|s| s.err()) {
+        Some(e) if !elastic || ok.is_empty() => Err(e),
+        Some(e) => {
+            tracing::debug!("a data connection was not needed: {e}");
+            Ok(ok)
         }
-        Err(e) => {
-            c.transfer_started(cmd)?;
-            Err(e)
-        }
+        None => Ok(ok),
     }
 }
 

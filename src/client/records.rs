@@ -10,7 +10,7 @@
 //!   (`$XDG_STATE_HOME/braid/uploads`, else `~/.local/state/braid/uploads`): the source may sit
 //!   in a directory the user cannot write.
 
-use crate::blocks::receive::Progress;
+use crate::engine::receive::Progress;
 use braid_proto::ranges::RangeSet;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;

@@ -3,10 +3,12 @@
 
 use super::data::{self, BlockConns, DataError, Finished, Job};
 use super::{ChecksumCache, Config, Shutdown};
-use crate::blocks::{self, Abort};
+use crate::engine::transfer::{Accept, Joins};
+use crate::engine::{self};
 use crate::fsroot::{Root, Upload, UploadStart};
 use braid_proto::line::{LineBuffer, LineError};
 use braid_proto::listing::{self, EntryKind};
+use braid_proto::retr_opts::RetrOpts;
 use braid_proto::session::{
     Action, BlockMode, ChecksumAlg, DataEndpoint, Direction, Expected, FsError, FsOp, FsOutcome,
     ListStyle, Perm, Session, SessionConfig, Transfer, TransferKind, TransferOutcome, canonical_ip,
@@ -146,7 +148,7 @@ struct Io {
     root: Option<Arc<Root>>,
     passive: Option<TcpListener>,
     /// MODE E data connections the last transfer left open, and which way they carry data.
-    cached: Option<(Direction, blocks::receive::Kept)>,
+    cached: Option<(Direction, engine::receive::Kept)>,
 }
 
 pub(super) async fn serve(
@@ -422,16 +424,13 @@ impl Io {
                     (Vec::new(), Some(listener))
                 }
             };
-            let conns = blocks::receive::Conns {
+            let accept = listener.map(|listener| self.accept(listener, t.buffer));
+            let conns = Joins {
                 reused: !open.is_empty(),
                 open,
-                accept: listener.map(|listener| blocks::receive::Accept {
-                    listener,
-                    peer: canonical_ip(self.peer.ip()),
-                    wait: self.config.data_timeout,
-                    max: self.config.max_streams as usize,
-                    buffer: t.buffer,
-                }),
+                accept,
+                incoming: None,
+                stall: self.config.data_timeout,
             };
             return Ok(BlockConns::Receive(
                 conns,
@@ -439,13 +438,27 @@ impl Io {
             ));
         }
         if let Some(kept) = cached {
-            return Ok(BlockConns::Send(kept.socks));
+            let mut joins = Joins::fixed(kept.socks, self.config.data_timeout);
+            joins.reused = true;
+            return Ok(BlockConns::Send(joins));
         }
         let n = b.parallelism.max(1) as usize;
+        let want = canonical_ip(self.peer.ip());
         let socks = match &t.endpoint {
+            // Elastic: start on the first connection and take the others as they come, for as
+            // long as there are blocks to send.
+            DataEndpoint::Passive(_) if b.elastic => {
+                let listener = self.passive.take().ok_or("no passive listener")?;
+                let first = accept_from(&listener, want, deadline).await?;
+                let first = self.blocking(first, t.buffer)?;
+                let listener = listener.into_std().map_err(|e| e.to_string())?;
+                let mut joins =
+                    Joins::accept(self.accept(listener, t.buffer), self.config.data_timeout);
+                joins.open.push(first);
+                return Ok(BlockConns::Send(joins));
+            }
             DataEndpoint::Passive(_) => {
                 let listener = self.passive.take().ok_or("no passive listener")?;
-                let want = canonical_ip(self.peer.ip());
                 let mut socks = Vec::with_capacity(n);
                 for _ in 0..n {
                     socks.push(accept_from(&listener, want, deadline).await?);
@@ -464,7 +477,21 @@ impl Io {
             .into_iter()
             .map(|s| self.blocking(s, t.buffer))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(BlockConns::Send(socks))
+        Ok(BlockConns::Send(Joins::fixed(
+            socks,
+            self.config.data_timeout,
+        )))
+    }
+
+    /// Where the client opens (more) data connections of a MODE E transfer.
+    fn accept(&self, listener: std::net::TcpListener, buffer: Option<u64>) -> Accept {
+        Accept {
+            listener,
+            peer: canonical_ip(self.peer.ip()),
+            max: self.config.max_streams as usize,
+            buffer,
+            timeout: Some(self.config.data_timeout),
+        }
     }
 
     /// A blocking socket for a data thread, with the idle timeout as its read/write limit.
@@ -479,7 +506,7 @@ impl Io {
             .map_err(|e| e.to_string())?;
         s.set_write_timeout(Some(self.config.idle_timeout))
             .map_err(|e| e.to_string())?;
-        blocks::set_buffer(&s, buffer);
+        engine::set_buffer(&s, buffer);
         Ok(s)
     }
 }
@@ -773,12 +800,16 @@ async fn transfer(
     }
     let started = std::time::Instant::now();
     let progress = Arc::new(AtomicU64::new(0));
-    let abort = Arc::new(Abort::new());
+    let elastic = t.block.as_ref().is_some_and(|b| b.elastic);
+    let moving = Arc::new(engine::transfer::Transfer::new(elastic));
+    if let Some(rate) = t.block.as_ref().and_then(|b| b.max_rate) {
+        moving.set_pacing(Some(rate));
+    }
     // A MODE E upload's receiving state, for the 111 Range Markers.
     let mut received = None;
     let connected = match &t.block {
         None => io.stream_connection(&t.endpoint).await.map(|sock| {
-            abort.register(&sock);
+            moving.abort().register(&sock);
             let progress = progress.clone();
             let tls = io.config.tls.clone().filter(|_| t.private);
             tokio::task::spawn_blocking(move || data::run(job, sock, tls, progress))
@@ -787,11 +818,11 @@ async fn transfer(
             if let BlockConns::Receive(_, state) = &conns {
                 received = Some(state.clone());
             }
-            let (progress, abort) = (progress.clone(), abort.clone());
+            let (progress, moving) = (progress.clone(), moving.clone());
             let have = b.have.clone();
-            let block = b.block_size.unwrap_or(blocks::DEFAULT_BLOCK);
+            let block = b.block_size.unwrap_or(engine::DEFAULT_BLOCK);
             tokio::task::spawn_blocking(move || {
-                data::run_blocks(job, conns, &have, block, progress, &abort)
+                data::run_blocks(job, conns, &have, block, progress, &moving)
             })
         }),
     };
@@ -811,7 +842,7 @@ async fn transfer(
     let shut = AtomicBool::new(false);
     let kill = |why: &AtomicBool| {
         why.store(true, Ordering::SeqCst);
-        abort.abort();
+        moving.abort().abort();
     };
     let mut quit = false;
     let mut client_gone = false;
@@ -844,6 +875,19 @@ async fn transfer(
                         let _ = conn.send(&Reply::new(200, "SCKS Command Successful.")).await;
                     }
                     Ok(Command::Quit) => quit = true,
+                    // A braid client changing the cap on a running download (MaxRate only:
+                    // the other options apply to the next transfer).
+                    Ok(Command::Opts(o)) if elastic && !is_upload && o.to_ascii_uppercase().starts_with("RETR ") => {
+                        let r = match RetrOpts::parse(&o[5..]) {
+                            Ok(RetrOpts { max_rate: Some(rate), .. }) => {
+                                moving.set_pacing((rate > 0).then_some(rate));
+                                Reply::new(200, "OPTS Command Successful.")
+                            }
+                            Ok(_) => Reply::new(501, "Only MaxRate can change while a transfer runs."),
+                            Err(e) => Reply::new(501, format!("OPTS RETR: {e}.")),
+                        };
+                        let _ = conn.send(&r).await;
+                    }
                     _ => conn.queued.push_back(l),
                 },
                 // The client vanished. A download stops now; an upload keeps reading what is
@@ -942,7 +986,7 @@ async fn transfer(
 }
 
 /// A finished transfer; what it leaves open waits for the next transfer the same way.
-fn complete(io: &mut Io, t: &Transfer, bytes: u64, kept: blocks::receive::Kept) -> TransferOutcome {
+fn complete(io: &mut Io, t: &Transfer, bytes: u64, kept: engine::receive::Kept) -> TransferOutcome {
     let reusable = !kept.socks.is_empty();
     io.cached = reusable.then(|| (t.direction(), kept));
     TransferOutcome::Complete {
@@ -959,7 +1003,7 @@ const MARKER_CHECK: Duration = Duration::from_millis(100);
 
 /// `112-Perf Marker` and `111 Range Marker` for a MODE E upload: GridFTP clients show progress
 /// from the first and restart from the second.
-async fn send_markers(conn: &mut Conn, progress: &AtomicU64, state: &blocks::receive::Shared) {
+async fn send_markers(conn: &mut Conn, progress: &AtomicU64, state: &engine::receive::Shared) {
     let now = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())

@@ -2,9 +2,10 @@
 //! binary downloads, large `pwrite`s for uploads. The control task aborts a transfer by shutting
 //! the socket down under it.
 
-use crate::blocks::receive::Kept;
-use crate::blocks::sink::Sink;
-use crate::blocks::{self, Abort, EngineError};
+use crate::engine::receive::Kept;
+use crate::engine::sink::Sink;
+use crate::engine::transfer::{Joins, Transfer};
+use crate::engine::{self, EngineError};
 use crate::fsroot::{Upload, io_to_fs};
 use braid_proto::ascii::{FromWire, ToWire};
 use braid_proto::ranges::RangeSet;
@@ -61,16 +62,16 @@ pub struct Finished {
 /// Data connections for a MODE E transfer.
 pub enum BlockConns {
     /// The server sends on these.
-    Send(Vec<TcpStream>),
+    Send(Joins),
     /// The server receives on these, into this state (which the control task reads for the
     /// 111 Range Markers).
-    Receive(blocks::receive::Conns, Arc<blocks::receive::Shared>),
+    Receive(Joins, Arc<engine::receive::Shared>),
 }
 
 /// The receiving state of a MODE E upload that already holds `have` (REST ranges).
-pub fn upload_state(have: &RangeSet, progress: Arc<AtomicU64>) -> Arc<blocks::receive::Shared> {
-    let resume = blocks::receive::Progress::holding(have.clone());
-    Arc::new(blocks::receive::Shared::new(resume, progress))
+pub fn upload_state(have: &RangeSet, progress: Arc<AtomicU64>) -> Arc<engine::receive::Shared> {
+    let resume = engine::receive::Progress::holding(have.clone());
+    Arc::new(engine::receive::Shared::new(resume, progress))
 }
 
 /// Runs a MODE E transfer. `have`: ranges the receiver already holds (REST ranges).
@@ -80,7 +81,7 @@ pub fn run_blocks(
     have: &RangeSet,
     block: u64,
     progress: Arc<AtomicU64>,
-    abort: &Abort,
+    transfer: &Transfer,
 ) -> Result<Finished, DataError> {
     let engine = |e: EngineError| match e {
         EngineError::Local(e) => DataError::Local(io_to_fs(&e)),
@@ -94,8 +95,8 @@ pub fn run_blocks(
                 .map_err(|e| DataError::Local(io_to_fs(&e)))?
                 .len();
             let todo = have.missing(size);
-            let source = blocks::send::Source::File { file: &file, size };
-            let sent = blocks::send::send(source, &todo, socks, keep(block), &progress, abort)
+            let source = engine::send::Source::File { file: &file, size };
+            let sent = engine::send::send(transfer, source, &todo, socks, keep(block), &progress)
                 .map_err(engine)?;
             Ok(Finished {
                 bytes: todo.len(),
@@ -109,8 +110,8 @@ pub fn run_blocks(
         }
         (Job::List { text }, BlockConns::Send(socks)) => {
             let todo: RangeSet = [(0, text.len() as u64)].into_iter().collect();
-            let source = blocks::send::Source::Memory(&text);
-            let sent = blocks::send::send(source, &todo, socks, keep(block), &progress, abort)
+            let source = engine::send::Source::Memory(&text);
+            let sent = engine::send::send(transfer, source, &todo, socks, keep(block), &progress)
                 .map_err(engine)?;
             Ok(Finished {
                 bytes: text.len() as u64,
@@ -126,8 +127,9 @@ pub fn run_blocks(
             let writer = file
                 .try_clone()
                 .map_err(|e| DataError::Local(io_to_fs(&e)))?;
-            let kept = blocks::receive::receive(conns, &Sink::File(writer), None, &shared, abort)
-                .map_err(engine)?;
+            let kept =
+                engine::receive::receive(transfer, conns, &Sink::File(writer), None, &shared)
+                    .map_err(engine)?;
             let got = shared.snapshot();
             let whole = match got.ranges.iter().collect::<Vec<_>>().as_slice() {
                 [] => Some(0),
@@ -150,7 +152,7 @@ pub fn run_blocks(
                 ),
             };
             Ok(Finished {
-                bytes: got.per_conn.iter().sum(),
+                bytes: transfer.per_link_bytes().iter().sum(),
                 upload: Some((upload, file)),
                 received: Some((len, sum)),
                 kept,
@@ -164,8 +166,8 @@ pub fn run_blocks(
 
 /// The server sends like the Globus server: without CLOSE, so that the client may send the
 /// next transfer command without a new PORT or PASV.
-fn keep(block: u64) -> blocks::send::Options {
-    blocks::send::Options {
+fn keep(block: u64) -> engine::send::Options {
+    engine::send::Options {
         block,
         hash: false,
         keep: true,
@@ -288,7 +290,7 @@ fn send_binary(
         .map_err(|e| DataError::Local(io_to_fs(&e)))?
         .len();
     // A file that shrinks meanwhile just ends early: stream mode has no length to keep.
-    let reached = blocks::sendfile_range(sock, file, offset, size, |at| {
+    let reached = engine::sendfile_range(sock, file, offset, size, |at| {
         progress.store(at - offset, Ordering::Relaxed)
     })
     .map_err(DataError::Net)?;

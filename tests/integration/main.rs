@@ -4,6 +4,7 @@
 mod cli;
 mod curl;
 mod diskfull;
+mod elastic;
 mod ftplib;
 mod globus;
 mod lab;

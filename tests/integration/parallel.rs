@@ -36,9 +36,12 @@ fn get_and_put_round_trip_at_block_edges_with_1_to_32_connections() {
             );
             let s = json(&out);
             assert_eq!(s["mode"], "extended-block");
-            assert_eq!(
-                s["streams"].as_u64().unwrap(),
-                streams.parse::<u64>().unwrap()
+            // Elastic: the server starts on the first connection, and one that arrives after
+            // a small file has been sent is not needed.
+            let used = s["streams"].as_u64().unwrap();
+            assert!(
+                (1..=streams.parse::<u64>().unwrap()).contains(&used),
+                "{used} streams of {streams}: {s}"
             );
             let per: u64 = s["per_connection_bytes"]
                 .as_array()

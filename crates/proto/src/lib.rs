@@ -14,6 +14,7 @@ pub mod listing;
 pub mod path;
 pub mod ranges;
 pub mod reply;
+pub mod retr_opts;
 pub mod session;
 pub mod time;
 

@@ -10,6 +10,7 @@ use crate::listing::{self, Entry};
 use crate::path::{PathError, VPath};
 use crate::ranges::RangeSet;
 use crate::reply::Reply;
+use crate::retr_opts::RetrOpts;
 use std::net::{IpAddr, SocketAddr};
 
 /// What a logged-in user may do.
@@ -88,6 +89,12 @@ pub struct BlockMode {
     pub block_size: Option<u64>,
     /// What the upload's checksum must be (SCKS).
     pub expect: Option<Expected>,
+    /// Connections may join, leave and break while data flows (braid clients only): the
+    /// server accepts more while it sends, takes a client's half-close as "stop using this
+    /// one", and sends a broken connection's blocks again on the others.
+    pub elastic: bool,
+    /// Cap on the server's sending rate, bytes/s (OPTS RETR MaxRate).
+    pub max_rate: Option<u64>,
 }
 
 /// An upload's expected checksum.
@@ -365,6 +372,10 @@ pub struct Session {
     extended: bool,
     parallelism: u32,
     block_size: Option<u64>,
+    /// OPTS RETR MaxRate: cap on the server's sending rate, bytes/s.
+    max_rate: Option<u64>,
+    /// OPTS BRAID ELASTIC: the client is braid and handles elastic transfers.
+    elastic: bool,
     rest_ranges: Option<RangeSet>,
     expect: Option<Expected>,
     buffer: Option<u64>,
@@ -394,6 +405,8 @@ impl Session {
             extended: false,
             parallelism: 1,
             block_size: None,
+            max_rate: None,
+            elastic: false,
             rest_ranges: None,
             expect: None,
             buffer: None,
@@ -845,6 +858,8 @@ impl Session {
                 have,
                 block_size: self.block_size,
                 expect: if upload { expect } else { None },
+                elastic: self.elastic,
+                max_rate: self.max_rate,
             })
         } else {
             if rest_ranges.is_some() {
@@ -1181,8 +1196,9 @@ impl Session {
             " REST STREAM".into(),
             " SBUF".into(),
             format!(" CKSM {};MD5;ADLER32;", crate::checksum::NAME),
-            // MODE E RETR over PASV/EPSV (the client opens the connections) and SCKS *.
-            " BRAID 1".into(),
+            // 1: MODE E RETR over PASV/EPSV (the client opens the connections) and SCKS *.
+            // 2: OPTS BRAID ELASTIC (connections join and leave mid-transfer) and MaxRate.
+            " BRAID 2".into(),
             " SIZE".into(),
             " SPAS".into(),
             " SPOR".into(),
@@ -1217,18 +1233,28 @@ impl Session {
                     .collect();
                 Reply::new(200, format!("MLST OPTS {shown}"))
             }
-            "RETR" => match parse_retr_opts(value) {
-                Ok((parallelism, block_size)) => {
-                    if let Some(n) = parallelism {
-                        self.parallelism = n.clamp(1, self.config.max_streams);
+            "RETR" => match RetrOpts::parse(value) {
+                Ok(o) => {
+                    if let Some((start, _, _)) = o.parallelism {
+                        self.parallelism = start.clamp(1, self.config.max_streams);
                     }
-                    if block_size.is_some() {
-                        self.block_size = block_size;
+                    if o.block_size.is_some() {
+                        self.block_size = o.block_size;
+                    }
+                    if let Some(r) = o.max_rate {
+                        self.max_rate = (r > 0).then_some(r);
                     }
                     Reply::new(200, "OPTS Command Successful.")
                 }
                 Err(e) => Reply::new(501, format!("OPTS RETR: {e}.")),
             },
+            "BRAID" if value.eq_ignore_ascii_case("ELASTIC") => {
+                self.elastic = true;
+                Reply::new(
+                    200,
+                    "Elastic MODE E: data connections may join, leave and break mid-transfer.",
+                )
+            }
             _ => Reply::new(501, format!("OPTS {name} is not understood.")),
         }
     }
@@ -1318,42 +1344,6 @@ fn help(arg: Option<&str>) -> Reply {
     }
     lines.push("Help OK.".into());
     Reply::multi(214, lines)
-}
-
-/// OPTS RETR options (GFD.20): the starting parallelism of `Parallelism=start,min,max;` (like
-/// the Globus server, braid uses the first number) and `blocksize=n;`, which must be a whole
-/// number of checksum chunks. Other options (markers, windowsize, ...) are accepted and unused.
-fn parse_retr_opts(opts: &str) -> Result<(Option<u32>, Option<u64>), String> {
-    let (mut parallelism, mut block) = (None, None);
-    for opt in opts.split(';').map(str::trim).filter(|o| !o.is_empty()) {
-        let Some((key, value)) = opt.split_once('=') else {
-            return Err(format!("expected name=value, got {opt:?}"));
-        };
-        let key = key.trim();
-        if key.eq_ignore_ascii_case("Parallelism") {
-            let nums: Result<Vec<u32>, _> =
-                value.split(',').map(|n| n.trim().parse::<u32>()).collect();
-            parallelism = match nums.as_deref() {
-                Ok([start, ..]) if *start >= 1 => Some(*start),
-                _ => {
-                    return Err(format!(
-                        "bad Parallelism value {value:?}; expected start,min,max"
-                    ));
-                }
-            };
-        } else if key.eq_ignore_ascii_case("blocksize") {
-            let chunk = crate::checksum::CHUNK;
-            block = match value.trim().parse::<u64>() {
-                Ok(n) if n >= chunk && n.is_multiple_of(chunk) && n <= 1 << 30 => Some(n),
-                _ => {
-                    return Err(format!(
-                        "blocksize must be a multiple of {chunk} up to 1 GiB"
-                    ));
-                }
-            };
-        }
-    }
-    Ok((parallelism, block))
 }
 
 /// `111 Range Marker a-b,...`: byte ranges the receiver has stored (sent during an upload).

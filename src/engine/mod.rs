@@ -1,14 +1,24 @@
 //! The parallel data phase (GridFTP extended block mode) on blocking threads, one per data
 //! connection, shared by the server and the client.
 //!
-//! The sender cuts the file into blocks and each connection's thread takes the next block from
-//! one atomic cursor, so a slow connection simply takes fewer blocks. The receiver writes each
-//! block at its offset and folds it into the whole-file checksum as it passes. No lock is held
-//! per byte; the receiver's shared state is touched once per block.
+//! - [`transfer`]: the set of data connections of one transfer, which may grow and shrink
+//!   while data flows, and where connections join from.
+//! - [`send`] and [`receive`]: the two sides. The sender cuts the file into blocks and each
+//!   connection's thread takes the next block from one atomic cursor, so a slow connection
+//!   simply takes fewer blocks. The receiver writes each block at its offset and folds it into
+//!   the whole-file checksum as it passes. No lock is held per byte; shared state is touched
+//!   once per block.
+//! - [`sink`]: where received blocks go (a file at offsets, or in order to a stream).
+//! - [`stats`]: per-connection samples (bytes, rate, `TCP_INFO`) taken off the data path.
+//! - [`hooks`]: the **policy** (open and close connections, resize buffers) and the **pacer**
+//!   (cap the rate of the whole transfer), and the steering that applies them.
 
+pub mod hooks;
 pub mod receive;
 pub mod send;
 pub mod sink;
+pub mod stats;
+pub mod transfer;
 
 use braid_proto::block::BlockError;
 use std::net::TcpStream;
@@ -45,6 +55,23 @@ pub enum EngineError {
     Setup(String),
     #[error("transfer aborted")]
     Aborted,
+    #[error("every data connection broke")]
+    AllLost,
+}
+
+impl EngineError {
+    /// A connection broke (as opposed to the peer breaking the protocol, or a local file
+    /// error): an elastic transfer survives this on its other connections.
+    pub fn is_connection_loss(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Net { .. }
+                | EngineError::Protocol {
+                    source: BlockError::ClosedBeforeEod(_),
+                    ..
+                }
+        )
+    }
 }
 
 /// Stops a running data phase from another thread: shuts down every data connection, which

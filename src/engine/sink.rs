@@ -24,6 +24,11 @@ impl Sink {
         }
     }
 
+    /// Blocks may land in any order, and land twice (sent again after a connection broke).
+    pub fn random_access(&self) -> bool {
+        !matches!(self, Sink::Ordered(_))
+    }
+
     /// Flushes an ordered sink; an error if bytes are still waiting for a gap to fill.
     pub fn finish(&self) -> std::io::Result<()> {
         match self {

@@ -1,0 +1,114 @@
+//! `OPTS RETR` (GFD.20): how the server sends a MODE E download, built by the client and
+//! parsed by the server with the same type.
+//!
+//! `Parallelism=start,min,max;` (like the Globus server, braid uses `start` for the
+//! connections it opens itself), `blocksize=n;` (a whole number of checksum chunks), and as a
+//! braid extension `MaxRate=n;`: a cap on the server's sending rate in bytes/s (0 lifts it),
+//! which a braid client may also send while a download runs. Other options (markers,
+//! windowsize, ...) are accepted and ignored, as GFD.20 allows.
+
+use crate::checksum::CHUNK;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetrOpts {
+    /// `(start, min, max)` connections.
+    pub parallelism: Option<(u32, u32, u32)>,
+    pub block_size: Option<u64>,
+    /// `Some(0)`: no cap.
+    pub max_rate: Option<u64>,
+}
+
+/// Largest block size accepted.
+pub const MAX_BLOCK: u64 = 1 << 30;
+
+impl RetrOpts {
+    pub fn parse(opts: &str) -> Result<RetrOpts, String> {
+        let mut out = RetrOpts::default();
+        for opt in opts.split(';').map(str::trim).filter(|o| !o.is_empty()) {
+            let Some((key, value)) = opt.split_once('=') else {
+                return Err(format!("expected name=value, got {opt:?}"));
+            };
+            let (key, value) = (key.trim(), value.trim());
+            if key.eq_ignore_ascii_case("Parallelism") {
+                let nums: Result<Vec<u32>, _> =
+                    value.split(',').map(|n| n.trim().parse::<u32>()).collect();
+                out.parallelism = match nums.as_deref() {
+                    Ok([start]) if *start >= 1 => Some((*start, *start, *start)),
+                    Ok([start, min, max, ..]) if *start >= 1 => Some((*start, *min, *max)),
+                    _ => {
+                        return Err(format!(
+                            "bad Parallelism value {value:?}; expected start,min,max"
+                        ));
+                    }
+                };
+            } else if key.eq_ignore_ascii_case("blocksize") {
+                out.block_size = match value.parse::<u64>() {
+                    Ok(n) if n >= CHUNK && n.is_multiple_of(CHUNK) && n <= MAX_BLOCK => Some(n),
+                    _ => {
+                        return Err(format!(
+                            "blocksize must be a multiple of {CHUNK} up to 1 GiB"
+                        ));
+                    }
+                };
+            } else if key.eq_ignore_ascii_case("MaxRate") {
+                out.max_rate = match value.parse::<u64>() {
+                    Ok(n) => Some(n),
+                    Err(_) => {
+                        return Err(format!("MaxRate must be bytes per second, got {value:?}"));
+                    }
+                };
+            }
+        }
+        Ok(out)
+    }
+
+    /// The argument of `OPTS RETR`, e.g. `Parallelism=4,1,16;blocksize=1048576;`.
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        if let Some((start, min, max)) = self.parallelism {
+            s.push_str(&format!("Parallelism={start},{min},{max};"));
+        }
+        if let Some(b) = self.block_size {
+            s.push_str(&format!("blocksize={b};"));
+        }
+        if let Some(r) = self.max_rate {
+            s.push_str(&format!("MaxRate={r};"));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn what_the_client_builds_the_server_parses(
+            par in proptest::option::of((1u32..100, 0u32..100, 0u32..100)),
+            block in proptest::option::of(1u64..=(MAX_BLOCK / CHUNK)),
+            rate in proptest::option::of(any::<u64>()),
+        ) {
+            let o = RetrOpts { parallelism: par, block_size: block.map(|b| b * CHUNK), max_rate: rate };
+            prop_assert_eq!(RetrOpts::parse(&o.encode()), Ok(o));
+        }
+    }
+
+    #[test]
+    fn globus_style_and_bad_values() {
+        let o = RetrOpts::parse("Parallelism=4,4,4;").unwrap();
+        assert_eq!(o.parallelism, Some((4, 4, 4)));
+        let o = RetrOpts::parse("StripeLayout=Partitioned;Parallelism=2;").unwrap();
+        assert_eq!(o.parallelism, Some((2, 2, 2)));
+        for bad in [
+            "Parallelism=x;",
+            "Parallelism=0,1,1;",
+            "blocksize=100;",
+            "MaxRate=-1;",
+            "junk;",
+        ] {
+            assert!(RetrOpts::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

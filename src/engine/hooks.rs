@@ -1,0 +1,322 @@
+//! The two hooks that steer a running transfer, and the loop that applies them.
+//!
+//! - A [`Policy`] decides how many data connections to use, which to close, and the socket
+//!   buffer size: it returns [`Decision`]s.
+//! - A [`Pacer`] caps the sending rate of the transfer as a whole.
+//!
+//! Both are pure: they get a [`View`] (per-connection bytes, rates and `TCP_INFO`, sampled by
+//! [`Sampler`]) and return what to do, so they are tested in memory with made-up views.
+//! [`Steering`] calls them every tick (100 ms) on the client and carries their decisions out
+//! on the [`Transfer`]. Today's policies: [`Fixed`] (the connections opened at the start, as
+//! GridFTP does) and [`Schedule`] (connection counts at given points, for experiments and
+//! tests); today's pacer: [`Cap`] (`--max-rate`). Self-tuning and background mode plug in here.
+
+use super::stats::{Count, LinkRecord, Sample, Sampler, View};
+use super::transfer::Transfer;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// What a policy may ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Open this many more data connections.
+    Open(usize),
+    /// Close this connection (by id) after the block it carries.
+    Close(usize),
+    /// Set every open connection's socket buffers to this many bytes.
+    Buffer(u64),
+}
+
+/// Chooses the connections of a running transfer.
+pub trait Policy: Send {
+    fn decide(&mut self, view: &View) -> Vec<Decision>;
+}
+
+/// Chooses the sending rate of a running transfer: bytes/s for all connections together, or
+/// None for no cap.
+pub trait Pacer: Send {
+    fn rate(&mut self, view: &View) -> Option<u64>;
+}
+
+/// Keeps the connections the transfer started with (today's behaviour, and GridFTP's).
+#[derive(Debug, Default)]
+pub struct Fixed;
+
+impl Policy for Fixed {
+    fn decide(&mut self, _: &View) -> Vec<Decision> {
+        Vec::new()
+    }
+}
+
+/// A fixed cap, or none (`--max-rate`).
+#[derive(Debug, Default)]
+pub struct Cap(pub Option<u64>);
+
+impl Pacer for Cap {
+    fn rate(&mut self, _: &View) -> Option<u64> {
+        self.0
+    }
+}
+
+/// When a [`Schedule`] step applies.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Trigger {
+    /// Once this fraction of the bytes has moved.
+    Fraction(f64),
+    /// Once this long has passed.
+    After(Duration),
+}
+
+/// Connection counts over the course of a transfer: `--schedule 1,8@20%,2@60%` starts with
+/// one connection, goes to eight once 20 % of the bytes have moved and to two at 60 %
+/// (`8@2s` means two seconds in). For experiments, benchmarks and tests of the machinery the
+/// self-tuning policy will use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    pub start: usize,
+    pub steps: Vec<(Trigger, usize)>,
+}
+
+/// Most connections a schedule may ask for (the server's own cap may be lower).
+pub const MAX_SCHEDULED: usize = 64;
+
+impl Schedule {
+    pub fn parse(spec: &str) -> Result<Schedule, String> {
+        let count = |s: &str| match s.trim().parse::<usize>() {
+            Ok(n) if (1..=MAX_SCHEDULED).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "{s:?} is not a connection count from 1 to {MAX_SCHEDULED}"
+            )),
+        };
+        let mut parts = spec.split(',');
+        let start = count(parts.next().unwrap_or(""))?;
+        let mut steps = Vec::new();
+        for part in parts {
+            let Some((n, at)) = part.split_once('@') else {
+                return Err(format!(
+                    "{part:?}: a step is COUNT@PERCENT% or COUNT@SECONDSs, e.g. 8@20% or 8@2s"
+                ));
+            };
+            let at = at.trim();
+            let trigger = if let Some(p) = at.strip_suffix('%') {
+                match p.parse::<f64>() {
+                    Ok(p) if (0.0..=100.0).contains(&p) => Trigger::Fraction(p / 100.0),
+                    _ => return Err(format!("{at:?} is not a percentage from 0 to 100")),
+                }
+            } else if let Some(s) = at.strip_suffix('s') {
+                match s.parse::<f64>() {
+                    Ok(s) if s.is_finite() && s >= 0.0 => {
+                        Trigger::After(Duration::from_secs_f64(s))
+                    }
+                    _ => return Err(format!("{at:?} is not a number of seconds")),
+                }
+            } else {
+                return Err(format!("{at:?}: say % (of the bytes) or s (seconds)"));
+            };
+            steps.push((trigger, count(n)?));
+        }
+        Ok(Schedule { start, steps })
+    }
+
+    /// The count the schedule asks for now: that of the last step reached.
+    pub fn target(&self, view: &View) -> usize {
+        let mut target = self.start;
+        for (trigger, n) in &self.steps {
+            let reached = match trigger {
+                Trigger::Fraction(f) => view
+                    .total
+                    .is_some_and(|t| t > 0 && view.done as f64 >= f * t as f64),
+                Trigger::After(d) => view.elapsed >= *d,
+            };
+            if reached {
+                target = *n;
+            }
+        }
+        target
+    }
+}
+
+impl Policy for Schedule {
+    fn decide(&mut self, view: &View) -> Vec<Decision> {
+        let target = self.target(view);
+        let active: Vec<usize> = view.active().map(|l| l.id).collect();
+        let have = active.len() + view.opening;
+        if target > have {
+            vec![Decision::Open(target - have)]
+        } else if target < active.len() && view.opening == 0 {
+            // The newest go first: the oldest have the widest congestion windows.
+            active
+                .iter()
+                .rev()
+                .take(active.len() - target)
+                .map(|&id| Decision::Close(id))
+                .collect()
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+/// Runs the policy and the pacer on a transfer: [`Steering::tick`] every 100 ms from the
+/// supervising thread.
+pub struct Steering {
+    policy: Box<dyn Policy>,
+    pacer: Box<dyn Pacer>,
+    sampler: Sampler,
+    /// Starts opening one data connection, which joins the transfer when connected; None
+    /// where this side cannot open connections (the peer connects to it).
+    opener: Option<Box<dyn FnMut() + Send>>,
+    /// Connections this side opened before the transfer started, and asked for since.
+    initial: usize,
+    asked: usize,
+    /// Of those asked for, how many could not be opened (counted by the opener).
+    failed: Arc<AtomicUsize>,
+    /// This side sends: retiring stops taking blocks (else: half-close, the peer stops).
+    sending: bool,
+    total: Option<u64>,
+    rate: Option<u64>,
+}
+
+impl Steering {
+    pub fn new(
+        policy: Box<dyn Policy>,
+        pacer: Box<dyn Pacer>,
+        sending: bool,
+        total: Option<u64>,
+    ) -> Steering {
+        Steering {
+            policy,
+            pacer,
+            sampler: Sampler::new(Duration::from_secs(1)),
+            opener: None,
+            initial: 0,
+            asked: 0,
+            failed: Default::default(),
+            sending,
+            total,
+            rate: None,
+        }
+    }
+
+    /// Lets the policy open connections: `open` starts connecting one on another thread,
+    /// which joins the transfer when connected, and counts it in the counter it is given if
+    /// it cannot be opened. `initial`: connections this side opened before the start.
+    pub fn set_opener(
+        &mut self,
+        initial: usize,
+        mut open: impl FnMut(Arc<AtomicUsize>) + Send + 'static,
+    ) {
+        let failed = self.failed.clone();
+        self.initial = initial;
+        self.opener = Some(Box::new(move || open(failed.clone())));
+    }
+
+    /// Applies the pacer's rate before any data moves (a first tick only comes 100 ms in).
+    pub fn prime(&mut self, transfer: &Transfer) {
+        let view = View {
+            elapsed: Duration::ZERO,
+            total: self.total,
+            done: 0,
+            links: Vec::new(),
+            opening: 0,
+        };
+        self.rate = self.pacer.rate(&view);
+        transfer.set_pacing(self.rate);
+    }
+
+    pub fn tick(&mut self, transfer: &Transfer) {
+        // Asked for but neither joined nor failed: counted from what joined, so that a
+        // connection is never both "opening" and open (or neither) at a tick.
+        let opening = (self.initial + self.asked)
+            .saturating_sub(self.failed.load(Ordering::Acquire) + transfer.links().len());
+        let view = self.sampler.sample(transfer, self.total, opening);
+        let rate = self.pacer.rate(&view);
+        if rate != self.rate {
+            transfer.set_pacing(rate);
+            self.rate = rate;
+        }
+        if !transfer.elastic() {
+            return;
+        }
+        for d in self.policy.decide(&view) {
+            match d {
+                Decision::Open(n) => {
+                    if let Some(open) = &mut self.opener {
+                        for _ in 0..n {
+                            self.asked += 1;
+                            open();
+                        }
+                    }
+                }
+                Decision::Close(id) => transfer.retire(id, self.sending),
+                Decision::Buffer(b) => transfer.set_buffers(b),
+            }
+        }
+    }
+
+    /// The timeline, connection counts and connection lives, for the summary.
+    pub fn finish(self, transfer: &Transfer) -> (Vec<Sample>, Vec<Count>, Vec<LinkRecord>) {
+        self.sampler.finish(transfer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::stats::LinkView;
+    use crate::engine::transfer::LinkState;
+
+    fn view(done: u64, open: &[usize], retiring: &[usize], opening: usize) -> View {
+        View {
+            elapsed: Duration::from_millis(done),
+            total: Some(100),
+            done,
+            links: (0..10)
+                .map(|id| LinkView {
+                    id,
+                    state: if open.contains(&id) {
+                        LinkState::Open
+                    } else {
+                        LinkState::Finished
+                    },
+                    retiring: retiring.contains(&id),
+                    bytes: 0,
+                    rate: 0.0,
+                    tcp: None,
+                })
+                .collect(),
+            opening,
+        }
+    }
+
+    #[test]
+    fn a_schedule_opens_up_to_its_target_and_closes_the_newest() {
+        let mut s = Schedule::parse("1,8@20%,2@60%").unwrap();
+        assert_eq!(s.decide(&view(5, &[0], &[], 0)), vec![]);
+        assert_eq!(s.decide(&view(20, &[0], &[], 0)), vec![Decision::Open(7)]);
+        // Connections on their way count: no second round of opens.
+        assert_eq!(s.decide(&view(30, &[0, 1], &[], 6)), vec![]);
+        let eight = [0, 1, 2, 3, 4, 5, 6, 7];
+        assert_eq!(s.decide(&view(50, &eight, &[], 0)), vec![]);
+        assert_eq!(
+            s.decide(&view(60, &eight, &[], 0)),
+            (2..8).rev().map(Decision::Close).collect::<Vec<_>>()
+        );
+        // Those being retired are not asked again, and none is closed twice.
+        assert_eq!(s.decide(&view(70, &eight, &[2, 3, 4, 5, 6, 7], 0)), vec![]);
+        assert_eq!(s.decide(&view(80, &[0, 1], &[], 0)), vec![]);
+    }
+
+    #[test]
+    fn a_schedule_by_time_and_bad_specs() {
+        let s = Schedule::parse("2, 4@1.5s").unwrap();
+        assert_eq!(s.target(&view(1499, &[0], &[], 0)), 2);
+        assert_eq!(s.target(&view(1500, &[0], &[], 0)), 4);
+        for bad in [
+            "", "0", "65", "1,8", "1,8@", "1,8@120%", "1,8@x%", "1,8@2m", "1,0@1s",
+        ] {
+            assert!(Schedule::parse(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+}

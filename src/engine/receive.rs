@@ -1,0 +1,303 @@
+//! Receiving side of MODE E: one thread per data connection, each block written at its offset
+//! and folded into the checksum; done when the EOF block's count of EODs has arrived.
+//! Connections may join until then (the sender connects, or this side opens more).
+
+use super::sink::Sink;
+use super::transfer::{Joins, Link, LinkState, Transfer, join_loop};
+use super::{EngineError, FirstError, PIECE};
+use braid_proto::block::{BlockError, Completion, Connection, HEADER_LEN, Header, Next};
+use braid_proto::checksum::ChunkSum;
+use braid_proto::ranges::RangeSet;
+use std::io::Read;
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// What a finished transfer leaves for the next one: the connections whose sender ended
+/// without CLOSE, and the listener it may connect to again.
+#[derive(Debug, Default)]
+pub struct Kept {
+    pub socks: Vec<TcpStream>,
+    pub listener: Option<TcpListener>,
+}
+
+/// What has arrived so far: survives a failure, so a partial download can be resumed.
+#[derive(Debug, Clone, Default)]
+pub struct Progress {
+    /// Byte ranges written (whole blocks only).
+    pub ranges: RangeSet,
+    /// Checksum accumulator over `ranges`; None once a block that does not sit on checksum
+    /// chunks arrived (a non-braid sender).
+    pub sum: Option<ChunkSum>,
+}
+
+/// The state all connection threads share, locked once per block.
+pub struct Shared {
+    state: Mutex<(Completion, Progress)>,
+    /// Bytes received, for progress bars and STAT; updated per piece without a lock.
+    bytes: Arc<AtomicU64>,
+}
+
+impl Progress {
+    /// The start of a transfer whose receiver already holds `have`. Data stored by an earlier
+    /// run was not hashed here, so its checksum is unknown unless a record carries it.
+    pub fn holding(have: RangeSet) -> Progress {
+        Progress {
+            sum: have.is_empty().then(ChunkSum::new),
+            ranges: have,
+        }
+    }
+}
+
+impl Shared {
+    /// Starts from what an earlier, interrupted run already stored.
+    pub fn new(resume: Progress, bytes: Arc<AtomicU64>) -> Shared {
+        Shared {
+            state: Mutex::new((Completion::default(), resume)),
+            bytes,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (Completion, Progress)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A copy of what has been stored so far (for the resume sidecar).
+    pub fn snapshot(&self) -> Progress {
+        self.lock().1.clone()
+    }
+
+    fn complete(&self) -> bool {
+        self.lock().0.complete()
+    }
+}
+
+/// Receives one transfer into `sink` over the connections `joins` brings. `limit`: the file's
+/// size when known; no block may reach past it. On failure, [`Shared::snapshot`] still tells
+/// what was stored.
+pub fn receive(
+    transfer: &Transfer,
+    joins: Joins,
+    sink: &Sink,
+    limit: Option<u64>,
+    shared: &Shared,
+) -> Result<Kept, EngineError> {
+    let first_error = FirstError::default();
+    let fail = |e: EngineError| first_error.fail(e, transfer.abort());
+    let kept = Mutex::new(Vec::new());
+    let Joins {
+        open,
+        reused,
+        accept,
+        incoming,
+        stall,
+    } = joins;
+    std::thread::scope(|scope| {
+        let spawn = |sock: TcpStream, reused: bool| {
+            let link = match transfer.join(&sock) {
+                Ok(l) => l,
+                Err(e) => return fail(EngineError::Setup(format!("data connection: {e}"))),
+            };
+            let (fail, kept) = (&fail, &kept);
+            scope.spawn(move || {
+                let got = receive_conn(transfer, &link, sock, reused, sink, limit, shared);
+                match got {
+                    Ok(Ended::Kept(sock)) => {
+                        transfer.end(&link, LinkState::Finished);
+                        kept.lock().unwrap_or_else(|p| p.into_inner()).push(sock)
+                    }
+                    Ok(Ended::Closed) => transfer.end(&link, LinkState::Finished),
+                    Ok(Ended::Unused) => transfer.end(&link, LinkState::Unused),
+                    // The sender sends what it carried again on the others. Not into an ordered
+                    // sink: the blocks that fill its gap would queue behind data that the
+                    // waiting connections cannot take.
+                    Err(e)
+                        if transfer.elastic() && e.is_connection_loss() && sink.random_access() =>
+                    {
+                        tracing::warn!(conn = link.id, "data connection lost: {e}");
+                        transfer.end(&link, LinkState::Lost);
+                        if transfer.open() == 0 && !shared.complete() {
+                            fail(EngineError::AllLost);
+                        }
+                    }
+                    Err(e) => {
+                        transfer.end(&link, LinkState::Lost);
+                        fail(e)
+                    }
+                }
+            });
+        };
+        for s in open {
+            spawn(s, reused);
+        }
+        let joined = join_loop(
+            accept.as_ref(),
+            incoming.as_ref(),
+            stall,
+            transfer,
+            || shared.complete(),
+            |s| spawn(s, false),
+        );
+        if let Err(e) = joined {
+            fail(e);
+        }
+        // Complete: every connection the sender counted has sent its EOD. One that joined
+        // too late for the sender to use carries nothing; close it so its thread ends.
+        if shared.complete() {
+            for l in transfer.links() {
+                if l.state() == LinkState::Open && l.bytes() == 0 {
+                    l.shutdown();
+                }
+            }
+        }
+    });
+    if let Some(e) = first_error.into_inner() {
+        return Err(e);
+    }
+    if transfer.abort().is_aborted() {
+        return Err(EngineError::Aborted);
+    }
+    if !shared.complete() {
+        return Err(EngineError::Setup(
+            "the data connections ended without the sender's EOF block".into(),
+        ));
+    }
+    sink.finish().map_err(EngineError::Local)?;
+    Ok(Kept {
+        socks: kept.into_inner().unwrap_or_else(|p| p.into_inner()),
+        listener: accept.map(|a| a.listener),
+    })
+}
+
+/// How a receiving connection's part ended.
+enum Ended {
+    /// EOD without CLOSE: the connection may carry the session's next transfer.
+    Kept(TcpStream),
+    /// EOD with CLOSE.
+    Closed,
+    /// Closed before its first header: a cached connection the sender let go, or one that
+    /// joined an elastic transfer after the sender had finished.
+    Unused,
+}
+
+/// Receives one connection's blocks until its EOD.
+fn receive_conn(
+    transfer: &Transfer,
+    link: &Link,
+    mut sock: TcpStream,
+    reused: bool,
+    sink: &Sink,
+    limit: Option<u64>,
+    shared: &Shared,
+) -> Result<Ended, EngineError> {
+    let conn = link.id;
+    let net = |source| EngineError::Net { conn, source };
+    let proto = |source| EngineError::Protocol { conn, source };
+    let mut checks = Connection::new(limit);
+    let mut raw = [0u8; HEADER_LEN];
+    let mut buf = vec![0u8; PIECE];
+    let mut first = true;
+    let ended = |checks: &Connection, sock| {
+        if checks.reusable() {
+            Ended::Kept(sock)
+        } else {
+            Ended::Closed
+        }
+    };
+    loop {
+        let header_read = match read_header(&mut sock, &mut raw) {
+            // Reset before carrying anything (a latecomer the sender's listener dropped).
+            Err(_) if first && transfer.elastic() => return Ok(Ended::Unused),
+            r => r.map_err(net)?,
+        };
+        if !header_read {
+            if first && (reused || transfer.elastic()) {
+                return Ok(Ended::Unused);
+            }
+            return Err(proto(BlockError::ClosedBeforeEod(
+                "the sender closed it between blocks".into(),
+            )));
+        }
+        first = false;
+        let header = Header::decode(&raw).map_err(proto)?;
+        let next = checks
+            .header(&header, &mut shared.lock().0)
+            .map_err(proto)?;
+        let (offset, count) = match next {
+            Next::Done => return Ok(ended(&checks, sock)),
+            Next::Payload { offset, count } => (offset, count),
+        };
+        let mut sum = ChunkSum::new();
+        let mut aligned = true;
+        let mut at = offset;
+        let end = offset + count;
+        while at < end {
+            let n = (end - at).min(PIECE as u64) as usize;
+            let piece = &mut buf[..n];
+            sock.read_exact(piece).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    proto(BlockError::ClosedBeforeEod(format!(
+                        "the sender closed it {} bytes into a {count}-byte block at offset {offset}",
+                        at - offset
+                    )))
+                } else {
+                    net(e)
+                }
+            })?;
+            // A short piece can only be the file's last chunk.
+            let ends_file = limit.map_or(
+                !n.is_multiple_of(braid_proto::checksum::CHUNK as usize),
+                |l| at + n as u64 == l,
+            );
+            if aligned && sum.add(at, piece, ends_file).is_err() {
+                aligned = false;
+            }
+            sink.write(at, piece).map_err(EngineError::Local)?;
+            at += n as u64;
+            shared.bytes.fetch_add(n as u64, Ordering::Relaxed);
+            link.add_bytes(n as u64);
+        }
+        {
+            let mut st = shared.lock();
+            let p = &mut st.1;
+            // A block sent again after a connection broke may already be here: each chunk
+            // enters the checksum (an XOR) once.
+            if !p.ranges.covers(offset, end) {
+                let fresh = p.ranges.overlap(offset, end) == 0;
+                p.ranges.insert(offset, end);
+                p.sum = match (p.sum, aligned && fresh) {
+                    (Some(mut s), true) => {
+                        s.merge(sum);
+                        Some(s)
+                    }
+                    _ => None,
+                };
+            }
+        }
+        if checks.finished() {
+            return Ok(ended(&checks, sock));
+        }
+    }
+}
+
+/// Reads one header; false if the connection ended cleanly before its first byte.
+fn read_header(sock: &mut TcpStream, raw: &mut [u8; HEADER_LEN]) -> std::io::Result<bool> {
+    let mut got = 0;
+    while got < HEADER_LEN {
+        match sock.read(&mut raw[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "connection closed inside a block header ({got} of {HEADER_LEN} bytes)"
+                    ),
+                ));
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}

@@ -1,0 +1,398 @@
+//! One MODE E transfer's set of data connections, as the sender and the receiver both see it.
+//!
+//! A [`Transfer`] is shared by the connection threads, the thread that lets new connections
+//! join ([`join_loop`]) and the supervisor that samples statistics and applies the policy and
+//! the pacer (see [`super::hooks`]). Connections can join while data flows and leave before
+//! the end; each is a [`Link`] with its own byte counter, so statistics cost the data path one
+//! relaxed atomic add per piece.
+//!
+//! *Elastic* transfers (braid to braid, negotiated with `OPTS BRAID ELASTIC`) also survive a
+//! connection that breaks: the sender sends that connection's blocks again on the others and
+//! leaves it out of the EOF count; the receiver drops it and ignores blocks it already holds.
+//! Other transfers keep GridFTP's rules: a fixed set, and one broken connection fails the lot.
+
+use super::{Abort, EngineError, set_buffer};
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How one data connection ended (or that it has not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LinkState {
+    Open,
+    /// Its EOD was sent or received: everything it carried counts.
+    Finished,
+    /// It broke; what it carried that did not arrive whole is sent again on the others.
+    Lost,
+    /// It closed without carrying anything: it joined after the sender had finished, or a
+    /// cached connection the sender chose not to use.
+    Unused,
+}
+
+impl LinkState {
+    fn from_u8(v: u8) -> LinkState {
+        match v {
+            1 => LinkState::Finished,
+            2 => LinkState::Lost,
+            3 => LinkState::Unused,
+            _ => LinkState::Open,
+        }
+    }
+}
+
+/// One data connection of a transfer.
+#[derive(Debug)]
+pub struct Link {
+    /// Position in the order the connections joined, from 0.
+    pub id: usize,
+    /// A second handle on the socket, for statistics, pacing and shutdown; the connection's
+    /// thread owns the first.
+    sock: TcpStream,
+    /// Payload bytes carried (sent or received) on this connection.
+    bytes: AtomicU64,
+    /// The policy asked the sender to stop using it after the current block.
+    retire: AtomicBool,
+    state: AtomicU8,
+    /// When it joined and when it ended, since the transfer started.
+    pub joined: Duration,
+    ended_ns: AtomicU64,
+}
+
+impl Link {
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn add_bytes(&self, n: u64) {
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn state(&self) -> LinkState {
+        LinkState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    pub fn ended(&self) -> Option<Duration> {
+        match self.ended_ns.load(Ordering::Acquire) {
+            0 => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
+    }
+
+    pub(super) fn retiring(&self) -> bool {
+        self.retire.load(Ordering::Relaxed)
+    }
+
+    /// Shuts the connection down both ways, which wakes its thread from a blocking call.
+    pub(super) fn shutdown(&self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// The kernel's view of this connection (None once it is closed).
+    pub fn tcp_info(&self) -> Option<braid_sockopt::TcpInfo> {
+        braid_sockopt::tcp_info(&self.sock)
+    }
+}
+
+/// The set of data connections of one transfer, and the controls the hooks act through.
+#[derive(Debug)]
+pub struct Transfer {
+    elastic: bool,
+    started: Instant,
+    links: Mutex<Vec<Arc<Link>>>,
+    /// Cap on the sending rate of all connections together, bytes/s (0: none).
+    pacing: AtomicU64,
+    /// Most connections open at the same time so far.
+    most_open: AtomicUsize,
+    abort: Abort,
+}
+
+impl Transfer {
+    pub fn new(elastic: bool) -> Transfer {
+        Transfer {
+            elastic,
+            started: Instant::now(),
+            links: Mutex::new(Vec::new()),
+            pacing: AtomicU64::new(0),
+            most_open: AtomicUsize::new(0),
+            abort: Abort::new(),
+        }
+    }
+
+    /// Connections may join and leave mid-transfer, and a broken one is survived.
+    pub fn elastic(&self) -> bool {
+        self.elastic
+    }
+
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// Stops the transfer from any thread: every data connection is shut down.
+    pub fn abort(&self) -> &Abort {
+        &self.abort
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Arc<Link>>> {
+        self.links.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a connection. Fails only if the socket cannot be duplicated (out of descriptors).
+    pub(super) fn join(&self, sock: &TcpStream) -> std::io::Result<Arc<Link>> {
+        let dup = sock.try_clone()?;
+        self.abort.register(sock);
+        let link = {
+            let mut links = self.lock();
+            let link = Arc::new(Link {
+                id: links.len(),
+                sock: dup,
+                bytes: AtomicU64::new(0),
+                retire: AtomicBool::new(false),
+                state: AtomicU8::new(0),
+                joined: self.started.elapsed(),
+                ended_ns: AtomicU64::new(0),
+            });
+            links.push(link.clone());
+            let open = links
+                .iter()
+                .filter(|l| l.state() == LinkState::Open)
+                .count();
+            self.most_open.fetch_max(open, Ordering::Relaxed);
+            link
+        };
+        self.apply_pacing();
+        Ok(link)
+    }
+
+    /// Marks how a connection ended.
+    pub(super) fn end(&self, link: &Link, state: LinkState) {
+        if link.state() != LinkState::Open {
+            return;
+        }
+        let ns = u64::try_from(self.started.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        link.ended_ns.store(ns, Ordering::Release);
+        link.state.store(state as u8, Ordering::Release);
+        self.apply_pacing();
+    }
+
+    /// Every connection that ever joined, in the order they joined.
+    pub fn links(&self) -> Vec<Arc<Link>> {
+        self.lock().clone()
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.lock()
+            .iter()
+            .filter(|l| l.state() == LinkState::Open)
+            .count()
+    }
+
+    /// Most connections that were open at the same time.
+    pub fn most_open(&self) -> usize {
+        self.most_open.load(Ordering::Relaxed)
+    }
+
+    /// Bytes per connection, in the order they joined.
+    pub fn per_link_bytes(&self) -> Vec<u64> {
+        self.lock().iter().map(|l| l.bytes()).collect()
+    }
+
+    /// Asks for a connection to be closed after the block it is carrying. A sender stops
+    /// taking blocks on it; a receiver half-closes it, which a braid sender takes as the same
+    /// request. The last open connection is never retired.
+    pub fn retire(&self, id: usize, sending: bool) {
+        if !self.elastic {
+            return;
+        }
+        let Some(link) = self.lock().get(id).cloned() else {
+            return;
+        };
+        link.retire.store(true, Ordering::Relaxed);
+        if !sending {
+            let _ = link.sock.shutdown(std::net::Shutdown::Write);
+        }
+    }
+
+    /// Sets the socket buffer size of every open connection (the kernel may round it).
+    pub fn set_buffers(&self, bytes: u64) {
+        for l in self.lock().iter().filter(|l| l.state() == LinkState::Open) {
+            set_buffer(&l.sock, Some(bytes));
+        }
+    }
+
+    /// Caps the sending rate of the whole transfer, bytes/s (None: no cap). The cap is split
+    /// evenly over the open connections with `SO_MAX_PACING_RATE`, which the kernel enforces
+    /// per packet (no fq qdisc needed), and split again when connections join or leave.
+    pub fn set_pacing(&self, total: Option<u64>) {
+        self.pacing.store(total.unwrap_or(0), Ordering::Relaxed);
+        self.apply_pacing();
+    }
+
+    pub fn pacing(&self) -> Option<u64> {
+        match self.pacing.load(Ordering::Relaxed) {
+            0 => None,
+            r => Some(r),
+        }
+    }
+
+    fn apply_pacing(&self) {
+        let total = self.pacing();
+        let links = self.lock();
+        let open: Vec<_> = links
+            .iter()
+            .filter(|l| l.state() == LinkState::Open)
+            .collect();
+        let share = total.map(|t| (t / open.len().max(1) as u64).max(1));
+        for l in open {
+            if let Err(e) = braid_sockopt::set_max_pacing_rate(&l.sock, share) {
+                tracing::debug!(conn = l.id, "SO_MAX_PACING_RATE: {e}");
+            }
+        }
+    }
+}
+
+/// Where a transfer's data connections come from.
+pub struct Joins {
+    /// Already connected: this side opened them, or an earlier transfer left them open.
+    pub open: Vec<TcpStream>,
+    /// `open` carried an earlier transfer: one that closes before its first header has just
+    /// left the cache, which is no error.
+    pub reused: bool,
+    /// The peer connects here, as many times as it likes, while the transfer runs.
+    pub accept: Option<Accept>,
+    /// Connections this side opens while the transfer runs (the policy's `Open`).
+    pub incoming: Option<Receiver<TcpStream>>,
+    /// How long the transfer may go without a byte moving or a connection joining.
+    pub stall: Duration,
+}
+
+/// A listener the peer opens data connections to. Connections from any host but `peer` are
+/// dropped (RFC 2577).
+pub struct Accept {
+    pub listener: TcpListener,
+    pub peer: IpAddr,
+    /// Most connections for one transfer, counting the open ones.
+    pub max: usize,
+    pub buffer: Option<u64>,
+    /// Read and write timeout for the accepted sockets.
+    pub timeout: Option<Duration>,
+}
+
+impl Joins {
+    pub fn fixed(open: Vec<TcpStream>, stall: Duration) -> Joins {
+        Joins {
+            open,
+            reused: false,
+            accept: None,
+            incoming: None,
+            stall,
+        }
+    }
+
+    pub fn accept(accept: Accept, stall: Duration) -> Joins {
+        Joins {
+            open: Vec::new(),
+            reused: false,
+            accept: Some(accept),
+            incoming: None,
+            stall,
+        }
+    }
+}
+
+/// Lets connections join until `done()`: from the listener, from `incoming`, or both. Fails if
+/// nothing moves (no byte, no new connection) for `joins.stall`.
+pub(super) fn join_loop(
+    accept: Option<&Accept>,
+    incoming: Option<&Receiver<TcpStream>>,
+    stall: Duration,
+    transfer: &Transfer,
+    done: impl Fn() -> bool,
+    mut admit: impl FnMut(TcpStream),
+) -> Result<(), EngineError> {
+    let setup = |e: std::io::Error| EngineError::Setup(e.to_string());
+    if let Some(a) = accept {
+        a.listener.set_nonblocking(true).map_err(setup)?;
+    }
+    let mut incoming = incoming;
+    let mut last = Instant::now();
+    let mut last_bytes = 0;
+    let tick = Duration::from_millis(50);
+    while !done() && !transfer.abort.is_aborted() {
+        let mut joined = false;
+        if let Some(a) = accept {
+            let fd = rustix::event::PollFd::new(&a.listener, rustix::event::PollFlags::IN);
+            let wait = rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: if incoming.is_some() { 10 } else { 50 } * 1_000_000,
+            };
+            let _ = rustix::event::poll(&mut [fd], Some(&wait));
+            match a.listener.accept() {
+                Ok((sock, from)) => {
+                    if braid_proto::session::canonical_ip(from.ip()) != a.peer {
+                        tracing::warn!(%from, "refused data connection from a host other than the client");
+                    } else if transfer.links().len() >= a.max {
+                        tracing::warn!(%from, max = a.max, "refused data connection beyond the limit");
+                    } else {
+                        let _ = sock.set_nonblocking(false);
+                        let _ = sock.set_read_timeout(a.timeout);
+                        let _ = sock.set_write_timeout(a.timeout);
+                        set_buffer(&sock, a.buffer);
+                        admit(sock);
+                        joined = true;
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                    ) => {}
+                Err(e) => return Err(EngineError::Setup(format!("accept: {e}"))),
+            }
+        }
+        if let Some(rx) = incoming {
+            let got = if accept.is_some() {
+                rx.try_recv()
+            } else {
+                rx.recv_timeout(tick).map_err(|e| match e {
+                    std::sync::mpsc::RecvTimeoutError::Timeout => TryRecvError::Empty,
+                    std::sync::mpsc::RecvTimeoutError::Disconnected => TryRecvError::Disconnected,
+                })
+            };
+            match got {
+                Ok(sock) => {
+                    admit(sock);
+                    joined = true;
+                }
+                Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => incoming = None,
+            }
+        }
+        if accept.is_none() && incoming.is_none() {
+            std::thread::sleep(tick);
+        }
+        // Data moving on open connections keeps the wait alive; a peer that neither sends nor
+        // connects for `stall` has stalled.
+        let bytes: u64 = transfer.per_link_bytes().iter().sum();
+        if joined || bytes != last_bytes {
+            last_bytes = bytes;
+            last = Instant::now();
+        } else if last.elapsed() > stall {
+            let joined_any = !transfer.links().is_empty();
+            return Err(EngineError::Setup(if !joined_any {
+                format!("no data connection arrived within {} s", stall.as_secs())
+            } else {
+                format!(
+                    "nothing moved on the data connections for {} s (the peer announced more than arrived, or stalled)",
+                    stall.as_secs()
+                )
+            }));
+        }
+    }
+    Ok(())
+}

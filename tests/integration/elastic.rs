@@ -1,0 +1,251 @@
+//! Elastic MODE E between braid peers: connections that join, leave and break while the data
+//! flows, shown through `--json`'s connection records and timeline.
+use crate::util::{BRAID, Server, braid, json, random_bytes, tempdir, wait_timeout};
+use serde_json::Value;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SIZE: usize = 48 << 20;
+
+/// The open-connection counts of a summary, in order.
+fn counts(s: &Value) -> Vec<u64> {
+    s["connection_count"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c[1].as_u64().unwrap())
+        .collect()
+}
+
+/// `want` appears in `seq` in this order (not necessarily next to each other).
+fn in_order(seq: &[u64], want: &[u64]) -> bool {
+    let mut it = seq.iter();
+    want.iter().all(|w| it.any(|x| x == w))
+}
+
+fn ends(s: &Value) -> Vec<(String, f64)> {
+    s["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["end"].as_str().unwrap().to_string(),
+                c["ended"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Checks a summary of a transfer that went 1 → 8 → 2 connections.
+fn check_one_eight_two(s: &Value, what: &str) {
+    assert_eq!(s["mode"], "extended-block", "{what}: {s}");
+    assert!(s["checksum"].as_str().unwrap().starts_with("XXH3 "), "{s}");
+    let c = counts(s);
+    assert!(
+        in_order(&c, &[1, 8, 2, 0]),
+        "{what}: counts over time {c:?}"
+    );
+    assert_eq!(c.iter().max(), Some(&8), "{what}: {c:?}");
+    assert_eq!(s["streams"], 8);
+    let ends = ends(s);
+    assert_eq!(ends.len(), 8, "{what}: {ends:?}");
+    assert!(
+        ends.iter().all(|(e, _)| e == "finished"),
+        "{what}: {ends:?}"
+    );
+    // Six were retired while two carried on to the end.
+    let last = ends.iter().map(|e| e.1).fold(0.0, f64::max);
+    let early = ends.iter().filter(|e| e.1 < last - 0.2).count();
+    assert!(early >= 6, "{what}: only {early} ended early: {ends:?}");
+    let per: u64 = s["per_connection_bytes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        per, SIZE as u64,
+        "{what}: nothing is sent twice when nothing breaks"
+    );
+    let timeline = s["timeline"].as_array().unwrap();
+    assert!(
+        timeline
+            .iter()
+            .any(|r| r["conn"] == 7 && r["rtt_ms"].is_number()),
+        "{what}: the timeline has TCP_INFO rows for a connection that joined later: {timeline:?}"
+    );
+}
+
+#[test]
+fn the_number_of_connections_changes_mid_transfer_both_ways() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let content = random_bytes(SIZE, 41);
+    std::fs::write(root.join("f.bin"), &content).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    // Paced at 16 MB/s, 48 MiB take 3 s: the steps at 20% and 60% of the bytes are more than
+    // a second apart, ten policy ticks.
+    let args = [
+        "--schedule",
+        "1,8@20%,2@60%",
+        "--max-rate",
+        "16MB",
+        "--block-size",
+        "256KiB",
+        "--json",
+    ];
+    let dest = top.path().join("got.bin");
+    let get = ["get", &server.url("f.bin"), dest.to_str().unwrap()];
+    let (code, out, err) = braid(&[&get[..], &args].concat(), &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read(&dest).unwrap() == content,
+        "get: content differs"
+    );
+    check_one_eight_two(&json(&out), "get");
+
+    let put = ["put", dest.to_str().unwrap(), &server.url("up.bin")];
+    let (code, out, err) = braid(&[&put[..], &args].concat(), &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read(root.join("up.bin")).unwrap() == content,
+        "put: content differs"
+    );
+    check_one_eight_two(&json(&out), "put");
+    // The server logs each transfer once: the joining connections were part of one.
+    assert_eq!(
+        server.log().matches("transfer peer=").count(),
+        2,
+        "{}",
+        server.log()
+    );
+}
+
+/// The data connections of process `pid` that are not its control connection to `port`, as
+/// (local, peer) address pairs, from `ss`.
+fn data_connections(pid: u32, control_port: u16) -> Vec<(String, String)> {
+    let out = Command::new("ss")
+        .args(["-tnpH", "state", "established"])
+        .output()
+        .expect("run ss");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("pid={pid},")))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (local, peer) = (f.get(2)?.to_string(), f.get(3)?.to_string());
+            (!peer.ends_with(&format!(":{control_port}"))).then_some((local, peer))
+        })
+        .collect()
+}
+
+/// Runs `args` with `--json`, and once the client has its four data connections, destroys
+/// one of them with `ss -K` (as a reset from the network would). Returns the summary.
+fn run_and_break_one(args: &[&str], control_port: u16) -> Value {
+    let mut child = Command::new(BRAID)
+        .args(args)
+        .args(["-n", "4", "--max-rate", "16MB", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let victim = loop {
+        let conns = data_connections(child.id(), control_port);
+        if conns.len() >= 4 {
+            break conns[1].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the client never had 4 data connections"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Both ends named: only this one connection matches, whatever else runs on the machine.
+    let (ip, port) = victim.0.rsplit_once(':').unwrap();
+    let (peer_ip, peer_port) = victim.1.rsplit_once(':').unwrap();
+    let killed = Command::new("ss")
+        .args(["-K", "src", ip, "dst", peer_ip])
+        .args([
+            "sport",
+            "=",
+            &format!(":{port}"),
+            "dport",
+            "=",
+            &format!(":{peer_port}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(killed.status.success(), "ss -K failed: {killed:?}");
+    let status = wait_timeout(&mut child, Duration::from_secs(120));
+    let mut out = String::new();
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{err}");
+    json(&out)
+}
+
+#[test]
+fn a_connection_that_breaks_mid_transfer_is_made_up_for_by_the_others() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test destroys a socket with `ss -K`, which needs root"
+    );
+    crate::util::require("ss");
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let content = random_bytes(SIZE, 42);
+    std::fs::write(root.join("f.bin"), &content).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let dest = top.path().join("got.bin");
+    // 16 MB/s: the 48 MiB take 3 s, and the connection breaks as soon as all four are open.
+    let get = ["get", &server.url("f.bin"), dest.to_str().unwrap()];
+    let up = top.path().join("up.bin");
+    std::fs::write(&up, &content).unwrap();
+    let put = ["put", up.to_str().unwrap(), &server.url("stored.bin")];
+    for (what, args, result) in [
+        ("get", &get, dest.clone()),
+        ("put", &put, root.join("stored.bin")),
+    ] {
+        let s = run_and_break_one(args, server.port());
+        assert!(
+            std::fs::read(&result).unwrap() == content,
+            "{what}: content differs"
+        );
+        assert!(s["checksum"].as_str().unwrap().starts_with("XXH3 "), "{s}");
+        let ends: Vec<String> = ends(&s).into_iter().map(|e| e.0).collect();
+        assert_eq!(
+            ends.iter().filter(|e| *e == "lost").count(),
+            1,
+            "{what}: {ends:?}"
+        );
+        assert_eq!(
+            ends.iter().filter(|e| *e == "finished").count(),
+            3,
+            "{ends:?}"
+        );
+        // What the broken connection carried went out again on the others.
+        assert!(s["bytes"].as_u64().unwrap() > SIZE as u64, "{what}: {s}");
+        assert_eq!(*counts(&s).last().unwrap(), 0);
+    }
+    assert!(
+        server.log().contains("data connection lost"),
+        "{}",
+        server.log()
+    );
+}
