@@ -3,8 +3,9 @@
 use super::error::{ClientError, Result};
 use super::url::Target;
 use super::wire::Wire;
+use braid_proto::client::{ClientSession, Failure, Op, Outcome};
 use braid_proto::ranges::RangeSet;
-use braid_proto::{Command, Reply, ReplyParser, addr};
+use braid_proto::{Command, Reply, ReplyParser};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -19,19 +20,16 @@ pub struct Control {
     stream: Wire,
     parser: ReplyParser,
     peer: SocketAddr,
-    /// Whether EPSV failed once, so later transfers go straight to PASV.
-    no_epsv: bool,
     pub verbose: bool,
-    /// FEAT lines, upper-cased and trimmed (empty until [`Control::probe_features`]).
-    features: Vec<String>,
+    /// The protocol: which command to send next, what each reply means, what the server has
+    /// in effect. This type only moves bytes for it.
+    session: ClientSession,
     /// Replies read ahead by [`Control::poll`], not yet handed out.
     pending: VecDeque<Reply>,
-    /// What the server's `111 Range Marker` replies say it has stored (uploads).
-    stored: RangeSet,
     /// After AUTH TLS: how data connections are protected too.
     tls: Option<(Arc<rustls::ClientConfig>, String)>,
-    /// `OPTS BRAID ELASTIC` was accepted on this session.
-    pub elastic: bool,
+    /// Who logged in, for error messages.
+    user: String,
 }
 
 impl Control {
@@ -56,13 +54,11 @@ impl Control {
                         stream: Wire::Clear(stream),
                         parser: ReplyParser::new(),
                         peer: a,
-                        no_epsv: false,
                         verbose: false,
-                        features: Vec::new(),
+                        session: ClientSession::new(),
                         pending: VecDeque::new(),
-                        stored: RangeSet::new(),
                         tls: None,
-                        elastic: false,
+                        user: String::new(),
                     };
                     let mut greeting = c.reply()?;
                     while greeting.is_preliminary() {
@@ -138,11 +134,7 @@ impl Control {
             if self.verbose {
                 eprintln!("< {r}");
             }
-            if let Some(ranges) = braid_proto::session::parse_range_marker(r) {
-                for (a, b) in ranges.iter() {
-                    self.stored.insert(a, b);
-                }
-            }
+            self.session.note(r);
         }
         Ok(r)
     }
@@ -165,12 +157,71 @@ impl Control {
 
     /// Starts counting range markers afresh from what the server is known to hold.
     pub fn reset_stored(&mut self, have: RangeSet) {
-        self.stored = have;
+        self.session.reset_stored(have);
     }
 
     /// What the server's range markers say it has stored.
     pub fn stored(&self) -> &RangeSet {
-        &self.stored
+        self.session.stored()
+    }
+
+    /// The protocol state of this control connection.
+    pub fn session(&mut self) -> &mut ClientSession {
+        &mut self.session
+    }
+
+    /// Starts an op of the client session: sends its first command.
+    pub fn begin(&mut self, op: Op) -> Result<()> {
+        self.session.begin(op);
+        while let Some(cmd) = self.session.poll_command() {
+            self.send(&cmd)?;
+        }
+        Ok(())
+    }
+
+    /// Carries the running op to its end: reads replies, sends what the session asks next.
+    pub fn finish(&mut self) -> std::result::Result<Outcome, Failure> {
+        loop {
+            if let Some(o) = self.session.poll_outcome() {
+                return o;
+            }
+            let r = self.reply().map_err(|e| Failure::Protocol(e.to_string()))?;
+            self.session.handle_reply(r);
+            while let Some(cmd) = self.session.poll_command() {
+                self.send(&cmd)
+                    .map_err(|e| Failure::Protocol(e.to_string()))?;
+            }
+        }
+    }
+
+    /// Runs one op of the client session to its end.
+    pub fn run(&mut self, op: Op) -> Result<Outcome> {
+        self.begin(op)?;
+        self.finish().map_err(|f| self.error(f, None))
+    }
+
+    /// The client error for a failed op; `what` names the request better than its verb.
+    pub fn error(&self, f: Failure, what: Option<String>) -> ClientError {
+        match f {
+            Failure::Login(reply) => ClientError::Login {
+                user: self.user.clone(),
+                reply,
+            },
+            Failure::Refused { what: verb, reply } | Failure::Transient { what: verb, reply } => {
+                ClientError::Remote {
+                    what: what.unwrap_or(verb),
+                    reply,
+                }
+            }
+            Failure::NoSpace(reply) => ClientError::Remote {
+                what: what.unwrap_or_else(|| "the request (no space)".into()),
+                reply,
+            },
+            Failure::Integrity(reply) => {
+                ClientError::Integrity(format!("the server's integrity check failed: {reply}"))
+            }
+            Failure::Protocol(why) => ClientError::Protocol(why),
+        }
     }
 
     pub fn send(&mut self, cmd: &Command) -> Result<()> {
@@ -187,77 +238,57 @@ impl Control {
             .map_err(|e| ClientError::Protocol(format!("sending {}: {e}", cmd.verb())))
     }
 
-    /// Sends a command and returns its final reply (skipping 1xx ones).
+    /// Sends a command and returns its final reply (skipping 1xx ones), whatever its code.
     pub fn cmd(&mut self, cmd: &Command) -> Result<Reply> {
-        self.send(cmd)?;
-        loop {
-            let r = self.reply()?;
-            if !r.is_preliminary() {
-                return Ok(r);
-            }
+        match self.run(Op::Ask(cmd.clone()))? {
+            Outcome::Done(r) => Ok(r),
+            o => Err(ClientError::Protocol(format!("unexpected {o:?}"))),
         }
     }
 
     /// Sends a command that must succeed with one of `ok`.
     pub fn expect(&mut self, cmd: &Command, ok: &[u16]) -> Result<Reply> {
-        let r = self.cmd(cmd)?;
-        if ok.contains(&r.code) {
-            Ok(r)
-        } else {
-            Err(ClientError::Remote {
-                what: cmd_for_error(cmd),
-                reply: r,
-            })
+        self.begin(Op::Simple {
+            cmd: cmd.clone(),
+            ok: ok.to_vec(),
+        })?;
+        match self.finish() {
+            Ok(Outcome::Done(r)) => Ok(r),
+            Ok(o) => Err(ClientError::Protocol(format!("unexpected {o:?}"))),
+            Err(f) => Err(self.error(f, Some(cmd_for_error(cmd)))),
+        }
+    }
+
+    /// Runs an op that ends with a reply.
+    fn run_done(&mut self, op: Op) -> Result<Reply> {
+        match self.run(op)? {
+            Outcome::Done(r) => Ok(r),
+            o => Err(ClientError::Protocol(format!("unexpected {o:?}"))),
         }
     }
 
     pub fn login(&mut self, target: &Target) -> Result<()> {
-        let login_err = |reply| ClientError::Login {
+        self.user = target.user.clone();
+        self.run_done(Op::Login {
             user: target.user.clone(),
-            reply,
-        };
-        let r = self.cmd(&Command::User(target.user.clone()))?;
-        let r = match r.code {
-            230 => return Ok(()),
-            331 | 332 => self.cmd(&Command::Pass(target.password.clone()))?,
-            _ => return Err(login_err(r)),
-        };
-        match r.code {
-            230 | 202 => Ok(()),
-            _ => Err(login_err(r)),
-        }
+            password: target.password.clone(),
+        })
+        .map(drop)
     }
 
     /// Asks FEAT once; servers without it just have no features.
     pub fn probe_features(&mut self) -> Result<()> {
-        let r = self.cmd(&Command::Feat)?;
-        if r.code == 211 {
-            self.features = r
-                .lines
-                .iter()
-                .skip(1)
-                .map(|l| l.trim().to_ascii_uppercase())
-                .filter(|l| !l.is_empty() && l != "END")
-                .collect();
-        }
-        Ok(())
+        self.run(Op::Features).map(drop)
     }
 
     /// Whether FEAT listed a feature whose first word is `name`.
     pub fn has_feature(&self, name: &str) -> bool {
-        self.features
-            .iter()
-            .any(|f| f.split_whitespace().next() == Some(name))
+        self.session.features().has(name)
     }
 
     /// The number after a feature's name (`BRAID 2` gives 2), if FEAT listed it with one.
     pub fn feature_version(&self, name: &str) -> Option<u32> {
-        self.features.iter().find_map(|f| {
-            let mut words = f.split_whitespace();
-            (words.next() == Some(name))
-                .then(|| words.next()?.parse().ok())
-                .flatten()
-        })
+        self.session.features().version(name)
     }
 
     /// Opens a passive data connection: EPSV first (it works through NAT and over IPv6), PASV
@@ -304,82 +335,53 @@ impl Control {
         Ok(listener)
     }
 
-    /// EPSV (or PASV): the address at which the server listens for data connections.
+    /// EPSV (or PASV): the address at which the server listens for data connections. The
+    /// control connection's peer, whatever address a 227 names, which defeats both
+    /// private-address replies and bounce tricks.
     pub fn passive_addr(&mut self) -> Result<SocketAddr> {
-        let port = if self.no_epsv {
-            None
-        } else {
-            let r = self.cmd(&Command::Epsv(braid_proto::command::EpsvArg::Default))?;
-            match r.code {
-                229 => Some(
-                    addr::parse_229(&r.text())
-                        .map_err(|e| ClientError::Protocol(format!("bad 229 reply {r}: {e}")))?,
-                ),
-                500 | 501 | 502 | 504 | 522 => {
-                    self.no_epsv = true;
-                    None
-                }
-                _ => {
-                    return Err(ClientError::Remote {
-                        what: "EPSV".into(),
-                        reply: r,
-                    });
-                }
-            }
-        };
-        let port = match port {
-            Some(p) => p,
-            None => {
-                let r = self.expect(&Command::Pasv, &[227])?;
-                addr::parse_227(&r.text())
-                    .map_err(|e| ClientError::Protocol(format!("bad 227 reply {r}: {e}")))?
-                    .port()
-            }
-        };
-        Ok(SocketAddr::new(self.peer.ip(), port))
+        match self.run(Op::Passive)? {
+            Outcome::Passive(port) => Ok(SocketAddr::new(self.peer.ip(), port)),
+            o => Err(ClientError::Protocol(format!("unexpected {o:?}"))),
+        }
     }
 
     /// REST, sent right before the transfer command as RFC 3659 asks.
     pub fn restart_at(&mut self, offset: u64) -> Result<()> {
-        let r = self.cmd(&Command::Rest(offset))?;
-        if r.code == 350 {
-            Ok(())
-        } else {
-            Err(ClientError::Remote {
-                what: format!("REST {offset} (the server cannot resume)"),
-                reply: r,
-            })
-        }
+        self.begin(Op::Rest(offset))?;
+        self.finish()
+            .map(drop)
+            .map_err(|f| self.error(f, Some(format!("REST {offset} (the server cannot resume)"))))
     }
 
     /// Sends a transfer command after the data connection is open and waits for 125/150.
-    pub fn start_transfer(&mut self, cmd: &Command) -> Result<Reply> {
-        self.send(cmd)?;
+    pub fn start_transfer(&mut self, cmd: &Command) -> Result<bool> {
+        self.send_transfer(cmd)?;
         self.transfer_started(cmd)
     }
 
-    /// Waits for 125/150 after a transfer command that was already sent.
-    pub fn transfer_started(&mut self, cmd: &Command) -> Result<Reply> {
-        let r = self.reply()?;
-        match r.code {
-            125 | 150 => Ok(r),
-            _ => Err(ClientError::Remote {
-                what: cmd_for_error(cmd),
-                reply: r,
-            }),
+    /// Sends a transfer command without waiting for its reply (the data connections can open
+    /// meanwhile); [`Control::transfer_started`] waits.
+    pub fn send_transfer(&mut self, cmd: &Command) -> Result<()> {
+        self.begin(Op::StartTransfer(cmd.clone()))
+    }
+
+    /// Waits for 125/150 after [`Control::send_transfer`]; true if the server reuses the
+    /// data connections the last transfer left open (125).
+    pub fn transfer_started(&mut self, cmd: &Command) -> Result<bool> {
+        match self.finish() {
+            Ok(Outcome::Started { reused }) => Ok(reused),
+            Ok(o) => Err(ClientError::Protocol(format!("unexpected {o:?}"))),
+            Err(f) => Err(self.error(f, Some(cmd_for_error(cmd)))),
         }
     }
 
     /// The final reply of a transfer (226 or 250 on success).
     pub fn finish_transfer(&mut self, cmd: &Command) -> Result<Reply> {
-        let r = self.final_reply()?;
-        if r.code == 226 || r.code == 250 {
-            Ok(r)
-        } else {
-            Err(ClientError::Remote {
-                what: cmd_for_error(cmd),
-                reply: r,
-            })
+        self.begin(Op::FinishTransfer)?;
+        match self.finish() {
+            Ok(Outcome::Done(r)) => Ok(r),
+            Ok(o) => Err(ClientError::Protocol(format!("unexpected {o:?}"))),
+            Err(f) => Err(self.error(f, Some(cmd_for_error(cmd)))),
         }
     }
 
@@ -432,13 +434,7 @@ impl Control {
     /// AUTH TLS, then PBSZ 0 and PROT P (RFC 4217): the control connection and every data
     /// connection are TLS from here on.
     pub fn start_tls(&mut self, config: &Arc<rustls::ClientConfig>, host: &str) -> Result<()> {
-        let r = self.cmd(&Command::Auth("TLS".into()))?;
-        if r.code != 234 {
-            return Err(ClientError::Remote {
-                what: "AUTH TLS (the server offers no TLS; drop --tls to go on in clear)".into(),
-                reply: r,
-            });
-        }
+        self.run(Op::AuthTls)?;
         let Wire::Clear(sock) = &self.stream else {
             return Err(ClientError::Protocol("TLS is already on".into()));
         };
@@ -447,9 +443,7 @@ impl Control {
             .map_err(|e| ClientError::Protocol(format!("TLS setup: {e}")))?;
         self.stream = Wire::tls(sock, config, host)?;
         self.tls = Some((config.clone(), host.to_string()));
-        self.expect(&Command::Pbsz(0), &[200])?;
-        self.expect(&Command::Prot('P'), &[200])?;
-        Ok(())
+        self.run(Op::Protect).map(drop)
     }
 
     /// A data connection as this session protects it: TLS after `start_tls`.
@@ -465,7 +459,7 @@ impl Control {
     }
 
     pub fn quit(mut self) {
-        let _ = self.cmd(&Command::Quit);
+        let _ = self.run(Op::Quit);
     }
 }
 

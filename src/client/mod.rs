@@ -690,23 +690,18 @@ pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
     };
     let mlsd = Command::Mlsd(path.clone());
     let data = c.open_data()?;
-    c.send(&mlsd)?;
-    let r = c.reply()?;
-    let (text, machine) = match r.code {
-        125 | 150 => (read_all(c.protect(data)?, &mut c, &mlsd)?, true),
-        500 | 501 | 502 | 504 => {
+    c.send_transfer(&mlsd)?;
+    let (text, machine) = match c.transfer_started(&mlsd) {
+        Ok(_) => (read_all(c.protect(data)?, &mut c, &mlsd)?, true),
+        // No MLSD (RFC 3659): LIST, whose lines are shown as they come.
+        Err(ClientError::Remote { reply, .. }) if matches!(reply.code, 500 | 501 | 502 | 504) => {
             drop(data);
             let list = Command::List(path);
             let data = c.open_data()?;
             c.start_transfer(&list)?;
             (read_all(c.protect(data)?, &mut c, &list)?, false)
         }
-        _ => {
-            return Err(ClientError::Remote {
-                what: mlsd.to_line(),
-                reply: r,
-            });
-        }
+        Err(e) => return Err(e),
     };
     c.quit();
     let mut entries = Vec::new();

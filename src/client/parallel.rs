@@ -15,7 +15,7 @@ use crate::engine::sink::{Reorder, Sink};
 use crate::engine::transfer::{Accept, Joins, Transfer};
 use crate::engine::{self, EngineError};
 use braid_proto::checksum;
-use braid_proto::command::Mode;
+use braid_proto::client::{BlockSetup, Direction, Op};
 use braid_proto::ranges::RangeSet;
 use braid_proto::retr_opts::RetrOpts;
 use braid_proto::{Command, Reply};
@@ -65,24 +65,16 @@ pub fn get(
     opts: &Options,
 ) -> Result<Summary> {
     let remote = target.path.as_str();
-    let elastic = elastic(c, peer)?;
-    let plan = Plan::new(opts, elastic);
+    let plan = Plan::new(opts, offers_elastic(c, peer));
     let n = plan.start;
-    c.expect(&Command::Mode(Mode::Extended), &[200])?;
-    let retr_opts = RetrOpts {
+    let retr = RetrOpts {
         parallelism: Some((plan.start, plan.start.min(1), plan.max)),
         block_size: opts.block_size,
         // Only braid servers pace (GridFTP servers ignore options they do not know, but
         // there is no need to find out).
-        max_rate: if elastic { opts.max_rate } else { None },
+        max_rate: if plan.elastic { opts.max_rate } else { None },
     };
-    c.expect(
-        &Command::Opts(format!("RETR {}", retr_opts.encode())),
-        &[200],
-    )?;
-    if let Some(b) = opts.buffer {
-        c.expect(&Command::Sbuf(b), &[200])?;
-    }
+    let elastic = block_mode(c, Direction::Download, retr, opts.buffer)?;
     let (sink, part, start) = match dest {
         Dest::Null => (Sink::Discard, None, Progress::holding(RangeSet::new())),
         Dest::Stdout => {
@@ -274,17 +266,25 @@ fn extended(
     s
 }
 
-/// Whether this transfer is elastic: the server is braid and can let connections join,
-/// leave and break mid-transfer (FEAT `BRAID 2`). Turned on once per session.
-fn elastic(c: &mut Control, peer: Peer) -> Result<bool> {
-    if peer != Peer::Braid || c.feature_version("BRAID").unwrap_or(0) < 2 {
-        return Ok(false);
-    }
-    if !c.elastic {
-        c.expect(&Command::Opts("BRAID ELASTIC".into()), &[200])?;
-        c.elastic = true;
-    }
-    Ok(true)
+/// Whether the server can let connections join, leave and break mid-transfer (FEAT
+/// `BRAID 2`).
+fn offers_elastic(c: &Control, peer: Peer) -> bool {
+    peer == Peer::Braid && c.feature_version("BRAID").unwrap_or(0) >= 2
+}
+
+/// MODE E and its settings, each sent once per session; whether transfers are elastic.
+fn block_mode(
+    c: &mut Control,
+    direction: Direction,
+    retr: RetrOpts,
+    buffer: Option<u64>,
+) -> Result<bool> {
+    c.run(Op::BlockMode(BlockSetup {
+        direction,
+        retr,
+        buffer,
+    }))?;
+    Ok(c.session().elastic())
 }
 
 /// The connection plan of one transfer: how many to start with, how many at most, and the
@@ -451,13 +451,9 @@ pub fn put(
         record,
         have,
     } = up;
-    let elastic = elastic(c, peer)?;
-    let plan = Plan::new(opts, elastic);
+    let plan = Plan::new(opts, offers_elastic(c, peer));
     let n = plan.start;
-    c.expect(&Command::Mode(Mode::Extended), &[200])?;
-    if let Some(b) = opts.buffer {
-        c.expect(&Command::Sbuf(b), &[200])?;
-    }
+    let elastic = block_mode(c, Direction::Upload, RetrOpts::default(), opts.buffer)?;
     // A fresh upload hashes the blocks as they go out and announces the checksum at the end;
     // a resumed one sends only some blocks, so it reads the file once up front.
     let hash_while_sending = peer == Peer::Braid && have.is_empty();
@@ -683,7 +679,7 @@ fn open_and_start(
     buffer: Option<u64>,
     elastic: bool,
 ) -> Result<Vec<std::net::TcpStream>> {
-    c.send(cmd)?;
+    c.send_transfer(cmd)?;
     // All at once: each connection costs a round trip, and they need not wait for each other.
     let socks: Vec<Result<TcpStream>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..n)
@@ -721,7 +717,7 @@ fn open_and_start(
 }
 
 fn transfer_failed(r: Reply) -> ClientError {
-    if r.code == 550 && r.text().contains("checksum mismatch") {
+    if r.code == 535 {
         ClientError::Integrity(format!("the server refused the upload: {r}"))
     } else {
         ClientError::Interrupted {

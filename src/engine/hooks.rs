@@ -236,7 +236,8 @@ impl Steering {
             transfer.set_pacing(rate);
             self.rate = rate;
         }
-        if !transfer.elastic() {
+        // Once the sender has run out of blocks, connections only finish: nothing to decide.
+        if !transfer.elastic() || view.ending() {
             return;
         }
         for d in self.policy.decide(&view) {
@@ -306,6 +307,22 @@ mod tests {
         // Those being retired are not asked again, and none is closed twice.
         assert_eq!(s.decide(&view(70, &eight, &[2, 3, 4, 5, 6, 7], 0)), vec![]);
         assert_eq!(s.decide(&view(80, &[0, 1], &[], 0)), vec![]);
+    }
+
+    #[test]
+    fn the_end_of_a_transfer_is_no_time_to_open_connections() {
+        // Links 0 and 2..9 finished without being retired: the sender has nothing left.
+        assert!(view(90, &[1], &[], 0).ending());
+        // Finished links that were all retired say nothing about the sender.
+        let retired: Vec<usize> = (0..10).filter(|&i| i != 1).collect();
+        assert!(!view(90, &[1], &retired, 0).ending());
+        // Every byte moved.
+        assert!(view(100, &(0..10).collect::<Vec<_>>(), &[], 0).ending());
+        let mut s = Schedule::parse("1,4@10%").unwrap();
+        assert_eq!(
+            s.decide(&view(50, &[1], &retired, 0)),
+            vec![Decision::Open(3)]
+        );
     }
 
     #[test]

@@ -37,6 +37,16 @@ pub struct View {
 }
 
 impl View {
+    /// The sender has handed out its last block: every byte has moved, or a connection ended
+    /// that nobody retired (a sender ends connections only when it has nothing left to send).
+    pub fn ending(&self) -> bool {
+        self.total.is_some_and(|t| self.done >= t)
+            || self
+                .links
+                .iter()
+                .any(|l| l.state == LinkState::Finished && !l.retiring)
+    }
+
     /// Open connections that are not being retired: what the transfer will keep using.
     pub fn active(&self) -> impl Iterator<Item = &LinkView> {
         self.links

@@ -85,14 +85,17 @@ fn the_number_of_connections_changes_mid_transfer_both_ways() {
     let content = random_bytes(SIZE, 41);
     std::fs::write(root.join("f.bin"), &content).unwrap();
     let server = Server::start(&root, &["--anonymous-write"]);
-    // Paced at 16 MB/s, 48 MiB take 3 s: the steps at 20% and 60% of the bytes are more than
-    // a second apart, ten policy ticks.
+    // Paced at 16 MB/s, 48 MiB take 3 s: the steps at 15% and 50% of the bytes are more than
+    // a second apart, ten policy ticks, and two connections carry the last 1.5 s. Small socket
+    // buffers: a retired connection's queue drains in a fraction of a second.
     let args = [
         "--schedule",
-        "1,8@20%,2@60%",
+        "1,8@15%,2@50%",
         "--max-rate",
         "16MB",
         "--block-size",
+        "256KiB",
+        "--buffer",
         "256KiB",
         "--json",
     ];

@@ -210,7 +210,7 @@ fn checksum_mismatch_and_protocol_violations_fail_clearly_and_keep_nothing() {
     flipped[17 + 5000] ^= 0x01;
     let (mut c, r, _) = raw_upload(&server, "bad.bin", Some(&right), &flipped);
     assert!(
-        r.starts_with("550 ") && r.contains("checksum mismatch"),
+        r.starts_with("535 ") && r.contains("checksum mismatch"),
         "{r}"
     );
     assert!(

@@ -8,9 +8,12 @@ pub mod addr;
 pub mod ascii;
 pub mod block;
 pub mod checksum;
+pub mod client;
 pub mod command;
 pub mod line;
 pub mod listing;
+#[cfg(test)]
+mod pair;
 pub mod path;
 pub mod ranges;
 pub mod reply;

@@ -1164,8 +1164,10 @@ impl Session {
                 426,
                 "Server is shutting down; transfer aborted.",
             )],
+            // RFC 2228's "failed security check": a code of its own, so clients need not read
+            // the text.
             TransferOutcome::ChecksumMismatch { expected, actual } => vec![Reply::new(
-                550,
+                535,
                 format!(
                     "{}: checksum mismatch: the client announced {expected}, the data received hashes to {actual}; kept as a partial upload.",
                     t.path()

@@ -1,0 +1,574 @@
+//! The client side of one control connection, as a state machine: the mirror of
+//! [`crate::session::Session`].
+//!
+//! The driver starts an [`Op`] (log in, read the features, set up MODE E, open a passive
+//! port, start or finish a transfer, ...). The session says which commands to send
+//! ([`ClientSession::poll_command`]) and takes the replies ([`ClientSession::handle_reply`])
+//! until the op ends ([`ClientSession::poll_outcome`]) with an [`Outcome`], or with a
+//! [`Failure`] that says what went wrong **by reply code**, never by the server's wording.
+//! It never touches sockets, files or clocks.
+//!
+//! The session remembers what is in effect on the server (TYPE, MODE, elastic transfers,
+//! OPTS RETR, SBUF, data connections left open by the last MODE E transfer), so a batch of
+//! transfers sends each setting once and reuses data connections (reply 125).
+
+use crate::addr;
+use crate::command::{Command, EpsvArg, Mode, TransferType};
+use crate::ranges::RangeSet;
+use crate::reply::Reply;
+use crate::retr_opts::RetrOpts;
+use std::collections::VecDeque;
+
+/// What FEAT said.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Features {
+    /// Feature lines, upper-cased and trimmed.
+    lines: Vec<String>,
+}
+
+impl Features {
+    pub fn parse(r: &Reply) -> Features {
+        if r.code != 211 {
+            return Features::default();
+        }
+        Features {
+            lines: r
+                .lines
+                .iter()
+                .skip(1)
+                .map(|l| l.trim().to_ascii_uppercase())
+                .filter(|l| !l.is_empty() && l != "END")
+                .collect(),
+        }
+    }
+
+    /// Whether a feature whose first word is `name` was listed.
+    pub fn has(&self, name: &str) -> bool {
+        self.lines
+            .iter()
+            .any(|f| f.split_whitespace().next() == Some(name))
+    }
+
+    /// The number after a feature's name (`BRAID 2` gives 2).
+    pub fn version(&self, name: &str) -> Option<u32> {
+        self.lines.iter().find_map(|f| {
+            let mut words = f.split_whitespace();
+            (words.next() == Some(name))
+                .then(|| words.next()?.parse().ok())
+                .flatten()
+        })
+    }
+
+    /// The kind of MODE E peer, if any.
+    pub fn block_peer(&self) -> Option<BlockPeer> {
+        if self.has("BRAID") {
+            Some(BlockPeer::Braid {
+                elastic: self.version("BRAID").unwrap_or(0) >= 2,
+            })
+        } else if self.has("PARALLEL") {
+            Some(BlockPeer::GridFtp)
+        } else {
+            None
+        }
+    }
+}
+
+/// A server that offers MODE E.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockPeer {
+    /// braid: the client opens the data connections both ways; XXH3; `elastic` with FEAT
+    /// `BRAID 2` (connections join, leave and break mid-transfer).
+    Braid { elastic: bool },
+    /// A GridFTP server: it connects to the client when it sends; MD5 through CKSM.
+    GridFtp,
+}
+
+/// Which way a transfer's data flows, seen from the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Download,
+    Upload,
+}
+
+/// MODE E settings for the next transfers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockSetup {
+    pub direction: Direction,
+    /// Sent with `OPTS RETR` for downloads.
+    pub retr: RetrOpts,
+    /// SBUF: fixed socket buffers.
+    pub buffer: Option<u64>,
+}
+
+/// One piece of work on the control connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// USER, then PASS when asked for.
+    Login {
+        user: String,
+        password: String,
+    },
+    /// AUTH TLS; ends with [`Outcome::StartTls`]: the driver then runs the handshake and
+    /// starts [`Op::Protect`].
+    AuthTls,
+    /// PBSZ 0 and PROT P (RFC 4217).
+    Protect,
+    Features,
+    /// TYPE I, unless already in effect.
+    Binary,
+    /// MODE E with these settings, sending only what is not in effect yet.
+    BlockMode(BlockSetup),
+    /// MODE S, unless already in effect.
+    StreamMode,
+    /// EPSV, or PASV where EPSV is not understood.
+    Passive,
+    /// REST with byte ranges (MODE E).
+    RestRanges(RangeSet),
+    /// REST with an offset (stream mode).
+    Rest(u64),
+    /// Any command with the final reply codes that mean success.
+    Simple {
+        cmd: Command,
+        ok: Vec<u16>,
+    },
+    /// Any command; whatever its final reply, that is the outcome.
+    Ask(Command),
+    /// Sends a transfer command (RETR, STOR, LIST, ...) and waits for 125 or 150.
+    StartTransfer(Command),
+    /// Waits for a transfer's final reply, taking markers on the way.
+    FinishTransfer,
+    /// CKSM of a whole file: the server's value, or None if it offers none.
+    Checksum {
+        alg: String,
+        path: String,
+    },
+    Quit,
+}
+
+/// How an op ended well.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Done(Reply),
+    StartTls,
+    Features(Features),
+    /// The port the server listens on for data connections (at the control peer's address).
+    Passive(u16),
+    /// The transfer began; `reused`: on the data connections the last one left open (125).
+    Started {
+        reused: bool,
+    },
+    Checksum(Option<String>),
+}
+
+/// How an op failed, from the reply code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    #[error("login refused: {0}")]
+    Login(Reply),
+    /// 5yz for a request (no such file, permission, not understood, ...).
+    #[error("{what} refused: {reply}")]
+    Refused { what: String, reply: Reply },
+    /// 4yz: the server could not do it now (421, 425, 426, 450, 451, ...).
+    #[error("{what} failed: {reply}")]
+    Transient { what: String, reply: Reply },
+    /// 535 (RFC 2228 "failed security check"): the data failed the checksum.
+    #[error("integrity check failed: {0}")]
+    Integrity(Reply),
+    /// 452 or 552: no room on the server.
+    #[error("no space on the server: {0}")]
+    NoSpace(Reply),
+    /// A reply that makes no sense here.
+    #[error("{0}")]
+    Protocol(String),
+}
+
+impl Failure {
+    /// Classifies a final reply that did not mean success.
+    pub fn from_reply(what: &str, reply: Reply) -> Failure {
+        match reply.code {
+            535 => Failure::Integrity(reply),
+            452 | 552 => Failure::NoSpace(reply),
+            530 | 532 => Failure::Login(reply),
+            400..=499 => Failure::Transient {
+                what: what.into(),
+                reply,
+            },
+            _ => Failure::Refused {
+                what: what.into(),
+                reply,
+            },
+        }
+    }
+}
+
+/// What a running op waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Wait {
+    User {
+        password: String,
+    },
+    Pass,
+    Auth,
+    Pbsz,
+    Prot,
+    Feat,
+    /// A setting command; `then` records it as in effect.
+    Setting(Setting),
+    Epsv,
+    Pasv,
+    Rest,
+    Simple {
+        verb: String,
+        ok: Vec<u16>,
+    },
+    Any,
+    Started {
+        verb: String,
+    },
+    Final,
+    Cksm,
+    Quit,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Setting {
+    Type,
+    ModeE,
+    ModeS,
+    Elastic,
+    Retr(RetrOpts),
+    Sbuf(u64),
+}
+
+/// The client side of one control connection.
+#[derive(Debug, Default)]
+pub struct ClientSession {
+    features: Features,
+    binary: bool,
+    mode_e: bool,
+    elastic: bool,
+    retr: Option<RetrOpts>,
+    sbuf: Option<u64>,
+    no_epsv: bool,
+    /// The last MODE E transfer left its data connections open, carrying data this way.
+    cached: Option<Direction>,
+    /// What `111 Range Marker` replies say the server has stored (uploads).
+    stored: RangeSet,
+    /// Commands to send, each with the reply it waits for.
+    queue: VecDeque<(Command, Wait)>,
+    /// Sent, reply not yet seen.
+    waiting: VecDeque<Wait>,
+    /// Commands handed out by `poll_command`, not yet sent.
+    outbox: VecDeque<Command>,
+    outcome: Option<Result<Outcome, Failure>>,
+}
+
+impl ClientSession {
+    pub fn new() -> ClientSession {
+        ClientSession::default()
+    }
+
+    pub fn features(&self) -> &Features {
+        &self.features
+    }
+
+    /// MODE E transfers are elastic on this session.
+    pub fn elastic(&self) -> bool {
+        self.elastic
+    }
+
+    /// What the server's range markers say it holds.
+    pub fn stored(&self) -> &RangeSet {
+        &self.stored
+    }
+
+    /// Starts counting range markers afresh from what the server is known to hold.
+    pub fn reset_stored(&mut self, have: RangeSet) {
+        self.stored = have;
+    }
+
+    /// Whether the next MODE E transfer this way can go without PASV: the last one left its
+    /// data connections open (GridFTP data-channel caching).
+    pub fn can_reuse(&self, direction: Direction) -> bool {
+        self.mode_e && self.cached == Some(direction)
+    }
+
+    /// Records that the last transfer left its data connections open this way (or not).
+    pub fn set_cached(&mut self, cached: Option<Direction>) {
+        self.cached = cached;
+    }
+
+    /// Starts an op. Any op still running is dropped.
+    pub fn begin(&mut self, op: Op) {
+        self.queue.clear();
+        self.outcome = None;
+        let steps: Vec<(Command, Wait)> = match op {
+            Op::Login { user, password } => vec![(Command::User(user), Wait::User { password })],
+            Op::AuthTls => vec![(Command::Auth("TLS".into()), Wait::Auth)],
+            Op::Protect => vec![
+                (Command::Pbsz(0), Wait::Pbsz),
+                (Command::Prot('P'), Wait::Prot),
+            ],
+            Op::Features => vec![(Command::Feat, Wait::Feat)],
+            Op::Binary if self.binary => vec![],
+            Op::Binary => vec![(
+                Command::Type(TransferType::Image),
+                Wait::Setting(Setting::Type),
+            )],
+            Op::StreamMode if !self.mode_e => vec![],
+            Op::StreamMode => vec![(Command::Mode(Mode::Stream), Wait::Setting(Setting::ModeS))],
+            Op::BlockMode(setup) => self.plan_block_mode(setup),
+            Op::Passive if self.no_epsv => vec![(Command::Pasv, Wait::Pasv)],
+            Op::Passive => vec![(Command::Epsv(EpsvArg::Default), Wait::Epsv)],
+            Op::RestRanges(r) => vec![(Command::RestRanges(r), Wait::Rest)],
+            Op::Rest(n) => vec![(Command::Rest(n), Wait::Rest)],
+            Op::Simple { cmd, ok } => {
+                let verb = cmd.verb().to_string();
+                vec![(cmd, Wait::Simple { verb, ok })]
+            }
+            Op::Ask(cmd) => vec![(cmd, Wait::Any)],
+            Op::StartTransfer(cmd) => {
+                let verb = cmd.verb().to_string();
+                vec![(cmd, Wait::Started { verb })]
+            }
+            Op::FinishTransfer => {
+                self.waiting.push_back(Wait::Final);
+                vec![]
+            }
+            Op::Checksum { alg, path } => vec![(
+                Command::Cksm {
+                    alg,
+                    offset: 0,
+                    length: None,
+                    path,
+                },
+                Wait::Cksm,
+            )],
+            Op::Quit => vec![(Command::Quit, Wait::Quit)],
+        };
+        if steps.is_empty() && self.waiting.is_empty() {
+            // Everything asked for is in effect already.
+            self.outcome = Some(Ok(Outcome::Done(Reply::new(200, "Already in effect."))));
+            return;
+        }
+        self.queue.extend(steps);
+        self.pump();
+    }
+
+    /// MODE E, then only the settings that differ from what is in effect.
+    fn plan_block_mode(&self, setup: BlockSetup) -> Vec<(Command, Wait)> {
+        let mut steps = Vec::new();
+        if !self.mode_e {
+            steps.push((Command::Mode(Mode::Extended), Wait::Setting(Setting::ModeE)));
+        }
+        let braid2 = matches!(
+            self.features.block_peer(),
+            Some(BlockPeer::Braid { elastic: true })
+        );
+        if braid2 && !self.elastic {
+            steps.push((
+                Command::Opts("BRAID ELASTIC".into()),
+                Wait::Setting(Setting::Elastic),
+            ));
+        }
+        if setup.direction == Direction::Download && self.retr != Some(setup.retr) {
+            steps.push((
+                Command::Opts(format!("RETR {}", setup.retr.encode())),
+                Wait::Setting(Setting::Retr(setup.retr)),
+            ));
+        }
+        if let Some(b) = setup.buffer
+            && self.sbuf != Some(b)
+        {
+            steps.push((Command::Sbuf(b), Wait::Setting(Setting::Sbuf(b))));
+        }
+        steps
+    }
+
+    /// Moves the next command of the op to the outbox: commands go one at a time, each after
+    /// the reply to the one before (RFC 959 does not promise pipelining).
+    fn pump(&mut self) {
+        if self.waiting.is_empty()
+            && self.outcome.is_none()
+            && let Some((cmd, wait)) = self.queue.pop_front()
+        {
+            self.outbox.push_back(cmd);
+            self.waiting.push_back(wait);
+        }
+    }
+
+    /// The next command to send, if any.
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.outbox.pop_front()
+    }
+
+    /// How the op ended, once it has.
+    pub fn poll_outcome(&mut self) -> Option<Result<Outcome, Failure>> {
+        self.outcome.take()
+    }
+
+    /// Whether the op waits for a reply.
+    pub fn awaits_reply(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
+    /// Notes what a reply says in passing (range markers), whenever it is read.
+    pub fn note(&mut self, r: &Reply) {
+        if let Some(ranges) = crate::session::parse_range_marker(r) {
+            for (a, b) in ranges.iter() {
+                self.stored.insert(a, b);
+            }
+        }
+    }
+
+    /// Takes one reply from the server.
+    pub fn handle_reply(&mut self, r: Reply) {
+        self.note(&r);
+        let Some(wait) = self.waiting.front().cloned() else {
+            // Unasked-for: markers after a transfer, or a 421 before closing.
+            return;
+        };
+        if r.is_preliminary() && !matches!(wait, Wait::Started { .. }) {
+            return;
+        }
+        self.waiting.pop_front();
+        match self.step(wait, r.clone()) {
+            // The last command of the op: its reply is the outcome.
+            Step::Next if self.queue.is_empty() => {
+                self.outcome = Some(Ok(Outcome::Done(r)));
+                return;
+            }
+            Step::Next => {}
+            Step::Then(cmd, wait) => self.queue.push_front((cmd, wait)),
+            Step::Wait(wait) => self.waiting.push_front(wait),
+            Step::End(o) => {
+                self.queue.clear();
+                self.outcome = Some(o);
+                return;
+            }
+        }
+        self.pump();
+    }
+
+    fn step(&mut self, wait: Wait, r: Reply) -> Step {
+        let fail = |what: &str, r: Reply| Step::End(Err(Failure::from_reply(what, r)));
+        match wait {
+            Wait::User { password } => match r.code {
+                230 => Step::End(Ok(Outcome::Done(r))),
+                331 | 332 => Step::Then(Command::Pass(password), Wait::Pass),
+                _ => Step::End(Err(Failure::Login(r))),
+            },
+            Wait::Pass => match r.code {
+                230 | 202 => Step::End(Ok(Outcome::Done(r))),
+                _ => Step::End(Err(Failure::Login(r))),
+            },
+            Wait::Auth => match r.code {
+                234 => Step::End(Ok(Outcome::StartTls)),
+                _ => fail(
+                    "AUTH TLS (the server offers no TLS; drop --tls to go on in clear)",
+                    r,
+                ),
+            },
+            Wait::Pbsz if r.code == 200 => Step::Next,
+            Wait::Pbsz => fail("PBSZ", r),
+            Wait::Prot if r.code == 200 => Step::End(Ok(Outcome::Done(r))),
+            Wait::Prot => fail("PROT P", r),
+            Wait::Feat => {
+                self.features = Features::parse(&r);
+                Step::End(Ok(Outcome::Features(self.features.clone())))
+            }
+            Wait::Setting(s) => {
+                if r.code != 200 {
+                    return fail(setting_name(&s), r);
+                }
+                match s {
+                    Setting::Type => self.binary = true,
+                    Setting::ModeE => self.mode_e = true,
+                    Setting::ModeS => {
+                        self.mode_e = false;
+                        self.cached = None;
+                    }
+                    Setting::Elastic => self.elastic = true,
+                    Setting::Retr(o) => self.retr = Some(o),
+                    Setting::Sbuf(b) => self.sbuf = Some(b),
+                }
+                Step::Next
+            }
+            Wait::Epsv => match r.code {
+                229 => match addr::parse_229(&r.text()) {
+                    Ok(port) => self.passive(port),
+                    Err(e) => Step::End(Err(Failure::Protocol(format!("bad 229 reply {r}: {e}")))),
+                },
+                500 | 501 | 502 | 504 | 522 => {
+                    self.no_epsv = true;
+                    Step::Then(Command::Pasv, Wait::Pasv)
+                }
+                _ => fail("EPSV", r),
+            },
+            Wait::Pasv => match r.code {
+                227 => match addr::parse_227(&r.text()) {
+                    Ok(a) => self.passive(a.port()),
+                    Err(e) => Step::End(Err(Failure::Protocol(format!("bad 227 reply {r}: {e}")))),
+                },
+                _ => fail("PASV", r),
+            },
+            Wait::Rest if r.code == 350 => Step::End(Ok(Outcome::Done(r))),
+            Wait::Rest => fail("REST (the server cannot resume)", r),
+            Wait::Simple { verb, ok } => {
+                if ok.contains(&r.code) {
+                    Step::End(Ok(Outcome::Done(r)))
+                } else {
+                    fail(&verb, r)
+                }
+            }
+            Wait::Any => Step::End(Ok(Outcome::Done(r))),
+            Wait::Started { verb } => match r.code {
+                125 | 150 => Step::End(Ok(Outcome::Started {
+                    reused: r.code == 125,
+                })),
+                // Markers before the transfer opens (none expected, but harmless).
+                110..=199 => Step::Wait(Wait::Started { verb }),
+                _ => fail(&verb, r),
+            },
+            Wait::Final => match r.code {
+                226 | 250 => Step::End(Ok(Outcome::Done(r))),
+                _ => fail("the transfer", r),
+            },
+            Wait::Cksm => match r.code {
+                213 => Step::End(Ok(Outcome::Checksum(Some(
+                    r.text().trim().to_ascii_lowercase(),
+                )))),
+                _ => Step::End(Ok(Outcome::Checksum(None))),
+            },
+            Wait::Quit => Step::End(Ok(Outcome::Done(r))),
+        }
+    }
+
+    /// A passive port: any data connections left open are replaced by the new ones.
+    fn passive(&mut self, port: u16) -> Step {
+        self.cached = None;
+        Step::End(Ok(Outcome::Passive(port)))
+    }
+}
+
+/// What one reply leads to.
+enum Step {
+    /// This command is done; go on with the op's next one.
+    Next,
+    /// Send this command next.
+    Then(Command, Wait),
+    /// Wait for another reply to the same command.
+    Wait(Wait),
+    End(Result<Outcome, Failure>),
+}
+
+fn setting_name(s: &Setting) -> &'static str {
+    match s {
+        Setting::Type => "TYPE I",
+        Setting::ModeE => "MODE E",
+        Setting::ModeS => "MODE S",
+        Setting::Elastic => "OPTS BRAID ELASTIC",
+        Setting::Retr(_) => "OPTS RETR",
+        Setting::Sbuf(_) => "SBUF",
+    }
+}
