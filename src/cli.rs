@@ -9,7 +9,7 @@ use braid_proto::session::Perm;
 use clap::{Args, Parser, Subcommand};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -46,14 +46,19 @@ pub struct Cli {
 enum Cmd {
     /// Serve a directory over FTP (anonymous and read-only unless told otherwise).
     Serve(ServeArgs),
-    /// Download a file: braid get ftp://host[:port]/path [DEST]
+    /// Download files: braid get ftp://host[:port]/path [DEST], or many: braid get URL... DIR
     #[command(after_help = EXIT_CODES)]
     Get {
-        /// ftp://[user[:password]@]host[:port]/path
-        url: String,
-        /// Where to save: a file, a directory, - for standard output, or /dev/null to measure (the
-        /// data is still checked) [default: the remote file's name in the current directory]
-        dest: Option<String>,
+        /// ftp://[user[:password]@]host[:port]/path, and last where to save: a file, a
+        /// directory, `-` for standard output, or /dev/null to measure (the data is still
+        /// checked) [default: the remote file's name in the current directory]. Several URLs
+        /// (all on one server) share one session: one login, and in MODE E one file's data
+        /// connections carry the next; the destination is then a directory.
+        #[arg(value_name = "URL", required_unless_present = "input")]
+        args: Vec<String>,
+        /// Read more URLs from this file, one per line (blank lines and # comments skipped).
+        #[arg(short = 'i', long, value_name = "FILE")]
+        input: Option<PathBuf>,
         /// Continue a partial download (DEST.part) from where it stopped.
         #[arg(long)]
         resume: bool,
@@ -303,18 +308,55 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Cmd::Serve(args) => serve(args).map(|()| exit::OK),
         Cmd::Get {
-            url,
-            dest,
+            args,
+            input,
             resume,
             transfer,
             out,
             tls,
         } => {
-            let target = url::parse(&url, &url::CredentialSources::from_env())?;
-            let dest = client::resolve_dest(dest.as_deref(), &target.path)?;
+            let (urls, dest) = get_args(args, input.as_deref())?;
             let opts = options(&out, resume, Some(&transfer), &tls)?;
-            let summary = client::get(&target, &dest, &opts)?;
-            report(&summary, &out, matches!(dest, client::Dest::Stdout))
+            let sources = url::CredentialSources::from_env();
+            if let [url] = urls.as_slice() {
+                let target = url::parse(url, &sources)?;
+                let dest = client::resolve_dest(dest.as_deref(), &target.path)?;
+                let summary = client::get(&target, &dest, &opts)?;
+                return report(&summary, &out, matches!(dest, client::Dest::Stdout));
+            }
+            let dir = dest.unwrap_or_else(|| ".".into());
+            if !Path::new(&dir).is_dir() {
+                return Err(client::error::ClientError::Usage(format!(
+                    "{dir} is not a directory: with several URLs the destination is a directory"
+                ))
+                .into());
+            }
+            let mut jobs = Vec::new();
+            for u in &urls {
+                let target = url::parse(u, &sources)?;
+                let dest = client::resolve_dest(Some(&dir), &target.path)?;
+                jobs.push((target, dest));
+            }
+            let batch = client::get_batch(&jobs, &opts, |s| {
+                if out.json {
+                    println!("{}", serde_json::to_string(s).unwrap_or_default());
+                } else if out.verbose {
+                    eprintln!("braid: {}", s.human());
+                }
+            })?;
+            if out.json {
+                println!("{}", serde_json::to_string(&batch)?);
+            } else if !out.quiet {
+                eprintln!(
+                    "braid: {} files, {} in {:.2} s ({}/s), one session, {} data connection(s)",
+                    batch.files,
+                    client::human_bytes(batch.bytes as f64),
+                    batch.seconds,
+                    client::human_bytes(batch.bytes_per_second),
+                    batch.data_connections
+                );
+            }
+            Ok(exit::OK)
         }
         Cmd::Put {
             file,
@@ -383,6 +425,48 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Lab(cmd) => crate::lab::main(*cmd),
         Cmd::Trace(args) => crate::trace::main(args),
     }
+}
+
+/// Splits `get`'s arguments into URLs and a destination: the last argument is the
+/// destination when there are several and it is not a URL. `--input` adds URLs from a file.
+fn get_args(
+    mut args: Vec<String>,
+    input: Option<&Path>,
+) -> anyhow::Result<(Vec<String>, Option<String>)> {
+    let is_url = |a: &str| a.to_ascii_lowercase().starts_with("ftp://");
+    let dest = match args.last() {
+        Some(last) if !is_url(last) && (args.len() > 1 || input.is_some()) => args.pop(),
+        _ => None,
+    };
+    if let Some(bad) = args.iter().find(|a| !is_url(a)) {
+        return Err(client::error::ClientError::Usage(format!(
+            "{bad:?} is not an ftp:// URL (only the last argument may be a destination)"
+        ))
+        .into());
+    }
+    if let Some(file) = input {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| anyhow::anyhow!("cannot read the URL list {}: {e}", file.display()))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            if !is_url(line) {
+                return Err(client::error::ClientError::Usage(format!(
+                    "{}:{}: {line:?} is not an ftp:// URL",
+                    file.display(),
+                    n + 1
+                ))
+                .into());
+            }
+            args.push(line.to_string());
+        }
+    }
+    if args.is_empty() {
+        return Err(client::error::ClientError::Usage("no URL to download".into()).into());
+    }
+    Ok((args, dest))
 }
 
 fn options(

@@ -3,7 +3,7 @@
 use super::error::{ClientError, Result};
 use super::url::Target;
 use super::wire::Wire;
-use braid_proto::client::{ClientSession, Failure, Op, Outcome};
+use braid_proto::client::{ClientSession, Direction, Failure, Op, Outcome};
 use braid_proto::ranges::RangeSet;
 use braid_proto::{Command, Reply, ReplyParser};
 use std::collections::VecDeque;
@@ -30,6 +30,8 @@ pub struct Control {
     tls: Option<(Arc<rustls::ClientConfig>, String)>,
     /// Who logged in, for error messages.
     user: String,
+    /// MODE E data connections the last transfer left open (the session knows which way).
+    data: Vec<TcpStream>,
 }
 
 impl Control {
@@ -59,6 +61,7 @@ impl Control {
                         pending: VecDeque::new(),
                         tls: None,
                         user: String::new(),
+                        data: Vec::new(),
                     };
                     let mut greeting = c.reply()?;
                     while greeting.is_preliminary() {
@@ -303,6 +306,8 @@ impl Control {
     /// there (EPRT, or PORT if the server lacks EPRT): for MODE E downloads from GridFTP
     /// servers, where the sender must open the connections.
     pub fn active_listener(&mut self) -> Result<std::net::TcpListener> {
+        self.data.clear();
+        self.session.set_cached(None);
         let local = self
             .stream
             .tcp()
@@ -335,10 +340,26 @@ impl Control {
         Ok(listener)
     }
 
+    /// Keeps the data connections a MODE E transfer left open (EOD without CLOSE) for the
+    /// next transfer this way.
+    pub fn keep_data_connections(&mut self, direction: Direction, socks: Vec<TcpStream>) {
+        self.session
+            .set_cached((!socks.is_empty()).then_some(direction));
+        self.data = socks;
+    }
+
+    /// The data connections kept by [`Control::keep_data_connections`].
+    pub fn take_data_connections(&mut self) -> Vec<TcpStream> {
+        self.session.set_cached(None);
+        std::mem::take(&mut self.data)
+    }
+
     /// EPSV (or PASV): the address at which the server listens for data connections. The
     /// control connection's peer, whatever address a 227 names, which defeats both
     /// private-address replies and bounce tricks.
     pub fn passive_addr(&mut self) -> Result<SocketAddr> {
+        // The server drops the connections it kept open: so do we.
+        self.data.clear();
         match self.run(Op::Passive)? {
             Outcome::Passive(port) => Ok(SocketAddr::new(self.peer.ip(), port)),
             o => Err(ClientError::Protocol(format!("unexpected {o:?}"))),

@@ -79,6 +79,8 @@ pub struct Summary {
     /// MODE E: one row per open connection per second: bytes, rate and the kernel's TCP_INFO.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub timeline: Vec<crate::engine::stats::Sample>,
+    /// Data connections this transfer opened (0 when it reused those of the one before).
+    pub new_data_connections: u32,
 }
 
 impl Summary {
@@ -221,14 +223,79 @@ impl PartFile {
     }
 }
 
-/// Downloads one file. A failure that leaves a new, empty `DEST.part` removes it again.
+/// Downloads one file.
 pub fn get(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
+    let mut c = session(target, opts)?;
+    let s = get_on(&mut c, target, dest, opts)?;
+    c.quit();
+    Ok(s)
+}
+
+/// Downloads many files from one server in one session: one login, the settings sent once,
+/// and in MODE E the data connections of one file carry the next (reply 125). Stops at the
+/// first failure; what was done is reported through `done` as it completes.
+pub fn get_batch(
+    targets: &[(Target, Dest)],
+    opts: &Options,
+    mut done: impl FnMut(&Summary),
+) -> Result<Batch> {
+    let Some((first, _)) = targets.first() else {
+        return Err(ClientError::Usage("no files to download".into()));
+    };
+    let started = Instant::now();
+    let mut c = session(first, opts)?;
+    let mut batch = Batch {
+        op: "get-batch",
+        files: 0,
+        bytes: 0,
+        seconds: 0.0,
+        bytes_per_second: 0.0,
+        logins: 1,
+        data_connections: 0,
+    };
+    for (target, dest) in targets {
+        if (&target.host, target.port, &target.user) != (&first.host, first.port, &first.user) {
+            return Err(ClientError::Usage(format!(
+                "{} is on another server than {}: one batch is one session",
+                display_url(target),
+                display_url(first)
+            )));
+        }
+        let s = get_on(&mut c, target, dest, opts)?;
+        batch.files += 1;
+        batch.bytes += s.bytes;
+        batch.data_connections += s.new_data_connections;
+        done(&s);
+    }
+    c.quit();
+    batch.seconds = started.elapsed().as_secs_f64();
+    batch.bytes_per_second = batch.bytes as f64 / batch.seconds.max(1e-9);
+    Ok(batch)
+}
+
+/// What a batch did, for `--json` (after the per-file summaries).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Batch {
+    pub op: &'static str,
+    pub files: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub bytes_per_second: f64,
+    /// Always 1: the point of a batch.
+    pub logins: u32,
+    /// Data connections opened for the whole batch (reused ones are not counted again).
+    pub data_connections: u32,
+}
+
+/// Downloads one file on an open session. A failure that leaves a new, empty `DEST.part`
+/// removes it again.
+fn get_on(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
     let part = match dest {
         Dest::File(p) => Some(part_path(p)),
         Dest::Stdout | Dest::Null => None,
     };
     let existed = part.as_ref().is_some_and(|p| p.exists());
-    let result = get_inner(target, dest, opts);
+    let result = get_inner(c, target, dest, opts);
     if result.is_err()
         && !existed
         && let Some(p) = part
@@ -239,24 +306,19 @@ pub fn get(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
     result
 }
 
-fn get_inner(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
+fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
     if target.path.is_empty() || target.path.ends_with('/') {
         return Err(ClientError::Usage(format!(
             "{} names a directory; use braid ls to list it",
             display_url(target)
         )));
     }
-    let mut c = session(target, opts)?;
     let size = match c.cmd(&Command::Size(target.path.clone()))? {
         r if r.code == 213 => r.text().trim().parse::<u64>().ok(),
         _ => None,
     };
-    match parallel::Peer::of(&c) {
-        Some(peer) => {
-            let s = parallel::get(&mut c, peer, target, dest, size, opts)?;
-            c.quit();
-            return Ok(s);
-        }
+    match parallel::Peer::of(c) {
+        Some(peer) => return parallel::get(c, peer, target, dest, size, opts),
         None => note_stream_mode(opts),
     }
     let (mut out, part, offset): (Box<dyn Write>, Option<PartFile>, u64) = match dest {
@@ -327,7 +389,7 @@ fn get_inner(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
             out.flush()
                 .map_err(local_err("cannot write the download"))?;
             let n = copied.unwrap_or_else(|(n, _)| n);
-            return Err(interrupt::stopped(&mut c, n, "", partial_name));
+            return Err(interrupt::stopped(c, n, "", partial_name));
         }
         close_data(data);
         received = match copied {
@@ -375,7 +437,6 @@ fn get_inner(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
         Some(p) => p.commit(None)?,
         None => "-".into(),
     };
-    c.quit();
     Ok(summary(
         "get",
         target,
@@ -439,6 +500,7 @@ fn summary(
         connections: Vec::new(),
         connection_count: Vec::new(),
         timeline: Vec::new(),
+        new_data_connections: 1,
     }
 }
 

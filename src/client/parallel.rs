@@ -12,7 +12,7 @@ use crate::engine::hooks::{Cap, Fixed, Pacer, Policy, Steering};
 use crate::engine::receive::{Progress, Shared};
 use crate::engine::send::Source;
 use crate::engine::sink::{Reorder, Sink};
-use crate::engine::transfer::{Accept, Joins, Transfer};
+use crate::engine::transfer::{Accept, Joins, Transfer, Waker};
 use crate::engine::{self, EngineError};
 use braid_proto::checksum;
 use braid_proto::client::{BlockSetup, Direction, Op};
@@ -141,19 +141,32 @@ pub fn get(
         }
     };
     let todo = size.map(|s| s - have.overlap(0, s));
+    let mut reused = false;
     // A download is paced by the server (MaxRate, above): here the pacer has nothing to do.
     let mut steering = Steering::new(plan.policy(), Box::new(Cap(None)), false, todo);
     if !complete_already {
         // Written now, so the space for the next version is reserved before data arrives.
         save(&shared.snapshot());
         let conns = match peer {
+            // The last download left its data connections open: no PASV, no connecting.
+            Peer::Braid if c.session().can_reuse(Direction::Download) => {
+                if !have.is_empty() {
+                    c.expect(&Command::RestRanges(have.clone()), &[350])?;
+                }
+                let socks = c.take_data_connections();
+                c.start_transfer(&retr)?;
+                reused = true;
+                let mut joins = Joins::fixed(socks, STALL);
+                joins.reused = true;
+                joins
+            }
             Peer::Braid => {
                 let addr = c.passive_addr()?;
                 if !have.is_empty() {
                     c.expect(&Command::RestRanges(have.clone()), &[350])?;
                 }
                 let socks = open_and_start(c, &retr, addr, n, opts.buffer, elastic)?;
-                plan.joins(socks, addr, opts.buffer, &mut steering)
+                plan.joins(socks, addr, opts.buffer, &mut steering, transfer.waker())
             }
             Peer::GridFtp => {
                 let listener = c.active_listener()?;
@@ -179,7 +192,7 @@ pub fn get(
         let result = supervise(
             transfer.abort(),
             &interrupt,
-            || engine::receive::receive(&transfer, conns, &sink, size, &shared).map(drop),
+            || engine::receive::receive(&transfer, conns, &sink, size, &shared),
             || {
                 bar.set_position(resumed_from + bytes.load(Ordering::Relaxed));
                 steering.tick(&transfer);
@@ -195,6 +208,7 @@ pub fn get(
             save(&shared.snapshot());
             return Err(stopped(c, received, "", partial_name));
         }
+        let result = result.map(|kept| c.keep_data_connections(Direction::Download, kept.socks));
         if let Err(e) = result {
             save(&shared.snapshot());
             let what = cannot_write(partial_name.as_deref());
@@ -245,7 +259,7 @@ pub fn get(
         resumed_from,
         started,
     );
-    Ok(extended(s, &transfer, steering, verified))
+    Ok(extended(s, &transfer, steering, verified, reused))
 }
 
 /// Marks a summary as a MODE E transfer over these connections, with their timeline.
@@ -254,7 +268,13 @@ fn extended(
     transfer: &Transfer,
     steering: Steering,
     checksum: Option<String>,
+    reused: bool,
 ) -> Summary {
+    s.new_data_connections = if reused {
+        0
+    } else {
+        transfer.links().len() as u32
+    };
     let (timeline, counts, links) = steering.finish(transfer);
     s.mode = "extended-block";
     s.per_connection_bytes = transfer.per_link_bytes();
@@ -336,6 +356,7 @@ impl Plan {
         addr: SocketAddr,
         buffer: Option<u64>,
         steering: &mut Steering,
+        waker: Option<Waker>,
     ) -> Joins {
         let initial = socks.len();
         let mut joins = Joins::fixed(socks, STALL);
@@ -343,13 +364,16 @@ impl Plan {
             let (tx, rx) = mpsc::channel();
             joins.incoming = Some(rx);
             steering.set_opener(initial, move |failed: Arc<AtomicUsize>| {
-                let tx = tx.clone();
+                let (tx, waker) = (tx.clone(), waker.clone());
                 std::thread::spawn(move || match connect_data(addr) {
                     Ok(s) => {
                         engine::set_buffer(&s, buffer);
                         if tx.send(s).is_err() {
                             // The transfer ended meanwhile.
                             failed.fetch_add(1, Ordering::AcqRel);
+                        }
+                        if let Some(w) = waker {
+                            w.wake();
                         }
                     }
                     Err(e) => {
@@ -522,7 +546,7 @@ pub fn put(
     let pacer: Box<dyn Pacer> = Box::new(Cap(opts.max_rate));
     let mut steering = Steering::new(plan.policy(), pacer, true, Some(todo.len()));
     steering.prime(&transfer);
-    let joins = plan.joins(socks, addr, opts.buffer, &mut steering);
+    let joins = plan.joins(socks, addr, opts.buffer, &mut steering, transfer.waker());
     let bar = progress_bar(opts, Some(len), resumed_from);
     let interrupt = Interrupt::install();
     let mut recorded = have.clone();
@@ -625,7 +649,7 @@ pub fn put(
         resumed_from,
         started,
     );
-    Ok(extended(s, &transfer, steering, verified))
+    Ok(extended(s, &transfer, steering, verified, false))
 }
 
 /// The error for an upload the server did not accept at the end. A checksum mismatch means

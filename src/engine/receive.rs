@@ -141,11 +141,12 @@ pub fn receive(
         if let Err(e) = joined {
             fail(e);
         }
-        // Complete: every connection the sender counted has sent its EOD. One that joined
-        // too late for the sender to use carries nothing; close it so its thread ends.
+        // Complete: every connection the sender counted has sent its EOD. One that never
+        // heard a header joined too late for the sender to use; close it so its thread ends.
+        // (One that did may still be on its way out, with its EOD counted: it stays.)
         if shared.complete() {
             for l in transfer.links() {
-                if l.state() == LinkState::Open && l.bytes() == 0 {
+                if l.state() == LinkState::Open && !l.heard() {
                     l.shutdown();
                 }
             }
@@ -210,6 +211,9 @@ fn receive_conn(
             Err(_) if first && transfer.elastic() => return Ok(Ended::Unused),
             r => r.map_err(net)?,
         };
+        if header_read {
+            link.set_heard();
+        }
         if !header_read {
             if first && (reused || transfer.elastic()) {
                 return Ok(Ended::Unused);

@@ -18,6 +18,29 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// Wakes a transfer's join loop at once: when a connection ends (the transfer may be
+/// complete) or one this side opened is ready to join. Cheap to clone, usable from any thread.
+#[derive(Debug, Clone)]
+pub struct Waker(Arc<std::os::fd::OwnedFd>);
+
+impl Waker {
+    fn new() -> std::io::Result<Waker> {
+        use rustix::event::{EventfdFlags, eventfd};
+        let fd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?;
+        Ok(Waker(Arc::new(fd)))
+    }
+
+    pub fn wake(&self) {
+        let _ = rustix::io::write(&*self.0, &1u64.to_ne_bytes());
+    }
+
+    /// Clears pending wakes.
+    fn drain(&self) {
+        let mut buf = [0u8; 8];
+        let _ = rustix::io::read(&*self.0, &mut buf);
+    }
+}
+
 /// How one data connection ended (or that it has not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -55,6 +78,8 @@ pub struct Link {
     bytes: AtomicU64,
     /// The policy asked the sender to stop using it after the current block.
     retire: AtomicBool,
+    /// A block header arrived on it (receiving side): it takes part in this transfer.
+    heard: AtomicBool,
     state: AtomicU8,
     /// When it joined and when it ended, since the transfer started.
     pub joined: Duration,
@@ -85,6 +110,14 @@ impl Link {
         self.retire.load(Ordering::Relaxed)
     }
 
+    pub(super) fn set_heard(&self) {
+        self.heard.store(true, Ordering::Release);
+    }
+
+    pub(super) fn heard(&self) -> bool {
+        self.heard.load(Ordering::Acquire)
+    }
+
     /// Shuts the connection down both ways, which wakes its thread from a blocking call.
     pub(super) fn shutdown(&self) {
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
@@ -107,6 +140,8 @@ pub struct Transfer {
     /// Most connections open at the same time so far.
     most_open: AtomicUsize,
     abort: Abort,
+    /// None only if the system refused an eventfd: the join loop then polls.
+    waker: Option<Waker>,
 }
 
 impl Transfer {
@@ -118,6 +153,7 @@ impl Transfer {
             pacing: AtomicU64::new(0),
             most_open: AtomicUsize::new(0),
             abort: Abort::new(),
+            waker: Waker::new().ok(),
         }
     }
 
@@ -128,6 +164,11 @@ impl Transfer {
 
     pub fn started(&self) -> Instant {
         self.started
+    }
+
+    /// Wakes the join loop: for a connection this side opened and sent on `Joins::incoming`.
+    pub fn waker(&self) -> Option<Waker> {
+        self.waker.clone()
     }
 
     /// Stops the transfer from any thread: every data connection is shut down.
@@ -150,6 +191,7 @@ impl Transfer {
                 sock: dup,
                 bytes: AtomicU64::new(0),
                 retire: AtomicBool::new(false),
+                heard: AtomicBool::new(false),
                 state: AtomicU8::new(0),
                 joined: self.started.elapsed(),
                 ended_ns: AtomicU64::new(0),
@@ -177,6 +219,9 @@ impl Transfer {
         link.ended_ns.store(ns, Ordering::Release);
         link.state.store(state as u8, Ordering::Release);
         self.apply_pacing();
+        if let Some(w) = &self.waker {
+            w.wake();
+        }
     }
 
     /// Every connection that ever joined, in the order they joined.
@@ -322,16 +367,30 @@ pub(super) fn join_loop(
     let mut incoming = incoming;
     let mut last = Instant::now();
     let mut last_bytes = 0;
-    let tick = Duration::from_millis(50);
+    // Woken at once by a connection that ends or one that is ready to join; the timeout is
+    // only for the stall check (and for a system without eventfd).
+    let tick = if transfer.waker.is_some() { 100 } else { 5 };
     while !done() && !transfer.abort.is_aborted() {
         let mut joined = false;
-        if let Some(a) = accept {
-            let fd = rustix::event::PollFd::new(&a.listener, rustix::event::PollFlags::IN);
-            let wait = rustix::event::Timespec {
+        {
+            use rustix::event::{PollFd, PollFlags, Timespec};
+            let mut fds = Vec::with_capacity(2);
+            if let Some(a) = accept {
+                fds.push(PollFd::new(&a.listener, PollFlags::IN));
+            }
+            if let Some(w) = &transfer.waker {
+                fds.push(PollFd::new(&*w.0, PollFlags::IN));
+            }
+            let wait = Timespec {
                 tv_sec: 0,
-                tv_nsec: if incoming.is_some() { 10 } else { 50 } * 1_000_000,
+                tv_nsec: tick * 1_000_000,
             };
-            let _ = rustix::event::poll(&mut [fd], Some(&wait));
+            let _ = rustix::event::poll(&mut fds, Some(&wait));
+        }
+        if let Some(w) = &transfer.waker {
+            w.drain();
+        }
+        if let Some(a) = accept {
             match a.listener.accept() {
                 Ok((sock, from)) => {
                     if braid_proto::session::canonical_ip(from.ip()) != a.peer {
@@ -356,25 +415,19 @@ pub(super) fn join_loop(
             }
         }
         if let Some(rx) = incoming {
-            let got = if accept.is_some() {
-                rx.try_recv()
-            } else {
-                rx.recv_timeout(tick).map_err(|e| match e {
-                    std::sync::mpsc::RecvTimeoutError::Timeout => TryRecvError::Empty,
-                    std::sync::mpsc::RecvTimeoutError::Disconnected => TryRecvError::Disconnected,
-                })
-            };
-            match got {
-                Ok(sock) => {
-                    admit(sock);
-                    joined = true;
+            loop {
+                match rx.try_recv() {
+                    Ok(sock) => {
+                        admit(sock);
+                        joined = true;
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        incoming = None;
+                        break;
+                    }
                 }
-                Err(TryRecvError::Empty) => {}
-                Err(TryRecvError::Disconnected) => incoming = None,
             }
-        }
-        if accept.is_none() && incoming.is_none() {
-            std::thread::sleep(tick);
         }
         // Data moving on open connections keeps the wait alive; a peer that neither sends nor
         // connects for `stall` has stalled.

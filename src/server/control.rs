@@ -959,6 +959,9 @@ async fn transfer(
         user = session.user().unwrap_or("-"),
         path = %t.path(),
         mode = if t.block.is_some() { "E" } else { "S" },
+        // Data connections this transfer used, and whether the last transfer left them open.
+        data_connections = if t.block.is_some() { moving.links().len() } else { 1 },
+        reused = t.endpoint == DataEndpoint::Cached,
         bytes,
         seconds = format!("{secs:.3}"),
         mbps = format!("{:.1}", bytes as f64 / secs.max(1e-9) / 1e6),

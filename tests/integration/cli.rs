@@ -26,9 +26,10 @@ fn get_put_ls_round_trip_with_json_summaries() {
     assert_eq!(code, 0, "{err}");
     let s = json(&out);
     assert_eq!(s["bytes"], content.len() as u64);
-    // braid to braid: MODE E over the default 4 connections, checked with XXH3.
+    // braid to braid: MODE E over up to the default 4 connections (a small file is sent
+    // before all have joined), checked with XXH3.
     assert_eq!(s["mode"], "extended-block");
-    assert_eq!(s["streams"], 4);
+    assert!((1..=4).contains(&s["streams"].as_u64().unwrap()), "{s}");
     assert!(s["checksum"].as_str().unwrap().starts_with("XXH3 "), "{s}");
     assert!(s["seconds"].as_f64().unwrap() > 0.0);
     assert!(

@@ -252,3 +252,69 @@ fn a_connection_that_breaks_mid_transfer_is_made_up_for_by_the_others() {
         server.log()
     );
 }
+
+#[test]
+fn a_thousand_files_take_one_login_and_one_set_of_data_connections() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir_all(root.join("many")).unwrap();
+    let server = Server::start(&root, &[]);
+    let mut list = String::from("# one URL per line\n\n");
+    let mut contents = Vec::new();
+    for i in 0..1000 {
+        // Sizes from empty to a few blocks of 64 KiB, so some files need several connections.
+        let data = random_bytes((i * 337) % 200_000, 1000 + i as u64);
+        std::fs::write(root.join(format!("many/f{i}")), &data).unwrap();
+        list.push_str(&server.url(&format!("many/f{i}")));
+        list.push('\n');
+        contents.push(data);
+    }
+    let list_file = top.path().join("urls.txt");
+    std::fs::write(&list_file, list).unwrap();
+    let dest = top.path().join("got");
+    std::fs::create_dir(&dest).unwrap();
+    let (code, out, err) = braid(
+        &[
+            "get",
+            "-i",
+            list_file.to_str().unwrap(),
+            dest.to_str().unwrap(),
+            "-n",
+            "4",
+            "--block-size",
+            "64KiB",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    for (i, data) in contents.iter().enumerate() {
+        let got = std::fs::read(dest.join(format!("f{i}"))).unwrap();
+        assert!(got == *data, "f{i} differs");
+    }
+    let lines: Vec<Value> = out.lines().map(json).collect();
+    assert_eq!(
+        lines.len(),
+        1001,
+        "a summary per file and one for the batch"
+    );
+    let batch = &lines[1000];
+    assert_eq!(batch["op"], "get-batch");
+    assert_eq!(batch["files"], 1000);
+    assert_eq!(batch["logins"], 1);
+    assert!(
+        (1..=4).contains(&batch["data_connections"].as_u64().unwrap()),
+        "{batch}"
+    );
+    assert!(
+        lines[1..1000]
+            .iter()
+            .all(|s| s["new_data_connections"] == 0)
+    );
+    // The server saw the same: one login, and every transfer after the first on the data
+    // connections the one before left open.
+    let log = server.log();
+    assert_eq!(log.matches("logged in").count(), 1, "{log}");
+    assert_eq!(log.matches(" transfer").count(), 1000);
+    assert_eq!(log.matches("reused=true").count(), 999, "{log}");
+}
