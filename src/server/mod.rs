@@ -1,8 +1,11 @@
 //! `braid serve`: the tokio control plane (accept, limits, sessions, shutdown). Each transfer's
 //! data moves on a blocking thread; see [`data`].
 
+mod connections;
 mod control;
 mod data;
+mod files;
+mod supervise;
 pub mod tls;
 
 use crate::users::Users;

@@ -414,7 +414,7 @@ impl ClientSession {
 
     /// Notes what a reply says in passing (range markers), whenever it is read.
     pub fn note(&mut self, r: &Reply) {
-        if let Some(ranges) = crate::session::parse_range_marker(r) {
+        if let Some(ranges) = crate::markers::parse_range_marker(r) {
             for (a, b) in ranges.iter() {
                 self.stored.insert(a, b);
             }

@@ -12,6 +12,7 @@ pub mod client;
 pub mod command;
 pub mod line;
 pub mod listing;
+pub mod markers;
 #[cfg(test)]
 mod pair;
 pub mod path;

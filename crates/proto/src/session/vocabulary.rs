@@ -1,0 +1,326 @@
+//! The words the server session and its I/O driver share: what a command asks the caller to
+//! do ([`Action`]), what the caller reports back, and what a transfer is.
+
+use crate::listing::Entry;
+use crate::path::VPath;
+use crate::ranges::RangeSet;
+use crate::reply::Reply;
+use std::net::SocketAddr;
+
+/// What a logged-in user may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Perm {
+    ReadOnly,
+    ReadWrite,
+}
+
+/// Settings that shape every session of a server.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// `None`: anonymous login refused. Otherwise what anonymous users may do.
+    pub anonymous: Option<Perm>,
+    /// After this many failed logins the connection is closed.
+    pub max_login_failures: u32,
+    /// Most data connections one MODE E transfer may use.
+    pub max_streams: u32,
+    /// The server has a certificate: AUTH TLS, PBSZ and PROT are offered (RFC 4217).
+    pub tls: bool,
+}
+
+/// Names accepted for anonymous login (RFC 1635).
+pub const ANONYMOUS_NAMES: [&str; 2] = ["anonymous", "ftp"];
+
+/// Where the next data connection comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataEndpoint {
+    /// The caller holds a passive listener at this address.
+    Passive(SocketAddr),
+    /// Connect to the client here (already checked against the control peer).
+    Active(SocketAddr),
+    /// XFTP's MPRT: one connection to each of these (all at the control peer).
+    ActivePorts(Vec<SocketAddr>),
+    /// MODE E: the data connections the previous transfer in the same direction left open
+    /// (GridFTP data-channel caching; the transfer opens with 125 instead of 150).
+    Cached,
+}
+
+/// Which way a transfer's data flows, seen from the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// RETR, LIST, NLST, MLSD.
+    ToClient,
+    /// STOR, APPE.
+    FromClient,
+}
+
+/// MODE E settings that travel with one transfer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockMode {
+    /// Data connections the server opens or accepts when it sends (OPTS RETR Parallelism).
+    pub parallelism: u32,
+    /// REST ranges: what the receiver already holds, so it is not sent again.
+    pub have: RangeSet,
+    /// Block size the client asked for (OPTS RETR blocksize=), when the server sends.
+    pub block_size: Option<u64>,
+    /// What the upload's checksum must be (SCKS).
+    pub expect: Option<Expected>,
+    /// Connections may join, leave and break while data flows (braid clients only): the
+    /// server accepts more while it sends, takes a client's half-close as "stop using this
+    /// one", and sends a broken connection's blocks again on the others.
+    pub elastic: bool,
+    /// Cap on the server's sending rate, bytes/s (OPTS RETR MaxRate).
+    pub max_rate: Option<u64>,
+}
+
+/// An upload's expected checksum.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expected {
+    /// `SCKS XXH3 <hex>`: known before the data.
+    Value(String),
+    /// `SCKS XXH3 *`: the client sends `SCKS XXH3 <hex>` once its data is out; the upload waits
+    /// for it before taking its final name.
+    Deferred,
+}
+
+/// How a directory listing is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListStyle {
+    /// LIST: `ls -l` lines.
+    Long,
+    /// NLST: names only.
+    Names,
+    /// MLSD: RFC 3659 facts.
+    Machine,
+}
+
+/// What a transfer moves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransferKind {
+    Retr(VPath),
+    Stor(VPath),
+    Appe(VPath),
+    List(VPath, ListStyle),
+}
+
+impl TransferKind {
+    pub fn direction(&self) -> Direction {
+        match self {
+            TransferKind::Stor(_) | TransferKind::Appe(_) => Direction::FromClient,
+            TransferKind::Retr(_) | TransferKind::List(..) => Direction::ToClient,
+        }
+    }
+}
+
+/// A transfer for the caller to run: open the file or directory, send the 150 reply from
+/// [`Transfer::opening`], move the data, then call [`Session::transfer_done`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transfer {
+    pub kind: TransferKind,
+    /// Byte offset from REST (0 when none was given).
+    pub offset: u64,
+    pub ascii: bool,
+    pub endpoint: DataEndpoint,
+    /// Whether the user may change the listed entries (MLSD `perm` facts).
+    pub writable: bool,
+    /// MLSx facts to show, lower-case.
+    pub facts: Vec<String>,
+    /// Extended block mode, when MODE E is in effect.
+    pub block: Option<BlockMode>,
+    /// SBUF: socket buffer size for the data connections (None: kernel autotuning).
+    pub buffer: Option<u64>,
+    /// PROT P: the data connection is TLS.
+    pub private: bool,
+}
+
+/// A file-system request for the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FsOp {
+    /// Is this a directory the user may enter?
+    ChangeDir(VPath),
+    Size {
+        path: VPath,
+        ascii: bool,
+    },
+    Mdtm(VPath),
+    Mkd(VPath),
+    Rmd(VPath),
+    Dele(VPath),
+    /// Does the source of a rename exist?
+    RenameFrom(VPath),
+    Rename {
+        from: VPath,
+        to: VPath,
+    },
+    /// Facts about one entry for MLST.
+    Mlst(VPath),
+    /// `ls -l` lines for STAT with a path.
+    StatList(VPath),
+    /// CKSM over `[offset, offset+length)` (length None: to the end).
+    Checksum {
+        path: VPath,
+        alg: ChecksumAlg,
+        offset: u64,
+        length: Option<u64>,
+    },
+}
+
+/// Checksums CKSM computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChecksumAlg {
+    /// braid's chunked XXH3-128 ([`crate::checksum`]); whole files only.
+    Xxh3,
+    Md5,
+    Adler32,
+}
+
+impl ChecksumAlg {
+    pub fn parse(name: &str) -> Option<ChecksumAlg> {
+        match name.to_ascii_uppercase().as_str() {
+            crate::checksum::NAME => Some(ChecksumAlg::Xxh3),
+            "MD5" => Some(ChecksumAlg::Md5),
+            "ADLER32" => Some(ChecksumAlg::Adler32),
+            _ => None,
+        }
+    }
+}
+
+/// What the file system gave back for an [`FsOp`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FsOutcome {
+    Done,
+    Size(u64),
+    Mtime(i64),
+    Entry(Entry),
+    Lines(Vec<String>),
+    /// A checksum, in lower-case hex.
+    Checksum(String),
+}
+
+/// Why a file-system request or a transfer's local side failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("not a directory")]
+    NotADirectory,
+    #[error("not a plain file")]
+    NotAFile,
+    #[error("permission denied")]
+    PermissionDenied,
+    #[error("already exists")]
+    Exists,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("path leads outside your root directory")]
+    Escapes,
+    #[error("no space left on the server's disk")]
+    NoSpace,
+    #[error("restart offset {offset} is beyond the {size} bytes already stored")]
+    BadRestart { offset: u64, size: u64 },
+    #[error("no partial upload to continue; send STOR without REST")]
+    NothingToResume,
+    #[error("{0}")]
+    Other(String),
+}
+
+impl FsError {
+    pub fn reply(&self, what: &VPath) -> Reply {
+        match self {
+            FsError::NoSpace => Reply::new(552, format!("{what}: {self}; transfer aborted.")),
+            FsError::BadRestart { .. } | FsError::NothingToResume => {
+                Reply::new(554, format!("{what}: {self}."))
+            }
+            FsError::Other(_) => Reply::new(451, format!("{what}: local error: {self}.")),
+            _ => Reply::new(550, format!("{what}: {self}.")),
+        }
+    }
+}
+
+/// How a transfer ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransferOutcome {
+    Complete {
+        bytes: u64,
+        /// MODE E: the data connections stayed open for the next transfer.
+        kept: bool,
+    },
+    /// The client sent ABOR.
+    Aborted,
+    /// The data connection could not be set up.
+    NoConnection(String),
+    /// The data connection broke or the peer went away.
+    ConnectionLost(String),
+    /// The local file failed (disk full, I/O error).
+    Local(FsError),
+    /// The server is shutting down.
+    Shutdown,
+    /// The upload arrived whole but its checksum is not the one the client announced. The data
+    /// is kept as a partial upload.
+    ChecksumMismatch { expected: String, actual: String },
+}
+
+/// What the caller must do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Reply(Reply),
+    /// Send the reply, then close the control connection.
+    Close(Reply),
+    /// Check the credentials, then call [`Session::login_done`].
+    Login {
+        user: String,
+        password: String,
+    },
+    /// Open a passive listener on the control connection's local address, then call
+    /// [`Session::passive_done`].
+    Passive {
+        extended: bool,
+    },
+    /// Do the file-system request, then call [`Session::fs_done`].
+    Fs(FsOp),
+    /// Run the transfer, then call [`Session::transfer_done`].
+    Transfer(Transfer),
+    /// Send the reply (234), then run the TLS handshake on the control connection; if it
+    /// fails, close the connection.
+    StartTls(Reply),
+}
+
+impl Transfer {
+    /// The 150 reply that opens the data connection (125 when cached connections carry it).
+    pub fn opening(&self, size: Option<u64>) -> Reply {
+        if self.endpoint == DataEndpoint::Cached {
+            let what = match (&self.kind, size) {
+                (TransferKind::Retr(p), Some(n)) => format!(" of {p} ({n} bytes)"),
+                (TransferKind::List(..), _) => String::new(),
+                _ => format!(" of {}", self.path()),
+            };
+            return Reply::new(
+                125,
+                format!("Beginning transfer{what}; reusing existing data connection."),
+            );
+        }
+        let mode = if self.ascii { "ASCII" } else { "BINARY" };
+        let text = match (&self.kind, size) {
+            (TransferKind::Retr(p), Some(n)) => {
+                format!("Opening {mode} mode data connection for {p} ({n} bytes).")
+            }
+            (TransferKind::Retr(p) | TransferKind::Stor(p) | TransferKind::Appe(p), _) => {
+                format!("Opening {mode} mode data connection for {p}.")
+            }
+            (TransferKind::List(..), _) => "Here comes the directory listing.".to_string(),
+        };
+        Reply::new(150, text)
+    }
+
+    pub fn direction(&self) -> Direction {
+        self.kind.direction()
+    }
+
+    pub fn path(&self) -> &VPath {
+        match &self.kind {
+            TransferKind::Retr(p)
+            | TransferKind::Stor(p)
+            | TransferKind::Appe(p)
+            | TransferKind::List(p, _) => p,
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Opening data connections: the one of a stream-mode transfer, and the set of a MODE E one
+//! (accepted, connected concurrently, or cached from the last transfer).
+
+use super::control::Io;
+use super::data::{self, BlockConns};
+use crate::engine;
+use crate::engine::transfer::{Accept, Joins};
+use braid_proto::session::{BlockMode, DataEndpoint, Direction, Transfer, canonical_ip};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::time::{Instant, timeout_at};
+
+impl Io {
+    /// The one data connection of a stream-mode transfer, as a blocking socket.
+    pub(super) async fn stream_connection(
+        &mut self,
+        endpoint: &DataEndpoint,
+    ) -> Result<std::net::TcpStream, String> {
+        let deadline = Instant::now() + self.config.data_timeout;
+        let sock = match endpoint {
+            DataEndpoint::Passive(_) => {
+                let listener = self.passive.take().ok_or("no passive listener")?;
+                accept_from(&listener, canonical_ip(self.peer.ip()), deadline).await?
+            }
+            DataEndpoint::Active(addr) => connect_to(*addr, self.local.ip(), deadline).await?,
+            DataEndpoint::ActivePorts(addrs) => {
+                let addr = addrs.first().ok_or("MPRT gave no ports")?;
+                connect_to(*addr, self.local.ip(), deadline).await?
+            }
+            DataEndpoint::Cached => return Err("stream mode keeps no data connections".into()),
+        };
+        self.blocking(sock, None)
+    }
+
+    /// The data connections of a MODE E transfer. The sender opens them (GFD.20), except that a
+    /// passive braid server also sends over connections the client opens.
+    pub(super) async fn block_connections(
+        &mut self,
+        t: &Transfer,
+        b: &BlockMode,
+        progress: &Arc<AtomicU64>,
+    ) -> Result<BlockConns, String> {
+        let deadline = Instant::now() + self.config.data_timeout;
+        let cached = match t.endpoint {
+            DataEndpoint::Cached => match self.cached.take() {
+                Some((direction, kept)) if direction == t.direction() => Some(kept),
+                _ => return Err("no open data connections to reuse".into()),
+            },
+            _ => None,
+        };
+        if t.direction() == Direction::FromClient {
+            let (open, listener) = match cached {
+                Some(kept) => (kept.socks, kept.listener),
+                None => {
+                    let listener = self.passive.take().ok_or("no passive listener")?;
+                    let listener = listener.into_std().map_err(|e| e.to_string())?;
+                    if let Some(bytes) = t.buffer {
+                        let _ = socket2::SockRef::from(&listener)
+                            .set_recv_buffer_size(usize::try_from(bytes).unwrap_or(usize::MAX));
+                    }
+                    (Vec::new(), Some(listener))
+                }
+            };
+            let accept = listener.map(|listener| self.accept(listener, t.buffer));
+            let conns = Joins {
+                reused: !open.is_empty(),
+                open,
+                accept,
+                incoming: None,
+                stall: self.config.data_timeout,
+            };
+            return Ok(BlockConns::Receive(
+                conns,
+                data::upload_state(&b.have, progress.clone()),
+            ));
+        }
+        if let Some(kept) = cached {
+            let mut joins = Joins::fixed(kept.socks, self.config.data_timeout);
+            joins.reused = true;
+            return Ok(BlockConns::Send(joins));
+        }
+        let n = b.parallelism.max(1) as usize;
+        let want = canonical_ip(self.peer.ip());
+        let socks = match &t.endpoint {
+            // Elastic: start on the first connection and take the others as they come, for as
+            // long as there are blocks to send.
+            DataEndpoint::Passive(_) if b.elastic => {
+                let listener = self.passive.take().ok_or("no passive listener")?;
+                let first = accept_from(&listener, want, deadline).await?;
+                let first = self.blocking(first, t.buffer)?;
+                let listener = listener.into_std().map_err(|e| e.to_string())?;
+                let mut joins =
+                    Joins::accept(self.accept(listener, t.buffer), self.config.data_timeout);
+                joins.open.push(first);
+                return Ok(BlockConns::Send(joins));
+            }
+            DataEndpoint::Passive(_) => {
+                let listener = self.passive.take().ok_or("no passive listener")?;
+                let mut socks = Vec::with_capacity(n);
+                for _ in 0..n {
+                    socks.push(accept_from(&listener, want, deadline).await?);
+                }
+                socks
+            }
+            DataEndpoint::Active(addr) => {
+                connect_all(vec![*addr; n], self.local.ip(), deadline).await?
+            }
+            DataEndpoint::ActivePorts(addrs) => {
+                connect_all(addrs.clone(), self.local.ip(), deadline).await?
+            }
+            DataEndpoint::Cached => return Err("no open data connections to reuse".into()),
+        };
+        let socks = socks
+            .into_iter()
+            .map(|s| self.blocking(s, t.buffer))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(BlockConns::Send(Joins::fixed(
+            socks,
+            self.config.data_timeout,
+        )))
+    }
+
+    /// Where the client opens (more) data connections of a MODE E transfer.
+    fn accept(&self, listener: std::net::TcpListener, buffer: Option<u64>) -> Accept {
+        Accept {
+            listener,
+            peer: canonical_ip(self.peer.ip()),
+            max: self.config.max_streams as usize,
+            buffer,
+            timeout: Some(self.config.data_timeout),
+        }
+    }
+
+    /// A blocking socket for a data thread, with the idle timeout as its read/write limit.
+    fn blocking(
+        &self,
+        sock: TcpStream,
+        buffer: Option<u64>,
+    ) -> Result<std::net::TcpStream, String> {
+        let s = sock.into_std().map_err(|e| e.to_string())?;
+        s.set_nonblocking(false).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(self.config.idle_timeout))
+            .map_err(|e| e.to_string())?;
+        s.set_write_timeout(Some(self.config.idle_timeout))
+            .map_err(|e| e.to_string())?;
+        engine::set_buffer(&s, buffer);
+        Ok(s)
+    }
+}
+
+/// Accepts one data connection from the client's address; strangers are dropped (port
+/// stealing, RFC 2577) and the wait goes on.
+async fn accept_from(
+    listener: &TcpListener,
+    want: IpAddr,
+    deadline: Instant,
+) -> Result<TcpStream, String> {
+    loop {
+        let (s, from) = timeout_at(deadline, listener.accept())
+            .await
+            .map_err(|_| "no connection arrived in time".to_string())?
+            .map_err(|e| e.to_string())?;
+        if canonical_ip(from.ip()) == want {
+            return Ok(s);
+        }
+        tracing::warn!(%from, "refused data connection from a host other than the client");
+    }
+}
+
+/// Opens a data connection to the client, from the control connection's local address as
+/// clients expect.
+async fn connect_to(
+    addr: SocketAddr,
+    local: IpAddr,
+    deadline: Instant,
+) -> Result<TcpStream, String> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(|e| e.to_string())?;
+    let _ = socket.bind(SocketAddr::new(local, 0));
+    timeout_at(deadline, socket.connect(addr))
+        .await
+        .map_err(|_| format!("connecting to {addr} timed out"))?
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))
+}
+
+/// Opens all connections at once: over a long path, one after another would cost a round trip
+/// each.
+async fn connect_all(
+    addrs: Vec<SocketAddr>,
+    local: IpAddr,
+    deadline: Instant,
+) -> Result<Vec<TcpStream>, String> {
+    let mut set = tokio::task::JoinSet::new();
+    for (i, addr) in addrs.into_iter().enumerate() {
+        set.spawn(async move { (i, connect_to(addr, local, deadline).await) });
+    }
+    let mut socks = Vec::new();
+    while let Some(r) = set.join_next().await {
+        let (i, s) = r.map_err(|e| e.to_string())?;
+        socks.push((i, s?));
+    }
+    socks.sort_by_key(|(i, _)| *i);
+    Ok(socks.into_iter().map(|(_, s)| s).collect())
+}

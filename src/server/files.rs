@@ -1,0 +1,214 @@
+//! File-system requests and the local side of a transfer (files opened, listings written),
+//! run on blocking threads inside the user's root.
+
+use super::ChecksumCache;
+use super::data::Job;
+use crate::fsroot::{Root, Upload, UploadStart};
+use braid_proto::checksum;
+use braid_proto::listing::{self, EntryKind};
+use braid_proto::session::{
+    ChecksumAlg, FsError, FsOp, FsOutcome, ListStyle, Transfer, TransferKind, select_facts,
+};
+use std::time::SystemTime;
+
+pub(super) fn fs_blocking(
+    root: &Root,
+    sums: &ChecksumCache,
+    op: FsOp,
+) -> Result<FsOutcome, FsError> {
+    Ok(match op {
+        FsOp::ChangeDir(p) => {
+            root.is_dir(&p)?;
+            FsOutcome::Done
+        }
+        FsOp::Size { path, ascii: false } => FsOutcome::Size(root.size(&path)?),
+        FsOp::Size { path, ascii: true } => FsOutcome::Size(ascii_size(root, &path)?),
+        FsOp::Mdtm(p) => {
+            let e = root.stat(&p)?;
+            if e.kind != EntryKind::File {
+                return Err(FsError::NotAFile);
+            }
+            FsOutcome::Mtime(e.mtime)
+        }
+        FsOp::Mkd(p) => {
+            root.mkdir(&p)?;
+            FsOutcome::Done
+        }
+        FsOp::Rmd(p) => {
+            root.rmdir(&p)?;
+            FsOutcome::Done
+        }
+        FsOp::Dele(p) => {
+            root.delete(&p)?;
+            FsOutcome::Done
+        }
+        FsOp::RenameFrom(p) => {
+            root.exists_nofollow(&p)?;
+            FsOutcome::Done
+        }
+        FsOp::Rename { from, to } => {
+            root.rename(&from, &to)?;
+            FsOutcome::Done
+        }
+        FsOp::Mlst(p) => FsOutcome::Entry(root.stat(&p)?),
+        FsOp::Checksum {
+            path,
+            alg,
+            offset,
+            length,
+        } => {
+            let (file, entry) = root.open_read(&path)?;
+            let end = match length {
+                None => entry.size,
+                Some(l) => offset.saturating_add(l),
+            };
+            if offset > entry.size || end > entry.size {
+                return Err(FsError::Other(format!(
+                    "range {offset}+{} is past the end of the {}-byte file",
+                    end - offset.min(end),
+                    entry.size
+                )));
+            }
+            let io = |e: std::io::Error| crate::fsroot::io_to_fs(&e);
+            FsOutcome::Checksum(match alg {
+                ChecksumAlg::Xxh3 => checksum::hex(sums.xxh3(&file, entry.size).map_err(io)?),
+                ChecksumAlg::Md5 => crate::sums::md5(&file, offset, end).map_err(io)?,
+                ChecksumAlg::Adler32 => crate::sums::adler32(&file, offset, end).map_err(io)?,
+            })
+        }
+        FsOp::StatList(p) => {
+            let now = unix_now();
+            let lines = match root.stat(&p)? {
+                e if e.kind == EntryKind::Dir => root
+                    .list(&p)?
+                    .iter()
+                    .map(|e| listing::list_line(e, now))
+                    .collect(),
+                e => vec![listing::list_line(&e, now)],
+            };
+            FsOutcome::Lines(lines)
+        }
+    })
+}
+
+/// SIZE in TYPE A counts the CRs that conversion adds, which means reading the file; refuse
+/// for large files rather than stall the session.
+fn ascii_size(root: &Root, p: &braid_proto::VPath) -> Result<u64, FsError> {
+    const LIMIT: u64 = 64 << 20;
+    let (mut file, entry) = root.open_read(p)?;
+    if entry.size > LIMIT {
+        return Err(FsError::Other(format!(
+            "SIZE in ASCII mode is only offered for files up to {} MiB; use TYPE I",
+            LIMIT >> 20
+        )));
+    }
+    let mut buf = vec![0u8; 1 << 16];
+    let mut last_cr = false;
+    let mut total = 0;
+    loop {
+        let n =
+            std::io::Read::read(&mut file, &mut buf).map_err(|e| crate::fsroot::io_to_fs(&e))?;
+        if n == 0 {
+            return Ok(total);
+        }
+        total += braid_proto::ascii::wire_len(&buf[..n], &mut last_cr);
+    }
+}
+
+pub fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Opens the local side of a transfer, before anything is promised to the client.
+pub(super) fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), FsError> {
+    Ok(match &t.kind {
+        TransferKind::Retr(p) => {
+            let (file, entry) = root.open_read(p)?;
+            if t.offset > entry.size {
+                return Err(FsError::BadRestart {
+                    offset: t.offset,
+                    size: entry.size,
+                });
+            }
+            (
+                Job::Retr {
+                    file,
+                    offset: t.offset,
+                    ascii: t.ascii,
+                },
+                Some(entry.size - t.offset),
+            )
+        }
+        TransferKind::Stor(p) | TransferKind::Appe(p) => {
+            let have = t.block.as_ref().map(|b| &b.have).filter(|h| !h.is_empty());
+            let start = match (&t.kind, have) {
+                (TransferKind::Appe(_), _) => UploadStart::Append,
+                (_, Some(_)) => UploadStart::Keep,
+                _ => UploadStart::At(t.offset),
+            };
+            let (upload, file, offset) = Upload::begin(root, p, start).map_err(|e| match e {
+                FsError::NotFound if have.is_some() => FsError::NothingToResume,
+                e => e,
+            })?;
+            // REST ranges claim data the partial must hold.
+            if let Some(end) = have.and_then(|h| h.iter().last()).map(|(_, end)| end) {
+                let size = file
+                    .metadata()
+                    .map_err(|e| crate::fsroot::io_to_fs(&e))?
+                    .len();
+                if size < end {
+                    return Err(FsError::BadRestart { offset: end, size });
+                }
+            }
+            (
+                Job::Stor {
+                    upload,
+                    file,
+                    offset,
+                    ascii: t.ascii,
+                },
+                None,
+            )
+        }
+        TransferKind::List(p, style) => {
+            let now = unix_now();
+            let dir = root.stat(p)?;
+            let mut text = String::new();
+            let entries = if dir.kind == EntryKind::Dir {
+                root.list(p)?
+            } else {
+                vec![dir.clone()]
+            };
+            if *style == ListStyle::Machine {
+                if dir.kind != EntryKind::Dir {
+                    return Err(FsError::NotADirectory);
+                }
+                let mut cdir = dir.clone();
+                cdir.name = ".".into();
+                let facts = listing::mlsx_facts(&cdir, Some("cdir"), t.writable);
+                text.push_str(&format!("{} .\r\n", select_facts(&facts, &t.facts)));
+            }
+            for e in &entries {
+                let line = match style {
+                    ListStyle::Long => listing::list_line(e, now),
+                    ListStyle::Names => e.name.clone(),
+                    ListStyle::Machine => {
+                        let facts = listing::mlsx_facts(e, None, t.writable);
+                        format!("{} {}", select_facts(&facts, &t.facts), e.name)
+                    }
+                };
+                text.push_str(&line);
+                text.push_str("\r\n");
+            }
+            (
+                Job::List {
+                    text: text.into_bytes(),
+                },
+                None,
+            )
+        }
+    })
+}

@@ -1,0 +1,342 @@
+//! One transfer, supervised from the control connection: the data moves on a blocking thread
+//! while ABOR, STAT, QUIT and SCKS are still answered, MODE E uploads report markers, and an
+//! upload takes its final name only once it is known whole and its checksum matches.
+
+use super::Shutdown;
+use super::control::{Conn, Input, Io, MAX_QUEUED, reached};
+use super::data::{self, BlockConns, DataError, Finished};
+use crate::engine;
+use braid_proto::checksum;
+use braid_proto::retr_opts::RetrOpts;
+use braid_proto::session::{
+    DataEndpoint, Expected, FsError, Session, Transfer, TransferKind, TransferOutcome,
+};
+use braid_proto::{Command, Reply};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+use tokio::sync::watch;
+use tokio::time::{Instant, timeout, timeout_at};
+
+/// Runs one transfer while still answering the control connection. Returns whether the
+/// session goes on.
+pub(super) async fn transfer(
+    conn: &mut Conn,
+    io: &mut Io,
+    session: &mut Session,
+    t: Transfer,
+    shutdown: &mut watch::Receiver<Shutdown>,
+) -> bool {
+    let root = match io.root() {
+        Ok(r) => r,
+        Err(e) => return conn.send(&e.reply(t.path())).await.is_ok(),
+    };
+    let prepared = {
+        let t = t.clone();
+        let root = root.clone();
+        tokio::task::spawn_blocking(move || super::files::prepare(&root, &t))
+            .await
+            .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
+    };
+    let (job, size) = match prepared {
+        Ok(x) => x,
+        Err(e) => {
+            io.passive = None;
+            return conn.send(&e.reply(t.path())).await.is_ok();
+        }
+    };
+    if conn.send(&t.opening(size)).await.is_err() {
+        return false;
+    }
+    let started = std::time::Instant::now();
+    let progress = Arc::new(AtomicU64::new(0));
+    let elastic = t.block.as_ref().is_some_and(|b| b.elastic);
+    let moving = Arc::new(engine::transfer::Transfer::new(elastic));
+    if let Some(rate) = t.block.as_ref().and_then(|b| b.max_rate) {
+        moving.set_pacing(Some(rate));
+    }
+    // A MODE E upload's receiving state, for the 111 Range Markers.
+    let mut received = None;
+    let connected = match &t.block {
+        None => io.stream_connection(&t.endpoint).await.map(|sock| {
+            moving.abort().register(&sock);
+            let progress = progress.clone();
+            let tls = io.config.tls.clone().filter(|_| t.private);
+            tokio::task::spawn_blocking(move || data::run(job, sock, tls, progress))
+        }),
+        Some(b) => io.block_connections(&t, b, &progress).await.map(|conns| {
+            if let BlockConns::Receive(_, state) = &conns {
+                received = Some(state.clone());
+            }
+            let (progress, moving) = (progress.clone(), moving.clone());
+            let have = b.have.clone();
+            let block = b.block_size.unwrap_or(engine::DEFAULT_BLOCK);
+            tokio::task::spawn_blocking(move || {
+                data::run_blocks(job, conns, &have, block, progress, &moving)
+            })
+        }),
+    };
+    let mut worker = match connected {
+        Ok(w) => w,
+        Err(e) => {
+            for r in session.transfer_done(&t, TransferOutcome::NoConnection(e)) {
+                if conn.send(&r).await.is_err() {
+                    return false;
+                }
+            }
+            return true;
+        }
+    };
+    let is_upload = matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_));
+    let aborted = AtomicBool::new(false);
+    let shut = AtomicBool::new(false);
+    let kill = |why: &AtomicBool| {
+        why.store(true, Ordering::SeqCst);
+        moving.abort().abort();
+    };
+    let mut quit = false;
+    let mut client_gone = false;
+    let mut stopped_by_shutdown = false;
+    // SCKS sent while the data moves (braid clients announce the checksum once sent).
+    let mut announced: Option<String> = None;
+    let mut markers = tokio::time::interval(MARKER_CHECK);
+    let (mut marker_at, mut marker_bytes) = (Instant::now(), 0);
+    let result = loop {
+        tokio::select! {
+            r = &mut worker => break r,
+            _ = markers.tick(), if received.is_some() => {
+                let bytes = progress.load(Ordering::Relaxed);
+                if let Some(state) = &received
+                    && (marker_at.elapsed() >= MARKER_INTERVAL || bytes - marker_bytes >= MARKER_BYTES)
+                {
+                    send_markers(conn, &progress, state).await;
+                    (marker_at, marker_bytes) = (Instant::now(), bytes);
+                }
+            }
+            input = conn.next_input(), if !client_gone && conn.queued.len() < MAX_QUEUED => match input {
+                Input::Line(l) => match Command::parse(&l) {
+                    Ok(Command::Abor) => kill(&aborted),
+                    Ok(Command::Stat(None)) => {
+                        let r = Reply::new(213, format!("Status: {} bytes transferred so far.", progress.load(Ordering::Relaxed)));
+                        let _ = conn.send(&r).await;
+                    }
+                    Ok(Command::Scks { value: Some(v), .. }) if is_upload => {
+                        announced = Some(v);
+                        let _ = conn.send(&Reply::new(200, "SCKS Command Successful.")).await;
+                    }
+                    Ok(Command::Quit) => quit = true,
+                    // A braid client changing the cap on a running download (MaxRate only:
+                    // the other options apply to the next transfer).
+                    Ok(Command::Opts(o)) if elastic && !is_upload && o.to_ascii_uppercase().starts_with("RETR ") => {
+                        let r = match RetrOpts::parse(&o[5..]) {
+                            Ok(RetrOpts { max_rate: Some(rate), .. }) => {
+                                moving.set_pacing((rate > 0).then_some(rate));
+                                Reply::new(200, "OPTS Command Successful.")
+                            }
+                            Ok(_) => Reply::new(501, "Only MaxRate can change while a transfer runs."),
+                            Err(e) => Reply::new(501, format!("OPTS RETR: {e}.")),
+                        };
+                        let _ = conn.send(&r).await;
+                    }
+                    _ => conn.queued.push_back(l),
+                },
+                // The client vanished. A download stops now; an upload keeps reading what is
+                // already in flight (bounded by the socket timeout) but is never committed.
+                Input::Closed | Input::TooLong => {
+                    client_gone = true;
+                    if !is_upload {
+                        kill(&aborted);
+                    }
+                }
+            },
+            _ = reached(shutdown, Shutdown::Abort), if !stopped_by_shutdown => {
+                stopped_by_shutdown = true;
+                kill(&shut);
+            }
+        }
+    };
+    let outcome = match result {
+        _ if aborted.load(Ordering::SeqCst) => TransferOutcome::Aborted,
+        _ if shut.load(Ordering::SeqCst) => TransferOutcome::Shutdown,
+        Err(e) => TransferOutcome::Local(FsError::Other(format!("transfer thread failed: {e}"))),
+        Ok(Err(DataError::Net(e))) => TransferOutcome::ConnectionLost(e.to_string()),
+        Ok(Err(DataError::Local(e))) => TransferOutcome::Local(e),
+        Ok(Ok(Finished {
+            bytes,
+            upload,
+            received,
+            kept,
+        })) => match upload {
+            None => complete(io, &t, bytes, kept),
+            Some(_) if client_gone => {
+                TransferOutcome::ConnectionLost("client closed the control connection".into())
+            }
+            Some((upload, file)) => {
+                let verdict = match (&t.block, received) {
+                    // MODE E ends with an explicit EOF, so the data is known to be whole; what
+                    // remains is the checksum the client announced, if any.
+                    (Some(b), Some((_, actual))) => {
+                        verify_upload(conn, io, b.expect.as_ref(), announced, actual).await
+                    }
+                    // Stream mode ends an upload by closing the data connection, which a
+                    // killed client also does. If the control connection closed as well, the
+                    // upload is not known to be complete: keep it as a partial.
+                    _ if control_closed(conn).await => {
+                        client_gone = true;
+                        Err(TransferOutcome::ConnectionLost(
+                            "client closed the control connection".into(),
+                        ))
+                    }
+                    _ => Ok(()),
+                };
+                match verdict {
+                    Err(outcome) => outcome,
+                    Ok(()) => {
+                        match tokio::task::spawn_blocking(move || upload.commit(file)).await {
+                            Ok(Ok(())) => complete(io, &t, bytes, kept),
+                            Ok(Err(e)) => TransferOutcome::Local(e),
+                            Err(e) => TransferOutcome::Local(FsError::Other(e.to_string())),
+                        }
+                    }
+                }
+            }
+        },
+    };
+    let secs = started.elapsed().as_secs_f64();
+    let bytes = progress.load(Ordering::Relaxed);
+    tracing::info!(
+        peer = %io.peer,
+        user = session.user().unwrap_or("-"),
+        path = %t.path(),
+        mode = if t.block.is_some() { "E" } else { "S" },
+        // Data connections this transfer used, and whether the last transfer left them open.
+        data_connections = if t.block.is_some() { moving.links().len() } else { 1 },
+        reused = t.endpoint == DataEndpoint::Cached,
+        bytes,
+        seconds = format!("{secs:.3}"),
+        mbps = format!("{:.1}", bytes as f64 / secs.max(1e-9) / 1e6),
+        outcome = ?outcome,
+        "transfer"
+    );
+    if client_gone {
+        return false;
+    }
+    // Whatever the outcome, the client learns what is stored: after ABOR or a lost data
+    // connection, that is what a resumed upload need not send again.
+    if let Some(state) = &received {
+        send_markers(conn, &progress, state).await;
+    }
+    for r in session.transfer_done(&t, outcome) {
+        if conn.send(&r).await.is_err() {
+            return false;
+        }
+    }
+    if quit {
+        let _ = conn.send(&Reply::new(221, "Goodbye.")).await;
+        return false;
+    }
+    true
+}
+
+/// A finished transfer; what it leaves open waits for the next transfer the same way.
+fn complete(io: &mut Io, t: &Transfer, bytes: u64, kept: engine::receive::Kept) -> TransferOutcome {
+    let reusable = !kept.socks.is_empty();
+    io.cached = reusable.then(|| (t.direction(), kept));
+    TransferOutcome::Complete {
+        bytes,
+        kept: reusable,
+    }
+}
+
+/// How often a MODE E upload reports progress and stored ranges: every 5 s (the Globus server's
+/// default), and sooner once 32 MiB more have arrived, so that a client cut off resends little.
+const MARKER_INTERVAL: Duration = Duration::from_secs(5);
+const MARKER_BYTES: u64 = 32 << 20;
+const MARKER_CHECK: Duration = Duration::from_millis(100);
+
+/// `112-Perf Marker` and `111 Range Marker` for a MODE E upload: GridFTP clients show progress
+/// from the first and restart from the second.
+async fn send_markers(conn: &mut Conn, progress: &AtomicU64, state: &engine::receive::Shared) {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let _ = conn
+        .send(&braid_proto::markers::perf_marker(
+            now,
+            progress.load(Ordering::Relaxed),
+        ))
+        .await;
+    let ranges = state.snapshot().ranges;
+    if !ranges.is_empty() {
+        let _ = conn
+            .send(&braid_proto::markers::range_marker(&ranges))
+            .await;
+    }
+}
+
+/// Checks a complete MODE E upload against the checksum the client gave with SCKS, waiting on
+/// the control connection for one announced as following (`SCKS XXH3 *`).
+async fn verify_upload(
+    conn: &mut Conn,
+    io: &Io,
+    expect: Option<&Expected>,
+    mut announced: Option<String>,
+    actual: Option<u128>,
+) -> Result<(), TransferOutcome> {
+    let expected = match expect {
+        None => return Ok(()),
+        Some(Expected::Value(v)) => v.clone(),
+        Some(Expected::Deferred) => {
+            if announced.is_none() {
+                announced = await_checksum(conn, io.config.idle_timeout).await;
+            }
+            announced.ok_or_else(|| {
+                TransferOutcome::ConnectionLost(
+                    "the client did not send the checksum it announced (SCKS)".into(),
+                )
+            })?
+        }
+    };
+    let actual = actual.map(checksum::hex).unwrap_or_default();
+    if actual == expected.to_ascii_lowercase() {
+        Ok(())
+    } else {
+        Err(TransferOutcome::ChecksumMismatch { expected, actual })
+    }
+}
+
+/// Waits for `SCKS alg value` on the control connection; other commands wait their turn.
+async fn await_checksum(conn: &mut Conn, limit: Duration) -> Option<String> {
+    let deadline = Instant::now() + limit;
+    while conn.queued.len() < MAX_QUEUED {
+        let input = timeout_at(deadline, conn.next_input()).await.ok()?;
+        let Input::Line(l) = input else {
+            return None;
+        };
+        match Command::parse(&l) {
+            Ok(Command::Scks { value: Some(v), .. }) => {
+                let _ = conn
+                    .send(&Reply::new(200, "SCKS Command Successful."))
+                    .await;
+                return Some(v);
+            }
+            Ok(Command::Abor) => return None,
+            _ => conn.queued.push_back(l),
+        }
+    }
+    None
+}
+
+/// Whether the client closed the control connection (within a moment of the data ending).
+/// A command that arrives meanwhile is kept for later.
+async fn control_closed(conn: &mut Conn) -> bool {
+    match timeout(Duration::from_millis(30), conn.next_input()).await {
+        Ok(Input::Line(l)) => {
+            conn.queued.push_front(l);
+            false
+        }
+        Ok(Input::Closed | Input::TooLong) => true,
+        Err(_) => false,
+    }
+}
