@@ -9,6 +9,7 @@ mod records;
 pub mod url;
 mod wire;
 
+use crate::engine::stream::{self, CopyError};
 use braid_proto::Command;
 pub use control::Control;
 use error::{ClientError, Result};
@@ -382,26 +383,27 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
             .map_err(local_err("data connection"))?;
         let bar = progress_bar(opts, size, offset);
         let partial_name = part.as_ref().map(|p| p.part.display().to_string());
-        let (copied, stopped) =
-            interrupt::on_one_connection(&tcp, || copy_stream(&mut data, &mut out, &bar));
+        let (copied, stopped) = interrupt::on_one_connection(&tcp, || {
+            stream::read_to_end(&mut data, &mut out, false, |n| bar.set_position(offset + n))
+        });
         bar.finish_and_clear();
         if stopped {
             out.flush()
                 .map_err(local_err("cannot write the download"))?;
-            let n = copied.unwrap_or_else(|(n, _)| n);
+            let n = copied.unwrap_or_else(|e| e.moved());
             return Err(interrupt::stopped(c, n, "", partial_name));
         }
         close_data(data);
         received = match copied {
             Ok(n) => n,
-            Err((n, CopyError::Read(e))) => {
+            Err(CopyError::Read(n, e)) => {
                 return Err(ClientError::Interrupted {
                     bytes: n,
                     why: format!("data connection: {e}"),
                     partial: partial_name,
                 });
             }
-            Err((_, CopyError::Write(e))) => {
+            Err(CopyError::Write(_, e)) => {
                 return Err(ClientError::Local {
                     what: cannot_write(partial_name.as_deref()),
                     cause: e,
@@ -501,33 +503,6 @@ fn summary(
         connection_count: Vec::new(),
         timeline: Vec::new(),
         new_data_connections: 1,
-    }
-}
-
-enum CopyError {
-    Read(std::io::Error),
-    Write(std::io::Error),
-}
-
-/// Copies a data connection into `out` until the server closes it.
-fn copy_stream(
-    data: &mut impl Read,
-    out: &mut dyn Write,
-    bar: &ProgressBar,
-) -> std::result::Result<u64, (u64, CopyError)> {
-    let mut buf = vec![0u8; BUF];
-    let mut n_total = 0u64;
-    loop {
-        let n = match data.read(&mut buf) {
-            Ok(0) => return Ok(n_total),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err((n_total, CopyError::Read(e))),
-        };
-        out.write_all(&buf[..n])
-            .map_err(|e| (n_total, CopyError::Write(e)))?;
-        n_total += n as u64;
-        bar.inc(n as u64);
     }
 }
 
@@ -696,30 +671,12 @@ fn send_copied(
     out: &mut impl Write,
     bar: &ProgressBar,
 ) -> std::result::Result<u64, (u64, std::io::Error)> {
-    use std::os::unix::fs::FileExt;
-    let mut buf = vec![0u8; BUF];
-    let mut at = offset;
-    while at < len {
-        let want = buf
-            .len()
-            .min(usize::try_from(len - at).unwrap_or(usize::MAX));
-        let n = match file.read_at(&mut buf[..want], at) {
-            Ok(0) => {
-                let shrank = std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "local file shrank during upload",
-                );
-                return Err((at - offset, shrank));
-            }
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err((at - offset, e)),
-        };
-        out.write_all(&buf[..n]).map_err(|e| (at - offset, e))?;
-        at += n as u64;
-        bar.set_position(at);
-    }
-    Ok(at - offset)
+    crate::engine::stream::write_from_file(file, offset, Some(len), out, false, |n| {
+        bar.set_position(offset + n)
+    })
+    .map_err(|e| match e {
+        CopyError::Read(n, e) | CopyError::Write(n, e) => (n, e),
+    })
 }
 
 /// Closes a data connection whose data has all been read. Under TLS this sends close_notify

@@ -9,6 +9,8 @@
 //!   the whole-file checksum as it passes. No lock is held per byte; shared state is touched
 //!   once per block.
 //! - [`sink`]: where received blocks go (a file at offsets, or in order to a stream).
+//! - [`stream`]: stream mode's copy loops (one connection, ASCII conversion, TLS), for client
+//!   and server; binary files in clear go by [`sendfile_range`].
 //! - [`stats`]: per-connection samples (bytes, rate, `TCP_INFO`) taken off the data path.
 //! - [`hooks`]: the **policy** (open and close connections, resize buffers) and the **pacer**
 //!   (cap the rate of the whole transfer), and the steering that applies them.
@@ -18,6 +20,7 @@ pub mod receive;
 pub mod send;
 pub mod sink;
 pub mod stats;
+pub mod stream;
 pub mod transfer;
 
 use braid_proto::block::BlockError;

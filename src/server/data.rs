@@ -4,22 +4,17 @@
 
 use crate::engine::receive::Kept;
 use crate::engine::sink::Sink;
+use crate::engine::stream::{self, CopyError};
 use crate::engine::transfer::{Joins, Transfer};
 use crate::engine::{self, EngineError};
 use crate::fsroot::{Upload, io_to_fs};
-use braid_proto::ascii::{FromWire, ToWire};
 use braid_proto::ranges::RangeSet;
 use braid_proto::session::FsError;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Size of the buffers for uploads and ASCII conversion: large enough that syscall overhead
-/// disappears next to the copy, small enough to stay in cache.
-const BUF: usize = 1 << 20;
 
 /// The local side of a transfer, opened before the 150 reply.
 pub enum Job {
@@ -297,79 +292,51 @@ fn send_binary(
     Ok(reached - offset)
 }
 
-/// A download through user space: ASCII (converted to CRLF) or through TLS. Large reads at
-/// offsets, one buffer reused.
+/// A download through user space: ASCII (converted to CRLF) or through TLS.
 fn send_copied(
     file: &File,
-    mut offset: u64,
+    offset: u64,
     ascii: bool,
     out: &mut impl Write,
     progress: &AtomicU64,
 ) -> Result<u64, DataError> {
-    let mut buf = vec![0u8; BUF];
-    let mut wire = Vec::with_capacity(if ascii { BUF + BUF / 8 } else { 0 });
-    let mut conv = ToWire::default();
-    let mut sent = 0;
-    loop {
-        let n = file
-            .read_at(&mut buf, offset)
-            .map_err(|e| DataError::Local(io_to_fs(&e)))?;
-        if n == 0 {
-            return Ok(sent);
-        }
-        offset += n as u64;
-        let data = if ascii {
-            wire.clear();
-            conv.convert(&buf[..n], &mut wire);
-            &wire[..]
-        } else {
-            &buf[..n]
-        };
-        out.write_all(data).map_err(DataError::Net)?;
-        sent += data.len() as u64;
-        progress.store(sent, Ordering::Relaxed);
-    }
+    // A file that shrinks meanwhile just ends early: stream mode has no length to keep.
+    stream::write_from_file(file, offset, None, out, ascii, |n| {
+        progress.store(n, Ordering::Relaxed)
+    })
+    .map_err(|e| match e {
+        CopyError::Read(_, e) => DataError::Local(io_to_fs(&e)),
+        CopyError::Write(_, e) => DataError::Net(e),
+    })
 }
 
 fn receive(
     file: &File,
-    mut offset: u64,
+    offset: u64,
     ascii: bool,
     sock: &mut impl Read,
     progress: &AtomicU64,
 ) -> Result<u64, DataError> {
-    let mut buf = vec![0u8; BUF];
-    let mut disk = Vec::new();
-    let mut conv = FromWire::default();
-    let mut received = 0;
-    loop {
-        let n = match sock.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            // A TLS client that closed without close_notify, as many FTPS clients do (vsftpd
-            // accepts this too unless strict_ssl_read_eof is set).
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
-            Err(e) => return Err(DataError::Net(e)),
-        };
-        received += n as u64;
-        let data = if ascii {
-            disk.clear();
-            conv.convert(&buf[..n], &mut disk);
-            &disk[..]
-        } else {
-            &buf[..n]
-        };
-        file.write_all_at(data, offset)
-            .map_err(|e| DataError::Local(io_to_fs(&e)))?;
-        offset += data.len() as u64;
-        progress.store(received, Ordering::Relaxed);
+    let mut to = stream::AtOffset { file, offset };
+    let mut tolerant = EofIsEnd(sock);
+    stream::read_to_end(&mut tolerant, &mut to, ascii, |n| {
+        progress.store(n, Ordering::Relaxed)
+    })
+    .map_err(|e| match e {
+        CopyError::Read(_, e) => DataError::Net(e),
+        CopyError::Write(_, e) => DataError::Local(io_to_fs(&e)),
+    })
+}
+
+/// A TLS client that closed without close_notify, as many FTPS clients do, ended its upload
+/// (vsftpd accepts this too unless strict_ssl_read_eof is set).
+struct EofIsEnd<'a, R>(&'a mut R);
+
+impl<R: Read> Read for EofIsEnd<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self.0.read(buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(0),
+            r => r,
+        }
     }
-    if ascii {
-        disk.clear();
-        conv.finish(&mut disk);
-        file.write_all_at(&disk, offset)
-            .map_err(|e| DataError::Local(io_to_fs(&e)))?;
-    }
-    Ok(received)
 }
