@@ -43,10 +43,12 @@ impl Io {
         progress: &Arc<AtomicU64>,
     ) -> Result<BlockConns, String> {
         let deadline = Instant::now() + self.config.data_timeout;
+        // The session asks for cached connections only when the last transfer went the same
+        // way and left them open; which way is the session's to know, the sockets are ours.
         let cached = match t.endpoint {
             DataEndpoint::Cached => match self.cached.take() {
-                Some((direction, kept)) if direction == t.direction() => Some(kept),
-                _ => return Err("no open data connections to reuse".into()),
+                Some(kept) => Some(kept),
+                None => return Err("no open data connections to reuse".into()),
             },
             _ => None,
         };

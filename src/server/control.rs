@@ -8,7 +8,7 @@ use crate::engine;
 use crate::fsroot::Root;
 use braid_proto::line::{LineBuffer, LineError};
 use braid_proto::session::{
-    Action, Direction, FsError, FsOp, FsOutcome, Perm, Session, SessionConfig, canonical_ip,
+    Action, FsError, FsOp, FsOutcome, Perm, Session, SessionConfig, canonical_ip,
 };
 use braid_proto::{Command, MAX_LINE, Reply};
 use std::collections::VecDeque;
@@ -141,8 +141,9 @@ pub(super) struct Io {
     pub(super) local: SocketAddr,
     pub(super) root: Option<Arc<Root>>,
     pub(super) passive: Option<TcpListener>,
-    /// MODE E data connections the last transfer left open, and which way they carry data.
-    pub(super) cached: Option<(Direction, engine::receive::Kept)>,
+    /// MODE E data connections the last transfer left open. The session records which way
+    /// they carry data and when they must go (PASV, PORT, MODE); this holds only the sockets.
+    pub(super) cached: Option<engine::receive::Kept>,
 }
 
 pub(super) async fn serve(

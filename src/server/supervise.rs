@@ -167,7 +167,7 @@ pub(super) async fn transfer(
             received,
             kept,
         })) => match upload {
-            None => complete(io, &t, bytes, kept),
+            None => complete(io, bytes, kept),
             Some(_) if client_gone => {
                 TransferOutcome::ConnectionLost("client closed the control connection".into())
             }
@@ -193,7 +193,7 @@ pub(super) async fn transfer(
                     Err(outcome) => outcome,
                     Ok(()) => {
                         match tokio::task::spawn_blocking(move || upload.commit(file)).await {
-                            Ok(Ok(())) => complete(io, &t, bytes, kept),
+                            Ok(Ok(())) => complete(io, bytes, kept),
                             Ok(Err(e)) => TransferOutcome::Local(e),
                             Err(e) => TransferOutcome::Local(FsError::Other(e.to_string())),
                         }
@@ -239,9 +239,9 @@ pub(super) async fn transfer(
 }
 
 /// A finished transfer; what it leaves open waits for the next transfer the same way.
-fn complete(io: &mut Io, t: &Transfer, bytes: u64, kept: engine::receive::Kept) -> TransferOutcome {
+fn complete(io: &mut Io, bytes: u64, kept: engine::receive::Kept) -> TransferOutcome {
     let reusable = !kept.socks.is_empty();
-    io.cached = reusable.then(|| (t.direction(), kept));
+    io.cached = reusable.then_some(kept);
     TransferOutcome::Complete {
         bytes,
         kept: reusable,
