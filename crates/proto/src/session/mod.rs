@@ -4,15 +4,21 @@
 //! or a piece of I/O for the caller to do (check a password, open a passive port, touch the
 //! file system, run a transfer). The caller reports the outcome back through the matching
 //! `*_done` method, which gives the reply. The session never touches sockets, files or clocks.
+//!
+//! Here: login, TLS, file commands and transfers. Beside it: `settings.rs` (TYPE, MODE,
+//! passive and active data connections, REST, SBUF), `info.rs` (FEAT, OPTS, STAT, HELP),
+//! `vocabulary.rs` (the actions and outcomes shared with the I/O driver).
 
-use crate::command::{Command, EpsvArg, Mode, Structure, TransferType};
+use crate::command::Command;
 use crate::listing;
 use crate::path::{PathError, VPath};
 use crate::ranges::RangeSet;
 use crate::reply::Reply;
-use crate::retr_opts::RetrOpts;
 use std::net::{IpAddr, SocketAddr};
 
+mod info;
+use info::help;
+mod settings;
 mod vocabulary;
 #[cfg(test)]
 use crate::markers::{parse_range_marker, perf_marker, range_marker};
@@ -226,24 +232,21 @@ impl Session {
                     _ => Action::Reply(Reply::new(504, format!("SITE {verb} is not understood."))),
                 }
             }
-            Command::Type(t) => {
-                self.ascii = t == TransferType::Ascii;
-                match t {
-                    TransferType::Ascii => reply(200, "Switching to ASCII mode."),
-                    TransferType::Image => reply(200, "Switching to Binary mode."),
-                }
-            }
-            Command::Mode(Mode::Stream) => {
-                self.extended = false;
-                reply(200, "Mode set to S.")
-            }
-            Command::Mode(Mode::Extended) => {
-                self.extended = true;
-                reply(200, "Mode set to E.")
-            }
-            Command::Mode(_) => reply(504, "Only MODE S and MODE E are supported."),
-            Command::Stru(Structure::File) => reply(200, "Structure set to F."),
-            Command::Stru(_) => reply(504, "Only STRU F is supported."),
+            cmd @ (Command::Type(_)
+            | Command::Mode(_)
+            | Command::Stru(_)
+            | Command::Pasv
+            | Command::Epsv(_)
+            | Command::Spas
+            | Command::Spor(_)
+            | Command::Mult(_)
+            | Command::Mprt(_)
+            | Command::Port(_)
+            | Command::Eprt(_)
+            | Command::RestRanges(_)
+            | Command::Rest(_)
+            | Command::Allo(_)
+            | Command::Sbuf(_)) => self.setting(cmd),
             Command::Pwd => Action::Reply(Reply::new(
                 257,
                 format!("{} is the current directory.", self.cwd.quoted()),
@@ -256,100 +259,6 @@ impl Session {
                 Some(p) => self.fs(FsOp::ChangeDir(p)),
                 None => reply(550, "Already at the root directory."),
             },
-            Command::Pasv => {
-                if self.epsv_all {
-                    return reply(503, "EPSV ALL is in effect; use EPSV.");
-                }
-                if self.peer.is_ipv6() {
-                    return reply(522, "PASV is IPv4 only; use EPSV (1,2).");
-                }
-                Action::Passive { extended: false }
-            }
-            Command::Epsv(EpsvArg::All) => {
-                self.epsv_all = true;
-                reply(200, "EPSV ALL ok.")
-            }
-            Command::Epsv(EpsvArg::Family(f)) if f != family(self.peer) => {
-                Action::Reply(Reply::new(
-                    522,
-                    format!(
-                        "Network protocol not supported, use ({}).",
-                        family(self.peer)
-                    ),
-                ))
-            }
-            Command::Epsv(_) => Action::Passive { extended: true },
-            // One stripe: SPAS is PASV with GridFTP's multi-line reply.
-            Command::Spas => {
-                if self.peer.is_ipv6() {
-                    return reply(522, "SPAS is IPv4 only; use EPSV (1,2).");
-                }
-                self.spas = true;
-                Action::Passive { extended: false }
-            }
-            Command::Spor(addrs) => match addrs.as_slice() {
-                [one] => self.active(SocketAddr::V4(*one)),
-                _ => reply(504, "This server has one stripe; give SPOR one address."),
-            },
-            Command::Mult(n) => {
-                if n == 0 {
-                    return reply(501, "MULT needs at least 1 connection.");
-                }
-                self.parallelism = n.min(self.config.max_streams);
-                Action::Reply(Reply::new(
-                    200,
-                    format!(
-                        "MULT {} ok; send MODE E blocks on that many connections.",
-                        self.parallelism
-                    ),
-                ))
-            }
-            Command::Mprt(ports) => {
-                if ports.is_empty() || ports.len() > self.config.max_streams as usize {
-                    return reply(
-                        501,
-                        "MPRT needs between 1 and the server's stream limit of ports.",
-                    );
-                }
-                if ports.iter().any(|p| *p < 1024) {
-                    return reply(504, "Refused: port below 1024 (RFC 2577).");
-                }
-                if self.epsv_all {
-                    return reply(503, "EPSV ALL is in effect; use EPSV.");
-                }
-                self.parallelism = ports.len() as u32;
-                self.endpoint = Some(DataEndpoint::ActivePorts(
-                    ports
-                        .iter()
-                        .map(|p| SocketAddr::new(self.peer, *p))
-                        .collect(),
-                ));
-                reply(200, "MPRT command successful.")
-            }
-            Command::Port(a) => self.active(SocketAddr::V4(a)),
-            Command::Eprt(a) => self.active(a),
-            Command::RestRanges(ranges) => {
-                self.rest = 0;
-                self.rest_ranges = Some(ranges);
-                reply(
-                    350,
-                    "Restart Marker OK. Send STORE or RETR to initiate transfer.",
-                )
-            }
-            Command::Rest(n) => {
-                self.rest_ranges = None;
-                self.rest = n;
-                Action::Reply(Reply::new(
-                    350,
-                    format!("Restarting at {n}. Send STOR or RETR to initiate transfer."),
-                ))
-            }
-            Command::Allo(_) => reply(200, "ALLO command successful."),
-            Command::Sbuf(n) => {
-                // Past 1 GiB the kernel clamps anyway; zero means "let the kernel tune".
-                self.buffer = (n > 0).then_some(n.min(1 << 30));
-                reply(200, "SBUF Command Successful.")
-            }
             Command::Cksm {
                 alg,
                 offset,
@@ -862,114 +771,6 @@ impl Session {
             )],
         }
     }
-
-    fn feat(&self) -> Reply {
-        let mlst: String = FACTS
-            .iter()
-            .map(|f| {
-                let on = self.facts.contains(&f.to_ascii_lowercase());
-                format!("{f}{};", if on { "*" } else { "" })
-            })
-            .collect();
-        let mut lines: Vec<String> = vec!["Features:".into()];
-        if self.config.tls {
-            lines.extend([" AUTH TLS".into(), " PBSZ".into(), " PROT".into()]);
-        }
-        lines.extend([
-            " EPRT".into(),
-            " EPSV".into(),
-            " MDTM".into(),
-            format!(" MLST {mlst}"),
-            " PARALLEL".into(),
-            " PASV".into(),
-            " REST STREAM".into(),
-            " SBUF".into(),
-            format!(" CKSM {};MD5;ADLER32;", crate::checksum::NAME),
-            // 1: MODE E RETR over PASV/EPSV (the client opens the connections) and SCKS *.
-            // 2: OPTS BRAID ELASTIC (connections join and leave mid-transfer) and MaxRate.
-            " BRAID 2".into(),
-            " SIZE".into(),
-            " SPAS".into(),
-            " SPOR".into(),
-            " TVFS".into(),
-            " UTF8".into(),
-            "End".into(),
-        ]);
-        Reply::multi(211, lines)
-    }
-
-    fn opts(&mut self, arg: &str) -> Reply {
-        let (name, value) = match arg.split_once(' ') {
-            Some((n, v)) => (n.to_ascii_uppercase(), v.trim()),
-            None => (arg.to_ascii_uppercase(), ""),
-        };
-        match name.as_str() {
-            "UTF8" if value.eq_ignore_ascii_case("ON") || value.is_empty() => {
-                Reply::new(200, "Always in UTF8 mode.")
-            }
-            "UTF8" => Reply::new(504, "UTF8 cannot be turned off."),
-            "MLST" => {
-                let wanted: Vec<String> = value
-                    .split(';')
-                    .map(|f| f.trim().to_ascii_lowercase())
-                    .filter(|f| FACTS.iter().any(|k| k.eq_ignore_ascii_case(f)))
-                    .collect();
-                self.facts = wanted;
-                let shown: String = FACTS
-                    .iter()
-                    .filter(|f| self.facts.contains(&f.to_ascii_lowercase()))
-                    .map(|f| format!("{f};"))
-                    .collect();
-                Reply::new(200, format!("MLST OPTS {shown}"))
-            }
-            "RETR" => match RetrOpts::parse(value) {
-                Ok(o) => {
-                    if let Some((start, _, _)) = o.parallelism {
-                        self.parallelism = start.clamp(1, self.config.max_streams);
-                    }
-                    if o.block_size.is_some() {
-                        self.block_size = o.block_size;
-                    }
-                    if let Some(r) = o.max_rate {
-                        self.max_rate = (r > 0).then_some(r);
-                    }
-                    Reply::new(200, "OPTS Command Successful.")
-                }
-                Err(e) => Reply::new(501, format!("OPTS RETR: {e}.")),
-            },
-            "BRAID" if value.eq_ignore_ascii_case("ELASTIC") => {
-                self.elastic = true;
-                Reply::new(
-                    200,
-                    "Elastic MODE E: data connections may join, leave and break mid-transfer.",
-                )
-            }
-            _ => Reply::new(501, format!("OPTS {name} is not understood.")),
-        }
-    }
-
-    fn status(&self) -> Reply {
-        let user = self.user().unwrap_or("(not logged in)");
-        Reply::multi(
-            211,
-            vec![
-                "braid FTP server status:".into(),
-                format!("    Connected to {}", self.peer),
-                format!("    Logged in as {user}"),
-                format!("    TYPE: {}", if self.ascii { "ASCII" } else { "BINARY" }),
-                format!(
-                    "    MODE: {}; STRU: File; parallelism {}",
-                    if self.extended {
-                        "Extended block"
-                    } else {
-                        "Stream"
-                    },
-                    self.parallelism
-                ),
-                "End of status".into(),
-            ],
-        )
-    }
 }
 
 /// Filters an MLSx fact string down to the facts chosen with OPTS MLST.
@@ -1017,27 +818,10 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     }
 }
 
-fn help(arg: Option<&str>) -> Reply {
-    if let Some(cmd) = arg {
-        return Reply::new(
-            214,
-            format!(
-                "Syntax: {} (see RFC 959, 2389, 2428, 3659).",
-                cmd.to_ascii_uppercase()
-            ),
-        );
-    }
-    let mut lines = vec!["The following commands are recognized:".to_string()];
-    for chunk in crate::command::KNOWN_VERBS.chunks(8) {
-        lines.push(format!(" {}", chunk.join(" ")));
-    }
-    lines.push("Help OK.".into());
-    Reply::multi(214, lines)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::command::{EpsvArg, Mode, TransferType};
 
     fn fresh(tls: bool) -> Session {
         Session::new(

@@ -1,0 +1,133 @@
+//! What the server says about itself and its settings: FEAT, OPTS, STAT and HELP.
+
+use super::{FACTS, Session};
+use crate::reply::Reply;
+use crate::retr_opts::RetrOpts;
+
+impl Session {
+    pub(super) fn feat(&self) -> Reply {
+        let mlst: String = FACTS
+            .iter()
+            .map(|f| {
+                let on = self.facts.contains(&f.to_ascii_lowercase());
+                format!("{f}{};", if on { "*" } else { "" })
+            })
+            .collect();
+        let mut lines: Vec<String> = vec!["Features:".into()];
+        if self.config.tls {
+            lines.extend([" AUTH TLS".into(), " PBSZ".into(), " PROT".into()]);
+        }
+        lines.extend([
+            " EPRT".into(),
+            " EPSV".into(),
+            " MDTM".into(),
+            format!(" MLST {mlst}"),
+            " PARALLEL".into(),
+            " PASV".into(),
+            " REST STREAM".into(),
+            " SBUF".into(),
+            format!(" CKSM {};MD5;ADLER32;", crate::checksum::NAME),
+            // 1: MODE E RETR over PASV/EPSV (the client opens the connections) and SCKS *.
+            // 2: OPTS BRAID ELASTIC (connections join and leave mid-transfer) and MaxRate.
+            " BRAID 2".into(),
+            " SIZE".into(),
+            " SPAS".into(),
+            " SPOR".into(),
+            " TVFS".into(),
+            " UTF8".into(),
+            "End".into(),
+        ]);
+        Reply::multi(211, lines)
+    }
+
+    pub(super) fn opts(&mut self, arg: &str) -> Reply {
+        let (name, value) = match arg.split_once(' ') {
+            Some((n, v)) => (n.to_ascii_uppercase(), v.trim()),
+            None => (arg.to_ascii_uppercase(), ""),
+        };
+        match name.as_str() {
+            "UTF8" if value.eq_ignore_ascii_case("ON") || value.is_empty() => {
+                Reply::new(200, "Always in UTF8 mode.")
+            }
+            "UTF8" => Reply::new(504, "UTF8 cannot be turned off."),
+            "MLST" => {
+                let wanted: Vec<String> = value
+                    .split(';')
+                    .map(|f| f.trim().to_ascii_lowercase())
+                    .filter(|f| FACTS.iter().any(|k| k.eq_ignore_ascii_case(f)))
+                    .collect();
+                self.facts = wanted;
+                let shown: String = FACTS
+                    .iter()
+                    .filter(|f| self.facts.contains(&f.to_ascii_lowercase()))
+                    .map(|f| format!("{f};"))
+                    .collect();
+                Reply::new(200, format!("MLST OPTS {shown}"))
+            }
+            "RETR" => match RetrOpts::parse(value) {
+                Ok(o) => {
+                    if let Some((start, _, _)) = o.parallelism {
+                        self.parallelism = start.clamp(1, self.config.max_streams);
+                    }
+                    if o.block_size.is_some() {
+                        self.block_size = o.block_size;
+                    }
+                    if let Some(r) = o.max_rate {
+                        self.max_rate = (r > 0).then_some(r);
+                    }
+                    Reply::new(200, "OPTS Command Successful.")
+                }
+                Err(e) => Reply::new(501, format!("OPTS RETR: {e}.")),
+            },
+            "BRAID" if value.eq_ignore_ascii_case("ELASTIC") => {
+                self.elastic = true;
+                Reply::new(
+                    200,
+                    "Elastic MODE E: data connections may join, leave and break mid-transfer.",
+                )
+            }
+            _ => Reply::new(501, format!("OPTS {name} is not understood.")),
+        }
+    }
+
+    pub(super) fn status(&self) -> Reply {
+        let user = self.user().unwrap_or("(not logged in)");
+        Reply::multi(
+            211,
+            vec![
+                "braid FTP server status:".into(),
+                format!("    Connected to {}", self.peer),
+                format!("    Logged in as {user}"),
+                format!("    TYPE: {}", if self.ascii { "ASCII" } else { "BINARY" }),
+                format!(
+                    "    MODE: {}; STRU: File; parallelism {}",
+                    if self.extended {
+                        "Extended block"
+                    } else {
+                        "Stream"
+                    },
+                    self.parallelism
+                ),
+                "End of status".into(),
+            ],
+        )
+    }
+}
+
+pub(super) fn help(arg: Option<&str>) -> Reply {
+    if let Some(cmd) = arg {
+        return Reply::new(
+            214,
+            format!(
+                "Syntax: {} (see RFC 959, 2389, 2428, 3659).",
+                cmd.to_ascii_uppercase()
+            ),
+        );
+    }
+    let mut lines = vec!["The following commands are recognized:".to_string()];
+    for chunk in crate::command::KNOWN_VERBS.chunks(8) {
+        lines.push(format!(" {}", chunk.join(" ")));
+    }
+    lines.push("Help OK.".into());
+    Reply::multi(214, lines)
+}
