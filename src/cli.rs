@@ -69,10 +69,15 @@ enum Cmd {
         #[command(flatten)]
         tls: TlsArgs,
     },
-    /// Upload a file: braid put FILE ftp://host[:port]/path (a path ending in / keeps the name)
+    /// Upload files: braid put FILE ftp://host[:port]/path (a path ending in / keeps the name),
+    /// or many: braid put FILE... ftp://host/dir/
     #[command(after_help = EXIT_CODES)]
     Put {
-        file: PathBuf,
+        /// The files to upload. Several share one session: one login, and in MODE E one
+        /// file's data connections carry the next; the URL then names a directory (ends in /).
+        #[arg(required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+        /// ftp://[user[:password]@]host[:port]/path
         url: String,
         /// Continue an interrupted upload from the size the server already holds.
         #[arg(long)]
@@ -337,29 +342,11 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 let dest = client::resolve_dest(Some(&dir), &target.path)?;
                 jobs.push((target, dest));
             }
-            let batch = client::get_batch(&jobs, &opts, |s| {
-                if out.json {
-                    println!("{}", serde_json::to_string(s).unwrap_or_default());
-                } else if out.verbose {
-                    eprintln!("braid: {}", s.human());
-                }
-            })?;
-            if out.json {
-                println!("{}", serde_json::to_string(&batch)?);
-            } else if !out.quiet {
-                eprintln!(
-                    "braid: {} files, {} in {:.2} s ({}/s), one session, {} data connection(s)",
-                    batch.files,
-                    client::human_bytes(batch.bytes as f64),
-                    batch.seconds,
-                    client::human_bytes(batch.bytes_per_second),
-                    batch.data_connections
-                );
-            }
-            Ok(exit::OK)
+            let batch = client::get_batch(&jobs, &opts, |s| per_file(s, &out))?;
+            report_batch(&batch, &out)
         }
         Cmd::Put {
-            file,
+            files,
             url,
             resume,
             transfer,
@@ -368,8 +355,12 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         } => {
             let target = url::parse(&url, &url::CredentialSources::from_env())?;
             let opts = options(&out, resume, Some(&transfer), &tls)?;
-            let summary = client::put(&file, &target, &opts)?;
-            report(&summary, &out, false)
+            if let [file] = files.as_slice() {
+                let summary = client::put(file, &target, &opts)?;
+                return report(&summary, &out, false);
+            }
+            let batch = client::put_batch(&files, &target, &opts, |s| per_file(s, &out))?;
+            report_batch(&batch, &out)
         }
         Cmd::Ls { url, out, tls } => {
             let target = url::parse(&url, &url::CredentialSources::from_env())?;
@@ -425,6 +416,32 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Lab(cmd) => crate::lab::main(*cmd),
         Cmd::Trace(args) => crate::trace::main(args),
     }
+}
+
+/// One file of a batch done: a JSON line, or a line of text with -v.
+fn per_file(s: &client::Summary, out: &OutputArgs) {
+    if out.json {
+        println!("{}", serde_json::to_string(s).unwrap_or_default());
+    } else if out.verbose {
+        eprintln!("braid: {}", s.human());
+    }
+}
+
+/// The end of a batch: a last JSON line, or one line of text.
+fn report_batch(batch: &client::Batch, out: &OutputArgs) -> anyhow::Result<u8> {
+    if out.json {
+        println!("{}", serde_json::to_string(batch)?);
+    } else if !out.quiet {
+        eprintln!(
+            "braid: {} files, {} in {:.2} s ({}/s), one session, {} data connection(s)",
+            batch.files,
+            client::human_bytes(batch.bytes as f64),
+            batch.seconds,
+            client::human_bytes(batch.bytes_per_second),
+            batch.data_connections
+        );
+    }
+    Ok(exit::OK)
 }
 
 /// Splits `get`'s arguments into URLs and a destination: the last argument is the
@@ -490,6 +507,7 @@ fn options(
         tls,
         schedule: t.and_then(|t| t.schedule.clone()),
         max_rate: t.and_then(|t| t.max_rate),
+        keep_connections: false,
     })
 }
 

@@ -46,6 +46,9 @@ pub struct Options {
     pub schedule: Option<crate::engine::hooks::Schedule>,
     /// `--max-rate`: cap on the sending rate, bytes/s (the server's, for a download).
     pub max_rate: Option<u64>,
+    /// MODE E uploads end with EOD but without CLOSE, so the next upload of the session can
+    /// use the same data connections (set for batches).
+    pub keep_connections: bool,
 }
 
 /// What a finished transfer reports (`--json`).
@@ -508,6 +511,57 @@ fn summary(
 
 /// Uploads one file. A URL ending in `/` names a directory: the file keeps its name.
 pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
+    let mut c = session(target, opts)?;
+    let s = put_on(&mut c, local, target, opts)?;
+    c.quit();
+    Ok(s)
+}
+
+/// Uploads many files into one directory on one server in one session: one login, the
+/// settings sent once, and in MODE E the data connections of one file carry the next. Stops
+/// at the first failure; what was done is reported through `done` as it completes.
+pub fn put_batch(
+    locals: &[PathBuf],
+    dir: &Target,
+    opts: &Options,
+    mut done: impl FnMut(&Summary),
+) -> Result<Batch> {
+    if !(dir.path.is_empty() || dir.path.ends_with('/')) {
+        return Err(ClientError::Usage(format!(
+            "{}: with several files the URL names a directory and ends with /",
+            display_url(dir)
+        )));
+    }
+    let started = Instant::now();
+    let mut c = session(dir, opts)?;
+    let mut batch = Batch {
+        op: "put-batch",
+        files: 0,
+        bytes: 0,
+        seconds: 0.0,
+        bytes_per_second: 0.0,
+        logins: 1,
+        data_connections: 0,
+    };
+    let opts = Options {
+        keep_connections: true,
+        ..opts.clone()
+    };
+    for local in locals {
+        let s = put_on(&mut c, local, dir, &opts)?;
+        batch.files += 1;
+        batch.bytes += s.bytes;
+        batch.data_connections += s.new_data_connections;
+        done(&s);
+    }
+    c.quit();
+    batch.seconds = started.elapsed().as_secs_f64();
+    batch.bytes_per_second = batch.bytes as f64 / batch.seconds.max(1e-9);
+    Ok(batch)
+}
+
+/// Uploads one file on an open session.
+fn put_on(c: &mut Control, local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
     let file = File::open(local).map_err(local_err(format!("cannot read {}", local.display())))?;
     let meta = file
         .metadata()
@@ -526,8 +580,7 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
         })?;
         target.path.push_str(name);
     }
-    let mut c = session(&target, opts)?;
-    if let Some(peer) = parallel::Peer::of(&c) {
+    if let Some(peer) = parallel::Peer::of(c) {
         let record = records::UploadRecord::new(local, &meta, &target.host, &target.path);
         let have = if opts.resume {
             record.load()
@@ -542,9 +595,8 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
                     record,
                     have,
                 };
-                let mut s = parallel::put(&mut c, peer, up, &target, opts)?;
+                let mut s = parallel::put(c, peer, up, &target, opts)?;
                 s.local = local.display().to_string();
-                c.quit();
                 return Ok(s);
             }
             // No record of a MODE E upload: whatever the server holds came in stream mode
@@ -596,7 +648,7 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
         drop(data);
         let n = r.unwrap_or_else(|(n, _)| n);
         let advice = "; run again with --resume to send the rest";
-        return Err(interrupt::stopped(&mut c, n, advice, None));
+        return Err(interrupt::stopped(c, n, advice, None));
     }
     let sent = r.map_err(|(n, e)| ClientError::Interrupted {
         bytes: n,
@@ -623,9 +675,8 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
         let hex = braid_proto::checksum::hex(local_sum);
         let ours = "the local file hashes to";
         let advice = "; the partial on the server was not a prefix of this file: send it again without --resume";
-        parallel::compare_with_server(&mut c, "XXH3", &target.path, &hex, ours, advice)?;
+        parallel::compare_with_server(c, "XXH3", &target.path, &hex, ours, advice)?;
     }
-    c.quit();
     Ok(summary(
         "put",
         &target,

@@ -514,15 +514,32 @@ pub fn put(
             record.location()
         );
     }
-    let addr = c.passive_addr()?;
-    if !have.is_empty() {
-        c.expect(&Command::RestRanges(have.clone()), &[350])?;
-    }
-    c.reset_stored(have.clone());
     let stor = Command::Stor(target.path.clone());
+    // The last upload of this session left its data connections open: no PASV, no connecting.
+    let reused = peer == Peer::Braid && c.session().can_reuse(Direction::Upload);
+    let (socks, addr) = if reused {
+        if !have.is_empty() {
+            c.expect(&Command::RestRanges(have.clone()), &[350])?;
+        }
+        c.reset_stored(have.clone());
+        let socks = c.take_data_connections();
+        c.start_transfer(&stor)?;
+        (socks, None)
+    } else {
+        let addr = c.passive_addr()?;
+        if !have.is_empty() {
+            c.expect(&Command::RestRanges(have.clone()), &[350])?;
+        }
+        c.reset_stored(have.clone());
+        (Vec::new(), Some(addr))
+    };
     // Connect before waiting for 150: the Globus server sends it only once data connections
     // have arrived; a braid server accepts them from its backlog after sending it.
-    let socks = match open_and_start(c, &stor, addr, n, opts.buffer, elastic) {
+    let socks = match addr.map(|addr| open_and_start(c, &stor, addr, n, opts.buffer, elastic)) {
+        None => Ok(socks),
+        Some(r) => r,
+    };
+    let socks = match socks {
         Err(ClientError::Remote { reply, .. }) if !have.is_empty() => {
             eprintln!(
                 "braid: the server cannot continue the earlier upload ({reply}); sending the whole file"
@@ -546,7 +563,16 @@ pub fn put(
     let pacer: Box<dyn Pacer> = Box::new(Cap(opts.max_rate));
     let mut steering = Steering::new(plan.policy(), pacer, true, Some(todo.len()));
     steering.prime(&transfer);
-    let joins = plan.joins(socks, addr, opts.buffer, &mut steering, transfer.waker());
+    let joins = match addr {
+        Some(addr) => plan.joins(socks, addr, opts.buffer, &mut steering, transfer.waker()),
+        None => {
+            let mut joins = Joins::fixed(socks, STALL);
+            joins.reused = true;
+            joins
+        }
+    };
+    // In a batch the connections stay open for the next upload (EOD without CLOSE).
+    let keep = opts.keep_connections && peer == Peer::Braid;
     let bar = progress_bar(opts, Some(len), resumed_from);
     let interrupt = Interrupt::install();
     let mut recorded = have.clone();
@@ -564,7 +590,7 @@ pub fn put(
             let options = engine::send::Options {
                 block,
                 hash: hash_while_sending,
-                keep: false,
+                keep,
             };
             engine::send::send(&transfer, source, &todo, joins, options, &progress)
         },
@@ -592,7 +618,7 @@ pub fn put(
     if interrupt.hit() {
         return Err(stop_upload(c));
     }
-    let sent = result.map_err(|e| {
+    let mut sent = result.map_err(|e| {
         let what = "cannot read the file being uploaded";
         let e = data_phase_failed(c, &stor, e, what, progress.load(Ordering::Relaxed), None);
         keep_record(c);
@@ -605,6 +631,7 @@ pub fn put(
             e => e,
         }
     })?;
+    let kept = std::mem::take(&mut sent.kept);
     let mut verified = None;
     if let Some(sum) = sent.sum {
         let hex = checksum::hex(sum.finish(len));
@@ -628,6 +655,8 @@ pub fn put(
         return Err(upload_failed(r, &record, c));
     }
     record.remove();
+    // The server keeps them too once the upload is complete (GridFTP data-channel caching).
+    c.keep_data_connections(Direction::Upload, kept);
     // Done: from here (reading the file back to check it) Ctrl-C exits at once.
     drop(interrupt);
     if peer == Peer::Braid && verified.is_none() {
@@ -649,7 +678,7 @@ pub fn put(
         resumed_from,
         started,
     );
-    Ok(extended(s, &transfer, steering, verified, false))
+    Ok(extended(s, &transfer, steering, verified, reused))
 }
 
 /// The error for an upload the server did not accept at the end. A checksum mismatch means

@@ -254,11 +254,11 @@ fn a_connection_that_breaks_mid_transfer_is_made_up_for_by_the_others() {
 }
 
 #[test]
-fn a_thousand_files_take_one_login_and_one_set_of_data_connections() {
+fn a_thousand_files_each_way_take_one_login_and_one_set_of_data_connections() {
     let top = tempdir();
     let root = top.path().join("root");
     std::fs::create_dir_all(root.join("many")).unwrap();
-    let server = Server::start(&root, &[]);
+    let server = Server::start(&root, &["--anonymous-write"]);
     let mut list = String::from("# one URL per line\n\n");
     let mut contents = Vec::new();
     for i in 0..1000 {
@@ -317,4 +317,28 @@ fn a_thousand_files_take_one_login_and_one_set_of_data_connections() {
     assert_eq!(log.matches("logged in").count(), 1, "{log}");
     assert_eq!(log.matches(" transfer").count(), 1000);
     assert_eq!(log.matches("reused=true").count(), 999, "{log}");
+
+    // And back up, in one session too.
+    std::fs::create_dir(root.join("up")).unwrap();
+    let files: Vec<String> = (0..1000)
+        .map(|i| dest.join(format!("f{i}")).display().to_string())
+        .collect();
+    let mut args: Vec<&str> = vec!["put", "-n", "4", "--block-size", "64KiB", "--json"];
+    args.extend(files.iter().map(String::as_str));
+    let url = server.url("up/");
+    args.push(&url);
+    let (code, out, err) = braid(&args, &[]);
+    assert_eq!(code, 0, "{err}");
+    let batch = json(out.lines().last().unwrap());
+    assert_eq!(
+        (batch["op"].as_str(), batch["files"].as_u64()),
+        (Some("put-batch"), Some(1000))
+    );
+    for (i, data) in contents.iter().enumerate() {
+        let got = std::fs::read(root.join(format!("up/f{i}"))).unwrap();
+        assert!(got == *data, "up/f{i} differs");
+    }
+    let log = server.log();
+    assert_eq!(log.matches("logged in").count(), 2, "{log}");
+    assert_eq!(log.matches("reused=true").count(), 2 * 999, "{log}");
 }
