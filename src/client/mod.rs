@@ -246,17 +246,8 @@ pub fn get_batch(
     let Some((first, _)) = targets.first() else {
         return Err(ClientError::Usage("no files to download".into()));
     };
-    let started = Instant::now();
+    let mut batch = Batch::start("get-batch");
     let mut c = session(first, opts)?;
-    let mut batch = Batch {
-        op: "get-batch",
-        files: 0,
-        bytes: 0,
-        seconds: 0.0,
-        bytes_per_second: 0.0,
-        logins: 1,
-        data_connections: 0,
-    };
     for (target, dest) in targets {
         if (&target.host, target.port, &target.user) != (&first.host, first.port, &first.user) {
             return Err(ClientError::Usage(format!(
@@ -266,15 +257,11 @@ pub fn get_batch(
             )));
         }
         let s = get_on(&mut c, target, dest, opts)?;
-        batch.files += 1;
-        batch.bytes += s.bytes;
-        batch.data_connections += s.new_data_connections;
+        batch.add(&s);
         done(&s);
     }
     c.quit();
-    batch.seconds = started.elapsed().as_secs_f64();
-    batch.bytes_per_second = batch.bytes as f64 / batch.seconds.max(1e-9);
-    Ok(batch)
+    Ok(batch.finish())
 }
 
 /// What a batch did, for `--json` (after the per-file summaries).
@@ -289,6 +276,35 @@ pub struct Batch {
     pub logins: u32,
     /// Data connections opened for the whole batch (reused ones are not counted again).
     pub data_connections: u32,
+    #[serde(skip)]
+    started: Instant,
+}
+
+impl Batch {
+    fn start(op: &'static str) -> Batch {
+        Batch {
+            op,
+            files: 0,
+            bytes: 0,
+            seconds: 0.0,
+            bytes_per_second: 0.0,
+            logins: 1,
+            data_connections: 0,
+            started: Instant::now(),
+        }
+    }
+
+    fn add(&mut self, s: &Summary) {
+        self.files += 1;
+        self.bytes += s.bytes;
+        self.data_connections += s.new_data_connections;
+    }
+
+    fn finish(mut self) -> Batch {
+        self.seconds = self.started.elapsed().as_secs_f64();
+        self.bytes_per_second = self.bytes as f64 / self.seconds.max(1e-9);
+        self
+    }
 }
 
 /// Downloads one file on an open session. A failure that leaves a new, empty `DEST.part`
@@ -532,32 +548,19 @@ pub fn put_batch(
             display_url(dir)
         )));
     }
-    let started = Instant::now();
+    let mut batch = Batch::start("put-batch");
     let mut c = session(dir, opts)?;
-    let mut batch = Batch {
-        op: "put-batch",
-        files: 0,
-        bytes: 0,
-        seconds: 0.0,
-        bytes_per_second: 0.0,
-        logins: 1,
-        data_connections: 0,
-    };
     let opts = Options {
         keep_connections: true,
         ..opts.clone()
     };
     for local in locals {
         let s = put_on(&mut c, local, dir, &opts)?;
-        batch.files += 1;
-        batch.bytes += s.bytes;
-        batch.data_connections += s.new_data_connections;
+        batch.add(&s);
         done(&s);
     }
     c.quit();
-    batch.seconds = started.elapsed().as_secs_f64();
-    batch.bytes_per_second = batch.bytes as f64 / batch.seconds.max(1e-9);
-    Ok(batch)
+    Ok(batch.finish())
 }
 
 /// Uploads one file on an open session.
