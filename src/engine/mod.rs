@@ -8,6 +8,8 @@
 //!   simply takes fewer blocks. The receiver writes each block at its offset and folds it into
 //!   the whole-file checksum as it passes. No lock is held per byte; shared state is touched
 //!   once per block.
+//! - [`roster`]: the sender's accounting (who is sending, what EOF will say) as a pure state
+//!   machine, with an in-memory model of the whole elastic protocol as its test.
 //! - [`sink`]: where received blocks go (a file at offsets, or in order to a stream).
 //! - [`stream`]: stream mode's copy loops (one connection, ASCII conversion, TLS), for client
 //!   and server; binary files in clear go by [`sendfile_range`].
@@ -17,6 +19,7 @@
 
 pub mod hooks;
 pub mod receive;
+pub mod roster;
 pub mod send;
 pub mod sink;
 pub mod stats;

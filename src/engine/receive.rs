@@ -39,6 +39,24 @@ pub struct Shared {
 }
 
 impl Progress {
+    /// Records a block that arrived whole; `sum` is its checksum, None when it does not sit
+    /// on checksum chunks. A block sent again after a connection broke may already be here:
+    /// it counts once, since each chunk may enter the checksum (an XOR) only once.
+    pub fn record(&mut self, offset: u64, end: u64, sum: Option<ChunkSum>) {
+        if self.ranges.covers(offset, end) {
+            return;
+        }
+        let fresh = self.ranges.overlap(offset, end) == 0;
+        self.ranges.insert(offset, end);
+        self.sum = match (self.sum, sum) {
+            (Some(mut s), Some(block)) if fresh => {
+                s.merge(block);
+                Some(s)
+            }
+            _ => None,
+        };
+    }
+
     /// The start of a transfer whose receiver already holds `have`. Data stored by an earlier
     /// run was not hashed here, so its checksum is unknown unless a record carries it.
     pub fn holding(have: RangeSet) -> Progress {
@@ -261,23 +279,7 @@ fn receive_conn(
             shared.bytes.fetch_add(n as u64, Ordering::Relaxed);
             link.add_bytes(n as u64);
         }
-        {
-            let mut st = shared.lock();
-            let p = &mut st.1;
-            // A block sent again after a connection broke may already be here: each chunk
-            // enters the checksum (an XOR) once.
-            if !p.ranges.covers(offset, end) {
-                let fresh = p.ranges.overlap(offset, end) == 0;
-                p.ranges.insert(offset, end);
-                p.sum = match (p.sum, aligned && fresh) {
-                    (Some(mut s), true) => {
-                        s.merge(sum);
-                        Some(s)
-                    }
-                    _ => None,
-                };
-            }
-        }
+        shared.lock().1.record(offset, end, aligned.then_some(sum));
         if checks.finished() {
             return Ok(ended(&checks, sock));
         }

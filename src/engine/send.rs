@@ -4,6 +4,7 @@
 //! or break (their blocks are sent again on the others), so the EOF count is settled only
 //! when the last connection leaves.
 
+use super::roster::{Leave, Roster};
 use super::transfer::{Joins, Link, LinkState, Transfer, join_loop};
 use super::{EngineError, FirstError, PIECE, sendfile_range};
 use braid_proto::block::Header;
@@ -121,7 +122,7 @@ pub fn send(
         cursor: AtomicU64::new(0),
         redo: Mutex::new(Vec::new()),
         redo_waiting: AtomicBool::new(false),
-        end: Mutex::new(End::default()),
+        end: Mutex::new(Roster::default()),
         wake: Condvar::new(),
         progress,
         options,
@@ -181,7 +182,7 @@ pub fn send(
         return Err(EngineError::Aborted);
     }
     let end = state.end.into_inner().unwrap_or_else(|p| p.into_inner());
-    if !end.done {
+    if !end.eof_sent() {
         return Err(EngineError::AllLost);
     }
     let mut sent = Sent {
@@ -199,20 +200,6 @@ pub fn send(
     Ok(sent)
 }
 
-/// Who is still sending, settled under one lock when a connection joins or leaves (never per
-/// block).
-#[derive(Debug, Default)]
-struct End {
-    /// Connections joined and not yet left.
-    active: usize,
-    /// Of those, how many found no block to send and wait (elastic only).
-    idle: usize,
-    /// EODs sent: the count the EOF block carries.
-    eods: u64,
-    /// The EOF block has been decided on: no connection may join any more.
-    done: bool,
-}
-
 /// The sending state all connection threads share.
 struct State<'a> {
     source: Source<'a>,
@@ -221,7 +208,7 @@ struct State<'a> {
     /// Blocks that went out on connections that broke, to be sent again (elastic only).
     redo: Mutex<Vec<(u64, u64)>>,
     redo_waiting: AtomicBool,
-    end: Mutex<End>,
+    end: Mutex<Roster>,
     /// Wakes idle connections when blocks need sending again or the last one left.
     wake: Condvar,
     progress: &'a AtomicU64,
@@ -236,32 +223,36 @@ type Leaving = (ChunkSum, Option<TcpStream>);
 /// How a connection's part in the transfer ends.
 enum Exit {
     /// Send EOD (with EOF, the count of EODs, if this is the last one).
-    Eod { eof: Option<u64> },
+    Eod(Leave),
     /// The connection broke and the transfer goes on without it.
     Lost,
 }
 
 impl State<'_> {
-    fn lock(&self) -> MutexGuard<'_, End> {
+    fn lock(&self) -> MutexGuard<'_, Roster> {
         self.end.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn finished(&self) -> bool {
-        let end = self.lock();
-        end.done || (end.active == 0 && end.eods > 0)
+        self.lock().finished()
     }
 
     /// Counts a connection in, unless the EOF block was already decided on (a late
     /// connection is closed unused: its receiver expects nothing on it).
     fn admit(&self, sock: &TcpStream) -> Option<Arc<Link>> {
         let mut end = self.lock();
-        if end.done {
+        if !end.admit() {
             let _ = sock.shutdown(std::net::Shutdown::Both);
             return None;
         }
-        let link = self.transfer.join(sock).ok()?;
-        end.active += 1;
-        Some(link)
+        match self.transfer.join(sock) {
+            Ok(link) => Some(link),
+            Err(_) => {
+                // Counted in but cannot be tracked: it leaves at once, without EOD.
+                let _ = end.lose();
+                None
+            }
+        }
     }
 
     /// The next block to send, and whether it goes out for the first time: one a broken
@@ -286,19 +277,18 @@ impl State<'_> {
     fn idle(&self) -> Option<Exit> {
         let mut end = self.lock();
         if !self.transfer.elastic() {
-            return Some(self.leave(&mut end));
+            return Some(Exit::Eod(end.leave()));
         }
-        end.idle += 1;
+        end.go_idle();
         loop {
             if self.redo_waiting.load(Ordering::Acquire) {
-                end.idle -= 1;
+                end.wake();
                 return None;
             }
-            if end.idle == end.active || self.transfer.abort().is_aborted() {
-                end.idle -= 1;
-                let exit = self.leave(&mut end);
+            if end.all_idle() || self.transfer.abort().is_aborted() {
+                let leave = end.leave_idle();
                 self.wake.notify_all();
-                return Some(exit);
+                return Some(Exit::Eod(leave));
             }
             end = self
                 .wake
@@ -308,35 +298,18 @@ impl State<'_> {
         }
     }
 
-    /// Counts this connection's EOD; the last one to leave carries the EOF block.
-    fn leave(&self, end: &mut End) -> Exit {
-        end.active -= 1;
-        end.eods += 1;
-        let last = end.active == 0;
-        if last {
-            end.done = true;
-        }
-        Exit::Eod {
-            eof: last.then_some(end.eods),
-        }
-    }
-
     /// The policy retired this connection, or the receiver half-closed it: it leaves after
     /// the block it sent, unless it is the only one left.
     fn retire(&self) -> Option<Exit> {
-        let mut end = self.lock();
-        if end.active - end.idle <= 1 {
-            return None;
-        }
-        let exit = self.leave(&mut end);
+        let leave = self.lock().retire()?;
         self.wake.notify_all();
-        Some(exit)
+        Some(Exit::Eod(leave))
     }
 
     /// A broken connection: its blocks go back to be sent again on the others.
     fn lose(&self, link: &Link, blocks: Vec<(u64, u64)>) -> Result<(), EngineError> {
         let mut end = self.lock();
-        end.active -= 1;
+        let all_lost = end.lose().is_err();
         let resend: u64 = blocks.iter().map(|b| b.1).sum();
         if !blocks.is_empty() {
             let mut redo = self.redo.lock().unwrap_or_else(|p| p.into_inner());
@@ -350,7 +323,7 @@ impl State<'_> {
             resend,
             "data connection lost; its blocks go out again on the others"
         );
-        if end.active == 0 {
+        if all_lost {
             return Err(EngineError::AllLost);
         }
         Ok(())
@@ -406,7 +379,7 @@ impl State<'_> {
                 self.lose(link, carried)?;
                 return Ok((sum, None));
             }
-            Exit::Eod { eof } => eof,
+            Exit::Eod(Leave { eof }) => eof,
         };
         // EOF rides on the last connection to finish, together with its EOD, never after it.
         let end = match eof {
