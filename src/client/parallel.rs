@@ -319,6 +319,11 @@ struct Plan {
 impl Plan {
     fn new(opts: &Options, elastic: bool) -> Plan {
         let n = opts.streams.max(1);
+        if opts.schedule.is_some() && !elastic {
+            eprintln!(
+                "braid: --schedule needs a braid server that lets connections join mid-transfer (FEAT BRAID 2); using -n {n}"
+            );
+        }
         match (&opts.schedule, elastic) {
             (Some(s), true) => Plan {
                 start: s.start as u32,
