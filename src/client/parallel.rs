@@ -604,6 +604,7 @@ pub fn put(
             steering.tick(&transfer);
             if c.poll().is_ok() {
                 keep_record(c);
+                transfer.confirm(c.stored());
             }
         },
     );

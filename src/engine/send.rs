@@ -306,8 +306,10 @@ impl State<'_> {
         Some(Exit::Eod(leave))
     }
 
-    /// A broken connection: its blocks go back to be sent again on the others.
+    /// A broken connection: its blocks go back to be sent again on the others, except those the
+    /// receiver confirmed it stored.
     fn lose(&self, link: &Link, blocks: Vec<(u64, u64)>) -> Result<(), EngineError> {
+        let blocks = self.transfer.unconfirmed(blocks);
         let mut end = self.lock();
         let all_lost = end.lose().is_err();
         let resend: u64 = blocks.iter().map(|b| b.1).sum();
@@ -364,6 +366,11 @@ impl State<'_> {
                 Ok(()) => {
                     if elastic {
                         carried.push((offset, len));
+                        // What the receiver confirmed need not be kept for a resend: this
+                        // keeps the list short on long uploads.
+                        if carried.len().is_multiple_of(256) {
+                            carried = self.transfer.unconfirmed(carried);
+                        }
                     }
                 }
                 Err(EngineError::Net { source, .. }) if elastic => {

@@ -139,6 +139,9 @@ pub struct Transfer {
     pacing: AtomicU64,
     /// Most connections open at the same time so far.
     most_open: AtomicUsize,
+    /// What the receiver says it has stored (an upload's range markers): blocks in it need
+    /// not be sent again if their connection breaks.
+    confirmed: Mutex<braid_proto::ranges::RangeSet>,
     abort: Abort,
     /// None only if the system refused an eventfd: the join loop then polls.
     waker: Option<Waker>,
@@ -152,6 +155,7 @@ impl Transfer {
             links: Mutex::new(Vec::new()),
             pacing: AtomicU64::new(0),
             most_open: AtomicUsize::new(0),
+            confirmed: Mutex::new(braid_proto::ranges::RangeSet::new()),
             abort: Abort::new(),
             waker: Waker::new().ok(),
         }
@@ -235,6 +239,23 @@ impl Transfer {
             .iter()
             .filter(|l| l.state() == LinkState::Open)
             .count()
+    }
+
+    /// Records what the receiver has stored, from its range markers.
+    pub fn confirm(&self, stored: &braid_proto::ranges::RangeSet) {
+        let mut c = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+        if *c != *stored {
+            *c = stored.clone();
+        }
+    }
+
+    /// Of these blocks, those the receiver has not confirmed.
+    pub(super) fn unconfirmed(&self, mut blocks: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+        let c = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+        if !c.is_empty() {
+            blocks.retain(|&(offset, len)| !c.covers(offset, offset + len));
+        }
+        blocks
     }
 
     /// Most connections that were open at the same time.
