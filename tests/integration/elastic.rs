@@ -342,3 +342,99 @@ fn a_thousand_files_each_way_take_one_login_and_one_set_of_data_connections() {
     assert_eq!(log.matches("logged in").count(), 2, "{log}");
     assert_eq!(log.matches("reused=true").count(), 2 * 999, "{log}");
 }
+
+#[test]
+fn a_running_download_can_be_told_a_new_rate_and_a_half_closed_connection_is_let_go() {
+    use crate::util::Raw;
+    use braid_proto::block::Header;
+    use std::io::Read;
+    let top = tempdir();
+    // More than the socket buffers hold, so the server is still sending when told the new rate.
+    let content = random_bytes(32 << 20, 43);
+    std::fs::write(top.path().join("f.bin"), &content).unwrap();
+    let server = Server::start(top.path(), &[]);
+    let mut c = Raw::login(server.addr, "anonymous", "x");
+    c.expect("TYPE I", "200 Switching to Binary mode.\r\n");
+    c.expect("MODE E", "200 Mode set to E.\r\n");
+    c.send("OPTS BRAID ELASTIC");
+    assert!(c.reply().starts_with("200 "));
+    // 100 kB/s: the 32 MiB would take over five minutes at this rate.
+    c.expect(
+        "OPTS RETR Parallelism=2,1,2;blocksize=65536;MaxRate=100000;",
+        "200 OPTS Command Successful.\r\n",
+    );
+    let first = c.epsv();
+    let addr = first.peer_addr().unwrap();
+    c.send("RETR f.bin");
+    assert!(c.reply().starts_with("150 "));
+    let second = std::net::TcpStream::connect(addr).unwrap();
+    // Asking the sender to stop using a connection: the half-close braid's client sends.
+    second.shutdown(std::net::Shutdown::Write).unwrap();
+    // The cap holds: a second of reading gets the first window (at most 10 segments of 64 KiB
+    // on loopback, sent before pacing has anything to space) and then nothing, not the tens of
+    // MiB loopback would carry.
+    let mut first = first;
+    let mut early = Vec::new();
+    first
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let start = Instant::now();
+    let mut buf = [0u8; 65536];
+    while start.elapsed() < Duration::from_secs(1) {
+        match first.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => early.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+    }
+    assert!(
+        early.len() < 4 << 20,
+        "{} bytes in the first second",
+        early.len()
+    );
+    // Lift the cap while the data flows: only possible mid-transfer on an elastic session.
+    // The kernel keeps the gap it already scheduled (up to a 64 KiB segment at 50 kB/s per
+    // connection), then sends at full speed.
+    c.expect("OPTS RETR MaxRate=0;", "200 OPTS Command Successful.\r\n");
+    first
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut file = vec![0u8; content.len()];
+    let (mut eods, mut eof) = (0, None);
+    let mut carried = [0u64; 2];
+    for (i, mut s) in [
+        Box::new(std::io::Cursor::new(early).chain(first)) as Box<dyn Read>,
+        Box::new(second),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        loop {
+            let mut raw = [0u8; 17];
+            s.read_exact(&mut raw).unwrap();
+            let h = Header::decode(&raw).unwrap();
+            s.read_exact(&mut file[h.offset as usize..][..h.payload() as usize])
+                .unwrap();
+            carried[i] += h.payload();
+            if h.is_eof() {
+                eof = Some(h.offset);
+            }
+            if h.is_eod() {
+                eods += 1;
+                break;
+            }
+        }
+    }
+    // Let go after the block or so it had taken before it saw the half-close (a connection
+    // that kept going would carry about half the file).
+    assert!(
+        carried[1] <= 4 * 65536,
+        "the half-closed connection carried {carried:?}"
+    );
+    assert!(Instant::now() < deadline, "the rate was not lifted");
+    assert!(file == content, "data differs");
+    assert_eq!(eof, Some(eods), "EOF counts the EODs sent");
+    let r = c.reply();
+    assert!(r.starts_with("226 "), "{r}");
+}
