@@ -15,7 +15,7 @@ use crate::engine::sink::{Reorder, Sink};
 use crate::engine::transfer::{Accept, Joins, Transfer, Waker};
 use crate::engine::{self, EngineError};
 use braid_proto::checksum;
-use braid_proto::client::{BlockSetup, Direction, Op};
+use braid_proto::client::{BlockSetup, Direction, Failure, Op};
 use braid_proto::ranges::RangeSet;
 use braid_proto::retr_opts::RetrOpts;
 use braid_proto::{Command, Reply};
@@ -775,14 +775,21 @@ fn open_and_start(
     }
 }
 
+/// An upload's final reply that is not success, classified by the client session: an
+/// integrity failure (535), or an interrupted upload to continue with --resume.
 fn transfer_failed(r: Reply) -> ClientError {
-    if r.code == 535 {
-        ClientError::Integrity(format!("the server refused the upload: {r}"))
-    } else {
-        ClientError::Interrupted {
+    match Failure::from_reply("the upload", r) {
+        Failure::Integrity(r) => {
+            ClientError::Integrity(format!("the server refused the upload: {r}"))
+        }
+        Failure::Login(r)
+        | Failure::NoSpace(r)
+        | Failure::Refused { reply: r, .. }
+        | Failure::Transient { reply: r, .. } => ClientError::Interrupted {
             bytes: 0,
             why: format!("server reported {r}"),
             partial: None,
-        }
+        },
+        Failure::Protocol(why) => ClientError::Protocol(why),
     }
 }

@@ -374,6 +374,31 @@ fn corrupted_payload_arrives_with_valid_checksums_and_only_braids_check_sees_it(
     // which fails the lab run but only costs TCP a retransmission.
     assert_eq!(client_code, 8, "braid did not report the damage: {report}");
     assert!(!dest.exists(), "a damaged download took its final name");
+
+    // The same on the way up: the server finds the checksum wrong and answers 535, which the
+    // client maps to exit 8 by its code; the upload stays a hidden partial.
+    let up = top.path().join("up.bin");
+    std::fs::write(&up, random_bytes(4 << 20, 17)).unwrap();
+    let serve = format!(
+        "{BRAID} serve --root {} --listen 198.18.0.2:2121 --anonymous-write",
+        root.display()
+    );
+    let put = format!(
+        "{BRAID} put {} ftp://198.18.0.2:2121/up.bin -n 2 -q",
+        up.display()
+    );
+    let (_, client_code, _, report) = run_once(
+        &lab_name("u"),
+        &["--up-corrupt", "1e-5", "--mtu", "1500"],
+        &serve,
+        &put,
+    );
+    assert!(report["up"]["corrupted"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(client_code, 8, "braid did not report the damage: {report}");
+    assert!(
+        !root.join("up.bin").exists(),
+        "a damaged upload took its final name"
+    );
 }
 
 #[test]
