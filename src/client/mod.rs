@@ -68,6 +68,8 @@ pub struct Summary {
     /// Transfer mode used: `stream` is plain FTP over one data connection,
     /// `extended-block` is MODE E over `streams` connections.
     pub mode: &'static str,
+    /// Most data connections open at the same time (a small file may finish before all the
+    /// asked-for connections have joined).
     pub streams: u32,
     /// Bytes each data connection carried (MODE E).
     #[serde(skip_serializing_if = "Vec::is_empty")]
