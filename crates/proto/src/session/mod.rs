@@ -5,9 +5,10 @@
 //! file system, run a transfer). The caller reports the outcome back through the matching
 //! `*_done` method, which gives the reply. The session never touches sockets, files or clocks.
 //!
-//! Here: login, TLS, file commands and transfers. Beside it: `settings.rs` (TYPE, MODE,
-//! passive and active data connections, REST, SBUF), `info.rs` (FEAT, OPTS, STAT, HELP),
-//! `vocabulary.rs` (the actions and outcomes shared with the I/O driver).
+//! Here: the dispatch, login, TLS, and what the caller reports back (`*_done`). Beside it:
+//! `files.rs` (file, directory and transfer commands), `settings.rs` (TYPE, MODE, passive and
+//! active data connections, REST, SBUF), `info.rs` (FEAT, OPTS, STAT, HELP), `vocabulary.rs`
+//! (the actions and outcomes shared with the I/O driver).
 
 use crate::command::Command;
 use crate::listing;
@@ -18,6 +19,8 @@ use std::net::{IpAddr, SocketAddr};
 
 mod info;
 use info::help;
+mod files;
+use files::Pending;
 mod settings;
 mod vocabulary;
 #[cfg(test)]
@@ -194,22 +197,6 @@ impl Session {
             return reply(530, "Please log in with USER and PASS first.");
         };
         let writable = perm == Perm::ReadWrite;
-        let need_write = |path: &VPath| -> Option<Action> {
-            (!writable).then(|| {
-                Action::Reply(Reply::new(
-                    550,
-                    format!("{path}: permission denied: this account is read-only."),
-                ))
-            })
-        };
-        macro_rules! resolve {
-            ($arg:expr) => {
-                match self.cwd.join($arg) {
-                    Ok(p) => p,
-                    Err(e) => return Action::Reply(path_error(e, $arg)),
-                }
-            };
-        }
         match cmd {
             Command::Acct(_) => reply(202, "ACCT not needed."),
             Command::Rein => {
@@ -221,10 +208,6 @@ impl Session {
                 reply(220, "Service ready for new user.")
             }
             Command::Stat(None) => Action::Reply(self.status()),
-            Command::Stat(Some(arg)) => {
-                let p = resolve!(&strip_list_flags(&arg));
-                self.fs(FsOp::StatList(p))
-            }
             Command::Site(arg) => {
                 let verb = arg.split(' ').next().unwrap_or("").to_ascii_uppercase();
                 match verb.as_str() {
@@ -247,123 +230,34 @@ impl Session {
             | Command::Rest(_)
             | Command::Allo(_)
             | Command::Sbuf(_)) => self.setting(cmd),
-            Command::Pwd => Action::Reply(Reply::new(
-                257,
-                format!("{} is the current directory.", self.cwd.quoted()),
-            )),
-            Command::Cwd(arg) => {
-                let p = resolve!(&arg);
-                self.fs(FsOp::ChangeDir(p))
-            }
-            Command::Cdup => match self.cwd.parent() {
-                Some(p) => self.fs(FsOp::ChangeDir(p)),
-                None => reply(550, "Already at the root directory."),
-            },
-            Command::Cksm {
-                alg,
-                offset,
-                length,
-                path,
-            } => {
-                let Some(alg) = ChecksumAlg::parse(&alg) else {
-                    return Action::Reply(Reply::new(
-                        504,
-                        format!("Unsupported checksum algorithm {alg}; use XXH3, MD5 or ADLER32."),
-                    ));
-                };
-                if alg == ChecksumAlg::Xxh3 && (offset != 0 || length.is_some()) {
-                    return reply(
-                        504,
-                        "XXH3 covers whole files only: use offset 0 and length -1.",
-                    );
-                }
-                let p = resolve!(&path);
-                self.fs(FsOp::Checksum {
-                    path: p,
-                    alg,
-                    offset,
-                    length,
-                })
-            }
-            Command::Scks { alg, value } => {
-                if ChecksumAlg::parse(&alg) != Some(ChecksumAlg::Xxh3) {
-                    return Action::Reply(Reply::new(
-                        504,
-                        format!("SCKS supports {} only.", crate::checksum::NAME),
-                    ));
-                }
-                self.expect = Some(match value {
-                    Some(v) => Expected::Value(v),
-                    None => Expected::Deferred,
-                });
-                reply(200, "SCKS Command Successful.")
-            }
-            Command::Retr(arg) => {
-                let p = resolve!(&arg);
-                self.transfer(TransferKind::Retr(p), rest, rest_ranges, writable)
-            }
-            Command::Stor(arg) => {
-                let p = resolve!(&arg);
-                match need_write(&p) {
-                    Some(a) => a,
-                    None => self.transfer(TransferKind::Stor(p), rest, rest_ranges, writable),
-                }
-            }
-            Command::Appe(arg) => {
-                let p = resolve!(&arg);
-                match need_write(&p) {
-                    Some(a) => a,
-                    None => self.transfer(TransferKind::Appe(p), rest, rest_ranges, writable),
-                }
-            }
-            Command::List(arg) => self.list(arg, ListStyle::Long, writable),
-            Command::Nlst(arg) => self.list(arg, ListStyle::Names, writable),
-            Command::Mlsd(arg) => self.list(arg, ListStyle::Machine, writable),
-            Command::Mlst(arg) => {
-                let p = resolve!(arg.as_deref().unwrap_or(""));
-                self.fs(FsOp::Mlst(p))
-            }
-            Command::Size(arg) => {
-                let p = resolve!(&arg);
-                let ascii = self.ascii;
-                self.fs(FsOp::Size { path: p, ascii })
-            }
-            Command::Mdtm(arg) => {
-                let p = resolve!(&arg);
-                self.fs(FsOp::Mdtm(p))
-            }
-            Command::Dele(arg) => {
-                let p = resolve!(&arg);
-                need_write(&p).unwrap_or_else(|| self.fs(FsOp::Dele(p)))
-            }
-            Command::Mkd(arg) => {
-                let p = resolve!(&arg);
-                need_write(&p).unwrap_or_else(|| self.fs(FsOp::Mkd(p)))
-            }
-            Command::Rmd(arg) => {
-                let p = resolve!(&arg);
-                if p.is_root() {
-                    return reply(550, "The root directory cannot be removed.");
-                }
-                need_write(&p).unwrap_or_else(|| self.fs(FsOp::Rmd(p)))
-            }
-            Command::Rnfr(arg) => {
-                let p = resolve!(&arg);
-                if p.is_root() {
-                    return reply(550, "The root directory cannot be renamed.");
-                }
-                need_write(&p).unwrap_or_else(|| self.fs(FsOp::RenameFrom(p)))
-            }
-            Command::Rnto(arg) => {
-                let Some(from) = rename_from else {
-                    return reply(503, "Send RNFR first.");
-                };
-                let to = resolve!(&arg);
-                if to.is_root() {
-                    return reply(553, "Cannot rename onto the root directory.");
-                }
-                self.fs(FsOp::Rename { from, to })
-            }
+            cmd @ (Command::Pwd
+            | Command::Cwd(_)
+            | Command::Cdup
+            | Command::Stat(Some(_))
+            | Command::Cksm { .. }
+            | Command::Scks { .. }
+            | Command::Retr(_)
+            | Command::Stor(_)
+            | Command::Appe(_)
+            | Command::List(_)
+            | Command::Nlst(_)
+            | Command::Mlsd(_)
+            | Command::Mlst(_)
+            | Command::Size(_)
+            | Command::Mdtm(_)
+            | Command::Dele(_)
+            | Command::Mkd(_)
+            | Command::Rmd(_)
+            | Command::Rnfr(_)
+            | Command::Rnto(_)) => self.file_command(
+                cmd,
+                Pending {
+                    writable,
+                    rest,
+                    rest_ranges,
+                    rename_from,
+                },
+            ),
             // Handled above, before the login check.
             Command::Quit
             | Command::Noop
