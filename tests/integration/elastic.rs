@@ -1,6 +1,6 @@
 //! Elastic MODE E between braid peers: connections that join, leave and break while the data
 //! flows, shown through `--json`'s connection records and timeline.
-use crate::util::{BRAID, Server, braid, json, random_bytes, tempdir, wait_timeout};
+use crate::util::{Server, braid, braid_command, json, random_bytes, tempdir, wait_timeout};
 use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -146,8 +146,8 @@ fn data_connections(pid: u32, control_port: u16) -> Vec<(String, String)> {
 
 /// Runs `args` with `--json`, and once the client has its four data connections, destroys
 /// one of them with `ss -K` (as a reset from the network would). Returns the summary.
-fn run_and_break_one(args: &[&str], control_port: u16) -> Value {
-    let mut child = Command::new(BRAID)
+fn run_and_break_one(args: &[&str], control_port: u16, home: &std::path::Path) -> Value {
+    let mut child = braid_command(home)
         .args(args)
         .args(["-n", "4", "--max-rate", "16MB", "--json"])
         .stdout(Stdio::piped())
@@ -225,7 +225,7 @@ fn a_connection_that_breaks_mid_transfer_is_made_up_for_by_the_others() {
         ("get", &get, dest.clone()),
         ("put", &put, root.join("stored.bin")),
     ] {
-        let s = run_and_break_one(args, server.port());
+        let s = run_and_break_one(args, server.port(), top.path());
         assert!(
             std::fs::read(&result).unwrap() == content,
             "{what}: content differs"

@@ -383,8 +383,10 @@ fn corrupted_payload_arrives_with_valid_checksums_and_only_braids_check_sees_it(
         "{BRAID} serve --root {} --listen 198.18.0.2:2121 --anonymous-write",
         root.display()
     );
+    // Upload records go to the test's directory, not the user's.
     let put = format!(
-        "{BRAID} put {} ftp://198.18.0.2:2121/up.bin -n 2 -q",
+        "XDG_STATE_HOME={} {BRAID} put {} ftp://198.18.0.2:2121/up.bin -n 2 -q",
+        top.path().join("state").display(),
         up.display()
     );
     let (_, client_code, _, report) = run_once(

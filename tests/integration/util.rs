@@ -353,11 +353,25 @@ pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// Runs `braid` with arguments; returns (exit code, stdout, stderr).
-pub fn braid(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+/// A `braid` command that keeps away from the user's files: its HOME (netrc, upload records
+/// under `.local/state`) is `home`, a directory the test owns, and no password comes from the
+/// environment.
+pub fn braid_command(home: &Path) -> Command {
     let mut cmd = Command::new(BRAID);
-    cmd.args(args).stdin(Stdio::null());
-    cmd.env_remove("BRAID_PASSWORD").env("HOME", "/nonexistent");
+    cmd.stdin(Stdio::null())
+        .env_remove("BRAID_PASSWORD")
+        .env_remove("XDG_STATE_HOME")
+        .env("HOME", home);
+    cmd
+}
+
+/// Runs `braid` with arguments, in an empty HOME of its own that goes when it ends; returns
+/// (exit code, stdout, stderr). A test that needs upload records to outlast one run passes
+/// `XDG_STATE_HOME` in `env`.
+pub fn braid(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let home = tempdir();
+    let mut cmd = braid_command(home.path());
+    cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }
