@@ -12,22 +12,12 @@ target/release/braid aside first). Only loopback is used; both servers are stopp
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import tempfile
 
-
-def proc_cpu(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children_cpu():
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+from loopback import children_cpu, proc_cpu
 
 
 def main():

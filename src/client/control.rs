@@ -3,7 +3,7 @@
 use super::error::{ClientError, Result};
 use super::url::Target;
 use super::wire::Wire;
-use braid_proto::client::{ClientSession, Direction, Failure, Op, Outcome};
+use braid_proto::client::{BlockPeer, ClientSession, Direction, Failure, Op, Outcome};
 use braid_proto::ranges::RangeSet;
 use braid_proto::{Command, Reply, ReplyParser};
 use std::collections::VecDeque;
@@ -183,7 +183,7 @@ impl Control {
     }
 
     /// Carries the running op to its end: reads replies, sends what the session asks next.
-    pub fn finish(&mut self) -> std::result::Result<Outcome, Failure> {
+    fn finish(&mut self) -> std::result::Result<Outcome, Failure> {
         loop {
             if let Some(o) = self.session.poll_outcome() {
                 return o;
@@ -200,11 +200,16 @@ impl Control {
     /// Runs one op of the client session to its end.
     pub fn run(&mut self, op: Op) -> Result<Outcome> {
         self.begin(op)?;
-        self.finish().map_err(|f| self.error(f, None))
+        self.finished(None)
+    }
+
+    /// The end of the running op; `what` names the request in errors better than its verb.
+    fn finished(&mut self, what: Option<String>) -> Result<Outcome> {
+        self.finish().map_err(|f| self.error(f, what))
     }
 
     /// The client error for a failed op; `what` names the request better than its verb.
-    pub fn error(&self, f: Failure, what: Option<String>) -> ClientError {
+    fn error(&self, f: Failure, what: Option<String>) -> ClientError {
         match f {
             Failure::Login(reply) => ClientError::Login {
                 user: self.user.clone(),
@@ -243,10 +248,7 @@ impl Control {
 
     /// Sends a command and returns its final reply (skipping 1xx ones), whatever its code.
     pub fn cmd(&mut self, cmd: &Command) -> Result<Reply> {
-        match self.run(Op::Ask(cmd.clone()))? {
-            Outcome::Done(r) => Ok(r),
-            o => Err(ClientError::Protocol(format!("unexpected {o:?}"))),
-        }
+        self.run(Op::Ask(cmd.clone())).and_then(done)
     }
 
     /// Sends a command that must succeed with one of `ok`.
@@ -255,24 +257,12 @@ impl Control {
             cmd: cmd.clone(),
             ok: ok.to_vec(),
         })?;
-        match self.finish() {
-            Ok(Outcome::Done(r)) => Ok(r),
-            Ok(o) => Err(ClientError::Protocol(format!("unexpected {o:?}"))),
-            Err(f) => Err(self.error(f, Some(cmd_for_error(cmd)))),
-        }
-    }
-
-    /// Runs an op that ends with a reply.
-    fn run_done(&mut self, op: Op) -> Result<Reply> {
-        match self.run(op)? {
-            Outcome::Done(r) => Ok(r),
-            o => Err(ClientError::Protocol(format!("unexpected {o:?}"))),
-        }
+        self.finished(Some(cmd_for_error(cmd))).and_then(done)
     }
 
     pub fn login(&mut self, target: &Target) -> Result<()> {
         self.user = target.user.clone();
-        self.run_done(Op::Login {
+        self.run(Op::Login {
             user: target.user.clone(),
             password: target.password.clone(),
         })
@@ -289,9 +279,9 @@ impl Control {
         self.session.features().has(name)
     }
 
-    /// The number after a feature's name (`BRAID 2` gives 2), if FEAT listed it with one.
-    pub fn feature_version(&self, name: &str) -> Option<u32> {
-        self.session.features().version(name)
+    /// The kind of MODE E server this is, from its FEAT.
+    pub fn block_peer(&self) -> Option<BlockPeer> {
+        self.session.features().block_peer()
     }
 
     /// Opens a passive data connection: EPSV first (it works through NAT and over IPv6), PASV
@@ -362,16 +352,37 @@ impl Control {
         self.data.clear();
         match self.run(Op::Passive)? {
             Outcome::Passive(port) => Ok(SocketAddr::new(self.peer.ip(), port)),
-            o => Err(ClientError::Protocol(format!("unexpected {o:?}"))),
+            o => Err(unexpected(o)),
         }
     }
 
     /// REST, sent right before the transfer command as RFC 3659 asks.
     pub fn restart_at(&mut self, offset: u64) -> Result<()> {
         self.begin(Op::Rest(offset))?;
-        self.finish()
+        self.finished(Some(format!("REST {offset} (the server cannot resume)")))
             .map(drop)
-            .map_err(|f| self.error(f, Some(format!("REST {offset} (the server cannot resume)"))))
+    }
+
+    /// REST with byte ranges (MODE E), when there are any.
+    pub fn restart_ranges(&mut self, have: &RangeSet) -> Result<()> {
+        if have.is_empty() {
+            return Ok(());
+        }
+        self.begin(Op::RestRanges(have.clone()))?;
+        self.finished(Some(format!("REST {have} (the server cannot resume)")))
+            .map(drop)
+    }
+
+    /// The server's checksum of a whole file (CKSM), lower-case hex; None if it offers none.
+    pub fn checksum(&mut self, alg: &str, path: &str) -> Result<Option<String>> {
+        let op = Op::Checksum {
+            alg: alg.into(),
+            path: path.into(),
+        };
+        match self.run(op)? {
+            Outcome::Checksum(sum) => Ok(sum),
+            o => Err(unexpected(o)),
+        }
     }
 
     /// Sends a transfer command after the data connection is open and waits for 125/150.
@@ -389,21 +400,16 @@ impl Control {
     /// Waits for 125/150 after [`Control::send_transfer`]; true if the server reuses the
     /// data connections the last transfer left open (125).
     pub fn transfer_started(&mut self, cmd: &Command) -> Result<bool> {
-        match self.finish() {
-            Ok(Outcome::Started { reused }) => Ok(reused),
-            Ok(o) => Err(ClientError::Protocol(format!("unexpected {o:?}"))),
-            Err(f) => Err(self.error(f, Some(cmd_for_error(cmd)))),
+        match self.finished(Some(cmd_for_error(cmd)))? {
+            Outcome::Started { reused } => Ok(reused),
+            o => Err(unexpected(o)),
         }
     }
 
     /// The final reply of a transfer (226 or 250 on success).
     pub fn finish_transfer(&mut self, cmd: &Command) -> Result<Reply> {
         self.begin(Op::FinishTransfer)?;
-        match self.finish() {
-            Ok(Outcome::Done(r)) => Ok(r),
-            Ok(o) => Err(ClientError::Protocol(format!("unexpected {o:?}"))),
-            Err(f) => Err(self.error(f, Some(cmd_for_error(cmd)))),
-        }
+        self.finished(Some(cmd_for_error(cmd))).and_then(done)
     }
 
     /// The next reply that is not a mark (1xx): GridFTP servers send 111/112 markers meanwhile.
@@ -482,6 +488,19 @@ impl Control {
     pub fn quit(mut self) {
         let _ = self.run(Op::Quit);
     }
+}
+
+/// The reply of an op that ends with one.
+fn done(o: Outcome) -> Result<Reply> {
+    match o {
+        Outcome::Done(r) => Ok(r),
+        o => Err(unexpected(o)),
+    }
+}
+
+/// An op ended in a way its caller did not ask for: a bug, said as such.
+fn unexpected(o: Outcome) -> ClientError {
+    ClientError::Protocol(format!("internal error: unexpected outcome {o:?}"))
 }
 
 fn cmd_for_error(cmd: &Command) -> String {

@@ -137,10 +137,7 @@ fn session(target: &Target, opts: &Options) -> Result<Control> {
     }
     c.login(target)?;
     c.probe_features()?;
-    c.expect(
-        &Command::Type(braid_proto::command::TransferType::Image),
-        &[200],
-    )?;
+    c.run(braid_proto::client::Op::Binary)?;
     Ok(c)
 }
 

@@ -15,7 +15,7 @@ use crate::engine::sink::{Reorder, Sink};
 use crate::engine::transfer::{Accept, Joins, Transfer, Waker};
 use crate::engine::{self, EngineError};
 use braid_proto::checksum;
-use braid_proto::client::{BlockSetup, Direction, Failure, Op};
+use braid_proto::client::{BlockPeer, BlockSetup, Direction, Failure, Op};
 use braid_proto::ranges::RangeSet;
 use braid_proto::retr_opts::RetrOpts;
 use braid_proto::{Command, Reply};
@@ -39,14 +39,10 @@ impl Peer {
     /// None also under TLS: MODE E data connections are not encrypted yet, so a TLS session
     /// moves its data over one stream-mode connection, which is.
     pub fn of(c: &Control) -> Option<Peer> {
-        if c.uses_tls() {
-            None
-        } else if c.has_feature("BRAID") {
-            Some(Peer::Braid)
-        } else if c.has_feature("PARALLEL") {
-            Some(Peer::GridFtp)
-        } else {
-            None
+        match c.block_peer()? {
+            _ if c.uses_tls() => None,
+            BlockPeer::Braid { .. } => Some(Peer::Braid),
+            BlockPeer::GridFtp => Some(Peer::GridFtp),
         }
     }
 }
@@ -65,7 +61,7 @@ pub fn get(
     opts: &Options,
 ) -> Result<Summary> {
     let remote = target.path.as_str();
-    let plan = Plan::new(opts, offers_elastic(c, peer));
+    let plan = Plan::new(opts, offers_elastic(c));
     let n = plan.start;
     let retr = RetrOpts {
         parallelism: Some((plan.start, plan.start.min(1), plan.max)),
@@ -150,29 +146,21 @@ pub fn get(
         let conns = match peer {
             // The last download left its data connections open: no PASV, no connecting.
             Peer::Braid if c.session().can_reuse(Direction::Download) => {
-                if !have.is_empty() {
-                    c.expect(&Command::RestRanges(have.clone()), &[350])?;
-                }
+                c.restart_ranges(&have)?;
                 let socks = c.take_data_connections();
                 c.start_transfer(&retr)?;
                 reused = true;
-                let mut joins = Joins::fixed(socks, STALL);
-                joins.reused = true;
-                joins
+                Joins::cached(socks, STALL)
             }
             Peer::Braid => {
                 let addr = c.passive_addr()?;
-                if !have.is_empty() {
-                    c.expect(&Command::RestRanges(have.clone()), &[350])?;
-                }
+                c.restart_ranges(&have)?;
                 let socks = open_and_start(c, &retr, addr, n, opts.buffer, elastic)?;
                 plan.joins(socks, addr, opts.buffer, &mut steering, transfer.waker())
             }
             Peer::GridFtp => {
                 let listener = c.active_listener()?;
-                if !have.is_empty() {
-                    c.expect(&Command::RestRanges(have.clone()), &[350])?;
-                }
+                c.restart_ranges(&have)?;
                 c.start_transfer(&retr)?;
                 Joins::accept(
                     Accept {
@@ -288,8 +276,8 @@ fn extended(
 
 /// Whether the server can let connections join, leave and break mid-transfer (FEAT
 /// `BRAID 2`).
-fn offers_elastic(c: &Control, peer: Peer) -> bool {
-    peer == Peer::Braid && c.feature_version("BRAID").unwrap_or(0) >= 2
+fn offers_elastic(c: &Control) -> bool {
+    matches!(c.block_peer(), Some(BlockPeer::Braid { elastic: true }))
 }
 
 /// MODE E and its settings, each sent once per session; whether transfers are elastic.
@@ -436,17 +424,10 @@ pub(super) fn compare_with_server(
     ours: &str,
     advice: &str,
 ) -> Result<Option<String>> {
-    let r = c.cmd(&Command::Cksm {
-        alg: alg.into(),
-        offset: 0,
-        length: None,
-        path: path.into(),
-    })?;
-    if r.code != 213 {
-        tracing::info!(reply = %r, "the server offers no {alg} checksum; size check only");
+    let Some(remote) = c.checksum(alg, path)? else {
+        tracing::info!("the server offers no {alg} checksum; size check only");
         return Ok(None);
-    }
-    let remote = r.text().trim().to_ascii_lowercase();
+    };
     if remote != local {
         return Err(ClientError::Integrity(format!(
             "checksum mismatch: the server's {alg} of {path} is {remote}, {ours} {local}{advice}"
@@ -480,7 +461,7 @@ pub fn put(
         record,
         have,
     } = up;
-    let plan = Plan::new(opts, offers_elastic(c, peer));
+    let plan = Plan::new(opts, offers_elastic(c));
     let n = plan.start;
     let elastic = block_mode(c, Direction::Upload, RetrOpts::default(), opts.buffer)?;
     // A fresh upload hashes the blocks as they go out and announces the checksum at the end;
@@ -523,18 +504,14 @@ pub fn put(
     // The last upload of this session left its data connections open: no PASV, no connecting.
     let reused = peer == Peer::Braid && c.session().can_reuse(Direction::Upload);
     let (socks, addr) = if reused {
-        if !have.is_empty() {
-            c.expect(&Command::RestRanges(have.clone()), &[350])?;
-        }
+        c.restart_ranges(&have)?;
         c.reset_stored(have.clone());
         let socks = c.take_data_connections();
         c.start_transfer(&stor)?;
         (socks, None)
     } else {
         let addr = c.passive_addr()?;
-        if !have.is_empty() {
-            c.expect(&Command::RestRanges(have.clone()), &[350])?;
-        }
+        c.restart_ranges(&have)?;
         c.reset_stored(have.clone());
         (Vec::new(), Some(addr))
     };
@@ -570,11 +547,7 @@ pub fn put(
     steering.prime(&transfer);
     let joins = match addr {
         Some(addr) => plan.joins(socks, addr, opts.buffer, &mut steering, transfer.waker()),
-        None => {
-            let mut joins = Joins::fixed(socks, STALL);
-            joins.reused = true;
-            joins
-        }
+        None => Joins::cached(socks, STALL),
     };
     // In a batch the connections stay open for the next upload (EOD without CLOSE).
     let keep = opts.keep_connections && peer == Peer::Braid;

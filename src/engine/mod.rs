@@ -28,8 +28,8 @@ pub mod transfer;
 
 use braid_proto::block::BlockError;
 use std::net::TcpStream;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Default block size. Measured on loopback (2 GiB, 4 connections, 2026-11-22): 256 KiB to
 /// 64 MiB all move ~4.25 GB/s, so the header and per-block syscalls cost nothing at 1 MiB. What
@@ -63,6 +63,10 @@ pub enum EngineError {
     Aborted,
     #[error("every data connection broke")]
     AllLost,
+    #[error(
+        "nothing moved on the data connections for {0} s (the peer stalled, or announced more connections than came)"
+    )]
+    Stalled(u64),
 }
 
 impl EngineError {
@@ -85,7 +89,7 @@ impl EngineError {
 #[derive(Debug, Default)]
 pub struct Abort {
     aborted: AtomicBool,
-    socks: Mutex<Vec<TcpStream>>,
+    socks: Mutex<Vec<Arc<TcpStream>>>,
 }
 
 impl Abort {
@@ -96,12 +100,20 @@ impl Abort {
     /// Tracks a data connection so that [`Abort::abort`] can close it.
     pub fn register(&self, sock: &TcpStream) {
         if let Ok(clone) = sock.try_clone() {
-            let mut socks = self.socks.lock().unwrap_or_else(|p| p.into_inner());
-            socks.push(clone);
+            self.register_handle(Arc::new(clone));
         }
+    }
+
+    /// The same with a handle the caller shares (a transfer's [`transfer::Link`]), so that
+    /// one duplicate of the socket serves both.
+    pub fn register_handle(&self, sock: Arc<TcpStream>) {
         if self.is_aborted() {
             let _ = sock.shutdown(std::net::Shutdown::Both);
         }
+        self.socks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(sock);
     }
 
     pub fn abort(&self) {

@@ -229,7 +229,7 @@ fn receive_conn(
             Err(_) if first && transfer.elastic() => return Ok(Ended::Unused),
             r => r.map_err(net)?,
         };
-        if header_read {
+        if header_read && first {
             link.set_heard();
         }
         if !header_read {

@@ -71,9 +71,9 @@ impl LinkState {
 pub struct Link {
     /// Position in the order the connections joined, from 0.
     pub id: usize,
-    /// A second handle on the socket, for statistics, pacing and shutdown; the connection's
-    /// thread owns the first.
-    sock: TcpStream,
+    /// A second handle on the socket, for statistics, pacing and shutdown (shared with the
+    /// transfer's [`Abort`]); the connection's thread owns the first.
+    sock: Arc<TcpStream>,
     /// Payload bytes carried (sent or received) on this connection.
     bytes: AtomicU64,
     /// The policy asked the sender to stop using it after the current block.
@@ -186,8 +186,8 @@ impl Transfer {
 
     /// Adds a connection. Fails only if the socket cannot be duplicated (out of descriptors).
     pub(super) fn join(&self, sock: &TcpStream) -> std::io::Result<Arc<Link>> {
-        let dup = sock.try_clone()?;
-        self.abort.register(sock);
+        let dup = Arc::new(sock.try_clone()?);
+        self.abort.register_handle(dup.clone());
         let link = {
             let mut links = self.lock();
             let link = Arc::new(Link {
@@ -208,7 +208,7 @@ impl Transfer {
             self.most_open.fetch_max(open, Ordering::Relaxed);
             link
         };
-        self.apply_pacing();
+        self.reshare_pacing();
         Ok(link)
     }
 
@@ -222,7 +222,7 @@ impl Transfer {
             .max(1);
         link.ended_ns.store(ns, Ordering::Release);
         link.state.store(state as u8, Ordering::Release);
-        self.apply_pacing();
+        self.reshare_pacing();
         if let Some(w) = &self.waker {
             w.wake();
         }
@@ -306,6 +306,14 @@ impl Transfer {
         }
     }
 
+    /// A connection joined or left: a cap in force is split again. Without one there is
+    /// nothing to do (sockets start unpaced, and lifting a cap already reached every socket).
+    fn reshare_pacing(&self) {
+        if self.pacing().is_some() {
+            self.apply_pacing();
+        }
+    }
+
     fn apply_pacing(&self) {
         let total = self.pacing();
         let links = self.lock();
@@ -357,6 +365,14 @@ impl Joins {
             accept: None,
             incoming: None,
             stall,
+        }
+    }
+
+    /// The connections an earlier transfer left open (GridFTP data-channel caching).
+    pub fn cached(open: Vec<TcpStream>, stall: Duration) -> Joins {
+        Joins {
+            reused: true,
+            ..Joins::fixed(open, stall)
         }
     }
 
@@ -457,15 +473,12 @@ pub(super) fn join_loop(
             last_bytes = bytes;
             last = Instant::now();
         } else if last.elapsed() > stall {
-            let joined_any = !transfer.links().is_empty();
-            return Err(EngineError::Setup(if !joined_any {
-                format!("no data connection arrived within {} s", stall.as_secs())
+            let secs = stall.as_secs();
+            return Err(if transfer.links().is_empty() {
+                EngineError::Setup(format!("no data connection arrived within {secs} s"))
             } else {
-                format!(
-                    "nothing moved on the data connections for {} s (the peer announced more than arrived, or stalled)",
-                    stall.as_secs()
-                )
-            }));
+                EngineError::Stalled(secs)
+            });
         }
     }
     Ok(())

@@ -79,8 +79,7 @@ impl Io {
             ));
         }
         if let Some(kept) = cached {
-            let mut joins = Joins::fixed(kept.socks, self.config.data_timeout);
-            joins.reused = true;
+            let joins = Joins::cached(kept.socks, self.config.data_timeout);
             return Ok(BlockConns::Send(joins));
         }
         let n = b.parallelism.max(1) as usize;

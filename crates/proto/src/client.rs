@@ -118,8 +118,6 @@ pub enum Op {
     Binary,
     /// MODE E with these settings, sending only what is not in effect yet.
     BlockMode(BlockSetup),
-    /// MODE S, unless already in effect.
-    StreamMode,
     /// EPSV, or PASV where EPSV is not understood.
     Passive,
     /// REST with byte ranges (MODE E).
@@ -234,7 +232,6 @@ enum Wait {
 enum Setting {
     Type,
     ModeE,
-    ModeS,
     Elastic,
     Retr(RetrOpts),
     Sbuf(u64),
@@ -315,8 +312,6 @@ impl ClientSession {
                 Command::Type(TransferType::Image),
                 Wait::Setting(Setting::Type),
             )],
-            Op::StreamMode if !self.mode_e => vec![],
-            Op::StreamMode => vec![(Command::Mode(Mode::Stream), Wait::Setting(Setting::ModeS))],
             Op::BlockMode(setup) => self.plan_block_mode(setup),
             Op::Passive if self.no_epsv => vec![(Command::Pasv, Wait::Pasv)],
             Op::Passive => vec![(Command::Epsv(EpsvArg::Default), Wait::Epsv)],
@@ -484,10 +479,6 @@ impl ClientSession {
                 match s {
                     Setting::Type => self.binary = true,
                     Setting::ModeE => self.mode_e = true,
-                    Setting::ModeS => {
-                        self.mode_e = false;
-                        self.cached = None;
-                    }
                     Setting::Elastic => self.elastic = true,
                     Setting::Retr(o) => self.retr = Some(o),
                     Setting::Sbuf(b) => self.sbuf = Some(b),
@@ -566,7 +557,6 @@ fn setting_name(s: &Setting) -> &'static str {
     match s {
         Setting::Type => "TYPE I",
         Setting::ModeE => "MODE E",
-        Setting::ModeS => "MODE S",
         Setting::Elastic => "OPTS BRAID ELASTIC",
         Setting::Retr(_) => "OPTS RETR",
         Setting::Sbuf(_) => "SBUF",
