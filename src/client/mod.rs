@@ -690,7 +690,7 @@ fn put_on(c: &mut Control, local: &Path, target: &Target, opts: &Options) -> Res
     ))
 }
 
-/// Sends `[offset, len)` of a file with sendfile: the bytes never pass through user space.
+/// Sends `[offset, len)` of a file on a clear connection (`sendfile` to another host).
 fn send_file(
     file: &File,
     offset: u64,
@@ -699,11 +699,12 @@ fn send_file(
     bar: &ProgressBar,
 ) -> std::result::Result<u64, (u64, std::io::Error)> {
     let mut at = offset;
-    let reached = crate::engine::sendfile_range(sock, file, offset, len, |now| {
-        at = now;
-        bar.set_position(now);
-    })
-    .map_err(|e| (at - offset, e))?;
+    let reached = crate::engine::file_send::FileSender::for_socket(sock)
+        .send(sock, file, offset, len, |now| {
+            at = now;
+            bar.set_position(now);
+        })
+        .map_err(|e| (at - offset, e))?;
     if reached < len {
         return Err((
             reached - offset,

@@ -79,7 +79,11 @@ pub fn get(
             let cap = (block * n as usize * 2).clamp(8 << 20, 256 << 20);
             let out = Box::new(std::io::stdout());
             let start = Progress::holding(RangeSet::new());
-            (Sink::Ordered(Reorder::new(out, cap, STALL)), None, start)
+            (
+                Sink::Ordered(Reorder::new(out, cap, STALL, elastic)),
+                None,
+                start,
+            )
         }
         Dest::File(path) => {
             let part = part_path(path);

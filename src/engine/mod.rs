@@ -12,11 +12,13 @@
 //!   machine, with an in-memory model of the whole elastic protocol as its test.
 //! - [`sink`]: where received blocks go (a file at offsets, or in order to a stream).
 //! - [`stream`]: stream mode's copy loops (one connection, ASCII conversion, TLS), for client
-//!   and server; binary files in clear go by [`sendfile_range`].
+//!   and server; binary files in clear go by [`file_send`], which picks `sendfile` or a copy
+//!   by where the peer is.
 //! - [`stats`]: per-connection samples (bytes, rate, `TCP_INFO`) taken off the data path.
 //! - [`hooks`]: the **policy** (open and close connections, resize buffers) and the **pacer**
 //!   (cap the rate of the whole transfer), and the steering that applies them.
 
+pub mod file_send;
 pub mod hooks;
 pub mod receive;
 pub mod roster;
@@ -149,30 +151,6 @@ impl FirstError {
     fn into_inner(self) -> Option<EngineError> {
         self.0.into_inner().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-/// Sends `[offset, end)` of `file` on `sock` with sendfile, so the bytes never pass through user
-/// space. `sent` is told the offset reached after each call. Returns the offset reached, which
-/// is short of `end` when the file is shorter than that.
-pub fn sendfile_range(
-    sock: &TcpStream,
-    file: &std::fs::File,
-    mut offset: u64,
-    end: u64,
-    mut sent: impl FnMut(u64),
-) -> std::io::Result<u64> {
-    while offset < end {
-        let want = usize::try_from(end - offset)
-            .unwrap_or(usize::MAX)
-            .min(1 << 30);
-        match rustix::fs::sendfile(sock, file, Some(&mut offset), want) {
-            Ok(0) => break,
-            Ok(_) => sent(offset),
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(offset)
 }
 
 /// Applies a fixed socket buffer size (SBUF, `--buffer`); without one the kernel's autotuning

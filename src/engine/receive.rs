@@ -126,12 +126,9 @@ pub fn receive(
                     }
                     Ok(Ended::Closed) => transfer.end(&link, LinkState::Finished),
                     Ok(Ended::Unused) => transfer.end(&link, LinkState::Unused),
-                    // The sender sends what it carried again on the others. Not into an ordered
-                    // sink: the blocks that fill its gap would queue behind data that the
-                    // waiting connections cannot take.
-                    Err(e)
-                        if transfer.elastic() && e.is_connection_loss() && sink.random_access() =>
-                    {
+                    // The sender sends what it carried again on the others (an ordered sink
+                    // then lets blocks wait on disk, so no connection stops reading).
+                    Err(e) if transfer.elastic() && e.is_connection_loss() => {
                         tracing::warn!(conn = link.id, "data connection lost: {e}");
                         transfer.end(&link, LinkState::Lost);
                         if transfer.open() == 0 && !shared.complete() {

@@ -4,9 +4,10 @@
 //! or break (their blocks are sent again on the others), so the EOF count is settled only
 //! when the last connection leaves.
 
+use super::file_send::FileSender;
 use super::roster::{Leave, Roster};
 use super::transfer::{Joins, Link, LinkState, Transfer, join_loop};
-use super::{EngineError, FirstError, PIECE, sendfile_range};
+use super::{EngineError, FirstError, PIECE};
 use braid_proto::block::Header;
 use braid_proto::checksum::ChunkSum;
 use braid_proto::ranges::RangeSet;
@@ -49,7 +50,7 @@ pub struct Options {
     /// Block size; blocks start at its multiples.
     pub block: u64,
     /// Read the data through memory and fold it into the checksum (the sender of an upload
-    /// needs it); otherwise file data goes by `sendfile` without being copied.
+    /// needs it); otherwise file data goes by [`FileSender`] (`sendfile` to another host).
     pub hash: bool,
     /// End with EOD but without CLOSE and leave the connections open for the next transfer
     /// (GridFTP data-channel caching); otherwise set CLOSE and shut them down.
@@ -335,7 +336,7 @@ impl State<'_> {
         let conn = link.id;
         let net = |source| EngineError::Net { conn, source };
         let elastic = self.transfer.elastic();
-        let mut buf = Vec::new();
+        let mut out = FileSender::for_socket(&sock);
         let mut sum = ChunkSum::new();
         // Elastic: every block this connection carried, to send again if it breaks.
         let mut carried: Vec<(u64, u64)> = Vec::new();
@@ -358,7 +359,7 @@ impl State<'_> {
             match self.send_block(
                 link,
                 &mut sock,
-                &mut buf,
+                &mut out,
                 hash.then_some(&mut sum),
                 offset,
                 len,
@@ -419,7 +420,7 @@ impl State<'_> {
         &self,
         link: &Link,
         sock: &mut TcpStream,
-        buf: &mut Vec<u8>,
+        out: &mut FileSender,
         mut sum: Option<&mut ChunkSum>,
         offset: u64,
         len: u64,
@@ -430,8 +431,9 @@ impl State<'_> {
         match self.source {
             Source::File { file, .. } if sum.is_none() => {
                 header.map_err(net)?;
-                let reached =
-                    sendfile_range(sock, file, offset, offset + len, |_| {}).map_err(net)?;
+                let reached = out
+                    .send(sock, file, offset, offset + len, |_| {})
+                    .map_err(net)?;
                 if reached < offset + len {
                     return Err(EngineError::Local(std::io::Error::other(
                         "the file shrank while it was being sent",
@@ -443,9 +445,7 @@ impl State<'_> {
             }
             _ => {
                 let mut broken = header.err();
-                if buf.is_empty() {
-                    *buf = vec![0u8; PIECE];
-                }
+                let buf = out.buffer();
                 let mut at = offset;
                 let end = offset + len;
                 while at < end && (broken.is_none() || sum.is_some()) {

@@ -24,11 +24,6 @@ impl Sink {
         }
     }
 
-    /// Blocks may land in any order, and land twice (sent again after a connection broke).
-    pub fn random_access(&self) -> bool {
-        !matches!(self, Sink::Ordered(_))
-    }
-
     /// Flushes an ordered sink; an error if bytes are still waiting for a gap to fill.
     pub fn finish(&self) -> std::io::Result<()> {
         match self {
@@ -43,6 +38,12 @@ impl Sink {
 /// that TCP connection) until the gap is filled. The block that fills the gap is always let
 /// through, so this cannot deadlock with a sender that hands out blocks in offset order, as
 /// braid and Globus do.
+///
+/// A lost connection breaks that order: its blocks come again later, behind data that waiting
+/// threads would no longer read, and the thread of the lost connection may itself be waiting
+/// and never notice. So when resends can happen (an elastic transfer), blocks beyond the cap
+/// wait in an unlinked temporary file instead, every connection keeps reading, and blocks that
+/// arrive twice (in part or whole) are written once.
 pub struct Reorder {
     state: Mutex<State>,
     moved: Condvar,
@@ -53,14 +54,35 @@ pub struct Reorder {
 
 struct State {
     next: u64,
-    pending: BTreeMap<u64, Vec<u8>>,
+    pending: BTreeMap<u64, Held>,
+    /// Bytes held in memory (spilled ones do not count against the cap).
     pending_bytes: usize,
     spare: Vec<Vec<u8>>,
     out: Box<dyn Write + Send>,
+    /// Blocks may arrive twice, and spill to `spill` rather than wait.
+    resends: bool,
+    /// Blocks at their own offsets (a sparse file), created when first needed.
+    spill: Option<File>,
+}
+
+/// A block waiting for the gap before it.
+enum Held {
+    Memory(Vec<u8>),
+    Spilled(u64),
+}
+
+impl Held {
+    fn len(&self) -> u64 {
+        match self {
+            Held::Memory(b) => b.len() as u64,
+            Held::Spilled(n) => *n,
+        }
+    }
 }
 
 impl Reorder {
-    pub fn new(out: Box<dyn Write + Send>, cap: usize, stall: Duration) -> Reorder {
+    /// `resends`: the sender sends a lost connection's blocks again (an elastic transfer).
+    pub fn new(out: Box<dyn Write + Send>, cap: usize, stall: Duration, resends: bool) -> Reorder {
         Reorder {
             state: Mutex::new(State {
                 next: 0,
@@ -68,6 +90,8 @@ impl Reorder {
                 pending_bytes: 0,
                 spare: Vec::new(),
                 out,
+                resends,
+                spill: None,
             }),
             moved: Condvar::new(),
             cap,
@@ -75,42 +99,66 @@ impl Reorder {
         }
     }
 
-    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self, mut offset: u64, mut data: &[u8]) -> std::io::Result<()> {
+        let mut st = self.lock();
         loop {
             if offset < st.next {
-                return Err(std::io::Error::other(format!(
-                    "block at offset {offset} overlaps data already written (up to {})",
-                    st.next
-                )));
+                let end = offset + data.len() as u64;
+                if !st.resends {
+                    return Err(std::io::Error::other(format!(
+                        "block at offset {offset} overlaps data already written (up to {})",
+                        st.next
+                    )));
+                }
+                // Sent again after a loss: only what is not out yet counts.
+                if end <= st.next {
+                    return Ok(());
+                }
+                data = &data[(st.next - offset) as usize..];
+                offset = st.next;
             }
             if offset == st.next {
                 st.out.write_all(data)?;
                 st.next += data.len() as u64;
-                // Drain what this block unblocked.
-                loop {
-                    let next = st.next;
-                    let Some(buf) = st.pending.remove(&next) else {
-                        break;
-                    };
-                    st.out.write_all(&buf)?;
-                    st.next += buf.len() as u64;
-                    st.pending_bytes -= buf.len();
-                    st.spare.push(buf);
-                }
+                st.drain()?;
                 self.moved.notify_all();
                 return Ok(());
+            }
+            if let Some(held) = st.pending.get(&offset) {
+                if !st.resends {
+                    return Err(std::io::Error::other(format!(
+                        "two blocks at offset {offset}"
+                    )));
+                }
+                if held.len() >= data.len() as u64 {
+                    return Ok(());
+                }
             }
             if st.pending_bytes + data.len() <= self.cap || st.pending.is_empty() {
                 let mut buf = st.spare.pop().unwrap_or_default();
                 buf.clear();
                 buf.extend_from_slice(data);
-                if st.pending.insert(offset, buf).is_some() {
-                    return Err(std::io::Error::other(format!(
-                        "two blocks at offset {offset}"
-                    )));
-                }
                 st.pending_bytes += data.len();
+                if let Some(Held::Memory(old)) = st.pending.insert(offset, Held::Memory(buf)) {
+                    st.pending_bytes -= old.len();
+                }
+                return Ok(());
+            }
+            if st.resends {
+                if st.spill.is_none() {
+                    st.spill = Some(tempfile::tempfile()?);
+                }
+                if let Some(f) = &st.spill {
+                    f.write_all_at(data, offset)?;
+                }
+                let len = data.len() as u64;
+                if let Some(Held::Memory(old)) = st.pending.insert(offset, Held::Spilled(len)) {
+                    st.pending_bytes -= old.len();
+                }
                 return Ok(());
             }
             let (guard, timeout) = self
@@ -131,7 +179,7 @@ impl Reorder {
     }
 
     fn finish(&self) -> std::io::Result<()> {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.lock();
         if let Some(first) = st.pending.keys().next() {
             return Err(std::io::Error::other(format!(
                 "data is missing between offsets {} and {first}",
@@ -139,6 +187,56 @@ impl Reorder {
             )));
         }
         st.out.flush()
+    }
+}
+
+impl State {
+    /// Writes out the waiting blocks that now follow on.
+    fn drain(&mut self) -> std::io::Result<()> {
+        // A block that starts at or before `next` follows on; after a loss one may overlap
+        // what is out already.
+        while let Some((&at, _)) = self.pending.range(..=self.next).next_back() {
+            let Some(held) = self.pending.remove(&at) else {
+                break;
+            };
+            let skip = self.next - at;
+            let len = held.len();
+            match held {
+                Held::Memory(buf) => {
+                    self.pending_bytes -= buf.len();
+                    if skip < len {
+                        self.out.write_all(&buf[skip as usize..])?;
+                    }
+                    self.spare.push(buf);
+                }
+                Held::Spilled(_) => {
+                    if skip < len {
+                        self.copy_spilled(at + skip, at + len)?;
+                    }
+                }
+            }
+            self.next = self.next.max(at + len);
+        }
+        Ok(())
+    }
+
+    fn copy_spilled(&mut self, mut from: u64, end: u64) -> std::io::Result<()> {
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.resize(super::PIECE, 0);
+        let result = (|| {
+            let Some(f) = &self.spill else {
+                return Err(std::io::Error::other("spilled data without a spill file"));
+            };
+            while from < end {
+                let n = ((end - from) as usize).min(buf.len());
+                f.read_exact_at(&mut buf[..n], from)?;
+                self.out.write_all(&buf[..n])?;
+                from += n as u64;
+            }
+            Ok(())
+        })();
+        self.spare.push(buf);
+        result
     }
 }
 
@@ -167,6 +265,7 @@ mod tests {
             Box::new(out.clone()),
             64,
             Duration::from_secs(10),
+            false,
         ));
         let data: Vec<u8> = (0..4000u32).map(|i| (i % 251) as u8).collect();
         // Four "connections", each taking every fourth 40-byte block, in its own thread.
@@ -191,6 +290,7 @@ mod tests {
             Box::new(Shared::default()),
             1000,
             Duration::from_millis(50),
+            false,
         ));
         sink.write(0, b"abc").unwrap();
         assert!(sink.write(1, b"x").is_err());
@@ -201,9 +301,39 @@ mod tests {
             Box::new(Shared::default()),
             4,
             Duration::from_millis(50),
+            false,
         ));
         small.write(8, b"1234").unwrap();
         let e = small.write(20, b"5678").unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+    }
+
+    /// After a lost connection: the blocks after the gap do not fit in memory and must not
+    /// wait (one thread here, as if every other connection were stuck behind them), and the
+    /// lost connection's pieces come again, whole or in part, some already written out.
+    #[test]
+    fn with_resends_blocks_spill_instead_of_waiting_and_duplicates_are_written_once() {
+        let out = Shared::default();
+        let sink = Sink::Ordered(Reorder::new(
+            Box::new(out.clone()),
+            100,
+            Duration::from_millis(50),
+            true,
+        ));
+        let data: Vec<u8> = (0..2000u32).map(|i| (i * 13 % 251) as u8).collect();
+        let put = |a: usize, b: usize| sink.write(a as u64, &data[a..b]).unwrap();
+        put(0, 50);
+        put(100, 150); // the lost connection got this far into [50, 300)
+        for a in (300..2000).step_by(100) {
+            put(a, a + 100); // 1700 bytes waiting: 100 in memory, the rest spilled
+        }
+        put(100, 150); // the same piece again
+        put(50, 300); // the whole block again, overlapping what waits
+        put(0, 50); // and a piece that is out already
+        sink.finish().unwrap();
+        assert!(
+            *out.0.lock().unwrap() == data,
+            "bytes lost, doubled or out of order"
+        );
     }
 }

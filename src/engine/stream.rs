@@ -1,6 +1,6 @@
 //! Stream mode's copy loops, for client and server alike, in clear or through TLS: one data
 //! connection, the bytes in order, large pieces, and ASCII conversion when TYPE A asks for it.
-//! (Binary file data on a clear connection goes by [`super::sendfile_range`] instead.)
+//! (Binary file data on a clear connection goes by [`super::file_send`] instead.)
 
 use braid_proto::ascii::{FromWire, ToWire};
 use std::fs::File;

@@ -285,10 +285,11 @@ fn send_binary(
         .map_err(|e| DataError::Local(io_to_fs(&e)))?
         .len();
     // A file that shrinks meanwhile just ends early: stream mode has no length to keep.
-    let reached = engine::sendfile_range(sock, file, offset, size, |at| {
-        progress.store(at - offset, Ordering::Relaxed)
-    })
-    .map_err(DataError::Net)?;
+    let reached = engine::file_send::FileSender::for_socket(sock)
+        .send(sock, file, offset, size, |at| {
+            progress.store(at - offset, Ordering::Relaxed)
+        })
+        .map_err(DataError::Net)?;
     Ok(reached - offset)
 }
 

@@ -145,8 +145,9 @@ fn data_connections(pid: u32, control_port: u16) -> Vec<(String, String)> {
 }
 
 /// Runs `args` with `--json`, and once the client has its four data connections, destroys
-/// one of them with `ss -K` (as a reset from the network would). Returns the summary.
-fn run_and_break_one(args: &[&str], control_port: u16, home: &std::path::Path) -> Value {
+/// one of them with `ss -K` (as a reset from the network would). Returns the summary, and
+/// what came out on stdout when the destination is `-`.
+fn run_and_break_one(args: &[&str], control_port: u16, home: &std::path::Path) -> (Value, Vec<u8>) {
     let mut child = braid_command(home)
         .args(args)
         .args(["-n", "4", "--max-rate", "16MB", "--json"])
@@ -154,6 +155,12 @@ fn run_and_break_one(args: &[&str], control_port: u16, home: &std::path::Path) -
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Drained as it comes: a full pipe would stop a download to stdout.
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut out).map(|_| out)
+    });
     let deadline = Instant::now() + Duration::from_secs(20);
     let victim = loop {
         let conns = data_connections(child.id(), control_port);
@@ -183,15 +190,9 @@ fn run_and_break_one(args: &[&str], control_port: u16, home: &std::path::Path) -
         .unwrap();
     assert!(killed.status.success(), "ss -K failed: {killed:?}");
     let status = wait_timeout(&mut child, Duration::from_secs(120));
-    let mut out = String::new();
+    let out = reader.join().unwrap().unwrap();
     let mut err = String::new();
     use std::io::Read;
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
     child
         .stderr
         .take()
@@ -199,7 +200,13 @@ fn run_and_break_one(args: &[&str], control_port: u16, home: &std::path::Path) -
         .read_to_string(&mut err)
         .unwrap();
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{err}");
-    json(&out)
+    // With the data on stdout, the summary goes to stderr.
+    if args.last() == Some(&"-") {
+        let line = err.lines().rfind(|l| l.starts_with('{')).unwrap_or("");
+        (json(line), out)
+    } else {
+        (json(&String::from_utf8_lossy(&out)), Vec::new())
+    }
 }
 
 #[test]
@@ -221,15 +228,19 @@ fn a_connection_that_breaks_mid_transfer_is_made_up_for_by_the_others() {
     let up = top.path().join("up.bin");
     std::fs::write(&up, &content).unwrap();
     let put = ["put", up.to_str().unwrap(), &server.url("stored.bin")];
+    // To stdout, blocks must come out in order although the lost ones come again late.
+    let piped = ["get", &server.url("f.bin"), "-"];
     for (what, args, result) in [
-        ("get", &get, dest.clone()),
-        ("put", &put, root.join("stored.bin")),
+        ("get", &get[..], Some(dest.clone())),
+        ("put", &put[..], Some(root.join("stored.bin"))),
+        ("get to stdout", &piped[..], None),
     ] {
-        let s = run_and_break_one(args, server.port(), top.path());
-        assert!(
-            std::fs::read(&result).unwrap() == content,
-            "{what}: content differs"
-        );
+        let (s, stdout) = run_and_break_one(args, server.port(), top.path());
+        let got = match result {
+            Some(path) => std::fs::read(&path).unwrap(),
+            None => stdout,
+        };
+        assert!(got == content, "{what}: content differs");
         assert!(s["checksum"].as_str().unwrap().starts_with("XXH3 "), "{s}");
         let ends: Vec<String> = ends(&s).into_iter().map(|e| e.0).collect();
         assert_eq!(
