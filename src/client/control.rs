@@ -91,11 +91,16 @@ impl Control {
 
     /// Reads the next reply, whatever its code.
     pub fn reply(&mut self) -> Result<Reply> {
+        self.reply_or_end().map_err(ClientError::from)
+    }
+
+    /// The next reply, or why there is none.
+    fn reply_or_end(&mut self) -> std::result::Result<Reply, ReadError> {
         if let Some(r) = self.pending.pop_front() {
             return Ok(r);
         }
         loop {
-            if let Some(r) = self.parsed()? {
+            if let Some(r) = self.parsed().map_err(ReadError::Other)? {
                 return Ok(r);
             }
             self.read_some()?;
@@ -188,7 +193,14 @@ impl Control {
             if let Some(o) = self.session.poll_outcome() {
                 return o;
             }
-            let r = self.reply().map_err(|e| Failure::Protocol(e.to_string()))?;
+            let r = match self.reply_or_end() {
+                Ok(r) => r,
+                Err(ReadError::Closed) => {
+                    self.session.handle_closed();
+                    continue;
+                }
+                Err(e) => return Err(Failure::Protocol(ClientError::from(e).to_string())),
+            };
             self.session.handle_reply(r);
             while let Some(cmd) = self.session.poll_command() {
                 self.send(&cmd)
@@ -229,6 +241,7 @@ impl Control {
                 ClientError::Integrity(format!("the server's integrity check failed: {reply}"))
             }
             Failure::Protocol(why) => ClientError::Protocol(why),
+            f @ Failure::Closed { .. } => ClientError::Protocol(f.to_string()),
         }
     }
 
@@ -526,6 +539,7 @@ pub fn connect_data(addr: SocketAddr) -> Result<TcpStream> {
 enum ReadError {
     Io(std::io::Error),
     Closed,
+    Other(ClientError),
 }
 
 impl From<ReadError> for ClientError {
@@ -533,6 +547,7 @@ impl From<ReadError> for ClientError {
         ClientError::Protocol(match e {
             ReadError::Io(e) => format!("reading reply: {e}"),
             ReadError::Closed => "server closed the control connection".into(),
+            ReadError::Other(e) => return e,
         })
     }
 }

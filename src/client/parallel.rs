@@ -768,5 +768,6 @@ fn transfer_failed(r: Reply) -> ClientError {
             partial: None,
         },
         Failure::Protocol(why) => ClientError::Protocol(why),
+        f @ Failure::Closed { .. } => ClientError::Protocol(f.to_string()),
     }
 }

@@ -178,6 +178,9 @@ pub enum Failure {
     /// A reply that makes no sense here.
     #[error("{0}")]
     Protocol(String),
+    /// The control connection ended before the op did.
+    #[error("the server closed the control connection before replying to {waiting_for}")]
+    Closed { waiting_for: String },
 }
 
 impl Failure {
@@ -258,6 +261,10 @@ pub struct ClientSession {
     /// Commands handed out by `poll_command`, not yet sent.
     outbox: VecDeque<Command>,
     outcome: Option<Result<Outcome, Failure>>,
+    /// The verb of the last command sent (for errors).
+    last_verb: String,
+    /// The control connection has ended: every op fails.
+    closed: bool,
 }
 
 impl ClientSession {
@@ -299,6 +306,12 @@ impl ClientSession {
     pub fn begin(&mut self, op: Op) {
         self.queue.clear();
         self.outcome = None;
+        if self.closed {
+            self.outcome = Some(Err(Failure::Closed {
+                waiting_for: "anything more (it had closed already)".into(),
+            }));
+            return;
+        }
         let steps: Vec<(Command, Wait)> = match op {
             Op::Login { user, password } => vec![(Command::User(user), Wait::User { password })],
             Op::AuthTls => vec![(Command::Auth("TLS".into()), Wait::Auth)],
@@ -387,6 +400,7 @@ impl ClientSession {
             && self.outcome.is_none()
             && let Some((cmd, wait)) = self.queue.pop_front()
         {
+            self.last_verb = cmd.verb().to_string();
             self.outbox.push_back(cmd);
             self.waiting.push_back(wait);
         }
@@ -405,6 +419,23 @@ impl ClientSession {
     /// Whether the op waits for a reply.
     pub fn awaits_reply(&self) -> bool {
         !self.waiting.is_empty()
+    }
+
+    /// The control connection ended (the server closed it, or the network lost it). The op
+    /// waiting for a reply fails, and so does every op after it.
+    pub fn handle_closed(&mut self) {
+        self.closed = true;
+        if self.waiting.is_empty() && self.queue.is_empty() {
+            return;
+        }
+        let waiting_for = match self.waiting.front() {
+            Some(Wait::Final) => "the end of the transfer".to_string(),
+            _ => self.last_verb.clone(),
+        };
+        self.waiting.clear();
+        self.queue.clear();
+        self.outbox.clear();
+        self.outcome = Some(Err(Failure::Closed { waiting_for }));
     }
 
     /// Notes what a reply says in passing (range markers), whenever it is read.

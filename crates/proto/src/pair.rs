@@ -1,7 +1,13 @@
 //! An in-memory harness (in the spirit of quinn's `Pair`): a [`ClientSession`] and a server
 //! [`Session`] wired together through their wire forms, with the server's I/O (passwords,
 //! files, passive ports, transfers) answered from tables. Control-channel behaviour is tested
-//! here in microseconds, deterministically; each command costs one simulated round trip.
+//! here in microseconds, deterministically.
+//!
+//! Between the two runs a simulated control connection ([`Link`]): a one-way delay, so that a
+//! dialogue's cost shows in simulated time; the server's bytes cut into segments of random
+//! size, so that replies arrive split anywhere or several in one read (a transfer's 150,
+//! markers and 226 together, say); and a cut after any number of bytes, a server or network
+//! that vanishes mid-reply.
 
 use crate::client::{BlockSetup, ClientSession, Direction, Failure, Op, Outcome};
 use crate::command::Command;
@@ -10,6 +16,31 @@ use crate::retr_opts::RetrOpts;
 use crate::session::{Action, FsOp, FsOutcome, Perm, Session, SessionConfig, TransferOutcome};
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+/// The simulated control connection.
+#[derive(Debug, Clone)]
+pub struct Link {
+    /// One way; a command and its reply cost twice this.
+    pub delay: Duration,
+    /// Server-to-client bytes arrive in segments of 1 to this many bytes, sizes drawn from
+    /// `seed` (TCP may cut a stream anywhere).
+    pub max_segment: usize,
+    pub seed: u64,
+    /// The connection ends after this many server-to-client bytes.
+    pub cut_after: Option<usize>,
+}
+
+impl Default for Link {
+    fn default() -> Link {
+        Link {
+            delay: Duration::ZERO,
+            max_segment: 4096,
+            seed: 1,
+            cut_after: None,
+        }
+    }
+}
 
 pub struct Pair {
     pub client: ClientSession,
@@ -26,8 +57,17 @@ pub struct Pair {
     pub seen: Vec<String>,
     /// Round trips so far (one per command).
     pub round_trips: u32,
-    /// Replies sent and not yet read by the client.
-    in_flight: VecDeque<Reply>,
+    pub link: Link,
+    /// Simulated time so far.
+    pub now: Duration,
+    /// Server-to-client bytes sent and not yet delivered.
+    wire: VecDeque<u8>,
+    /// Server-to-client bytes delivered so far.
+    delivered: usize,
+    /// The client's reply parser, and replies it has parsed but the client has not taken.
+    parser: ReplyParser,
+    parsed: VecDeque<Reply>,
+    closed: bool,
 }
 
 impl Pair {
@@ -50,7 +90,13 @@ impl Pair {
             outcomes: VecDeque::new(),
             seen: Vec::new(),
             round_trips: 0,
-            in_flight: VecDeque::new(),
+            link: Link::default(),
+            now: Duration::ZERO,
+            wire: VecDeque::new(),
+            delivered: 0,
+            parser: ReplyParser::new(),
+            parsed: VecDeque::new(),
+            closed: false,
         };
         p.users.insert("alice".into(), "secret".into());
         p
@@ -59,7 +105,7 @@ impl Pair {
     /// Runs one op to its end.
     pub fn run(&mut self, op: Op) -> Result<Outcome, Failure> {
         self.client.begin(op);
-        for _ in 0..100 {
+        for _ in 0..100_000 {
             if let Some(o) = self.client.poll_outcome() {
                 assert!(
                     self.client.poll_command().is_none(),
@@ -68,23 +114,58 @@ impl Pair {
                 return o;
             }
             if let Some(cmd) = self.client.poll_command() {
+                if self.closed {
+                    continue; // lost with the connection
+                }
                 self.round_trips += 1;
-                let replies = self.serve(&cmd);
-                self.in_flight.extend(replies);
+                self.now += self.link.delay * 2;
+                for r in self.serve(&cmd) {
+                    self.wire.extend(r.to_bytes());
+                }
             }
-            // Replies go through their wire form, one at a time, as the client reads them.
             if self.client.awaits_reply() {
-                let r = self
-                    .in_flight
-                    .pop_front()
-                    .expect("the client waits for a reply the server never sends");
-                let mut parser = ReplyParser::new();
-                parser.feed(&r.to_bytes());
-                let r = parser.next_reply().expect("reply parses").expect("whole");
-                self.client.handle_reply(r);
+                match self.parsed.pop_front() {
+                    Some(r) => self.client.handle_reply(r),
+                    None => self.deliver(),
+                }
             }
         }
-        panic!("the op did not end in 100 steps")
+        panic!("the op did not end")
+    }
+
+    /// One segment of server-to-client bytes into the client's parser, or the end of the
+    /// connection once the cut is reached or nothing more will come.
+    fn deliver(&mut self) {
+        let room = match self.link.cut_after {
+            Some(cut) => cut.saturating_sub(self.delivered),
+            None => usize::MAX,
+        };
+        if room == 0 {
+            self.closed = true;
+            self.client.handle_closed();
+            return;
+        }
+        self.link.seed = self
+            .link
+            .seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let size = 1 + (self.link.seed >> 33) as usize % self.link.max_segment.max(1);
+        assert!(
+            !self.wire.is_empty(),
+            "the client waits for a reply the server never sends"
+        );
+        let n = size.min(room).min(self.wire.len());
+        let segment: Vec<u8> = self.wire.drain(..n).collect();
+        self.delivered += n;
+        self.parser.feed(&segment);
+        while let Some(r) = self
+            .parser
+            .next_reply()
+            .expect("the server's replies parse")
+        {
+            self.parsed.push_back(r);
+        }
     }
 
     /// The server's side of one command: through its wire form, into the session, with the
@@ -156,6 +237,7 @@ mod tests {
     use crate::client::BlockPeer;
     use crate::ranges::RangeSet;
     use proptest::prelude::*;
+    use std::time::Duration;
 
     fn logged_in() -> Pair {
         let mut p = Pair::new();
@@ -285,6 +367,102 @@ mod tests {
         c.handle_reply(Reply::new(226, "Transfer complete."));
         assert!(matches!(c.poll_outcome(), Some(Ok(Outcome::Done(_)))));
         assert_eq!(c.stored().to_string(), "0-100,200-300");
+    }
+
+    /// A whole session: login, features, MODE E, two downloads (the second on the first's
+    /// connections), a checksum, QUIT.
+    fn dialogue() -> Vec<Op> {
+        let retr = |f: &str| Op::StartTransfer(Command::Retr(f.into()));
+        vec![
+            Op::Login {
+                user: "alice".into(),
+                password: "secret".into(),
+            },
+            Op::Features,
+            Op::Binary,
+            setup(Direction::Download),
+            Op::Passive,
+            retr("f0"),
+            Op::FinishTransfer,
+            setup(Direction::Download),
+            retr("f1"),
+            Op::FinishTransfer,
+            Op::Checksum {
+                alg: "XXH3".into(),
+                path: "f1".into(),
+            },
+            Op::Quit,
+        ]
+    }
+
+    /// Runs the dialogue over `link`; each op's result, and the server-to-client bytes the
+    /// client had taken in and the simulated time when it ended.
+    #[allow(clippy::type_complexity)]
+    fn run_dialogue(link: Link) -> (Vec<Result<Outcome, Failure>>, Vec<(usize, Duration)>, Pair) {
+        let mut p = Pair::new();
+        p.link = link;
+        p.files.insert("f0".into(), 10);
+        p.files.insert("f1".into(), 20);
+        let mut results = Vec::new();
+        let mut bytes = Vec::new();
+        for op in dialogue() {
+            let finishing = matches!(op, Op::FinishTransfer);
+            let r = p.run(op);
+            if finishing && r.is_ok() {
+                // The engine kept the connections (the server sent EOD without CLOSE).
+                p.client.set_cached(Some(Direction::Download));
+            }
+            results.push(r);
+            bytes.push((p.delivered, p.now));
+        }
+        (results, bytes, p)
+    }
+
+    /// The start-up a long path pays before the first byte, in simulated time (the number
+    /// the self-tuning and many-files work will bring down).
+    #[test]
+    fn over_a_long_path_the_first_download_waits_nine_round_trips_and_the_next_one_one() {
+        let delay = Duration::from_millis(300);
+        let (results, at, p) = run_dialogue(Link {
+            delay,
+            ..Link::default()
+        });
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+        let rtt = delay * 2;
+        // USER, PASS, FEAT, TYPE, MODE E, OPTS BRAID, OPTS RETR, EPSV, RETR f0.
+        assert_eq!(at[5].1, rtt * 9, "until the first download starts");
+        // RETR f1 only: the settings and the data connections carry over.
+        assert_eq!(at[8].1 - at[6].1, rtt, "the second download's start");
+        assert_eq!(p.round_trips, 12, "with CKSM and QUIT");
+    }
+
+    proptest! {
+        /// However TCP cuts the server's bytes (a reply split anywhere, several replies in
+        /// one read), the session ends each op exactly as when they come whole.
+        #[test]
+        fn replies_cut_anywhere_end_every_op_the_same(seed in any::<u64>(), max_segment in 1usize..40) {
+            let (want, _, _) = run_dialogue(Link::default());
+            let (got, _, _) = run_dialogue(Link { seed, max_segment, ..Link::default() });
+            prop_assert_eq!(got, want);
+        }
+
+        /// The control connection ends after any number of bytes: every op whose replies had
+        /// all arrived ends as usual, the rest fail as a closed connection, none hangs.
+        #[test]
+        fn a_connection_cut_anywhere_fails_exactly_the_ops_it_cut_off(where_ in 0.0..1.02f64, seed in any::<u64>()) {
+            // One byte per read: the fewest bytes each op needs.
+            let (want, at, _) = run_dialogue(Link { max_segment: 1, ..Link::default() });
+            let need: Vec<usize> = at.iter().map(|a| a.0).collect();
+            let cut = (*need.last().unwrap() as f64 * where_) as usize;
+            let (got, _, _) = run_dialogue(Link { seed, max_segment: 16, cut_after: Some(cut), ..Link::default() });
+            for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+                if need[i] <= cut {
+                    prop_assert_eq!(got, want, "op {} had all its replies", i);
+                } else {
+                    prop_assert!(matches!(got, Err(Failure::Closed { .. })), "op {}: {:?}", i, got);
+                }
+            }
+        }
     }
 
     fn any_reply() -> impl Strategy<Value = Reply> {
