@@ -209,6 +209,13 @@ impl Control {
         }
     }
 
+    /// Tells the server a new cap for the running download (`OPTS RETR MaxRate=`); its answer
+    /// is read with the transfer's end.
+    pub fn change_rate(&mut self, rate: Option<u64>) -> Result<()> {
+        let cmd = self.session.change_rate(rate);
+        self.send(&cmd)
+    }
+
     /// Runs one op of the client session to its end.
     pub fn run(&mut self, op: Op) -> Result<Outcome> {
         self.begin(op)?;

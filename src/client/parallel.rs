@@ -8,7 +8,7 @@ use super::interrupt::{Interrupt, stopped, supervise};
 use super::records::{UploadRecord, load_sidecar, remove_sidecar, save_sidecar, sidecar_path};
 use super::url::Target;
 use super::{Dest, Options, PartFile, Summary, cannot_write, local_err, part_path, progress_bar};
-use crate::engine::hooks::{Cap, Fixed, Pacer, Policy, Steering};
+use crate::engine::hooks::{Cap, Fixed, NewRate, Pacer, Policy, Steering};
 use crate::engine::receive::{Progress, Shared};
 use crate::engine::send::Source;
 use crate::engine::sink::{Reorder, Sink};
@@ -142,8 +142,11 @@ pub fn get(
     };
     let todo = size.map(|s| s - have.overlap(0, s));
     let mut reused = false;
-    // A download is paced by the server (MaxRate, above): here the pacer has nothing to do.
-    let mut steering = Steering::new(plan.policy(), Box::new(Cap(None)), false, todo);
+    // A download is paced by the server: the pacer's rate goes to it with OPTS RETR (MaxRate,
+    // above, then again whenever the pacer changes it). Only braid servers pace.
+    let pacer = Box::new(Cap(if plan.elastic { opts.max_rate } else { None }));
+    let mut steering = Steering::new(plan.policy(), pacer, false, todo);
+    steering.prime(&transfer);
     if !complete_already {
         // Written now, so the space for the next version is reserved before data arrives.
         save(&shared.snapshot());
@@ -187,7 +190,11 @@ pub fn get(
             || engine::receive::receive(&transfer, conns, &sink, size, &shared),
             || {
                 bar.set_position(resumed_from + bytes.load(Ordering::Relaxed));
-                steering.tick(&transfer);
+                if let Some(NewRate(rate)) = steering.tick(&transfer)
+                    && let Err(e) = c.change_rate(rate)
+                {
+                    tracing::warn!("could not change the server's rate: {e}");
+                }
                 if last_save.elapsed() > Duration::from_secs(1) {
                     save(&shared.snapshot());
                     last_save = Instant::now();

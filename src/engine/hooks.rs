@@ -158,6 +158,10 @@ impl Policy for Schedule {
     }
 }
 
+/// A receiving side's pacer changed the rate (bytes/s, None: no cap): the sender must be told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewRate(pub Option<u64>);
+
 /// Runs the policy and the pacer on a transfer: [`Steering::tick`] every 100 ms from the
 /// supervising thread.
 pub struct Steering {
@@ -213,7 +217,9 @@ impl Steering {
     }
 
     /// Applies the pacer's rate before any data moves (a first tick only comes 100 ms in).
-    pub fn prime(&mut self, transfer: &Transfer) {
+    /// On the receiving side nothing is applied here: the rate is the one the sender is told
+    /// at the start (a download's `OPTS RETR MaxRate=`), returned for that.
+    pub fn prime(&mut self, transfer: &Transfer) -> Option<u64> {
         let view = View {
             elapsed: Duration::ZERO,
             total: self.total,
@@ -222,23 +228,33 @@ impl Steering {
             opening: 0,
         };
         self.rate = self.pacer.rate(&view);
-        transfer.set_pacing(self.rate);
+        if self.sending {
+            transfer.set_pacing(self.rate);
+        }
+        self.rate
     }
 
-    pub fn tick(&mut self, transfer: &Transfer) {
+    /// Samples the transfer and applies the policy and the pacer. The sending side paces its
+    /// own sockets; on the receiving side a new rate is returned, for the sender to be told.
+    pub fn tick(&mut self, transfer: &Transfer) -> Option<NewRate> {
         // Asked for but neither joined nor failed: counted from what joined, so that a
         // connection is never both "opening" and open (or neither) at a tick.
         let opening = (self.initial + self.asked)
             .saturating_sub(self.failed.load(Ordering::Acquire) + transfer.links().len());
         let view = self.sampler.sample(transfer, self.total, opening);
         let rate = self.pacer.rate(&view);
+        let mut told = None;
         if rate != self.rate {
-            transfer.set_pacing(rate);
+            if self.sending {
+                transfer.set_pacing(rate);
+            } else {
+                told = Some(NewRate(rate));
+            }
             self.rate = rate;
         }
         // Once the sender has run out of blocks, connections only finish: nothing to decide.
         if !transfer.elastic() || view.ending() {
-            return;
+            return told;
         }
         for d in self.policy.decide(&view) {
             match d {
@@ -254,6 +270,7 @@ impl Steering {
                 Decision::Buffer(b) => transfer.set_buffers(b),
             }
         }
+        told
     }
 
     /// The timeline, connection counts and connection lives, for the summary.
@@ -335,5 +352,40 @@ mod tests {
         ] {
             assert!(Schedule::parse(bad).is_err(), "{bad:?} was accepted");
         }
+    }
+
+    /// A pacer that goes through a list of rates, one per call.
+    struct Steps(Vec<Option<u64>>);
+    impl Pacer for Steps {
+        fn rate(&mut self, _: &View) -> Option<u64> {
+            if self.0.len() > 1 {
+                self.0.remove(0)
+            } else {
+                self.0[0]
+            }
+        }
+    }
+
+    #[test]
+    fn a_receiving_side_hands_a_changed_rate_on_for_the_sender() {
+        let transfer = Transfer::new(true);
+        let pacer = Steps(vec![Some(100), Some(100), Some(50), None, None]);
+        let mut s = Steering::new(Box::new(Fixed), Box::new(pacer), false, Some(1000));
+        assert_eq!(
+            s.prime(&transfer),
+            Some(100),
+            "told with the first OPTS RETR"
+        );
+        assert_eq!(s.tick(&transfer), None, "unchanged");
+        assert_eq!(s.tick(&transfer), Some(NewRate(Some(50))));
+        assert_eq!(s.tick(&transfer), Some(NewRate(None)), "the cap lifted");
+        assert_eq!(s.tick(&transfer), None);
+        // The sending side paces its own sockets and has no one to tell.
+        let pacer = Steps(vec![Some(100), Some(50)]);
+        let mut s = Steering::new(Box::new(Fixed), Box::new(pacer), true, Some(1000));
+        s.prime(&transfer);
+        assert_eq!(transfer.pacing(), Some(100));
+        assert_eq!(s.tick(&transfer), None);
+        assert_eq!(transfer.pacing(), Some(50));
     }
 }

@@ -265,6 +265,8 @@ pub struct ClientSession {
     last_verb: String,
     /// The control connection has ended: every op fails.
     closed: bool,
+    /// Answers to mid-transfer rate changes not yet read.
+    rate_replies: usize,
 }
 
 impl ClientSession {
@@ -438,6 +440,34 @@ impl ClientSession {
         self.outcome = Some(Err(Failure::Closed { waiting_for }));
     }
 
+    /// Changes the server's sending cap on the running download: the command to send now,
+    /// outside any op. The server answers it when it reads it, before or after the transfer's
+    /// end; the session takes that answer wherever it comes.
+    pub fn change_rate(&mut self, rate: Option<u64>) -> Command {
+        self.rate_replies += 1;
+        let opts = RetrOpts {
+            parallelism: None,
+            block_size: None,
+            // 0 lifts the cap.
+            max_rate: Some(rate.unwrap_or(0)),
+        };
+        Command::Opts(format!("RETR {}", opts.encode()))
+    }
+
+    /// Whether `r` answers a rate change: while the transfer runs, its end is never a 200;
+    /// once it has ended, the answers still due come before that to any later command.
+    fn answers_rate_change(&mut self, r: &Reply) -> bool {
+        if self.rate_replies == 0 || r.is_preliminary() {
+            return false;
+        }
+        let transfer_running = matches!(self.waiting.front(), Some(Wait::Final));
+        if transfer_running && r.code != 200 {
+            return false;
+        }
+        self.rate_replies -= 1;
+        true
+    }
+
     /// Notes what a reply says in passing (range markers), whenever it is read.
     pub fn note(&mut self, r: &Reply) {
         if let Some(ranges) = crate::markers::parse_range_marker(r) {
@@ -450,6 +480,9 @@ impl ClientSession {
     /// Takes one reply from the server.
     pub fn handle_reply(&mut self, r: Reply) {
         self.note(&r);
+        if self.answers_rate_change(&r) {
+            return;
+        }
         let Some(wait) = self.waiting.front().cloned() else {
             // Unasked-for: markers after a transfer, or a 421 before closing.
             return;

@@ -133,6 +133,14 @@ impl Pair {
         panic!("the op did not end")
     }
 
+    /// Sends a command outside any op (a rate change during a transfer); its answer joins the
+    /// server's bytes on the wire.
+    pub fn send_now(&mut self, cmd: Command) {
+        for r in self.serve(&cmd) {
+            self.wire.extend(r.to_bytes());
+        }
+    }
+
     /// One segment of server-to-client bytes into the client's parser, or the end of the
     /// connection once the cut is reached or nothing more will come.
     fn deliver(&mut self) {
@@ -198,6 +206,7 @@ impl Pair {
                         .get(&path.relative())
                         .map(|&n| FsOutcome::Size(n))
                         .ok_or(crate::session::FsError::NotFound),
+                    FsOp::Checksum { .. } => Ok(FsOutcome::Checksum("c0ffee".into())),
                     _ => Ok(FsOutcome::Done),
                 };
                 vec![self.server.fs_done(result)]
@@ -463,6 +472,42 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The server answers a mid-transfer rate change whenever it reads it: before the
+    /// transfer's 226 (a long transfer) or after it (one that was ending); either way the
+    /// session takes the answer as such and the ops around it end as usual.
+    #[test]
+    fn a_rate_change_is_answered_before_or_after_the_transfer_ends() {
+        let mut c = ClientSession::new();
+        c.begin(Op::FinishTransfer);
+        let cmd = c.change_rate(Some(1000));
+        assert_eq!(cmd.to_line(), "OPTS RETR MaxRate=1000;");
+        c.handle_reply(Reply::new(200, "OPTS Command Successful."));
+        assert!(c.poll_outcome().is_none(), "the 200 is not the end");
+        c.handle_reply(Reply::new(226, "Transfer complete."));
+        assert!(matches!(c.poll_outcome(), Some(Ok(Outcome::Done(r))) if r.code == 226));
+
+        // After: through the real server session, the answer on the wire between the 226 and
+        // the reply to the next command.
+        let mut p = logged_in();
+        p.files.insert("f".into(), 10);
+        p.run(setup(Direction::Download)).unwrap();
+        p.run(Op::Passive).unwrap();
+        p.run(Op::StartTransfer(Command::Retr("f".into()))).unwrap();
+        let cmd = p.client.change_rate(None);
+        assert_eq!(cmd.to_line(), "OPTS RETR MaxRate=0;");
+        p.send_now(cmd);
+        assert!(matches!(p.run(Op::FinishTransfer), Ok(Outcome::Done(r)) if r.code == 226));
+        let checksum = Op::Checksum {
+            alg: "XXH3".into(),
+            path: "f".into(),
+        };
+        assert_eq!(
+            p.run(checksum),
+            Ok(Outcome::Checksum(Some("c0ffee".into())))
+        );
+        assert!(matches!(p.run(Op::Quit), Ok(Outcome::Done(r)) if r.code == 221));
     }
 
     fn any_reply() -> impl Strategy<Value = Reply> {
