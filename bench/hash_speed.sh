@@ -15,7 +15,7 @@ version = "0.0.0"
 edition = "2024"
 [dependencies]
 blake3 = "1.8"
-xxhash-rust = { version = "0.8", features = ["xxh3"] }
+twox-hash = { version = "2.1", default-features = false, features = ["std", "xxhash3_128"] }
 [workspace]
 TOML
 cat > "$dir/src/main.rs" <<'RS'
@@ -32,7 +32,7 @@ fn rate(name: &str, rounds: usize, mut f: impl FnMut(&[u8]) -> u128) {
 }
 fn main() {
     rate("BLAKE3", 2048, |b| u128::from_le_bytes(blake3::hash(b).as_bytes()[..16].try_into().unwrap()));
-    rate("XXH3-128", 8192, |b| xxhash_rust::xxh3::xxh3_128(b));
+    rate("XXH3-128", 8192, |b| twox_hash::XxHash3_128::oneshot(b));
 }
 RS
 cargo run --release -q --manifest-path "$dir/Cargo.toml"
