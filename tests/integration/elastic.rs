@@ -376,11 +376,12 @@ fn a_running_download_can_be_told_a_new_rate_and_a_half_closed_connection_is_let
     );
     let first = c.epsv();
     let addr = first.peer_addr().unwrap();
+    // Asking the sender to stop using a connection: the half-close braid's client sends. Sent
+    // before RETR, so the sender sees it before its first block whatever the scheduling.
+    let second = std::net::TcpStream::connect(addr).unwrap();
+    second.shutdown(std::net::Shutdown::Write).unwrap();
     c.send("RETR f.bin");
     assert!(c.reply().starts_with("150 "));
-    let second = std::net::TcpStream::connect(addr).unwrap();
-    // Asking the sender to stop using a connection: the half-close braid's client sends.
-    second.shutdown(std::net::Shutdown::Write).unwrap();
     // The cap holds: a second of reading gets the first window (at most 10 segments of 64 KiB
     // on loopback, sent before pacing has anything to space) and then nothing, not the tens of
     // MiB loopback would carry.
