@@ -63,12 +63,14 @@ pub fn get(
     let remote = target.path.as_str();
     let plan = Plan::new(opts, offers_elastic(c));
     let n = plan.start;
+    // Only braid servers pace (GridFTP servers ignore options they do not know, but there is
+    // no need to find out). The pacer's rate goes with OPTS RETR now and again whenever the
+    // pacer changes it.
+    let pacer = Cap(if plan.elastic { opts.max_rate } else { None });
     let retr = RetrOpts {
         parallelism: Some((plan.start, plan.start.min(1), plan.max)),
         block_size: opts.block_size,
-        // Only braid servers pace (GridFTP servers ignore options they do not know, but
-        // there is no need to find out).
-        max_rate: if plan.elastic { opts.max_rate } else { None },
+        max_rate: pacer.0,
     };
     let elastic = block_mode(c, Direction::Download, retr, opts.buffer)?;
     let (sink, part, start) = match dest {
@@ -142,10 +144,8 @@ pub fn get(
     };
     let todo = size.map(|s| s - have.overlap(0, s));
     let mut reused = false;
-    // A download is paced by the server: the pacer's rate goes to it with OPTS RETR (MaxRate,
-    // above, then again whenever the pacer changes it). Only braid servers pace.
-    let pacer = Box::new(Cap(if plan.elastic { opts.max_rate } else { None }));
-    let mut steering = Steering::new(plan.policy(), pacer, false, todo);
+    // A download is paced by the server, told the pacer's rate (above, and in the tick).
+    let mut steering = Steering::new(plan.policy(), Box::new(pacer), false, todo);
     steering.prime(&transfer);
     if !complete_already {
         // Written now, so the space for the next version is reserved before data arrives.

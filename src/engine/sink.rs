@@ -191,52 +191,35 @@ impl Reorder {
 }
 
 impl State {
-    /// Writes out the waiting blocks that now follow on.
+    /// Writes out the waiting blocks that now follow on. After a loss one may start before
+    /// `next` (a block sent again): only its part past `next` goes out.
     fn drain(&mut self) -> std::io::Result<()> {
-        // A block that starts at or before `next` follows on; after a loss one may overlap
-        // what is out already.
-        while let Some((&at, _)) = self.pending.range(..=self.next).next_back() {
-            let Some(held) = self.pending.remove(&at) else {
-                break;
-            };
-            let skip = self.next - at;
-            let len = held.len();
-            match held {
-                Held::Memory(buf) => {
-                    self.pending_bytes -= buf.len();
-                    if skip < len {
-                        self.out.write_all(&buf[skip as usize..])?;
-                    }
-                    self.spare.push(buf);
+        while let Some(first) = self.pending.first_entry().filter(|e| *e.key() <= self.next) {
+            let (at, held) = first.remove_entry();
+            let end = at + held.len();
+            if end > self.next {
+                match &held {
+                    Held::Memory(buf) => self.out.write_all(&buf[(self.next - at) as usize..])?,
+                    Held::Spilled(_) => self.write_spilled(self.next, end)?,
                 }
-                Held::Spilled(_) => {
-                    if skip < len {
-                        self.copy_spilled(at + skip, at + len)?;
-                    }
-                }
+                self.next = end;
             }
-            self.next = self.next.max(at + len);
+            if let Held::Memory(buf) = held {
+                self.pending_bytes -= buf.len();
+                self.spare.push(buf);
+            }
         }
         Ok(())
     }
 
-    fn copy_spilled(&mut self, mut from: u64, end: u64) -> std::io::Result<()> {
-        let mut buf = self.spare.pop().unwrap_or_default();
-        buf.resize(super::PIECE, 0);
-        let result = (|| {
-            let Some(f) = &self.spill else {
-                return Err(std::io::Error::other("spilled data without a spill file"));
-            };
-            while from < end {
-                let n = ((end - from) as usize).min(buf.len());
-                f.read_exact_at(&mut buf[..n], from)?;
-                self.out.write_all(&buf[..n])?;
-                from += n as u64;
-            }
-            Ok(())
-        })();
-        self.spare.push(buf);
-        result
+    /// Writes out `[from, end)` of the spill file: part of one spilled write, so one read.
+    fn write_spilled(&mut self, from: u64, end: u64) -> std::io::Result<()> {
+        let Some(f) = &self.spill else {
+            return Err(std::io::Error::other("spilled data without a spill file"));
+        };
+        let mut buf = vec![0u8; (end - from) as usize];
+        f.read_exact_at(&mut buf, from)?;
+        self.out.write_all(&buf)
     }
 }
 

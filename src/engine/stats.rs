@@ -15,7 +15,7 @@ pub struct LinkView {
     pub retiring: bool,
     /// Payload bytes carried so far.
     pub bytes: u64,
-    /// Payload rate over about the last second, bytes/s.
+    /// Payload rate since this connection's last timeline row (about a second), bytes/s.
     pub rate: f64,
     /// The kernel's view (None once closed).
     pub tcp: Option<TcpInfo>,
@@ -108,7 +108,7 @@ pub type Count = (f64, usize);
 pub struct Sampler {
     every: Duration,
     next_row: Duration,
-    /// Per connection id: (seconds, bytes) at its last row, and at the last tick.
+    /// Per connection id: (seconds, bytes) at its last row.
     last_row: Vec<(f64, u64)>,
     rows: Vec<Sample>,
     counts: Vec<Count>,

@@ -243,10 +243,10 @@ impl Transfer {
 
     /// Records what the receiver has stored, from its range markers.
     pub fn confirm(&self, stored: &braid_proto::ranges::RangeSet) {
-        let mut c = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
-        if *c != *stored {
-            *c = stored.clone();
-        }
+        self.confirmed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone_from(stored);
     }
 
     /// Of these blocks, those the receiver has not confirmed.

@@ -14,6 +14,8 @@ use crate::command::Command;
 use crate::reply::{Reply, ReplyParser};
 use crate::retr_opts::RetrOpts;
 use crate::session::{Action, FsOp, FsOutcome, Perm, Session, SessionConfig, TransferOutcome};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -23,8 +25,8 @@ use std::time::Duration;
 pub struct Link {
     /// One way; a command and its reply cost twice this.
     pub delay: Duration,
-    /// Server-to-client bytes arrive in segments of 1 to this many bytes, sizes drawn from
-    /// `seed` (TCP may cut a stream anywhere).
+    /// Server-to-client bytes arrive in segments of 1 to this many bytes, sizes drawn from a
+    /// generator seeded with `seed` (TCP may cut a stream anywhere).
     pub max_segment: usize,
     pub seed: u64,
     /// The connection ends after this many server-to-client bytes.
@@ -57,7 +59,8 @@ pub struct Pair {
     pub seen: Vec<String>,
     /// Round trips so far (one per command).
     pub round_trips: u32,
-    pub link: Link,
+    link: Link,
+    segments: StdRng,
     /// Simulated time so far.
     pub now: Duration,
     /// Server-to-client bytes sent and not yet delivered.
@@ -67,11 +70,14 @@ pub struct Pair {
     /// The client's reply parser, and replies it has parsed but the client has not taken.
     parser: ReplyParser,
     parsed: VecDeque<Reply>,
-    closed: bool,
 }
 
 impl Pair {
     pub fn new() -> Pair {
+        Pair::over(Link::default())
+    }
+
+    pub fn over(link: Link) -> Pair {
         let server = Session::new(
             SessionConfig {
                 anonymous: Some(Perm::ReadWrite),
@@ -90,13 +96,13 @@ impl Pair {
             outcomes: VecDeque::new(),
             seen: Vec::new(),
             round_trips: 0,
-            link: Link::default(),
+            segments: StdRng::seed_from_u64(link.seed),
+            link,
             now: Duration::ZERO,
             wire: VecDeque::new(),
             delivered: 0,
             parser: ReplyParser::new(),
             parsed: VecDeque::new(),
-            closed: false,
         };
         p.users.insert("alice".into(), "secret".into());
         p
@@ -114,9 +120,6 @@ impl Pair {
                 return o;
             }
             if let Some(cmd) = self.client.poll_command() {
-                if self.closed {
-                    continue; // lost with the connection
-                }
                 self.round_trips += 1;
                 self.now += self.link.delay * 2;
                 for r in self.serve(&cmd) {
@@ -142,23 +145,17 @@ impl Pair {
     }
 
     /// One segment of server-to-client bytes into the client's parser, or the end of the
-    /// connection once the cut is reached or nothing more will come.
+    /// connection once the cut is reached.
     fn deliver(&mut self) {
         let room = match self.link.cut_after {
             Some(cut) => cut.saturating_sub(self.delivered),
             None => usize::MAX,
         };
         if room == 0 {
-            self.closed = true;
             self.client.handle_closed();
             return;
         }
-        self.link.seed = self
-            .link
-            .seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let size = 1 + (self.link.seed >> 33) as usize % self.link.max_segment.max(1);
+        let size = self.segments.random_range(1..=self.link.max_segment.max(1));
         assert!(
             !self.wire.is_empty(),
             "the client waits for a reply the server never sends"
@@ -408,8 +405,7 @@ mod tests {
     /// client had taken in and the simulated time when it ended.
     #[allow(clippy::type_complexity)]
     fn run_dialogue(link: Link) -> (Vec<Result<Outcome, Failure>>, Vec<(usize, Duration)>, Pair) {
-        let mut p = Pair::new();
-        p.link = link;
+        let mut p = Pair::over(link);
         p.files.insert("f0".into(), 10);
         p.files.insert("f1".into(), 20);
         let mut results = Vec::new();
