@@ -310,7 +310,9 @@ mod tests {
         for a in (300..2000).step_by(100) {
             put(a, a + 100); // 1700 bytes waiting: 100 in memory, the rest spilled
         }
+        put(250, 350); // a resend overlapping what waits: both go out trimmed
         put(100, 150); // the same piece again
+        put(50, 120); // part of the block again, ending inside the piece that waits in memory
         put(50, 300); // the whole block again, overlapping what waits
         put(0, 50); // and a piece that is out already
         sink.finish().unwrap();
