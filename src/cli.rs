@@ -131,11 +131,16 @@ enum Cmd {
 struct TransferArgs {
     /// Parallel data connections, used when the server offers MODE E (braid, GridFTP servers);
     /// a plain FTP server gets one connection. More help on long or lossy paths, where one TCP
-    /// connection cannot fill the link.
-    #[arg(short = 'n', long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
-    streams: u32,
+    /// connection cannot fill the link. "auto": against a braid server, braid starts with 4
+    /// and adds or removes connections while the data moves, keeping a count only while it
+    /// adds goodput without adding loss or queueing delay (-v shows each decision, --json
+    /// lists them); against a GridFTP server, whose count is fixed per transfer, it uses 4.
+    /// A number pins the count (1-64).
+    #[arg(short = 'n', long, default_value = "auto", value_name = "N|auto", value_parser = parse_streams)]
+    streams: Streams,
     /// Block size: each connection takes the next block of this size when it is ready. A
-    /// multiple of 64KiB [default: 1MiB].
+    /// multiple of 64KiB [default: 1MiB, less for a file too small to give every connection
+    /// a few blocks].
     #[arg(long, value_parser = parse_block_size)]
     block_size: Option<u64>,
     /// Socket buffer size for each data connection (SO_SNDBUF/SO_RCVBUF), e.g. 16MiB. Without
@@ -153,6 +158,22 @@ struct TransferArgs {
     /// experiments: it shows what a count costs on a path while the rest stays the same.
     #[arg(long, value_name = "SPEC", value_parser = crate::engine::hooks::Schedule::parse)]
     schedule: Option<crate::engine::hooks::Schedule>,
+}
+
+/// `-n`: a pinned count, or None for self-tuning.
+#[derive(Debug, Clone, Copy)]
+struct Streams(Option<u32>);
+
+fn parse_streams(s: &str) -> Result<Streams, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(Streams(None));
+    }
+    match s.parse::<u32>() {
+        Ok(n) if (1..=64).contains(&n) => Ok(Streams(Some(n))),
+        _ => Err(format!(
+            "{s:?}: give a number of connections from 1 to 64, or auto"
+        )),
+    }
 }
 
 fn parse_block_size(s: &str) -> Result<u64, String> {
@@ -305,6 +326,23 @@ fn init_logging(verbose: bool, quiet: bool) {
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_max_level(level)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+/// The client's own messages on stderr: warnings, and with -v what it decided and why (the
+/// self-tuning's steps, fallbacks); -q keeps only errors.
+fn client_logging(out: &OutputArgs) {
+    let level = match (out.verbose, out.quiet) {
+        (true, _) => tracing::Level::INFO,
+        (_, true) => tracing::Level::ERROR,
+        _ => tracing::Level::WARN,
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .without_time()
+        .with_target(false)
         .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
@@ -497,11 +535,12 @@ fn options(
         (None, true) => Some(client::tls_config(None)?),
         (None, false) => None,
     };
+    client_logging(out);
     Ok(Options {
         resume,
         progress: !out.quiet && !out.json,
         verbose: out.verbose,
-        streams: t.map_or(1, |t| t.streams),
+        streams: t.map_or(Some(1), |t| t.streams.0),
         block_size: t.and_then(|t| t.block_size),
         buffer: t.and_then(|t| t.buffer),
         tls,

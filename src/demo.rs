@@ -89,7 +89,7 @@ pub fn run(size: u64) -> anyhow::Result<()> {
     println!("demo: braid get {url} {}", dest.display());
     let opts = Options {
         progress: true,
-        streams: 4,
+        streams: None,
         ..Options::default()
     };
     let summary = client::get(&target, &Dest::File(dest.clone()), &opts);

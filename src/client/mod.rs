@@ -34,8 +34,9 @@ pub struct Options {
     pub progress: bool,
     /// Print the control dialogue on stderr.
     pub verbose: bool,
-    /// Data connections for MODE E transfers (1 still uses MODE E's checksummed framing).
-    pub streams: u32,
+    /// Data connections for MODE E transfers (1 still uses MODE E's checksummed framing);
+    /// None: braid chooses, and changes the count while the data moves (`-n auto`).
+    pub streams: Option<u32>,
     /// Block size for MODE E (None: the default).
     pub block_size: Option<u64>,
     /// Fixed socket buffer size (None: kernel autotuning).
@@ -85,6 +86,16 @@ pub struct Summary {
     /// MODE E: one row per open connection per second: bytes, rate and the kernel's TCP_INFO.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub timeline: Vec<crate::engine::stats::Sample>,
+    /// MODE E: how the connection count was chosen, `auto` (self-tuning) or `fixed` (`-n N`,
+    /// `--schedule`, or a GridFTP server, whose count is fixed per transfer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<&'static str>,
+    /// MODE E: the block size used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u64>,
+    /// MODE E, `-n auto`: each decision of the self-tuning, with what it measured.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<crate::engine::hooks::Note>,
     /// Data connections this transfer opened (0 when it reused those of the one before).
     pub new_data_connections: u32,
 }
@@ -520,6 +531,9 @@ fn summary(
         connections: Vec::new(),
         connection_count: Vec::new(),
         timeline: Vec::new(),
+        tuning: None,
+        block_size: None,
+        decisions: Vec::new(),
         new_data_connections: 1,
     }
 }

@@ -13,6 +13,7 @@ use crate::engine::receive::{Progress, Shared};
 use crate::engine::send::Source;
 use crate::engine::sink::{Reorder, Sink};
 use crate::engine::transfer::{Accept, Joins, Transfer, Waker};
+use crate::engine::tune::{self, Tuning};
 use crate::engine::{self, EngineError};
 use braid_proto::checksum;
 use braid_proto::client::{BlockPeer, BlockSetup, Direction, Failure, Op};
@@ -61,7 +62,7 @@ pub fn get(
     opts: &Options,
 ) -> Result<Summary> {
     let remote = target.path.as_str();
-    let plan = Plan::new(opts, offers_elastic(c));
+    let plan = Plan::new(opts, peer, offers_elastic(c), size);
     let n = plan.start;
     // Only braid servers pace (GridFTP servers ignore options they do not know, but there is
     // no need to find out). The pacer's rate goes with OPTS RETR now and again whenever the
@@ -69,7 +70,7 @@ pub fn get(
     let pacer = Cap(if plan.elastic { opts.max_rate } else { None });
     let retr = RetrOpts {
         parallelism: Some((plan.start, plan.start.min(1), plan.max)),
-        block_size: opts.block_size,
+        block_size: (opts.block_size.is_some() || peer == Peer::Braid).then_some(plan.block),
         max_rate: pacer.0,
     };
     let elastic = block_mode(c, Direction::Download, retr, opts.buffer)?;
@@ -77,8 +78,8 @@ pub fn get(
         Dest::Null => (Sink::Discard, None, Progress::holding(RangeSet::new())),
         Dest::Stdout => {
             // Room for a couple of blocks per connection, within bounds.
-            let block = opts.block_size.unwrap_or(engine::DEFAULT_BLOCK) as usize;
-            let cap = (block * n as usize * 2).clamp(8 << 20, 256 << 20);
+            let block = plan.block as usize;
+            let cap = (block * plan.max as usize * 2).clamp(8 << 20, 256 << 20);
             let out = Box::new(std::io::stdout());
             let start = Progress::holding(RangeSet::new());
             (
@@ -258,12 +259,13 @@ pub fn get(
         resumed_from,
         started,
     );
-    Ok(extended(s, &transfer, steering, verified, reused))
+    Ok(extended(s, &plan, &transfer, steering, verified, reused))
 }
 
 /// Marks a summary as a MODE E transfer over these connections, with their timeline.
 fn extended(
     mut s: Summary,
+    plan: &Plan,
     transfer: &Transfer,
     steering: Steering,
     checksum: Option<String>,
@@ -274,14 +276,17 @@ fn extended(
     } else {
         transfer.links().len() as u32
     };
-    let (timeline, counts, links) = steering.finish(transfer);
+    let record = steering.finish(transfer);
     s.mode = "extended-block";
+    s.tuning = Some(plan.tuning());
+    s.block_size = Some(plan.block);
+    s.decisions = record.decisions;
     s.per_connection_bytes = transfer.per_link_bytes();
     s.streams = transfer.most_open() as u32;
     s.checksum = checksum;
-    s.connections = links;
-    s.connection_count = counts;
-    s.timeline = timeline;
+    s.connections = record.links;
+    s.connection_count = record.counts;
+    s.timeline = record.timeline;
     s
 }
 
@@ -306,49 +311,101 @@ fn block_mode(
     Ok(c.session().elastic())
 }
 
-/// The connection plan of one transfer: how many to start with, how many at most, and the
-/// policy that moves between them.
+/// The connection plan of one transfer: how many to start with, how many at most, the
+/// policy that moves between them, and the block size.
 struct Plan {
     start: u32,
     max: u32,
-    schedule: Option<crate::engine::hooks::Schedule>,
+    policy: Choice,
     elastic: bool,
+    block: u64,
+}
+
+/// Who chooses the connection count during the transfer.
+enum Choice {
+    /// `-n N`, or a server whose count is fixed per transfer.
+    Fixed,
+    /// `--schedule`.
+    Schedule(crate::engine::hooks::Schedule),
+    /// `-n auto` (the default) against a braid server.
+    Auto(Tuning),
 }
 
 impl Plan {
-    fn new(opts: &Options, elastic: bool) -> Plan {
-        let n = opts.streams.max(1);
+    /// `size`: the bytes to move, when known (they bound the useful connections and the
+    /// block size).
+    fn new(opts: &Options, peer: Peer, elastic: bool, size: Option<u64>) -> Plan {
+        // Without a block size given, a small file still makes a few blocks per connection
+        // (a braid server takes the size it is told; GridFTP peers keep the default).
+        let fixed_block = |n: u32| match (opts.block_size, peer) {
+            (Some(b), _) => b,
+            (None, Peer::Braid) => tune::block_for(size, n as usize),
+            (None, Peer::GridFtp) => engine::DEFAULT_BLOCK,
+        };
+        let auto_start = Tuning::new(engine::DEFAULT_BLOCK).start as u32;
         if opts.schedule.is_some() && !elastic {
+            let n = opts.streams.unwrap_or(auto_start);
             eprintln!(
                 "braid: --schedule needs a braid server that lets connections join mid-transfer (FEAT BRAID 2); using -n {n}"
             );
         }
-        match (&opts.schedule, elastic) {
-            (Some(s), true) => Plan {
-                start: s.start as u32,
-                max: s
-                    .steps
-                    .iter()
-                    .map(|&(_, n)| n)
-                    .chain([s.start])
-                    .max()
-                    .unwrap_or(s.start) as u32,
-                schedule: Some(s.clone()),
-                elastic,
-            },
-            _ => Plan {
-                start: n,
-                max: n,
-                schedule: None,
-                elastic,
-            },
+        match (&opts.schedule, opts.streams, elastic) {
+            (Some(s), _, true) => {
+                let max = s.steps.iter().map(|&(_, n)| n).chain([s.start]).max();
+                let max = max.unwrap_or(s.start) as u32;
+                Plan {
+                    start: s.start as u32,
+                    max,
+                    policy: Choice::Schedule(s.clone()),
+                    elastic,
+                    block: fixed_block(max),
+                }
+            }
+            (None, None, true) => {
+                let mut tuning = Tuning::new(engine::DEFAULT_BLOCK);
+                let block = opts
+                    .block_size
+                    .unwrap_or_else(|| tune::block_for(size, tuning.max.min(2 * tuning.start)));
+                tuning.block = block;
+                let start = tune::Auto::new(tuning.clone()).first_count(size) as u32;
+                Plan {
+                    start,
+                    max: tuning.max as u32,
+                    policy: Choice::Auto(tuning),
+                    elastic,
+                    block,
+                }
+            }
+            (_, n, _) => {
+                let n = n.unwrap_or(auto_start).max(1);
+                if opts.streams.is_none() {
+                    tracing::info!(
+                        "the server fixes the connection count per transfer: {n} connections"
+                    );
+                }
+                Plan {
+                    start: n,
+                    max: n,
+                    policy: Choice::Fixed,
+                    elastic,
+                    block: fixed_block(n),
+                }
+            }
         }
     }
 
     fn policy(&self) -> Box<dyn Policy> {
-        match &self.schedule {
-            Some(s) => Box::new(s.clone()),
-            None => Box::new(Fixed),
+        match &self.policy {
+            Choice::Fixed => Box::new(Fixed),
+            Choice::Schedule(s) => Box::new(s.clone()),
+            Choice::Auto(t) => Box::new(tune::Auto::new(t.clone())),
+        }
+    }
+
+    fn tuning(&self) -> &'static str {
+        match self.policy {
+            Choice::Auto(_) => "auto",
+            _ => "fixed",
         }
     }
 
@@ -472,7 +529,7 @@ pub fn put(
         record,
         have,
     } = up;
-    let plan = Plan::new(opts, offers_elastic(c));
+    let plan = Plan::new(opts, peer, offers_elastic(c), Some(have.missing(len).len()));
     let n = plan.start;
     let elastic = block_mode(c, Direction::Upload, RetrOpts::default(), opts.buffer)?;
     // A fresh upload hashes the blocks as they go out and announces the checksum at the end;
@@ -550,7 +607,7 @@ pub fn put(
     let resumed_from = have.len();
     let started = Instant::now();
     let todo = have.missing(len);
-    let block = opts.block_size.unwrap_or(engine::DEFAULT_BLOCK);
+    let block = plan.block;
     let progress = AtomicU64::new(0);
     let transfer = Transfer::new(elastic);
     let pacer: Box<dyn Pacer> = Box::new(Cap(opts.max_rate));
@@ -668,7 +725,7 @@ pub fn put(
         resumed_from,
         started,
     );
-    Ok(extended(s, &transfer, steering, verified, reused))
+    Ok(extended(s, &plan, &transfer, steering, verified, reused))
 }
 
 /// The error for an upload the server did not accept at the end. A checksum mismatch means

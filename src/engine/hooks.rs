@@ -31,6 +31,46 @@ pub enum Decision {
 /// Chooses the connections of a running transfer.
 pub trait Policy: Send {
     fn decide(&mut self, view: &View) -> Vec<Decision>;
+
+    /// What it decided since it was last asked, and why (for `-v` and `--json`).
+    fn notes(&mut self) -> Vec<Note> {
+        Vec::new()
+    }
+}
+
+/// One decision of a policy, explained: shown with `-v`, kept in `--json` as `decisions`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Note {
+    /// Seconds since the transfer started.
+    pub t: f64,
+    /// Connections measured (or asked for, when nothing was measured).
+    pub streams: usize,
+    /// bytes/s over the interval measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<f64>,
+    /// Share of bytes sent again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// RTT above the path's base RTT, in base RTTs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<f64>,
+    pub action: String,
+}
+
+impl std::fmt::Display for Note {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.1}s {} connections", self.t, self.streams)?;
+        if let Some(g) = self.goodput {
+            write!(f, ", {:.2} MB/s", g / 1e6)?;
+        }
+        if let Some(l) = self.loss {
+            write!(f, ", {:.2}% resent", l * 100.0)?;
+        }
+        if let Some(q) = self.queue {
+            write!(f, ", queue {q:.2} RTT")?;
+        }
+        write!(f, ": {}", self.action)
+    }
 }
 
 /// Chooses the sending rate of a running transfer: bytes/s for all connections together, or
@@ -180,6 +220,8 @@ pub struct Steering {
     sending: bool,
     total: Option<u64>,
     rate: Option<u64>,
+    /// The policy's decisions, for the summary.
+    notes: Vec<Note>,
 }
 
 impl Steering {
@@ -200,6 +242,7 @@ impl Steering {
             sending,
             total,
             rate: None,
+            notes: Vec::new(),
         }
     }
 
@@ -226,6 +269,7 @@ impl Steering {
             done: 0,
             links: Vec::new(),
             opening: 0,
+            failed: 0,
         };
         self.rate = self.pacer.rate(&view);
         if self.sending {
@@ -239,9 +283,10 @@ impl Steering {
     pub fn tick(&mut self, transfer: &Transfer) -> Option<NewRate> {
         // Asked for but neither joined nor failed: counted from what joined, so that a
         // connection is never both "opening" and open (or neither) at a tick.
-        let opening = (self.initial + self.asked)
-            .saturating_sub(self.failed.load(Ordering::Acquire) + transfer.links().len());
-        let view = self.sampler.sample(transfer, self.total, opening);
+        let failed = self.failed.load(Ordering::Acquire);
+        let opening = (self.initial + self.asked).saturating_sub(failed + transfer.links().len());
+        let mut view = self.sampler.sample(transfer, self.total, opening);
+        view.failed = failed;
         let rate = self.pacer.rate(&view);
         let mut told = None;
         if rate != self.rate {
@@ -256,7 +301,12 @@ impl Steering {
         if !transfer.elastic() || view.ending() {
             return told;
         }
-        for d in self.policy.decide(&view) {
+        let decisions = self.policy.decide(&view);
+        for note in self.policy.notes() {
+            tracing::info!("{note}");
+            self.notes.push(note);
+        }
+        for d in decisions {
             match d {
                 Decision::Open(n) => {
                     if let Some(open) = &mut self.opener {
@@ -273,10 +323,25 @@ impl Steering {
         told
     }
 
-    /// The timeline, connection counts and connection lives, for the summary.
-    pub fn finish(self, transfer: &Transfer) -> (Vec<Sample>, Vec<Count>, Vec<LinkRecord>) {
-        self.sampler.finish(transfer)
+    /// The timeline, connection counts, connection lives and the policy's decisions, for the
+    /// summary.
+    pub fn finish(self, transfer: &Transfer) -> Record {
+        let (timeline, counts, links) = self.sampler.finish(transfer);
+        Record {
+            timeline,
+            counts,
+            links,
+            decisions: self.notes,
+        }
     }
+}
+
+/// What a finished transfer's steering saw and did.
+pub struct Record {
+    pub timeline: Vec<Sample>,
+    pub counts: Vec<Count>,
+    pub links: Vec<LinkRecord>,
+    pub decisions: Vec<Note>,
 }
 
 #[cfg(test)]
@@ -305,6 +370,7 @@ mod tests {
                 })
                 .collect(),
             opening,
+            failed: 0,
         }
     }
 

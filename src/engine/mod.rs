@@ -17,6 +17,8 @@
 //! - [`stats`]: per-connection samples (bytes, rate, `TCP_INFO`) taken off the data path.
 //! - [`hooks`]: the **policy** (open and close connections, resize buffers) and the **pacer**
 //!   (cap the rate of the whole transfer), and the steering that applies them.
+//! - [`tune`]: the self-tuning policy (`-n auto`): the connection count from measured
+//!   goodput, loss and queueing delay.
 
 pub mod file_send;
 pub mod hooks;
@@ -27,6 +29,7 @@ pub mod sink;
 pub mod stats;
 pub mod stream;
 pub mod transfer;
+pub mod tune;
 
 use braid_proto::block::BlockError;
 use std::net::TcpStream;

@@ -34,6 +34,8 @@ pub struct View {
     pub links: Vec<LinkView>,
     /// Connections this side is still opening (asked for, not yet joined).
     pub opening: usize,
+    /// Connections this side asked for that could not be opened.
+    pub failed: usize,
 }
 
 impl View {
@@ -185,6 +187,7 @@ impl Sampler {
             done: views.iter().map(|l| l.bytes).sum(),
             links: views,
             opening,
+            failed: 0,
         }
     }
 

@@ -123,13 +123,24 @@ fn wait_output(mut child: Child, limit: Duration) -> String {
     out
 }
 
-/// `braid lab run` with `--json`: (exit code, client stdout, server stdout, link report).
+/// `braid lab run` with `--json`: (exit code, client exit code, server stdout, link report).
 fn run_once(
     name: &str,
     link: &[&str],
     server: &str,
     client: &str,
 ) -> (i32, i64, String, serde_json::Value) {
+    let (code, v) = run_json(name, link, server, client);
+    (
+        code,
+        v["client"]["exit"].as_i64().unwrap_or(-1),
+        v["server"]["stdout"].as_str().unwrap_or("").to_string(),
+        v["link"].clone(),
+    )
+}
+
+/// `braid lab run` with `--json`: its exit code and its report.
+fn run_json(name: &str, link: &[&str], server: &str, client: &str) -> (i32, serde_json::Value) {
     let out = Command::new(BRAID)
         .args(["lab", "run", "--name", name, "--json", "--timeout", "120"])
         .args(link)
@@ -141,12 +152,7 @@ fn run_once(
     let stdout = String::from_utf8_lossy(&out.stdout);
     let v: serde_json::Value = serde_json::from_str(stdout.trim())
         .unwrap_or_else(|e| panic!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
-    (
-        out.status.code().unwrap_or(-1),
-        v["client"]["exit"].as_i64().unwrap_or(-1),
-        v["server"]["stdout"].as_str().unwrap_or("").to_string(),
-        v["link"].clone(),
-    )
+    (out.status.code().unwrap_or(-1), v)
 }
 
 #[test]
@@ -401,6 +407,66 @@ fn corrupted_payload_arrives_with_valid_checksums_and_only_braids_check_sees_it(
         !root.join("up.bin").exists(),
         "a damaged upload took its final name"
     );
+}
+
+/// Self-tuning on a path where each connection is window-limited (24 KiB buffers, 100 ms):
+/// four connections carry under half of the 20 Mbit/s, so `-n auto` must add connections,
+/// and the file must arrive whole, in both directions.
+#[test]
+fn auto_adds_connections_where_each_is_window_limited() {
+    require_lab();
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let data = random_bytes(8 << 20, 21);
+    std::fs::write(root.join("f.bin"), &data).unwrap();
+    std::fs::write(top.path().join("up.bin"), &data).unwrap();
+    let serve = format!(
+        "{BRAID} serve --root {} --listen 198.18.0.2:2121 --anonymous-write",
+        root.display()
+    );
+    let get = format!(
+        "{BRAID} get ftp://198.18.0.2:2121/f.bin {} --buffer 24KiB --json",
+        top.path().join("got.bin").display()
+    );
+    let put = format!(
+        "XDG_STATE_HOME={} {BRAID} put {} ftp://198.18.0.2:2121/up.bin --buffer 24KiB --json",
+        top.path().join("state").display(),
+        top.path().join("up.bin").display()
+    );
+    let link = ["--delay", "50ms", "--rate", "20mbit"];
+    for (tag, cmd, landed) in [
+        ("ag", &get, top.path().join("got.bin")),
+        ("ap", &put, root.join("up.bin")),
+    ] {
+        let (_, v) = run_json(&lab_name(tag), &link, &serve, cmd);
+        let client = &v["client"];
+        assert_eq!(client["exit"], 0, "{v}");
+        let summary = crate::util::json(client["stdout"].as_str().unwrap());
+        assert_eq!(summary["tuning"], "auto", "{summary}");
+        let most = summary["connection_count"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c[1].as_u64().unwrap())
+            .max()
+            .unwrap();
+        assert!(
+            most > 4,
+            "{tag}: never more than {most} connections: {summary}"
+        );
+        let decisions = summary["decisions"].as_array().unwrap();
+        assert!(
+            decisions
+                .iter()
+                .any(|d| d["action"].as_str().unwrap().contains("trying 8")),
+            "{tag}: {decisions:?}"
+        );
+        assert!(
+            std::fs::read(&landed).unwrap() == data,
+            "{tag}: the file differs"
+        );
+    }
 }
 
 #[test]

@@ -1,0 +1,880 @@
+//! Self-tuning: how many data connections a transfer uses, chosen while it runs (`-n auto`).
+//!
+//! **Why connections, not buffers.** Linux grows each socket's buffers by itself up to
+//! `tcp_rmem`/`tcp_wmem`'s maximum; setting `SO_RCVBUF`/`SO_SNDBUF` turns that off and cannot
+//! pass `rmem_max`/`wmem_max` anyway. Where one connection's window is capped below the path's
+//! bandwidth-delay product (a 1998 host's 24 KB on a satellite hop, the 4 MiB default on a
+//! long fat path) or loss keeps its window small, the lever left is more connections: the
+//! XFTP paper's answer (seed 002), which also warns that too many overflow router queues. So
+//! buffers stay with the kernel (or `--buffer`) and the controller chooses the count.
+//!
+//! **What it optimises.** A utility in the manner of Falcon (Arifuzzaman and Arslan, TPDS
+//! 2023), measured over an interval with `n` connections:
+//! `U = goodput · (1/K^n − B·loss − D·queue)`, where loss is the share of bytes sent again
+//! (the sending side reads it from `TCP_INFO`), queue is the RTT's rise over the path's base
+//! RTT in base RTTs (capped), K = 1.01 makes every connection cost a little, so a count that
+//! adds nothing loses to a smaller one; B = 10 and D = 0.1 make loss and queueing cost more
+//! than they bring, which is "stop before the router queue overflows".
+//!
+//! **How it moves.** It starts at `start` connections (4, the count GridFTP and FDT use,
+//! never more than there are blocks), lets them warm up for a few RTTs and measures one
+//! interval (4 base RTTs, 0.3-4 s). Then it doubles while doubling pays (U up by more than
+//! `gain`); if the very first step up does not pay it tries halving instead, and keeps going
+//! down while fewer does at least as well. Once settled it probes a quarter of the count (at
+//! least one) up or down, alternately, every `hold` intervals and keeps a probe only if it
+//! pays, so it follows a path whose capacity or competition changes. A connection the server
+//! refuses lowers the ceiling for the rest of the transfer. Near the end, when less than two
+//! intervals' worth of data is left, it stops changing anything.
+//!
+//! Pure: it sees only [`View`]s and returns [`Decision`]s and [`Note`]s, so it is tested with
+//! made-up views (below) and runs the same on the client for downloads and uploads.
+
+use super::hooks::{Decision, Note, Policy};
+use super::stats::View;
+use super::transfer::LinkState;
+use std::time::Duration;
+
+/// The controller's constants; [`Tuning::new`] gives the defaults.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    /// Connections to start with.
+    pub start: usize,
+    /// Most connections (the server's own limit may be lower; a refusal is noticed).
+    pub max: usize,
+    /// Block size: never more connections than blocks left to send.
+    pub block: u64,
+    /// Cost of each connection: utility is divided by `k^n`.
+    pub k: f64,
+    /// Weight of the retransmitted share of bytes.
+    pub loss_weight: f64,
+    /// Weight of queueing delay, per base RTT of it (counted up to 4).
+    pub delay_weight: f64,
+    /// How much a step must raise the utility to be kept (0.03: 3 %).
+    pub gain: f64,
+    /// Intervals between probes once settled.
+    pub hold: u32,
+}
+
+impl Tuning {
+    pub fn new(block: u64) -> Tuning {
+        Tuning {
+            start: 4,
+            max: 32,
+            block: block.max(1),
+            k: 1.01,
+            loss_weight: 10.0,
+            delay_weight: 0.1,
+            gain: 0.03,
+            hold: 3,
+        }
+    }
+}
+
+/// One measured interval.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Score {
+    n: usize,
+    /// bytes/s
+    goodput: f64,
+    /// Share of bytes sent again (0 when this side does not send).
+    loss: f64,
+    /// RTT above the base RTT, in base RTTs.
+    queue: f64,
+    utility: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    /// Doubling while it pays; `climbed`: a doubling has paid already.
+    Up { climbed: bool },
+    /// Halving while fewer does at least as well.
+    Down,
+    /// Between a count that paid and a larger one that added goodput but not enough to pay
+    /// for itself (loss, queueing, the cost of connections): the best lies between.
+    Bisect { lo: Score, hi: Score },
+    /// Settled; probe after `left` more intervals, up or down.
+    Hold { left: u32, up_next: bool },
+    /// Trying one step away from `from`; keep it only if it pays.
+    Probe { from: Score, up: bool },
+}
+
+/// Counters at the start of a measured interval.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    at: Duration,
+    done: u64,
+    sent: u64,
+    retrans: u64,
+}
+
+/// The self-tuning policy. See the module documentation.
+#[derive(Debug)]
+pub struct Auto {
+    cfg: Tuning,
+    /// The count asked for now.
+    target: usize,
+    /// Lowered when the server refuses a connection.
+    ceiling: usize,
+    phase: Phase,
+    /// The score of the count to fall back to.
+    last: Option<Score>,
+    /// Measuring starts here (after the warm-up of a new count).
+    warm_until: Option<Duration>,
+    mark: Option<Mark>,
+    /// Smallest RTT seen on any connection.
+    base_rtt: Option<Duration>,
+    refused: usize,
+    /// Probes in a row that were not kept: each doubles the wait before the next (up to 8
+    /// times `hold`), so a settled transfer spends little time on probes that lose.
+    failed_probes: u32,
+    notes: Vec<Note>,
+}
+
+impl Auto {
+    pub fn new(cfg: Tuning) -> Auto {
+        let ceiling = cfg.max.max(1);
+        Auto {
+            target: cfg.start.clamp(1, ceiling),
+            ceiling,
+            phase: Phase::Up { climbed: false },
+            last: None,
+            warm_until: None,
+            mark: None,
+            base_rtt: None,
+            refused: 0,
+            failed_probes: 0,
+            notes: Vec::new(),
+            cfg,
+        }
+    }
+
+    /// Connections to open before the transfer starts: `start`, but no more than `total`
+    /// bytes make blocks.
+    pub fn first_count(&mut self, total: Option<u64>) -> usize {
+        if let Some(t) = total {
+            self.target = self.target.min(blocks(t, self.cfg.block).max(1));
+        }
+        self.target
+    }
+
+    /// Length of one measured interval.
+    fn interval(&self) -> Duration {
+        let base = self.base_rtt.unwrap_or(Duration::from_millis(250));
+        (base * 4).clamp(Duration::from_millis(300), Duration::from_secs(4))
+    }
+
+    /// How long a new count runs before it is measured: connections finish slow start.
+    fn warmup(&self) -> Duration {
+        let base = self.base_rtt.unwrap_or(Duration::from_millis(250));
+        (base * 3).clamp(Duration::from_millis(200), Duration::from_secs(3))
+    }
+
+    fn note(&mut self, view: &View, score: Option<&Score>, action: String) {
+        self.notes.push(Note {
+            t: view.elapsed.as_secs_f64(),
+            streams: score.map_or(self.target, |s| s.n),
+            goodput: score.map(|s| s.goodput),
+            loss: score.map(|s| s.loss),
+            queue: score.map(|s| s.queue),
+            action,
+        });
+    }
+
+    /// Goes to `n` connections (bounded), restarting the measurement; the decisions that get
+    /// there from the connections in `view`.
+    fn go_to(&mut self, n: usize, view: &View) -> Vec<Decision> {
+        self.target = n.clamp(1, self.ceiling);
+        self.warm_until = None;
+        self.mark = None;
+        self.reach(view)
+    }
+
+    /// Opens or closes connections until the active ones (and those on their way) make the
+    /// target. The newest close first: the oldest have the widest windows.
+    fn reach(&self, view: &View) -> Vec<Decision> {
+        let active: Vec<usize> = view.active().map(|l| l.id).collect();
+        let have = active.len() + view.opening;
+        if self.target > have {
+            vec![Decision::Open(self.target - have)]
+        } else if self.target < active.len() && view.opening == 0 {
+            active
+                .iter()
+                .rev()
+                .take(active.len() - self.target)
+                .map(|&id| Decision::Close(id))
+                .collect()
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn score(&self, view: &View, mark: &Mark) -> Score {
+        let secs = (view.elapsed.saturating_sub(mark.at))
+            .as_secs_f64()
+            .max(1e-6);
+        let goodput = moved(view).saturating_sub(mark.done) as f64 / secs;
+        let (sent, retrans) = sending_counters(view);
+        let sent = sent.saturating_sub(mark.sent);
+        let loss = if sent > 0 {
+            retrans.saturating_sub(mark.retrans) as f64 / sent as f64
+        } else {
+            0.0
+        };
+        let queue = match (self.base_rtt, mean_rtt(view)) {
+            (Some(base), Some(rtt)) if !base.is_zero() => {
+                (rtt.as_secs_f64() / base.as_secs_f64() - 1.0).clamp(0.0, 4.0)
+            }
+            _ => 0.0,
+        };
+        let n = view.active().count().max(1);
+        let c = &self.cfg;
+        let utility = goodput
+            * (1.0 / c.k.powi(n as i32) - c.loss_weight * loss - c.delay_weight * queue).max(0.0);
+        Score {
+            n,
+            goodput,
+            loss,
+            queue,
+            utility,
+        }
+    }
+
+    /// The next move once an interval at the current count has been measured.
+    fn step(&mut self, view: &View, s: Score, useful: usize) -> Vec<Decision> {
+        let pays =
+            |now: &Score, before: &Score, gain: f64| now.utility > before.utility * (1.0 + gain);
+        let up = (s.n * 2).min(useful);
+        let down = s.n / 2;
+        let wait = self.cfg.hold << self.failed_probes.min(3);
+        let hold = |up_next| Phase::Hold {
+            left: wait,
+            up_next,
+        };
+        match (self.phase, self.last) {
+            (Phase::Up { .. }, None) => {
+                self.last = Some(s);
+                if up > s.n {
+                    self.phase = Phase::Up { climbed: false };
+                    self.note(view, Some(&s), format!("first measure; trying {up}"));
+                    self.go_to(up, view)
+                } else {
+                    self.phase = hold(false);
+                    self.note(view, Some(&s), "first measure; no room to add".into());
+                    Vec::new()
+                }
+            }
+            (Phase::Up { .. }, Some(before)) if pays(&s, &before, self.cfg.gain) => {
+                self.last = Some(s);
+                let gained = percent(s.goodput, before.goodput);
+                if up > s.n {
+                    self.phase = Phase::Up { climbed: true };
+                    self.note(
+                        view,
+                        Some(&s),
+                        format!("{gained} over {}; trying {up}", before.n),
+                    );
+                    self.go_to(up, view)
+                } else {
+                    self.phase = hold(false);
+                    self.note(
+                        view,
+                        Some(&s),
+                        format!("{gained} over {}; at the most useful", before.n),
+                    );
+                    Vec::new()
+                }
+            }
+            (Phase::Up { climbed }, Some(before)) => {
+                let gained = percent(s.goodput, before.goodput);
+                let mid = (before.n + s.n) / 2;
+                if s.goodput > before.goodput * (1.0 + self.cfg.gain) && mid > before.n {
+                    self.phase = Phase::Bisect { lo: before, hi: s };
+                    self.note(
+                        view,
+                        Some(&s),
+                        format!("{gained} over {}, but at a cost; trying {mid}", before.n),
+                    );
+                    self.go_to(mid, view)
+                } else if !climbed && before.n > 1 {
+                    // The first step up did not pay: perhaps fewer do as well.
+                    self.phase = Phase::Down;
+                    let to = (before.n / 2).max(1);
+                    self.note(
+                        view,
+                        Some(&s),
+                        format!("{gained} over {}: not worth it; trying {to}", before.n),
+                    );
+                    self.go_to(to, view)
+                } else {
+                    self.phase = hold(false);
+                    self.note(
+                        view,
+                        Some(&s),
+                        format!(
+                            "{gained} over {}: not worth it; back to {}",
+                            before.n, before.n
+                        ),
+                    );
+                    self.go_to(before.n, view)
+                }
+            }
+            (Phase::Down, Some(before)) => {
+                let gained = percent(s.goodput, before.goodput);
+                if s.utility >= before.utility {
+                    self.last = Some(s);
+                    if down >= 1 && down < s.n {
+                        self.note(
+                            view,
+                            Some(&s),
+                            format!(
+                                "{gained} against {}: fewer do as well; trying {down}",
+                                before.n
+                            ),
+                        );
+                        self.go_to(down, view)
+                    } else {
+                        self.phase = hold(true);
+                        self.note(
+                            view,
+                            Some(&s),
+                            format!("{gained} against {}: settled", before.n),
+                        );
+                        Vec::new()
+                    }
+                } else {
+                    self.phase = hold(true);
+                    self.note(
+                        view,
+                        Some(&s),
+                        format!("{gained} against {}: back to {}", before.n, before.n),
+                    );
+                    self.go_to(before.n, view)
+                }
+            }
+            (Phase::Bisect { mut lo, mut hi }, _) => {
+                if s.utility >= lo.utility {
+                    lo = s;
+                } else {
+                    hi = s;
+                }
+                let mid = (lo.n + hi.n) / 2;
+                if mid != lo.n && mid != hi.n {
+                    self.phase = Phase::Bisect { lo, hi };
+                    self.note(
+                        view,
+                        Some(&s),
+                        format!("between {} and {}: trying {mid}", lo.n, hi.n),
+                    );
+                    return self.go_to(mid, view);
+                }
+                let best = if hi.utility > lo.utility { hi } else { lo };
+                self.last = Some(best);
+                self.phase = hold(true);
+                self.note(view, Some(&s), format!("settled at {}", best.n));
+                self.go_to(best.n, view)
+            }
+            (Phase::Down, None) => {
+                self.last = Some(s);
+                self.phase = hold(true);
+                Vec::new()
+            }
+            (Phase::Hold { left, up_next }, _) => {
+                self.last = Some(s);
+                if left > 1 {
+                    self.phase = Phase::Hold {
+                        left: left - 1,
+                        up_next,
+                    };
+                    return Vec::new();
+                }
+                let by = (s.n / 4).max(1);
+                let to = if up_next {
+                    s.n + by
+                } else {
+                    s.n.saturating_sub(by)
+                };
+                if to < 1 || to > useful || to == s.n {
+                    self.phase = hold(!up_next);
+                    return Vec::new();
+                }
+                self.phase = Phase::Probe {
+                    from: s,
+                    up: up_next,
+                };
+                self.note(view, Some(&s), format!("probing {to}"));
+                self.go_to(to, view)
+            }
+            (Phase::Probe { from, up }, _) => {
+                let gained = percent(s.goodput, from.goodput);
+                let keep = if up {
+                    pays(&s, &from, self.cfg.gain)
+                } else {
+                    s.utility >= from.utility
+                };
+                if keep {
+                    self.failed_probes = 0;
+                    self.phase = Phase::Hold {
+                        left: self.cfg.hold,
+                        up_next: !up,
+                    };
+                    self.last = Some(s);
+                    self.note(
+                        view,
+                        Some(&s),
+                        format!("{gained} against {}: keeping {}", from.n, s.n),
+                    );
+                    Vec::new()
+                } else {
+                    self.failed_probes += 1;
+                    self.phase = Phase::Hold {
+                        left: self.cfg.hold << self.failed_probes.min(3),
+                        up_next: !up,
+                    };
+                    self.last = Some(from);
+                    self.note(
+                        view,
+                        Some(&s),
+                        format!("{gained} against {}: back to {}", from.n, from.n),
+                    );
+                    self.go_to(from.n, view)
+                }
+            }
+        }
+    }
+}
+
+impl Policy for Auto {
+    fn decide(&mut self, view: &View) -> Vec<Decision> {
+        if let Some(rtt) = min_rtt(view) {
+            self.base_rtt = Some(self.base_rtt.map_or(rtt, |b| b.min(rtt)));
+        }
+        // A connection the server turned away (or could not be opened) sets the ceiling.
+        let refused = view.failed
+            + view
+                .links
+                .iter()
+                .filter(|l| l.bytes == 0 && !l.retiring && l.state != LinkState::Open)
+                .count();
+        if refused > self.refused {
+            self.refused = refused;
+            let have = view.active().count().max(1);
+            if have < self.ceiling {
+                self.ceiling = have;
+                self.target = self.target.min(have);
+                self.note(
+                    view,
+                    None,
+                    format!("a connection was refused; at most {have} from now on"),
+                );
+            }
+        }
+        let left = view.total.map(|t| t.saturating_sub(view.done));
+        let useful = left
+            .map_or(self.ceiling, |l| blocks(l, self.cfg.block))
+            .clamp(1, self.ceiling);
+        let have = view.active().count() + view.opening;
+        if self.target > useful {
+            // No more connections than blocks left; those open may finish their blocks.
+            self.target = useful.max(have.min(self.target));
+        }
+        if have != self.target || view.opening > 0 {
+            // On the way to the target (or a connection broke): measure once there.
+            self.warm_until = None;
+            self.mark = None;
+            return if view.opening == 0 {
+                self.reach(view)
+            } else {
+                Vec::new()
+            };
+        }
+        let now = view.elapsed;
+        let Some(warm_until) = self.warm_until else {
+            self.warm_until = Some(now + self.warmup());
+            return Vec::new();
+        };
+        if now < warm_until {
+            return Vec::new();
+        }
+        let Some(mark) = self.mark else {
+            self.mark = Some(mark_now(view));
+            return Vec::new();
+        };
+        if now.saturating_sub(mark.at) < self.interval() {
+            return Vec::new();
+        }
+        let score = self.score(view, &mark);
+        self.mark = Some(mark_now(view));
+        // With less than two intervals' worth left, a change would not pay back.
+        let soon = left.is_some_and(|l| {
+            (l as f64) < score.goodput * 2.0 * (self.warmup() + self.interval()).as_secs_f64()
+        });
+        if soon {
+            return Vec::new();
+        }
+        self.step(view, score, useful)
+    }
+
+    fn notes(&mut self) -> Vec<Note> {
+        std::mem::take(&mut self.notes)
+    }
+}
+
+/// The block size when none is given: a few blocks for each of `streams` connections, so a
+/// small file does not leave connections idle (a 2 MB file in 1 MiB blocks feeds only two of
+/// four), from 64 KiB (the checksum's chunk: blocks must be multiples of it) up to the default.
+pub fn block_for(size: Option<u64>, streams: usize) -> u64 {
+    let chunk = braid_proto::checksum::CHUNK;
+    let Some(size) = size else {
+        return super::DEFAULT_BLOCK;
+    };
+    let share = size / (4 * streams.max(1) as u64);
+    // The largest power of two not above the share, within bounds.
+    let pow2 = if share == 0 { 0 } else { 1u64 << share.ilog2() };
+    pow2.clamp(chunk, super::DEFAULT_BLOCK.max(chunk))
+}
+
+fn blocks(bytes: u64, block: u64) -> usize {
+    usize::try_from(bytes.div_ceil(block.max(1))).unwrap_or(usize::MAX)
+}
+
+fn mark_now(view: &View) -> Mark {
+    let (sent, retrans) = sending_counters(view);
+    Mark {
+        at: view.elapsed,
+        done: moved(view),
+        sent,
+        retrans,
+    }
+}
+
+/// Bytes moved so far, from the kernel's counters (bytes acknowledged where this side sends,
+/// received where it receives) while a connection is open: the payload counters advance a
+/// piece (256 KiB) at a time, which on a slow connection is seconds. A closed connection
+/// counts its payload.
+fn moved(view: &View) -> u64 {
+    view.links
+        .iter()
+        .map(|l| match &l.tcp {
+            Some(t) if t.bytes_sent > t.bytes_received => t.bytes_acked,
+            Some(t) => t.bytes_received,
+            None => l.bytes,
+        })
+        .sum()
+}
+
+/// Bytes sent and sent again, over every connection that ever joined (closed ones keep their
+/// last counts in the view's `bytes`, but not in TCP_INFO; the difference is small and only
+/// matters at a change of count, where measurement restarts anyway).
+fn sending_counters(view: &View) -> (u64, u64) {
+    view.links
+        .iter()
+        .filter_map(|l| l.tcp.as_ref())
+        .fold((0, 0), |(s, r), t| (s + t.bytes_sent, r + t.bytes_retrans))
+}
+
+/// The smallest RTT the kernel has seen on an open connection.
+fn min_rtt(view: &View) -> Option<Duration> {
+    view.active()
+        .filter_map(|l| l.tcp.as_ref())
+        .map(|t| t.min_rtt_us)
+        .filter(|&us| us > 0)
+        .min()
+        .map(|us| Duration::from_micros(us.into()))
+}
+
+/// The RTT now, averaged over open connections: the smoothed RTT where this side sends, the
+/// receiver's estimate where it only receives.
+fn mean_rtt(view: &View) -> Option<Duration> {
+    let rtts: Vec<u32> = view
+        .active()
+        .filter_map(|l| l.tcp.as_ref())
+        .map(|t| {
+            if t.bytes_sent > t.bytes_received {
+                t.rtt_us
+            } else {
+                t.rcv_rtt_us
+            }
+        })
+        .filter(|&us| us > 0)
+        .collect();
+    if rtts.is_empty() {
+        return None;
+    }
+    let mean = rtts.iter().map(|&u| u64::from(u)).sum::<u64>() / rtts.len() as u64;
+    Some(Duration::from_micros(mean))
+}
+
+fn percent(now: f64, before: f64) -> String {
+    if before <= 0.0 {
+        return "goodput from nothing".into();
+    }
+    format!("goodput {:+.0}%", (now / before - 1.0) * 100.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::stats::LinkView;
+    use braid_sockopt::TcpInfo;
+
+    /// A path in numbers: each connection's window allows `window` bytes in flight; the
+    /// bottleneck carries `capacity` bytes/s behind a drop-tail queue of `queue` bytes.
+    #[derive(Clone, Copy)]
+    struct Path {
+        capacity: f64,
+        window: f64,
+        base: Duration,
+        queue: f64,
+    }
+
+    impl Path {
+        /// Goodput (bytes/s), RTT and the share of bytes lost with `n` connections.
+        fn with(&self, n: usize) -> (f64, Duration, f64) {
+            let base = self.base.as_secs_f64();
+            let bdp = self.capacity * base;
+            let flight = n as f64 * self.window;
+            let standing = (flight - bdp).clamp(0.0, self.queue);
+            let rtt = base + standing / self.capacity;
+            let over = (flight - bdp - self.queue).max(0.0);
+            let loss = (over / flight * 0.2).min(0.2);
+            let goodput = (flight / rtt).min(self.capacity) * (1.0 - loss);
+            (goodput, Duration::from_secs_f64(rtt), loss)
+        }
+    }
+
+    /// One connection of the simulated transfer.
+    struct Conn {
+        id: usize,
+        bytes: f64,
+        sent: f64,
+        retrans: f64,
+        closed: bool,
+    }
+
+    /// Runs `auto` against `path` in 100 ms ticks for `secs` (or until `total` bytes moved);
+    /// returns the connection count after each tick. Opened connections join a tick later;
+    /// `limit` is the server's cap (further ones are refused: they end without a byte).
+    fn simulate(auto: &mut Auto, path: Path, total: u64, secs: f64, limit: usize) -> Vec<usize> {
+        let tick = Duration::from_millis(100);
+        let mut conns: Vec<Conn> = Vec::new();
+        let mut retiring: Vec<usize> = Vec::new();
+        let mut refused: Vec<usize> = Vec::new();
+        let mut opening = auto.first_count(Some(total));
+        let mut elapsed = Duration::ZERO;
+        let mut counts = Vec::new();
+        let mut done = 0.0;
+        while elapsed.as_secs_f64() < secs && (done as u64) < total {
+            // Those asked for join (or are turned away).
+            for _ in 0..opening {
+                let id = conns.len();
+                let open = conns.iter().filter(|c| !c.closed).count();
+                conns.push(Conn {
+                    id,
+                    bytes: 0.0,
+                    sent: 0.0,
+                    retrans: 0.0,
+                    closed: open >= limit,
+                });
+                if open >= limit {
+                    refused.push(id);
+                }
+            }
+            opening = 0;
+            for id in retiring.drain(..) {
+                conns[id].closed = true;
+            }
+            let open: Vec<usize> = conns.iter().filter(|c| !c.closed).map(|c| c.id).collect();
+            let (goodput, rtt, loss) = path.with(open.len());
+            let each = goodput * tick.as_secs_f64() / open.len().max(1) as f64;
+            for &id in &open {
+                let c = &mut conns[id];
+                c.bytes += each;
+                c.sent += each / (1.0 - loss);
+                c.retrans += each / (1.0 - loss) * loss;
+            }
+            done += each * open.len() as f64;
+            elapsed += tick;
+            let rtt_us = rtt.as_micros() as u32;
+            let view = View {
+                elapsed,
+                total: Some(total),
+                done: done as u64,
+                links: conns
+                    .iter()
+                    .map(|c| LinkView {
+                        id: c.id,
+                        state: if c.closed {
+                            if c.bytes > 0.0 {
+                                LinkState::Finished
+                            } else {
+                                LinkState::Unused
+                            }
+                        } else {
+                            LinkState::Open
+                        },
+                        retiring: c.closed && !refused.contains(&c.id),
+                        bytes: c.bytes as u64,
+                        rate: 0.0,
+                        tcp: (!c.closed).then(|| TcpInfo {
+                            rtt_us,
+                            rcv_rtt_us: rtt_us,
+                            min_rtt_us: path.base.as_micros() as u32,
+                            bytes_sent: c.sent as u64,
+                            bytes_acked: c.bytes as u64,
+                            bytes_retrans: c.retrans as u64,
+                            ..TcpInfo::default()
+                        }),
+                    })
+                    .collect(),
+                opening: 0,
+                failed: 0,
+            };
+            for d in auto.decide(&view) {
+                match d {
+                    Decision::Open(n) => opening += n,
+                    Decision::Close(id) => retiring.push(id),
+                    Decision::Buffer(_) => {}
+                }
+            }
+            counts.push(conns.iter().filter(|c| !c.closed).count());
+        }
+        counts
+    }
+
+    const T1: f64 = 1_536_000.0 / 8.0;
+    const BIG: u64 = 1 << 40;
+
+    /// XFTP's satellite T1: 590 ms, each connection's 24 KB window moves 1/5 of the link.
+    fn satellite() -> Path {
+        Path {
+            capacity: T1,
+            window: 24_000.0,
+            base: Duration::from_millis(590),
+            queue: 64_000.0,
+        }
+    }
+
+    fn auto() -> Auto {
+        Auto::new(Tuning::new(1 << 20))
+    }
+
+    /// The count it spent most of the second half of its time at.
+    fn settles(counts: &[usize]) -> usize {
+        let late = &counts[counts.len() / 2..];
+        let most = late.iter().max().copied().unwrap_or(0);
+        (0..=most)
+            .max_by_key(|n| late.iter().filter(|&&c| c == *n).count())
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn window_limited_connections_are_added_until_the_link_is_full() {
+        let path = satellite();
+        let counts = simulate(&mut auto(), path, BIG, 120.0, 64);
+        let n = settles(&counts);
+        // One connection moves 40 KB/s of 192: five fill the link.
+        assert!(
+            path.with(n).0 > 0.95 * T1,
+            "settled at {n}: {:?}",
+            path.with(n)
+        );
+        assert!(
+            n <= 8,
+            "settled at {n}, more than the link needs: {counts:?}"
+        );
+        // Full at the second measurement: 4 warm up and are measured, then 8 (about 15 RTTs).
+        let full = counts
+            .iter()
+            .position(|&c| path.with(c).0 > 0.95 * T1)
+            .unwrap();
+        assert!(full <= 50, "full only after {} ticks: {counts:?}", full);
+        // And it stays full, but for short probes below five that are not kept.
+        let below = counts[full..].iter().filter(|&&c| c < 5).count();
+        assert!(below * 10 < counts.len() - full, "{counts:?}");
+    }
+
+    #[test]
+    fn a_link_one_connection_fills_ends_with_few() {
+        // Plenty of window: one connection fills it; more only queue.
+        let path = Path {
+            capacity: 100e6 / 8.0,
+            window: 4e6,
+            base: Duration::from_millis(20),
+            queue: 250_000.0,
+        };
+        let counts = simulate(&mut auto(), path, BIG, 60.0, 64);
+        let n = settles(&counts);
+        assert!(n <= 2, "settled at {n}: {counts:?}");
+        assert!(counts.iter().all(|&c| c <= 8), "{counts:?}");
+    }
+
+    #[test]
+    fn loss_and_queueing_stop_the_climb() {
+        // Small windows but a small queue: past the link's BDP, extra connections only lose.
+        let path = Path {
+            capacity: 10e6 / 8.0,
+            window: 64_000.0,
+            base: Duration::from_millis(100),
+            queue: 30_000.0,
+        };
+        let counts = simulate(&mut auto(), path, BIG, 120.0, 64);
+        let n = settles(&counts);
+        let (_, _, loss) = path.with(n);
+        assert!(loss < 0.01, "settled at {n} with {loss} loss: {counts:?}");
+        assert!(
+            path.with(n).0 > 0.9 * path.capacity,
+            "settled at {n}: {counts:?}"
+        );
+    }
+
+    #[test]
+    fn a_refused_connection_caps_the_count() {
+        let counts = simulate(&mut auto(), satellite(), BIG, 60.0, 3);
+        assert!(counts.iter().all(|&c| c <= 3), "{counts:?}");
+        assert_eq!(settles(&counts), 3);
+    }
+
+    #[test]
+    fn never_more_connections_than_blocks() {
+        // 6 blocks of 64 KiB: the satellite would like more, the file has no more to give.
+        let mut a = Auto::new(Tuning::new(64 << 10));
+        assert_eq!(a.first_count(Some(3 << 16)), 3);
+        let counts = simulate(&mut a, satellite(), 6 << 16, 60.0, 64);
+        assert!(counts.iter().all(|&c| c <= 6), "{counts:?}");
+    }
+
+    #[test]
+    fn nothing_changes_near_the_end() {
+        // The whole file fits in about two intervals at the starting count: no probing.
+        let path = satellite();
+        let total = (path.with(4).0 * 6.0) as u64;
+        let mut a = Auto::new(Tuning::new(64 << 10));
+        let counts = simulate(&mut a, path, total, 60.0, 64);
+        assert!(counts.iter().all(|&c| c == 4), "{counts:?}");
+    }
+
+    #[test]
+    fn block_sizes_follow_the_file() {
+        assert_eq!(block_for(Some(2_000_000), 4), 64 << 10);
+        assert_eq!(block_for(Some(4 << 20), 4), 256 << 10);
+        assert_eq!(block_for(Some(1 << 30), 8), 1 << 20);
+        assert_eq!(block_for(Some(0), 4), 64 << 10);
+        assert_eq!(block_for(None, 4), 1 << 20);
+        // Every connection of four gets blocks from a 2 MB file.
+        assert!(2_000_000u64.div_ceil(block_for(Some(2_000_000), 4)) >= 4 * 4);
+    }
+
+    #[test]
+    fn decisions_are_explained() {
+        let mut a = auto();
+        simulate(&mut a, satellite(), BIG, 30.0, 64);
+        let notes = a.notes();
+        assert!(!notes.is_empty());
+        assert!(
+            notes
+                .iter()
+                .all(|n| !n.action.is_empty() && n.goodput.is_some())
+        );
+        assert!(notes.windows(2).all(|w| w[0].t <= w[1].t));
+    }
+}
