@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import tempfile
 
-from loopback import children_cpu, proc_cpu
+from loopback import children_cpu, proc_cpu, random_file
 
 
 def main():
@@ -33,12 +33,7 @@ def main():
     procs, urls = {}, {}
     size = args.size_mib << 20
     try:
-        with open(os.path.join(work, "f.bin"), "wb") as f:
-            left = size
-            while left:
-                n = min(left, 64 << 20)
-                f.write(os.urandom(n))
-                left -= n
+        random_file(os.path.join(work, "f.bin"), size)
         for k, b in bins.items():
             p = subprocess.Popen([b, "serve", "--root", work, "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE,
                                  stderr=subprocess.DEVNULL, text=True, start_new_session=True)

@@ -56,6 +56,16 @@ def wait_port(port, proc, limit=10.0):
     raise RuntimeError(f"{proc.args[0]} did not listen on {port}")
 
 
+def random_file(path, size):
+    """Writes `size` random bytes to `path`, 64 MiB at a time."""
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(left, 64 << 20)
+            f.write(os.urandom(n))
+            left -= n
+
+
 def program(name):
     for d in ("/usr/sbin", "/sbin"):
         p = os.path.join(d, name)
@@ -124,12 +134,7 @@ def main():
         os.mkdir(srv)
         os.chmod(srv, 0o755)
         src = os.path.join(srv, "f.bin")
-        with open(src, "wb") as f:
-            left = size
-            while left:
-                n = min(left, 64 << 20)
-                f.write(os.urandom(n))
-                left -= n
+        random_file(src, size)
         os.chmod(src, 0o644)
         subprocess.run(["cat", src], stdout=subprocess.DEVNULL, check=True)  # into the page cache
 

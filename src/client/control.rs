@@ -32,6 +32,12 @@ pub struct Control {
     user: String,
     /// MODE E data connections the last transfer left open (the session knows which way).
     data: Vec<TcpStream>,
+    /// Pipelined ops begun ahead whose outcomes are read before the next op's (each with
+    /// what to call it in an error).
+    deferred: VecDeque<Option<String>>,
+    /// Read with the login (pipelined): SIZE of a path, and a passive port.
+    early_size: Option<(String, Reply)>,
+    early_passive: Option<u16>,
 }
 
 impl Control {
@@ -62,6 +68,9 @@ impl Control {
                         tls: None,
                         user: String::new(),
                         data: Vec::new(),
+                        deferred: VecDeque::new(),
+                        early_size: None,
+                        early_passive: None,
                     };
                     let mut greeting = c.reply()?;
                     while greeting.is_preliminary() {
@@ -73,6 +82,10 @@ impl Control {
                             reply: greeting,
                         });
                     }
+                    // A braid server says so in its greeting, and reads pipelined commands in
+                    // order: the dialogue then costs a round trip per phase, not per command.
+                    c.session
+                        .set_pipeline(braid_proto::session::is_braid_greeting(&greeting));
                     return Ok(c);
                 }
                 Err(e) => last = e,
@@ -178,13 +191,40 @@ impl Control {
         &mut self.session
     }
 
-    /// Starts an op of the client session: sends its first command.
+    /// Starts an op of the client session: sends its first command (pipelined: all of them).
     pub fn begin(&mut self, op: Op) -> Result<()> {
         self.session.begin(op);
+        self.send_queued()
+    }
+
+    /// Sends what the session has queued, in one write (one segment for a pipelined batch).
+    fn send_queued(&mut self) -> Result<()> {
+        let mut out = Vec::new();
         while let Some(cmd) = self.session.poll_command() {
-            self.send(&cmd)?;
+            self.show(&cmd);
+            cmd.encode(&mut out);
         }
-        Ok(())
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.stream
+            .write_all(&out)
+            .and_then(|()| self.stream.flush())
+            .map_err(|e| {
+                ClientError::Protocol(format!("sending {}: {e}", self.session.last_verb()))
+            })
+    }
+
+    /// Starts an op whose outcome can wait: pipelined, it is read just before the next op's
+    /// (its commands go out with the next ones); otherwise it runs now.
+    pub fn later(&mut self, op: Op, what: Option<String>) -> Result<()> {
+        self.begin(op)?;
+        if self.session.pipelining() {
+            self.deferred.push_back(what);
+            Ok(())
+        } else {
+            self.finished(what).map(drop)
+        }
     }
 
     /// Carries the running op to its end: reads replies, sends what the session asks next.
@@ -202,10 +242,8 @@ impl Control {
                 Err(e) => return Err(Failure::Protocol(ClientError::from(e).to_string())),
             };
             self.session.handle_reply(r);
-            while let Some(cmd) = self.session.poll_command() {
-                self.send(&cmd)
-                    .map_err(|e| Failure::Protocol(e.to_string()))?;
-            }
+            self.send_queued()
+                .map_err(|e| Failure::Protocol(e.to_string()))?;
         }
     }
 
@@ -223,7 +261,11 @@ impl Control {
     }
 
     /// The end of the running op; `what` names the request in errors better than its verb.
+    /// Ops begun ahead with [`Control::later`] end first.
     fn finished(&mut self, what: Option<String>) -> Result<Outcome> {
+        while let Some(before) = self.deferred.pop_front() {
+            self.finish().map_err(|f| self.error(f, before))?;
+        }
         self.finish().map_err(|f| self.error(f, what))
     }
 
@@ -252,13 +294,17 @@ impl Control {
         }
     }
 
-    pub fn send(&mut self, cmd: &Command) -> Result<()> {
+    fn show(&self, cmd: &Command) {
         if self.verbose {
             match cmd {
                 Command::Pass(_) => eprintln!("> PASS ****"),
                 c => eprintln!("> {}", c.to_line()),
             }
         }
+    }
+
+    pub fn send(&mut self, cmd: &Command) -> Result<()> {
+        self.show(cmd);
         let mut out = Vec::new();
         cmd.encode(&mut out);
         self.stream
@@ -292,6 +338,49 @@ impl Control {
     /// Asks FEAT once; servers without it just have no features.
     pub fn probe_features(&mut self) -> Result<()> {
         self.run(Op::Features).map(drop)
+    }
+
+    /// Logs in, reads FEAT and sets TYPE I. Pipelined (a braid server), these go in one flight
+    /// with SIZE of `size_of` and EPSV, whose answers are kept for [`Control::size`] and
+    /// [`Control::passive_addr`]: one round trip for all of it.
+    pub fn start(&mut self, target: &Target, size_of: Option<&str>) -> Result<()> {
+        if !self.session.pipelining() {
+            self.login(target)?;
+            self.probe_features()?;
+            return self.run(Op::Binary).map(drop);
+        }
+        self.user = target.user.clone();
+        self.begin(Op::Login {
+            user: target.user.clone(),
+            password: target.password.clone(),
+        })?;
+        self.begin(Op::Features)?;
+        self.begin(Op::Binary)?;
+        if let Some(path) = size_of {
+            self.begin(Op::Ask(Command::Size(path.into())))?;
+        }
+        self.begin(Op::Passive)?;
+        // Outcomes come in the order the ops began.
+        for _ in 0..3 {
+            self.finished(None)?;
+        }
+        if let Some(path) = size_of {
+            let r = self.finished(None).and_then(done)?;
+            self.early_size = Some((path.into(), r));
+        }
+        match self.finished(None)? {
+            Outcome::Passive(port) => self.early_passive = Some(port),
+            o => return Err(unexpected(o)),
+        }
+        Ok(())
+    }
+
+    /// SIZE of a file: the reply (whatever its code).
+    pub fn size(&mut self, path: &str) -> Result<Reply> {
+        match self.early_size.take() {
+            Some((p, r)) if p == path => Ok(r),
+            _ => self.cmd(&Command::Size(path.into())),
+        }
     }
 
     /// Whether FEAT listed a feature whose first word is `name`.
@@ -370,6 +459,9 @@ impl Control {
     pub fn passive_addr(&mut self) -> Result<SocketAddr> {
         // The server drops the connections it kept open: so do we.
         self.data.clear();
+        if let Some(port) = self.early_passive.take() {
+            return Ok(SocketAddr::new(self.peer.ip(), port));
+        }
         match self.run(Op::Passive)? {
             Outcome::Passive(port) => Ok(SocketAddr::new(self.peer.ip(), port)),
             o => Err(unexpected(o)),
@@ -388,9 +480,10 @@ impl Control {
         if have.is_empty() {
             return Ok(());
         }
-        self.begin(Op::RestRanges(have.clone()))?;
-        self.finished(Some(format!("REST {have} (the server cannot resume)")))
-            .map(drop)
+        self.later(
+            Op::RestRanges(have.clone()),
+            Some(format!("REST {have} (the server cannot resume)")),
+        )
     }
 
     /// The server's checksum of a whole file (CKSM), lower-case hex; None if it offers none.
@@ -481,6 +574,8 @@ impl Control {
     /// AUTH TLS, then PBSZ 0 and PROT P (RFC 4217): the control connection and every data
     /// connection are TLS from here on.
     pub fn start_tls(&mut self, config: &Arc<rustls::ClientConfig>, host: &str) -> Result<()> {
+        // The handshake sits between commands: nothing goes ahead of it.
+        self.session.set_pipeline(false);
         self.run(Op::AuthTls)?;
         let Wire::Clear(sock) = &self.stream else {
             return Err(ClientError::Protocol("TLS is already on".into()));
@@ -506,6 +601,11 @@ impl Control {
     }
 
     pub fn quit(mut self) {
+        if self.session.pipelining() {
+            // A braid server closes after QUIT; its 221 is not worth a round trip.
+            let _ = self.send(&Command::Quit);
+            return;
+        }
         let _ = self.run(Op::Quit);
     }
 }

@@ -140,15 +140,15 @@ pub fn display_url(t: &Target) -> String {
     format!("ftp://{}@{}:{}/{}", t.user, host, t.port, t.path)
 }
 
-fn session(target: &Target, opts: &Options) -> Result<Control> {
+/// Connects, logs in, reads FEAT, sets TYPE I. `size_of`: a file whose SIZE is asked in the
+/// same flight where the server pipelines (a braid server).
+fn session(target: &Target, opts: &Options, size_of: Option<&str>) -> Result<Control> {
     let mut c = Control::connect(target)?;
     c.set_verbose(opts.verbose);
     if let Some(tls) = &opts.tls {
         c.start_tls(tls, &target.host)?;
     }
-    c.login(target)?;
-    c.probe_features()?;
-    c.run(braid_proto::client::Op::Binary)?;
+    c.start(target, size_of)?;
     Ok(c)
 }
 
@@ -239,7 +239,7 @@ impl PartFile {
 
 /// Downloads one file.
 pub fn get(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
-    let mut c = session(target, opts)?;
+    let mut c = session(target, opts, Some(&target.path))?;
     let s = get_on(&mut c, target, dest, opts)?;
     c.quit();
     Ok(s)
@@ -257,7 +257,7 @@ pub fn get_batch(
         return Err(ClientError::Usage("no files to download".into()));
     };
     let mut batch = Batch::start("get-batch");
-    let mut c = session(first, opts)?;
+    let mut c = session(first, opts, Some(&first.path))?;
     for (target, dest) in targets {
         if (&target.host, target.port, &target.user) != (&first.host, first.port, &first.user) {
             return Err(ClientError::Usage(format!(
@@ -343,7 +343,7 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
             display_url(target)
         )));
     }
-    let size = match c.cmd(&Command::Size(target.path.clone()))? {
+    let size = match c.size(&target.path)? {
         r if r.code == 213 => r.text().trim().parse::<u64>().ok(),
         _ => None,
     };
@@ -540,7 +540,7 @@ fn summary(
 
 /// Uploads one file. A URL ending in `/` names a directory: the file keeps its name.
 pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
-    let mut c = session(target, opts)?;
+    let mut c = session(target, opts, None)?;
     let s = put_on(&mut c, local, target, opts)?;
     c.quit();
     Ok(s)
@@ -562,7 +562,7 @@ pub fn put_batch(
         )));
     }
     let mut batch = Batch::start("put-batch");
-    let mut c = session(dir, opts)?;
+    let mut c = session(dir, opts, None)?;
     let opts = Options {
         keep_connections: true,
         ..opts.clone()
@@ -628,7 +628,7 @@ fn put_on(c: &mut Control, local: &Path, target: &Target, opts: &Options) -> Res
     }
     let mut offset = 0;
     if opts.resume {
-        let r = c.cmd(&Command::Size(target.path.clone()))?;
+        let r = c.size(&target.path)?;
         if r.code == 213 {
             offset = r.text().trim().parse::<u64>().unwrap_or(0);
         }
@@ -769,7 +769,7 @@ pub struct ListEntry {
 
 /// Lists a directory: MLSD when the server has it (exact sizes and UTC times), LIST otherwise.
 pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
-    let mut c = session(target, opts)?;
+    let mut c = session(target, opts, None)?;
     let path = if target.path.is_empty() {
         None
     } else {

@@ -297,18 +297,23 @@ fn offers_elastic(c: &Control) -> bool {
 }
 
 /// MODE E and its settings, each sent once per session; whether transfers are elastic.
+/// Pipelined (a braid server), the replies are read with the transfer's start, so the
+/// settings cost no round trip of their own; the server said in FEAT what it offers, and a
+/// refusal still fails the transfer there.
 fn block_mode(
     c: &mut Control,
     direction: Direction,
     retr: RetrOpts,
     buffer: Option<u64>,
 ) -> Result<bool> {
-    c.run(Op::BlockMode(BlockSetup {
+    let op = Op::BlockMode(BlockSetup {
         direction,
         retr,
         buffer,
-    }))?;
-    Ok(c.session().elastic())
+    });
+    c.later(op, None)?;
+    let pipelined = c.session().pipelining();
+    Ok(c.session().elastic() || (pipelined && offers_elastic(c)))
 }
 
 /// The connection plan of one transfer: how many to start with, how many at most, the
@@ -548,7 +553,13 @@ pub fn put(
                 alg: checksum::NAME.into(),
                 value,
             };
-            c.expect(&scks, &[200])?;
+            c.later(
+                Op::Simple {
+                    cmd: scks,
+                    ok: vec![200],
+                },
+                None,
+            )?;
         }
         Peer::GridFtp => {
             c.expect(&Command::Allo(len.to_string()), &[200, 202])?;

@@ -205,8 +205,9 @@ impl Failure {
 /// What a running op waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Wait {
+    /// `password`: PASS to send when asked for; None when it went out already.
     User {
-        password: String,
+        password: Option<String>,
     },
     Pass,
     Auth,
@@ -240,6 +241,15 @@ enum Setting {
     Sbuf(u64),
 }
 
+/// One op between `begin` and `poll_outcome`.
+#[derive(Debug)]
+struct Running {
+    id: u64,
+    /// Commands not sent yet, each with the reply it waits for.
+    queue: VecDeque<(Command, Wait)>,
+    outcome: Option<Result<Outcome, Failure>>,
+}
+
 /// The client side of one control connection.
 #[derive(Debug, Default)]
 pub struct ClientSession {
@@ -254,13 +264,17 @@ pub struct ClientSession {
     cached: Option<Direction>,
     /// What `111 Range Marker` replies say the server has stored (uploads).
     stored: RangeSet,
-    /// Commands to send, each with the reply it waits for.
-    queue: VecDeque<(Command, Wait)>,
-    /// Sent, reply not yet seen.
-    waiting: VecDeque<Wait>,
+    /// Ops begun and not yet polled, oldest first.
+    ops: VecDeque<Running>,
+    next_id: u64,
+    /// Sent, reply not yet seen: the op each belongs to, and what it waits for. Replies come
+    /// in the order the commands went out; one whose op has ended is dropped.
+    waiting: VecDeque<(u64, Wait)>,
     /// Commands handed out by `poll_command`, not yet sent.
     outbox: VecDeque<Command>,
-    outcome: Option<Result<Outcome, Failure>>,
+    /// Send every command as soon as its op begins, without waiting for the replies before
+    /// it (a braid server reads commands in order and answers each in turn).
+    pipeline: bool,
     /// The verb of the last command sent (for errors).
     last_verb: String,
     /// The control connection has ended: every op fails.
@@ -304,18 +318,53 @@ impl ClientSession {
         self.cached = cached;
     }
 
-    /// Starts an op. Any op still running is dropped.
+    /// Lets ops overlap: each op's commands go out as soon as it begins, behind those already
+    /// sent, and outcomes come out in the order the ops began. Only for servers known to read
+    /// pipelined commands in order (braid); others get one command at a time.
+    pub fn set_pipeline(&mut self, on: bool) {
+        self.pipeline = on;
+    }
+
+    pub fn pipelining(&self) -> bool {
+        self.pipeline
+    }
+
+    /// The verb of the last command handed out (for errors).
+    pub fn last_verb(&self) -> &str {
+        &self.last_verb
+    }
+
+    /// Starts an op. Without pipelining, any op still running is dropped (replies still due
+    /// to it are read and ignored); with it, the op queues behind the others.
     pub fn begin(&mut self, op: Op) {
-        self.queue.clear();
-        self.outcome = None;
+        if !self.pipeline {
+            self.ops.clear();
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut running = Running {
+            id,
+            queue: VecDeque::new(),
+            outcome: None,
+        };
         if self.closed {
-            self.outcome = Some(Err(Failure::Closed {
+            running.outcome = Some(Err(Failure::Closed {
                 waiting_for: "anything more (it had closed already)".into(),
             }));
+            self.ops.push_back(running);
             return;
         }
         let steps: Vec<(Command, Wait)> = match op {
-            Op::Login { user, password } => vec![(Command::User(user), Wait::User { password })],
+            Op::Login { user, password } if self.pipeline => vec![
+                (Command::User(user), Wait::User { password: None }),
+                (Command::Pass(password), Wait::Pass),
+            ],
+            Op::Login { user, password } => vec![(
+                Command::User(user),
+                Wait::User {
+                    password: Some(password),
+                },
+            )],
             Op::AuthTls => vec![(Command::Auth("TLS".into()), Wait::Auth)],
             Op::Protect => vec![
                 (Command::Pbsz(0), Wait::Pbsz),
@@ -342,7 +391,8 @@ impl ClientSession {
                 vec![(cmd, Wait::Started { verb })]
             }
             Op::FinishTransfer => {
-                self.waiting.push_back(Wait::Final);
+                // No command: the final reply of the transfer under way.
+                self.waiting.push_back((id, Wait::Final));
                 vec![]
             }
             Op::Checksum { alg, path } => vec![(
@@ -356,13 +406,18 @@ impl ClientSession {
             )],
             Op::Quit => vec![(Command::Quit, Wait::Quit)],
         };
-        if steps.is_empty() && self.waiting.is_empty() {
+        if steps.is_empty() && !self.waits_for(id) {
             // Everything asked for is in effect already.
-            self.outcome = Some(Ok(Outcome::Done(Reply::new(200, "Already in effect."))));
-            return;
+            running.outcome = Some(Ok(Outcome::Done(Reply::new(200, "Already in effect."))));
         }
-        self.queue.extend(steps);
+        running.queue.extend(steps);
+        self.ops.push_back(running);
         self.pump();
+    }
+
+    /// Whether a reply is due to op `id`.
+    fn waits_for(&self, id: u64) -> bool {
+        self.waiting.iter().any(|(w, _)| *w == id)
     }
 
     /// MODE E, then only the settings that differ from what is in effect.
@@ -395,16 +450,26 @@ impl ClientSession {
         steps
     }
 
-    /// Moves the next command of the op to the outbox: commands go one at a time, each after
-    /// the reply to the one before (RFC 959 does not promise pipelining).
+    /// Moves commands to the outbox: without pipelining one at a time, each after the reply
+    /// to the one before (RFC 959 does not promise pipelining); with it, all there are.
     fn pump(&mut self) {
-        if self.waiting.is_empty()
-            && self.outcome.is_none()
-            && let Some((cmd, wait)) = self.queue.pop_front()
-        {
+        loop {
+            if !self.pipeline && !self.waiting.is_empty() {
+                return;
+            }
+            let Some(op) = self
+                .ops
+                .iter_mut()
+                .find(|o| o.outcome.is_none() && !o.queue.is_empty())
+            else {
+                return;
+            };
+            let Some((cmd, wait)) = op.queue.pop_front() else {
+                return;
+            };
             self.last_verb = cmd.verb().to_string();
             self.outbox.push_back(cmd);
-            self.waiting.push_back(wait);
+            self.waiting.push_back((op.id, wait));
         }
     }
 
@@ -413,12 +478,13 @@ impl ClientSession {
         self.outbox.pop_front()
     }
 
-    /// How the op ended, once it has.
+    /// How the oldest op ended, once it has.
     pub fn poll_outcome(&mut self) -> Option<Result<Outcome, Failure>> {
-        self.outcome.take()
+        self.ops.front()?.outcome.as_ref()?;
+        self.ops.pop_front()?.outcome
     }
 
-    /// Whether the op waits for a reply.
+    /// Whether a reply is due (to a running op, or one to read and drop).
     pub fn awaits_reply(&self) -> bool {
         !self.waiting.is_empty()
     }
@@ -427,17 +493,18 @@ impl ClientSession {
     /// waiting for a reply fails, and so does every op after it.
     pub fn handle_closed(&mut self) {
         self.closed = true;
-        if self.waiting.is_empty() && self.queue.is_empty() {
-            return;
-        }
         let waiting_for = match self.waiting.front() {
-            Some(Wait::Final) => "the end of the transfer".to_string(),
+            Some((_, Wait::Final)) => "the end of the transfer".to_string(),
             _ => self.last_verb.clone(),
         };
         self.waiting.clear();
-        self.queue.clear();
         self.outbox.clear();
-        self.outcome = Some(Err(Failure::Closed { waiting_for }));
+        for op in self.ops.iter_mut().filter(|o| o.outcome.is_none()) {
+            op.queue.clear();
+            op.outcome = Some(Err(Failure::Closed {
+                waiting_for: waiting_for.clone(),
+            }));
+        }
     }
 
     /// Changes the server's sending cap on the running download: the command to send now,
@@ -460,7 +527,7 @@ impl ClientSession {
         if self.rate_replies == 0 || r.is_preliminary() {
             return false;
         }
-        let transfer_running = matches!(self.waiting.front(), Some(Wait::Final));
+        let transfer_running = matches!(self.waiting.front(), Some((_, Wait::Final)));
         if transfer_running && r.code != 200 {
             return false;
         }
@@ -483,7 +550,7 @@ impl ClientSession {
         if self.answers_rate_change(&r) {
             return;
         }
-        let Some(wait) = self.waiting.front().cloned() else {
+        let Some((id, wait)) = self.waiting.front().cloned() else {
             // Unasked-for: markers after a transfer, or a 421 before closing.
             return;
         };
@@ -491,19 +558,28 @@ impl ClientSession {
             return;
         }
         self.waiting.pop_front();
-        match self.step(wait, r.clone()) {
+        let live = self.ops.iter().any(|o| o.id == id && o.outcome.is_none());
+        if !live {
+            // Its op ended or was dropped: a pipelined command after a failure, say.
+            self.pump();
+            return;
+        }
+        let step = self.step(wait, r.clone());
+        let more_due = self.waits_for(id);
+        let Some(op) = self.ops.iter_mut().find(|o| o.id == id) else {
+            return;
+        };
+        match step {
             // The last command of the op: its reply is the outcome.
-            Step::Next if self.queue.is_empty() => {
-                self.outcome = Some(Ok(Outcome::Done(r)));
-                return;
+            Step::Next if op.queue.is_empty() && !more_due => {
+                op.outcome = Some(Ok(Outcome::Done(r)));
             }
             Step::Next => {}
-            Step::Then(cmd, wait) => self.queue.push_front((cmd, wait)),
-            Step::Wait(wait) => self.waiting.push_front(wait),
+            Step::Then(cmd, wait) => op.queue.push_front((cmd, wait)),
+            Step::Wait(wait) => self.waiting.push_front((id, wait)),
             Step::End(o) => {
-                self.queue.clear();
-                self.outcome = Some(o);
-                return;
+                op.queue.clear();
+                op.outcome = Some(o);
             }
         }
         self.pump();
@@ -512,9 +588,11 @@ impl ClientSession {
     fn step(&mut self, wait: Wait, r: Reply) -> Step {
         let fail = |what: &str, r: Reply| Step::End(Err(Failure::from_reply(what, r)));
         match wait {
-            Wait::User { password } => match r.code {
-                230 => Step::End(Ok(Outcome::Done(r))),
-                331 | 332 => Step::Then(Command::Pass(password), Wait::Pass),
+            Wait::User { password } => match (r.code, password) {
+                (230, _) => Step::End(Ok(Outcome::Done(r))),
+                (331 | 332, Some(password)) => Step::Then(Command::Pass(password), Wait::Pass),
+                // PASS went out with USER (pipelined).
+                (331 | 332, None) => Step::Next,
                 _ => Step::End(Err(Failure::Login(r))),
             },
             Wait::Pass => match r.code {

@@ -110,21 +110,40 @@ impl Pair {
 
     /// Runs one op to its end.
     pub fn run(&mut self, op: Op) -> Result<Outcome, Failure> {
-        self.client.begin(op);
+        let mut results = self.run_flight(vec![op]);
+        results.remove(0)
+    }
+
+    /// Begins `ops` together and runs them to their ends; their outcomes in order. A
+    /// pipelining client sends every command at once; one that is not, one per reply. Each
+    /// batch of commands sent after a reply (or at the start) is one round trip.
+    pub fn run_flight(&mut self, ops: Vec<Op>) -> Vec<Result<Outcome, Failure>> {
+        let n = ops.len();
+        for op in ops {
+            self.client.begin(op);
+        }
+        let mut results = Vec::with_capacity(n);
         for _ in 0..100_000 {
-            if let Some(o) = self.client.poll_outcome() {
+            while let Some(o) = self.client.poll_outcome() {
+                results.push(o);
+            }
+            if results.len() == n {
                 assert!(
                     self.client.poll_command().is_none(),
-                    "a command was left to send after the op ended"
+                    "a command was left to send after the ops ended"
                 );
-                return o;
+                return results;
             }
-            if let Some(cmd) = self.client.poll_command() {
-                self.round_trips += 1;
-                self.now += self.link.delay * 2;
+            let mut sent = false;
+            while let Some(cmd) = self.client.poll_command() {
+                sent = true;
                 for r in self.serve(&cmd) {
                     self.wire.extend(r.to_bytes());
                 }
+            }
+            if sent {
+                self.round_trips += 1;
+                self.now += self.link.delay * 2;
             }
             if self.client.awaits_reply() {
                 match self.parsed.pop_front() {
@@ -133,7 +152,7 @@ impl Pair {
                 }
             }
         }
-        panic!("the op did not end")
+        panic!("the ops did not end")
     }
 
     /// Sends a command outside any op (a rate change during a transfer); its answer joins the
@@ -441,7 +460,107 @@ mod tests {
         assert_eq!(p.round_trips, 12, "with CKSM and QUIT");
     }
 
+    /// The dialogue as a pipelining client runs it against a braid server: login, FEAT, TYPE,
+    /// SIZE and EPSV in one flight; the MODE E settings with RETR in the next.
+    fn pipelined_flights() -> Vec<Vec<Op>> {
+        let retr = |f: &str| Op::StartTransfer(Command::Retr(f.into()));
+        let mut d = dialogue();
+        let size = Op::Ask(Command::Size("f0".into()));
+        let passive = d.remove(4);
+        let first: Vec<Op> = d.drain(..3).chain([size, passive]).collect();
+        assert_eq!(d[1], retr("f0"));
+        let second: Vec<Op> = d.drain(..2).collect();
+        let mut flights = vec![first, second];
+        flights.extend(d.into_iter().map(|op| vec![op]));
+        flights
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn run_pipelined(link: Link) -> (Vec<Result<Outcome, Failure>>, Vec<(usize, Duration)>, Pair) {
+        let mut p = Pair::over(link);
+        p.client.set_pipeline(true);
+        p.files.insert("f0".into(), 10);
+        p.files.insert("f1".into(), 20);
+        let mut results = Vec::new();
+        let mut at = Vec::new();
+        for flight in pipelined_flights() {
+            let finishing = matches!(flight[..], [Op::FinishTransfer]);
+            let rs = p.run_flight(flight);
+            if finishing && rs.iter().all(|r| r.is_ok()) {
+                p.client.set_cached(Some(Direction::Download));
+            }
+            for r in rs {
+                results.push(r);
+                at.push((p.delivered, p.now));
+            }
+        }
+        (results, at, p)
+    }
+
+    /// What the client's pipelined start does: the same outcomes as one command at a time,
+    /// in two round trips to the first download's start instead of nine.
+    #[test]
+    fn a_pipelined_start_takes_two_round_trips_and_ends_every_op_the_same() {
+        let delay = Duration::from_millis(300);
+        let (sequential, _, _) = run_dialogue(Link {
+            delay,
+            ..Link::default()
+        });
+        let (mut pipelined, at, p) = run_pipelined(Link {
+            delay,
+            ..Link::default()
+        });
+        // SIZE is the one op the sequential dialogue has not, and EPSV goes before the MODE E
+        // settings.
+        assert!(matches!(pipelined.remove(3), Ok(Outcome::Done(r)) if r.code == 213));
+        pipelined.swap(3, 4);
+        assert_eq!(pipelined, sequential);
+        let rtt = delay * 2;
+        assert_eq!(at[6].1, rtt * 2, "until the first download starts");
+        let login = p.seen.iter().position(|l| l.starts_with("USER")).unwrap();
+        assert_eq!(p.seen[login + 1], "PASS secret", "PASS goes with USER");
+    }
+
+    /// A pipelined login that fails at USER: PASS's answer, already on its way, is not taken
+    /// for FEAT's, and the ops after the login end by their own replies.
+    #[test]
+    fn a_pipelined_failure_leaves_the_replies_behind_it_to_their_own_ops() {
+        let mut p = Pair::new();
+        p.client.set_pipeline(true);
+        p.refuse = vec!["USER"];
+        let results = p.run_flight(vec![
+            Op::Login {
+                user: "alice".into(),
+                password: "secret".into(),
+            },
+            Op::Features,
+            Op::Ask(Command::Size("f".into())),
+        ]);
+        assert!(
+            matches!(&results[0], Err(Failure::Login(r)) if r.code == 500),
+            "{results:?}"
+        );
+        assert!(
+            matches!(&results[1], Ok(Outcome::Features(f)) if f.has("BRAID")),
+            "{results:?}"
+        );
+        assert!(
+            matches!(&results[2], Ok(Outcome::Done(r)) if r.code == 530),
+            "{results:?}"
+        );
+        assert_eq!(p.round_trips, 1);
+    }
+
     proptest! {
+        /// Pipelined, too, however the server's bytes are cut, every op ends as when they
+        /// come whole.
+        #[test]
+        fn pipelined_replies_cut_anywhere_end_every_op_the_same(seed in any::<u64>(), max_segment in 1usize..40) {
+            let (want, _, _) = run_pipelined(Link::default());
+            let (got, _, _) = run_pipelined(Link { seed, max_segment, ..Link::default() });
+            prop_assert_eq!(got, want);
+        }
+
         /// However TCP cuts the server's bytes (a reply split anywhere, several replies in
         /// one read), the session ends each op exactly as when they come whole.
         #[test]

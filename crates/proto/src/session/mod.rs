@@ -112,9 +112,10 @@ impl Session {
         }
     }
 
-    /// The greeting sent when the connection opens.
+    /// The greeting sent when the connection opens. Its first word tells a braid client that
+    /// it may pipeline ([`is_braid_greeting`]).
     pub fn greeting() -> Reply {
-        Reply::new(220, "braid FTP server ready.")
+        Reply::new(220, format!("{GREETING_MARK} FTP server ready."))
     }
 
     pub fn user(&self) -> Option<&str> {
@@ -705,6 +706,18 @@ fn family(ip: IpAddr) -> u8 {
 
 /// IPv4-mapped IPv6 addresses compare as IPv4, so a dual-stack listener does not make the
 /// peer check refuse a client's own address.
+/// The greeting's first word on a braid server, which reads pipelined commands in order and
+/// answers each in turn, as RFC 959 allows but does not promise of every server.
+const GREETING_MARK: &str = "braid";
+
+/// Whether a 220 greeting comes from a braid server (its text starts with [`GREETING_MARK`]).
+/// Nothing is lost if another server's banner happens to say so too and it does not take
+/// pipelined commands: the replies still come back in order on one connection; only a server
+/// that drops commands sent before their predecessor's reply would fail, and loudly.
+pub fn is_braid_greeting(r: &Reply) -> bool {
+    r.code == 220 && r.text().split_whitespace().next() == Some(GREETING_MARK)
+}
+
 pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
