@@ -191,6 +191,13 @@ pub fn get(
             || engine::receive::receive(&transfer, conns, &sink, size, &shared),
             || {
                 bar.set_position(resumed_from + bytes.load(Ordering::Relaxed));
+                // A braid server reports its sending (113): loss and RTT for the tuning.
+                if elastic
+                    && c.poll().is_ok()
+                    && let Some(report) = c.session().take_sender_report()
+                {
+                    steering.sender_reported(report);
+                }
                 if let Some(NewRate(rate)) = steering.tick(&transfer)
                     && let Err(e) = c.change_rate(rate)
                 {

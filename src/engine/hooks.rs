@@ -222,6 +222,8 @@ pub struct Steering {
     rate: Option<u64>,
     /// The policy's decisions, for the summary.
     notes: Vec<Note>,
+    /// The sending peer's latest report (downloads from a braid server).
+    sender: Option<braid_proto::markers::SenderReport>,
 }
 
 impl Steering {
@@ -243,6 +245,7 @@ impl Steering {
             total,
             rate: None,
             notes: Vec::new(),
+            sender: None,
         }
     }
 
@@ -259,6 +262,11 @@ impl Steering {
         self.opener = Some(Box::new(move || open(failed.clone())));
     }
 
+    /// The sending peer's latest report, for the next ticks' views.
+    pub fn sender_reported(&mut self, report: braid_proto::markers::SenderReport) {
+        self.sender = Some(report);
+    }
+
     /// Applies the pacer's rate before any data moves (a first tick only comes 100 ms in).
     /// On the receiving side nothing is applied here: the rate is the one the sender is told
     /// at the start (a download's `OPTS RETR MaxRate=`), returned for that.
@@ -270,6 +278,7 @@ impl Steering {
             links: Vec::new(),
             opening: 0,
             failed: 0,
+            sender: None,
         };
         self.rate = self.pacer.rate(&view);
         if self.sending {
@@ -287,6 +296,7 @@ impl Steering {
         let opening = (self.initial + self.asked).saturating_sub(failed + transfer.links().len());
         let mut view = self.sampler.sample(transfer, self.total, opening);
         view.failed = failed;
+        view.sender = self.sender;
         let rate = self.pacer.rate(&view);
         let mut told = None;
         if rate != self.rate {
@@ -371,6 +381,7 @@ mod tests {
                 .collect(),
             opening,
             failed: 0,
+            sender: None,
         }
     }
 

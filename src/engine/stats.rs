@@ -36,6 +36,9 @@ pub struct View {
     pub opening: usize,
     /// Connections this side asked for that could not be opened.
     pub failed: usize,
+    /// The sending peer's own report (a braid server during a download): its retransmissions
+    /// and RTT, which a receiver's `TCP_INFO` does not show.
+    pub sender: Option<braid_proto::markers::SenderReport>,
 }
 
 impl View {
@@ -188,6 +191,7 @@ impl Sampler {
             links: views,
             opening,
             failed: 0,
+            sender: None,
         }
     }
 

@@ -70,6 +70,9 @@ impl Tuning {
     }
 }
 
+/// Queueing delay that does not count.
+const QUIET_QUEUE: Duration = Duration::from_millis(2);
+
 /// One measured interval.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Score {
@@ -124,6 +127,11 @@ pub struct Auto {
     /// Smallest RTT seen on any connection.
     base_rtt: Option<Duration>,
     refused: usize,
+    /// While climbing: the interval before at this count, and how many were measured at it.
+    /// A count is judged once its goodput stops rising (new connections leave slow start,
+    /// old ones stop growing their windows), or after six intervals.
+    settling: Option<Score>,
+    stint: u32,
     /// Probes in a row that were not kept: each doubles the wait before the next (up to 8
     /// times `hold`), so a settled transfer spends little time on probes that lose.
     failed_probes: u32,
@@ -142,6 +150,8 @@ impl Auto {
             mark: None,
             base_rtt: None,
             refused: 0,
+            settling: None,
+            stint: 0,
             failed_probes: 0,
             notes: Vec::new(),
             cfg,
@@ -186,6 +196,8 @@ impl Auto {
         self.target = n.clamp(1, self.ceiling);
         self.warm_until = None;
         self.mark = None;
+        self.settling = None;
+        self.stint = 0;
         self.reach(view)
     }
 
@@ -220,8 +232,10 @@ impl Auto {
         } else {
             0.0
         };
+        // Queueing under 2 ms harms nobody (and on loopback or a LAN, scheduling alone is
+        // many times the base RTT).
         let queue = match (self.base_rtt, mean_rtt(view)) {
-            (Some(base), Some(rtt)) if !base.is_zero() => {
+            (Some(base), Some(rtt)) if !base.is_zero() && rtt > base + QUIET_QUEUE => {
                 (rtt.as_secs_f64() / base.as_secs_f64() - 1.0).clamp(0.0, 4.0)
             }
             _ => 0.0,
@@ -239,6 +253,12 @@ impl Auto {
         }
     }
 
+    /// Whether the path shows congestion at this count: more than 1 % of bytes sent again, or
+    /// a standing queue of half the base RTT.
+    fn congested(&self, s: &Score) -> bool {
+        s.loss > 0.01 || s.queue > 0.5
+    }
+
     /// The next move once an interval at the current count has been measured.
     fn step(&mut self, view: &View, s: Score, useful: usize) -> Vec<Decision> {
         let pays =
@@ -251,6 +271,18 @@ impl Auto {
             up_next,
         };
         match (self.phase, self.last) {
+            (Phase::Up { .. }, None) if s.n > 1 && self.congested(&s) => {
+                // Loss or a standing queue already: fewer first.
+                self.last = Some(s);
+                self.phase = Phase::Down;
+                let to = (s.n / 2).max(1);
+                self.note(
+                    view,
+                    Some(&s),
+                    format!("first measure, congested; trying {to}"),
+                );
+                self.go_to(to, view)
+            }
             (Phase::Up { .. }, None) => {
                 self.last = Some(s);
                 if up > s.n {
@@ -473,11 +505,17 @@ impl Policy for Auto {
             .map_or(self.ceiling, |l| blocks(l, self.cfg.block))
             .clamp(1, self.ceiling);
         let have = view.active().count() + view.opening;
+        // Connections asked to close still carry their last block: until they are gone the
+        // interval would mix two counts.
+        let draining = view
+            .links
+            .iter()
+            .any(|l| l.retiring && l.state == LinkState::Open);
         if self.target > useful {
             // No more connections than blocks left; those open may finish their blocks.
             self.target = useful.max(have.min(self.target));
         }
-        if have != self.target || view.opening > 0 {
+        if have != self.target || view.opening > 0 || draining {
             // On the way to the target (or a connection broke): measure once there.
             self.warm_until = None;
             self.mark = None;
@@ -510,6 +548,16 @@ impl Policy for Auto {
         });
         if soon {
             return Vec::new();
+        }
+        if matches!(self.phase, Phase::Up { .. }) {
+            let rising = self
+                .settling
+                .is_none_or(|before| score.goodput > before.goodput * (1.0 + self.cfg.gain));
+            self.stint += 1;
+            if rising && self.stint < 6 {
+                self.settling = Some(score);
+                return Vec::new();
+            }
         }
         self.step(view, score, useful)
     }
@@ -562,29 +610,36 @@ fn moved(view: &View) -> u64 {
         .sum()
 }
 
-/// Bytes sent and sent again, over every connection that ever joined (closed ones keep their
-/// last counts in the view's `bytes`, but not in TCP_INFO; the difference is small and only
-/// matters at a change of count, where measurement restarts anyway).
+/// Bytes sent and sent again: the sending peer's report on a download, else this side's open
+/// connections (closed ones drop out of the sum, which only matters at a change of count,
+/// where measurement restarts anyway).
 fn sending_counters(view: &View) -> (u64, u64) {
+    if let Some(s) = &view.sender {
+        return (s.sent, s.resent);
+    }
     view.links
         .iter()
         .filter_map(|l| l.tcp.as_ref())
         .fold((0, 0), |(s, r), t| (s + t.bytes_sent, r + t.bytes_retrans))
 }
 
-/// The smallest RTT the kernel has seen on an open connection.
+/// The smallest RTT the kernel has seen on an open connection (or the sending peer has).
 fn min_rtt(view: &View) -> Option<Duration> {
     view.active()
         .filter_map(|l| l.tcp.as_ref())
         .map(|t| t.min_rtt_us)
+        .chain(view.sender.map(|s| s.min_rtt_us))
         .filter(|&us| us > 0)
         .min()
         .map(|us| Duration::from_micros(us.into()))
 }
 
 /// The RTT now, averaged over open connections: the smoothed RTT where this side sends, the
-/// receiver's estimate where it only receives.
+/// sending peer's where it reports one, else the receiver's estimate.
 fn mean_rtt(view: &View) -> Option<Duration> {
+    if let Some(s) = view.sender.filter(|s| s.rtt_us > 0) {
+        return Some(Duration::from_micros(s.rtt_us.into()));
+    }
     let rtts: Vec<u32> = view
         .active()
         .filter_map(|l| l.tcp.as_ref())
@@ -625,6 +680,9 @@ mod tests {
         window: f64,
         base: Duration,
         queue: f64,
+        /// Goodput grows linearly to its full level over this long (windows opening), with
+        /// any count.
+        ramp: Duration,
     }
 
     impl Path {
@@ -655,6 +713,19 @@ mod tests {
     /// returns the connection count after each tick. Opened connections join a tick later;
     /// `limit` is the server's cap (further ones are refused: they end without a byte).
     fn simulate(auto: &mut Auto, path: Path, total: u64, secs: f64, limit: usize) -> Vec<usize> {
+        run_sim(auto, path, total, secs, limit, false)
+    }
+
+    /// As [`simulate`]; `receiving`: this side receives (a download), so its own TCP_INFO
+    /// shows neither loss nor the sender's RTT, and the sender reports them (`113 Sender`).
+    fn run_sim(
+        auto: &mut Auto,
+        path: Path,
+        total: u64,
+        secs: f64,
+        limit: usize,
+        receiving: bool,
+    ) -> Vec<usize> {
         let tick = Duration::from_millis(100);
         let mut conns: Vec<Conn> = Vec::new();
         let mut retiring: Vec<usize> = Vec::new();
@@ -685,7 +756,12 @@ mod tests {
             }
             let open: Vec<usize> = conns.iter().filter(|c| !c.closed).map(|c| c.id).collect();
             let (goodput, rtt, loss) = path.with(open.len());
-            let each = goodput * tick.as_secs_f64() / open.len().max(1) as f64;
+            let ramped = if path.ramp.is_zero() {
+                1.0
+            } else {
+                (elapsed.as_secs_f64() / path.ramp.as_secs_f64()).min(1.0)
+            };
+            let each = goodput * ramped * tick.as_secs_f64() / open.len().max(1) as f64;
             for &id in &open {
                 let c = &mut conns[id];
                 c.bytes += each;
@@ -715,19 +791,34 @@ mod tests {
                         retiring: c.closed && !refused.contains(&c.id),
                         bytes: c.bytes as u64,
                         rate: 0.0,
-                        tcp: (!c.closed).then(|| TcpInfo {
-                            rtt_us,
-                            rcv_rtt_us: rtt_us,
-                            min_rtt_us: path.base.as_micros() as u32,
-                            bytes_sent: c.sent as u64,
-                            bytes_acked: c.bytes as u64,
-                            bytes_retrans: c.retrans as u64,
-                            ..TcpInfo::default()
+                        tcp: (!c.closed).then(|| match receiving {
+                            // A receiver's RTT estimate is coarse: a quarter off here.
+                            true => TcpInfo {
+                                rcv_rtt_us: rtt_us * 5 / 4,
+                                min_rtt_us: path.base.as_micros() as u32,
+                                bytes_received: c.bytes as u64,
+                                ..TcpInfo::default()
+                            },
+                            false => TcpInfo {
+                                rtt_us,
+                                rcv_rtt_us: rtt_us,
+                                min_rtt_us: path.base.as_micros() as u32,
+                                bytes_sent: c.sent as u64,
+                                bytes_acked: c.bytes as u64,
+                                bytes_retrans: c.retrans as u64,
+                                ..TcpInfo::default()
+                            },
                         }),
                     })
                     .collect(),
                 opening: 0,
                 failed: 0,
+                sender: receiving.then(|| braid_proto::markers::SenderReport {
+                    sent: conns.iter().map(|c| c.sent as u64).sum(),
+                    resent: conns.iter().map(|c| c.retrans as u64).sum(),
+                    rtt_us,
+                    min_rtt_us: path.base.as_micros() as u32,
+                }),
             };
             for d in auto.decide(&view) {
                 match d {
@@ -751,6 +842,7 @@ mod tests {
             window: 24_000.0,
             base: Duration::from_millis(590),
             queue: 64_000.0,
+            ramp: Duration::ZERO,
         }
     }
 
@@ -782,12 +874,13 @@ mod tests {
             n <= 8,
             "settled at {n}, more than the link needs: {counts:?}"
         );
-        // Full at the second measurement: 4 warm up and are measured, then 8 (about 15 RTTs).
+        // Full once 4 are measured (a warm-up, then intervals until the rate stops rising)
+        // and 8 asked for: about 12 RTTs.
         let full = counts
             .iter()
             .position(|&c| path.with(c).0 > 0.95 * T1)
             .unwrap();
-        assert!(full <= 50, "full only after {} ticks: {counts:?}", full);
+        assert!(full <= 70, "full only after {} ticks: {counts:?}", full);
         // And it stays full, but for short probes below five that are not kept.
         let below = counts[full..].iter().filter(|&&c| c < 5).count();
         assert!(below * 10 < counts.len() - full, "{counts:?}");
@@ -801,11 +894,28 @@ mod tests {
             window: 4e6,
             base: Duration::from_millis(20),
             queue: 250_000.0,
+            ramp: Duration::ZERO,
         };
         let counts = simulate(&mut auto(), path, BIG, 60.0, 64);
         let n = settles(&counts);
         assert!(n <= 2, "settled at {n}: {counts:?}");
         assert!(counts.iter().all(|&c| c <= 8), "{counts:?}");
+    }
+
+    #[test]
+    fn a_rate_still_rising_by_itself_is_not_credited_to_more_connections() {
+        // One connection fills the link, but windows take 3 s (10 RTTs) to open: goodput
+        // rises over the first intervals whatever the count.
+        let path = Path {
+            capacity: 10e6 / 8.0,
+            window: 4e6,
+            base: Duration::from_millis(300),
+            queue: 400_000.0,
+            ramp: Duration::from_secs(3),
+        };
+        let counts = simulate(&mut auto(), path, BIG, 120.0, 64);
+        assert!(counts.iter().all(|&c| c <= 8), "{counts:?}");
+        assert!(settles(&counts) <= 2, "{counts:?}");
     }
 
     #[test]
@@ -816,6 +926,7 @@ mod tests {
             window: 64_000.0,
             base: Duration::from_millis(100),
             queue: 30_000.0,
+            ramp: Duration::ZERO,
         };
         let counts = simulate(&mut auto(), path, BIG, 120.0, 64);
         let n = settles(&counts);

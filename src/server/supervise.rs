@@ -101,6 +101,10 @@ pub(super) async fn transfer(
     let mut announced: Option<String> = None;
     let mut markers = tokio::time::interval(MARKER_CHECK);
     let (mut marker_at, mut marker_bytes) = (Instant::now(), 0);
+    // A braid client's download: what this side's kernel says of the sending, for its tuning.
+    let report_sender = elastic && !is_upload;
+    let mut reported = (Instant::now(), 0);
+    let mut reports = tokio::time::interval(MARKER_CHECK);
     let result = loop {
         tokio::select! {
             r = &mut worker => break r,
@@ -111,6 +115,15 @@ pub(super) async fn transfer(
                 {
                     send_markers(conn, &progress, state).await;
                     (marker_at, marker_bytes) = (Instant::now(), bytes);
+                }
+            }
+            _ = reports.tick(), if report_sender => {
+                let bytes = progress.load(Ordering::Relaxed);
+                if reported.0.elapsed() >= REPORT_INTERVAL && bytes - reported.1 >= REPORT_BYTES {
+                    if let Some(r) = sender_report(&moving) {
+                        let _ = conn.send(&braid_proto::markers::sender_marker(&r)).await;
+                    }
+                    reported = (Instant::now(), bytes);
                 }
             }
             input = conn.next_input(), if !client_gone && conn.queued.len() < MAX_QUEUED => match input {
@@ -251,8 +264,34 @@ fn complete(io: &mut Io, bytes: u64, kept: engine::receive::Kept) -> TransferOut
 /// How often a MODE E upload reports progress and stored ranges: every 5 s (the Globus server's
 /// default), and sooner once 32 MiB more have arrived, so that a client cut off resends little.
 const MARKER_INTERVAL: Duration = Duration::from_secs(5);
+/// `113 Sender` reports: at most every half second, and only after 64 KiB more (so that on a
+/// dial-up link they take well under 1 % of it).
+const REPORT_INTERVAL: Duration = Duration::from_millis(500);
+const REPORT_BYTES: u64 = 64 << 10;
 const MARKER_BYTES: u64 = 32 << 20;
 const MARKER_CHECK: Duration = Duration::from_millis(100);
+
+/// The sending side's data connections, summed from `TCP_INFO`; None before any is open.
+fn sender_report(
+    moving: &engine::transfer::Transfer,
+) -> Option<braid_proto::markers::SenderReport> {
+    let infos: Vec<_> = moving.links().iter().filter_map(|l| l.tcp_info()).collect();
+    if infos.is_empty() {
+        return None;
+    }
+    let n = infos.len() as u64;
+    Some(braid_proto::markers::SenderReport {
+        sent: infos.iter().map(|i| i.bytes_sent).sum(),
+        resent: infos.iter().map(|i| i.bytes_retrans).sum(),
+        rtt_us: (infos.iter().map(|i| u64::from(i.rtt_us)).sum::<u64>() / n) as u32,
+        min_rtt_us: infos
+            .iter()
+            .map(|i| i.min_rtt_us)
+            .filter(|&r| r > 0)
+            .min()
+            .unwrap_or(0),
+    })
+}
 
 /// `112-Perf Marker` and `111 Range Marker` for a MODE E upload: GridFTP clients show progress
 /// from the first and restart from the second.

@@ -281,6 +281,8 @@ pub struct ClientSession {
     closed: bool,
     /// Answers to mid-transfer rate changes not yet read.
     rate_replies: usize,
+    /// The latest `113 Sender` report of a running download.
+    sender: Option<crate::markers::SenderReport>,
 }
 
 impl ClientSession {
@@ -535,13 +537,23 @@ impl ClientSession {
         true
     }
 
-    /// Notes what a reply says in passing (range markers), whenever it is read.
+    /// Notes what a reply says in passing (range markers, sender reports), whenever it is
+    /// read.
     pub fn note(&mut self, r: &Reply) {
         if let Some(ranges) = crate::markers::parse_range_marker(r) {
             for (a, b) in ranges.iter() {
                 self.stored.insert(a, b);
             }
         }
+        if let Some(report) = crate::markers::parse_sender_marker(r) {
+            self.sender = Some(report);
+        }
+    }
+
+    /// What the server last reported of its sending (a braid server, during a download);
+    /// taken, so each report is seen once.
+    pub fn take_sender_report(&mut self) -> Option<crate::markers::SenderReport> {
+        self.sender.take()
     }
 
     /// Takes one reply from the server.

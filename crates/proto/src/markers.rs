@@ -1,5 +1,8 @@
 //! GridFTP's progress and restart markers (`112 Perf Marker`, `111 Range Marker`): written by
-//! the server while an upload runs, read by the client to know what is stored.
+//! the server while an upload runs, read by the client to know what is stored. And braid's
+//! own `113 Sender` report: what the sending server's kernel says of a download's data
+//! connections, so that the client's self-tuning sees loss and delay on a download as it does
+//! on an upload.
 
 use crate::ranges::RangeSet;
 use crate::reply::Reply;
@@ -32,4 +35,77 @@ pub fn perf_marker(unix_time: f64, bytes: u64) -> Reply {
             "End.".into(),
         ],
     )
+}
+
+/// A sending side's data connections, summed: from `TCP_INFO` of each open one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SenderReport {
+    /// Bytes sent, retransmissions included.
+    pub sent: u64,
+    /// Bytes sent again.
+    pub resent: u64,
+    /// Smoothed RTT, averaged over the connections, µs.
+    pub rtt_us: u32,
+    /// The lowest RTT any of them has seen, µs.
+    pub min_rtt_us: u32,
+}
+
+/// `113 Sender sent=… resent=… rtt_us=… min_rtt_us=…`: sent by a braid server to a braid
+/// client (one that asked for elastic transfers) during a download.
+pub fn sender_marker(r: &SenderReport) -> Reply {
+    Reply::new(
+        113,
+        format!(
+            "Sender sent={} resent={} rtt_us={} min_rtt_us={}",
+            r.sent, r.resent, r.rtt_us, r.min_rtt_us
+        ),
+    )
+}
+
+/// The report a `113 Sender` reply carries; None for any other reply. Unknown fields are
+/// skipped, so a later server may add some.
+pub fn parse_sender_marker(r: &Reply) -> Option<SenderReport> {
+    if r.code != 113 {
+        return None;
+    }
+    let text = r.text();
+    let fields = text.trim().strip_prefix("Sender")?;
+    let mut out = SenderReport::default();
+    for field in fields.split_whitespace() {
+        let (k, v) = field.split_once('=')?;
+        match k {
+            "sent" => out.sent = v.parse().ok()?,
+            "resent" => out.resent = v.parse().ok()?,
+            "rtt_us" => out.rtt_us = v.parse().ok()?,
+            "min_rtt_us" => out.min_rtt_us = v.parse().ok()?,
+            _ => {}
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sender_report_survives_its_wire_form() {
+        let r = SenderReport {
+            sent: 123_456_789_012,
+            resent: 4_096,
+            rtt_us: 590_123,
+            min_rtt_us: 590_000,
+        };
+        let wire = sender_marker(&r).to_bytes();
+        let mut p = crate::ReplyParser::new();
+        p.feed(&wire);
+        let back = p.next_reply().unwrap().unwrap();
+        assert_eq!(parse_sender_marker(&back), Some(r));
+        let later = Reply::new(113, "Sender sent=5 resent=1 cwnd=10 rtt_us=7 min_rtt_us=6");
+        assert_eq!(parse_sender_marker(&later).map(|r| r.sent), Some(5));
+        for bad in ["Sender sent=x", "Sender sent", "Perf sent=1"] {
+            assert_eq!(parse_sender_marker(&Reply::new(113, bad)), None, "{bad}");
+        }
+        assert_eq!(parse_sender_marker(&Reply::new(112, "Sender sent=1")), None);
+    }
 }
