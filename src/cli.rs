@@ -158,6 +158,12 @@ struct TransferArgs {
     /// experiments: it shows what a count costs on a path while the rest stays the same.
     #[arg(long, value_name = "SPEC", value_parser = crate::engine::hooks::Schedule::parse)]
     schedule: Option<crate::engine::hooks::Schedule>,
+    /// TCP congestion control for the sending side's data connections, e.g. cubic or bbr
+    /// (see /proc/sys/net/ipv4/tcp_available_congestion_control). For `get` the braid server
+    /// is the sender and is told with OPTS RETR; other servers keep theirs. Default: the
+    /// system's (--json reports which was used).
+    #[arg(long, value_name = "NAME", value_parser = braid_proto::retr_opts::CcName::parse)]
+    congestion: Option<braid_proto::retr_opts::CcName>,
 }
 
 /// `-n`: a pinned count, or None for self-tuning.
@@ -546,6 +552,7 @@ fn options(
         tls,
         schedule: t.and_then(|t| t.schedule.clone()),
         max_rate: t.and_then(|t| t.max_rate),
+        congestion: t.and_then(|t| t.congestion),
         keep_connections: false,
     })
 }

@@ -47,6 +47,9 @@ pub struct Options {
     pub schedule: Option<crate::engine::hooks::Schedule>,
     /// `--max-rate`: cap on the sending rate, bytes/s (the server's, for a download).
     pub max_rate: Option<u64>,
+    /// `--congestion`: the TCP congestion control of the sending side's data connections
+    /// (a braid server's, for a download).
+    pub congestion: Option<braid_proto::retr_opts::CcName>,
     /// MODE E uploads end with EOD but without CLOSE, so the next upload of the session can
     /// use the same data connections (set for batches).
     pub keep_connections: bool,
@@ -93,6 +96,10 @@ pub struct Summary {
     /// MODE E: the block size used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub block_size: Option<u64>,
+    /// MODE E: the congestion control of the sending side's data connections (this side's
+    /// for an upload, the braid server's report for a download).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub congestion: Option<String>,
     /// MODE E, `-n auto`: each decision of the self-tuning, with what it measured.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub decisions: Vec<crate::engine::hooks::Note>,
@@ -533,6 +540,7 @@ fn summary(
         timeline: Vec::new(),
         tuning: None,
         block_size: None,
+        congestion: None,
         decisions: Vec::new(),
         new_data_connections: 1,
     }

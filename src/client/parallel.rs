@@ -71,6 +71,7 @@ pub fn get(
     let retr = RetrOpts {
         parallelism: Some((plan.start, plan.start.min(1), plan.max)),
         block_size: (opts.block_size.is_some() || peer == Peer::Braid).then_some(plan.block),
+        congestion: opts.congestion.filter(|_| peer == Peer::Braid),
         max_rate: pacer.0,
     };
     let elastic = block_mode(c, Direction::Download, retr, opts.buffer)?;
@@ -148,6 +149,8 @@ pub fn get(
     // A download is paced by the server, told the pacer's rate (above, and in the tick).
     let mut steering = Steering::new(plan.policy(), Box::new(pacer), false, todo);
     steering.prime(&transfer);
+    // The server's congestion control, from its reports.
+    let mut sender_cc = None;
     if !complete_already {
         // Written now, so the space for the next version is reserved before data arrives.
         save(&shared.snapshot());
@@ -197,6 +200,7 @@ pub fn get(
                     && let Some(report) = c.session().take_sender_report()
                 {
                     steering.sender_reported(report);
+                    sender_cc = report.cc.or(sender_cc);
                 }
                 if let Some(NewRate(rate)) = steering.tick(&transfer)
                     && let Err(e) = c.change_rate(rate)
@@ -228,7 +232,12 @@ pub fn get(
                 partial_name,
             ));
         }
-        if let Err(e) = c.finish_transfer(&retr) {
+        let finished = c.finish_transfer(&retr);
+        // The server's last report came before its final reply.
+        if let Some(report) = c.session().take_sender_report() {
+            sender_cc = report.cc.or(sender_cc);
+        }
+        if let Err(e) = finished {
             save(&shared.snapshot());
             return Err(ClientError::Interrupted {
                 bytes: received,
@@ -266,7 +275,12 @@ pub fn get(
         resumed_from,
         started,
     );
-    Ok(extended(s, &plan, &transfer, steering, verified, reused))
+    let mut s = extended(s, &plan, &transfer, steering, verified, reused);
+    s.congestion = sender_cc.map(|c: braid_proto::retr_opts::CcName| c.to_string());
+    if opts.congestion.is_some() && peer == Peer::GridFtp {
+        eprintln!("braid: --congestion: a GridFTP server sends with its own congestion control");
+    }
+    Ok(s)
 }
 
 /// Marks a summary as a MODE E transfer over these connections, with their timeline.
@@ -287,6 +301,8 @@ fn extended(
     s.mode = "extended-block";
     s.tuning = Some(plan.tuning());
     s.block_size = Some(plan.block);
+    // This side's: what an upload sent with (a download replaces it with the server's).
+    s.congestion = transfer.congestion().map(|c| c.to_string());
     s.decisions = record.decisions;
     s.per_connection_bytes = transfer.per_link_bytes();
     s.streams = transfer.most_open() as u32;
@@ -628,6 +644,7 @@ pub fn put(
     let block = plan.block;
     let progress = AtomicU64::new(0);
     let transfer = Transfer::new(elastic);
+    transfer.set_congestion(opts.congestion);
     let pacer: Box<dyn Pacer> = Box::new(Cap(opts.max_rate));
     let mut steering = Steering::new(plan.policy(), pacer, true, Some(todo.len()));
     steering.prime(&transfer);

@@ -12,6 +12,7 @@
 //! Other transfers keep GridFTP's rules: a fixed set, and one broken connection fails the lot.
 
 use super::{Abort, EngineError, set_buffer};
+use braid_proto::retr_opts::CcName;
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -129,6 +130,16 @@ impl Link {
     }
 }
 
+/// Sets a connection's congestion control; a name the kernel does not know (a module not
+/// loaded) leaves the default, and says so.
+fn set_congestion(sock: &TcpStream, cc: CcName) {
+    if let Err(e) = socket2::SockRef::from(sock).set_tcp_congestion(cc.as_str().as_bytes()) {
+        tracing::warn!(
+            "cannot use congestion control {cc} ({e}); see /proc/sys/net/ipv4/tcp_available_congestion_control"
+        );
+    }
+}
+
 /// The set of data connections of one transfer, and the controls the hooks act through.
 #[derive(Debug)]
 pub struct Transfer {
@@ -137,6 +148,8 @@ pub struct Transfer {
     links: Mutex<Vec<Arc<Link>>>,
     /// Cap on the sending rate of all connections together, bytes/s (0: none).
     pacing: AtomicU64,
+    /// The congestion control every connection gets (None: the system's default).
+    congestion: Mutex<Option<CcName>>,
     /// Most connections open at the same time so far.
     most_open: AtomicUsize,
     /// What the receiver says it has stored (an upload's range markers): blocks in it need
@@ -154,6 +167,7 @@ impl Transfer {
             started: Instant::now(),
             links: Mutex::new(Vec::new()),
             pacing: AtomicU64::new(0),
+            congestion: Mutex::new(None),
             most_open: AtomicUsize::new(0),
             confirmed: Mutex::new(braid_proto::ranges::RangeSet::new()),
             abort: Abort::new(),
@@ -209,7 +223,33 @@ impl Transfer {
             link
         };
         self.reshare_pacing();
+        if let Some(cc) = self.congestion_asked() {
+            set_congestion(&link.sock, cc);
+        }
         Ok(link)
+    }
+
+    /// Gives every connection, open and to come, this congestion control.
+    pub fn set_congestion(&self, cc: Option<CcName>) {
+        *self.congestion.lock().unwrap_or_else(|p| p.into_inner()) = cc;
+        if let Some(cc) = cc {
+            for l in self.lock().iter() {
+                set_congestion(&l.sock, cc);
+            }
+        }
+    }
+
+    fn congestion_asked(&self) -> Option<CcName> {
+        *self.congestion.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The congestion control the connections use (that of the first one that says).
+    pub fn congestion(&self) -> Option<CcName> {
+        self.lock().iter().find_map(|l| {
+            let name = socket2::SockRef::from(&*l.sock).tcp_congestion().ok()?;
+            let name = String::from_utf8_lossy(&name);
+            CcName::parse(name.trim_end_matches('\0')).ok()
+        })
     }
 
     /// Marks how a connection ended.

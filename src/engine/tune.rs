@@ -818,6 +818,7 @@ mod tests {
                     resent: conns.iter().map(|c| c.retrans as u64).sum(),
                     rtt_us,
                     min_rtt_us: path.base.as_micros() as u32,
+                    cc: None,
                 }),
             };
             for d in auto.decide(&view) {

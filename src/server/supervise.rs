@@ -55,6 +55,9 @@ pub(super) async fn transfer(
     if let Some(rate) = t.block.as_ref().and_then(|b| b.max_rate) {
         moving.set_pacing(Some(rate));
     }
+    if let Some(cc) = t.block.as_ref().and_then(|b| b.congestion) {
+        moving.set_congestion(Some(cc));
+    }
     // A MODE E upload's receiving state, for the 111 Range Markers.
     let mut received = None;
     let connected = match &t.block {
@@ -168,6 +171,13 @@ pub(super) async fn transfer(
             }
         }
     };
+    // The last report, so the client knows how the whole transfer was sent.
+    if report_sender
+        && !client_gone
+        && let Some(r) = sender_report(&moving)
+    {
+        let _ = conn.send(&braid_proto::markers::sender_marker(&r)).await;
+    }
     let outcome = match result {
         _ if aborted.load(Ordering::SeqCst) => TransferOutcome::Aborted,
         _ if shut.load(Ordering::SeqCst) => TransferOutcome::Shutdown,
@@ -290,6 +300,7 @@ fn sender_report(
             .filter(|&r| r > 0)
             .min()
             .unwrap_or(0),
+        cc: moving.congestion(),
     })
 }
 

@@ -782,3 +782,52 @@ fn a_partial_damaged_on_disk_between_runs_fails_the_resumed_check() {
     assert_eq!(code, 0, "{err}");
     assert!(std::fs::read(&dest).unwrap() == data);
 }
+
+/// `--congestion` reaches the sending side's data connections, the braid server's for a
+/// download (told with OPTS RETR), the client's own for an upload, and `--json` says which
+/// was used; without it, the system's default is used and reported.
+#[test]
+fn the_sender_uses_the_congestion_control_asked_for_and_says_which() {
+    let default = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .expect("this test reads the system's default congestion control")
+        .trim()
+        .to_string();
+    let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .unwrap_or_default();
+    let other = ["reno", "cubic", "bbr"]
+        .into_iter()
+        .find(|c| *c != default && available.split_whitespace().any(|a| a == *c))
+        .expect(
+            "this test needs a second congestion control besides the default (reno is built in)",
+        );
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.bin"), random_bytes(1 << 20, 61)).unwrap();
+    std::fs::write(top.path().join("up.bin"), random_bytes(1 << 20, 62)).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let state = top.path().join("state");
+    let env = [("XDG_STATE_HOME", state.to_str().unwrap())];
+    let dest = top.path().join("got.bin");
+    let up = top.path().join("up.bin");
+    let (get_url, put_url) = (server.url("f.bin"), server.url("up.bin"));
+    for (asked, want) in [(Some(other), other), (None, default.as_str())] {
+        let cc: Vec<&str> = asked.map_or(vec![], |c| vec!["--congestion", c]);
+        let get = [
+            &["get", &get_url, dest.to_str().unwrap(), "--json"],
+            &cc[..],
+        ]
+        .concat();
+        let (code, out, err) = braid(&get, &env);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(json(&out)["congestion"], want, "get with {asked:?}");
+        let put = [&["put", up.to_str().unwrap(), &put_url, "--json"], &cc[..]].concat();
+        let (code, out, err) = braid(&put, &env);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(json(&out)["congestion"], want, "put with {asked:?}");
+    }
+    // A name that cannot be one is refused before anything is sent.
+    let (code, _, err) = braid(&["get", &server.url("f.bin"), "--congestion", "BBR"], &env);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("congestion control name"), "{err}");
+}

@@ -519,6 +519,7 @@ impl ClientSession {
             block_size: None,
             // 0 lifts the cap.
             max_rate: Some(rate.unwrap_or(0)),
+            congestion: None,
         };
         Command::Opts(format!("RETR {}", opts.encode()))
     }

@@ -48,15 +48,18 @@ pub struct SenderReport {
     pub rtt_us: u32,
     /// The lowest RTT any of them has seen, µs.
     pub min_rtt_us: u32,
+    /// Their congestion control.
+    pub cc: Option<crate::retr_opts::CcName>,
 }
 
-/// `113 Sender sent=… resent=… rtt_us=… min_rtt_us=…`: sent by a braid server to a braid
-/// client (one that asked for elastic transfers) during a download.
+/// `113 Sender sent=… resent=… rtt_us=… min_rtt_us=… cc=…`: sent by a braid server to a
+/// braid client (one that asked for elastic transfers) during a download.
 pub fn sender_marker(r: &SenderReport) -> Reply {
+    let cc = r.cc.map(|c| format!(" cc={c}")).unwrap_or_default();
     Reply::new(
         113,
         format!(
-            "Sender sent={} resent={} rtt_us={} min_rtt_us={}",
+            "Sender sent={} resent={} rtt_us={} min_rtt_us={}{cc}",
             r.sent, r.resent, r.rtt_us, r.min_rtt_us
         ),
     )
@@ -78,6 +81,7 @@ pub fn parse_sender_marker(r: &Reply) -> Option<SenderReport> {
             "resent" => out.resent = v.parse().ok()?,
             "rtt_us" => out.rtt_us = v.parse().ok()?,
             "min_rtt_us" => out.min_rtt_us = v.parse().ok()?,
+            "cc" => out.cc = crate::retr_opts::CcName::parse(v).ok(),
             _ => {}
         }
     }
@@ -95,6 +99,7 @@ mod tests {
             resent: 4_096,
             rtt_us: 590_123,
             min_rtt_us: 590_000,
+            cc: crate::retr_opts::CcName::parse("cubic").ok(),
         };
         let wire = sender_marker(&r).to_bytes();
         let mut p = crate::ReplyParser::new();

@@ -251,6 +251,7 @@ fn setup(direction: Direction) -> Op {
             parallelism: Some((4, 1, 8)),
             block_size: None,
             max_rate: None,
+            congestion: None,
         },
         buffer: None,
     })

@@ -4,7 +4,9 @@
 //! `Parallelism=start,min,max;` (like the Globus server, braid uses `start` for the
 //! connections it opens itself), `blocksize=n;` (a whole number of checksum chunks), and as a
 //! braid extension `MaxRate=n;`: a cap on the server's sending rate in bytes/s (0 lifts it),
-//! which a braid client may also send while a download runs. Other options (markers,
+//! which a braid client may also send while a download runs, and `Congestion=name;`: the
+//! TCP congestion control the server's data connections use (bbr, cubic, reno, ...). Other
+//! options (markers,
 //! windowsize, ...) are accepted and ignored, as GFD.20 allows.
 
 use crate::checksum::CHUNK;
@@ -16,6 +18,52 @@ pub struct RetrOpts {
     pub block_size: Option<u64>,
     /// `Some(0)`: no cap.
     pub max_rate: Option<u64>,
+    pub congestion: Option<CcName>,
+}
+
+/// The name of a TCP congestion control (`TCP_CONGESTION`): at most 15 bytes of lower-case
+/// letters, digits and `_`, as Linux names them. A value type, so settings stay `Copy`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CcName {
+    len: u8,
+    bytes: [u8; 15],
+}
+
+impl CcName {
+    pub fn parse(name: &str) -> Result<CcName, String> {
+        let ok = !name.is_empty()
+            && name.len() <= 15
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !ok {
+            return Err(format!(
+                "{name:?} is not a congestion control name (e.g. bbr, cubic, reno)"
+            ));
+        }
+        let mut bytes = [0u8; 15];
+        bytes[..name.len()].copy_from_slice(name.as_bytes());
+        Ok(CcName {
+            len: name.len() as u8,
+            bytes,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..self.len as usize]).unwrap_or("")
+    }
+}
+
+impl std::fmt::Debug for CcName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+
+impl std::fmt::Display for CcName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Largest block size accepted.
@@ -50,6 +98,8 @@ impl RetrOpts {
                         ));
                     }
                 };
+            } else if key.eq_ignore_ascii_case("Congestion") {
+                out.congestion = Some(CcName::parse(value)?);
             } else if key.eq_ignore_ascii_case("MaxRate") {
                 out.max_rate = match value.parse::<u64>() {
                     Ok(n) => Some(n),
@@ -74,6 +124,9 @@ impl RetrOpts {
         if let Some(r) = self.max_rate {
             s.push_str(&format!("MaxRate={r};"));
         }
+        if let Some(c) = self.congestion {
+            s.push_str(&format!("Congestion={c};"));
+        }
         s
     }
 }
@@ -89,8 +142,10 @@ mod tests {
             par in proptest::option::of((1u32..100, 0u32..100, 0u32..100)),
             block in proptest::option::of(1u64..=(MAX_BLOCK / CHUNK)),
             rate in proptest::option::of(any::<u64>()),
+            cc in proptest::option::of("[a-z0-9_]{1,15}"),
         ) {
-            let o = RetrOpts { parallelism: par, block_size: block.map(|b| b * CHUNK), max_rate: rate };
+            let congestion = cc.map(|c| CcName::parse(&c).unwrap());
+            let o = RetrOpts { parallelism: par, block_size: block.map(|b| b * CHUNK), max_rate: rate, congestion };
             prop_assert_eq!(RetrOpts::parse(&o.encode()), Ok(o));
         }
     }
@@ -106,6 +161,10 @@ mod tests {
             "Parallelism=0,1,1;",
             "blocksize=100;",
             "MaxRate=-1;",
+            "Congestion=;",
+            "Congestion=BBR;",
+            "Congestion=a_name_of_16_bytes;",
+            "Congestion=bbr cubic;",
             "junk;",
         ] {
             assert!(RetrOpts::parse(bad).is_err(), "{bad}");

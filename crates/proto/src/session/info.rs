@@ -75,6 +75,9 @@ impl Session {
                     if let Some(r) = o.max_rate {
                         self.max_rate = (r > 0).then_some(r);
                     }
+                    if o.congestion.is_some() {
+                        self.congestion = o.congestion;
+                    }
                     Reply::new(200, "OPTS Command Successful.")
                 }
                 Err(e) => Reply::new(501, format!("OPTS RETR: {e}.")),

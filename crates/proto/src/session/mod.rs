@@ -70,6 +70,8 @@ pub struct Session {
     block_size: Option<u64>,
     /// OPTS RETR MaxRate: cap on the server's sending rate, bytes/s.
     max_rate: Option<u64>,
+    /// OPTS RETR Congestion: the TCP congestion control of the data connections it sends on.
+    congestion: Option<crate::retr_opts::CcName>,
     /// OPTS BRAID ELASTIC: the client is braid and handles elastic transfers.
     elastic: bool,
     rest_ranges: Option<RangeSet>,
@@ -102,6 +104,7 @@ impl Session {
             parallelism: 1,
             block_size: None,
             max_rate: None,
+            congestion: None,
             elastic: false,
             rest_ranges: None,
             expect: None,
@@ -351,6 +354,7 @@ impl Session {
                 expect: if upload { expect } else { None },
                 elastic: self.elastic,
                 max_rate: self.max_rate,
+                congestion: self.congestion,
             })
         } else {
             if rest_ranges.is_some() {

@@ -70,6 +70,8 @@ pub struct BlockMode {
     pub elastic: bool,
     /// Cap on the server's sending rate, bytes/s (OPTS RETR MaxRate).
     pub max_rate: Option<u64>,
+    /// The congestion control for the connections it sends on (OPTS RETR Congestion).
+    pub congestion: Option<crate::retr_opts::CcName>,
 }
 
 /// An upload's expected checksum.
