@@ -70,7 +70,8 @@ def run(braid, scenario, direction, streams, work, seconds, name):
         report = json.loads(out.stdout)
         summary = json.loads(report["client"]["stdout"].strip().splitlines()[-1])
     except (json.JSONDecodeError, KeyError, IndexError):
-        return {"error": (out.stderr or out.stdout)[-400:]}
+        text = out.stderr or out.stdout
+        return {"error": text if len(text) < 800 else text[:500] + " ... " + text[-300:]}
     drops = sum(report["link"][d].get("queue_drops", 0) for d in ("up", "down"))
     return {
         "fraction": summary["bytes_per_second"] / payload,
