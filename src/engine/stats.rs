@@ -91,6 +91,11 @@ pub struct Sample {
     pub rwnd_limited_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sndbuf_limited_ms: Option<f64>,
+    /// Socket buffers (SO_SNDBUF, SO_RCVBUF) at this moment, bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sndbuf: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rcvbuf: Option<usize>,
 }
 
 /// The life of one connection, for `--json`.
@@ -165,7 +170,9 @@ impl Sampler {
                 0.0
             };
             if (row_due || first) && state == LinkState::Open {
-                self.rows.push(row(t, link.id, bytes, rate, tcp.as_ref()));
+                let mut r = row(t, link.id, bytes, rate, tcp.as_ref());
+                (r.sndbuf, r.rcvbuf) = link.buffers().unzip();
+                self.rows.push(r);
                 self.last_row[link.id] = (t, bytes);
             }
             views.push(LinkView {
@@ -246,5 +253,7 @@ fn row(t: f64, conn: usize, bytes: u64, rate: f64, tcp: Option<&TcpInfo>) -> Sam
         busy_ms: tcp.map(|i| ms(i.busy_us)),
         rwnd_limited_ms: tcp.map(|i| ms(i.rwnd_limited_us)),
         sndbuf_limited_ms: tcp.map(|i| ms(i.sndbuf_limited_us)),
+        sndbuf: None,
+        rcvbuf: None,
     }
 }

@@ -128,6 +128,13 @@ impl Link {
     pub fn tcp_info(&self) -> Option<braid_sockopt::TcpInfo> {
         braid_sockopt::tcp_info(&self.sock)
     }
+
+    /// Its socket buffers now (send, receive), bytes as the kernel counts them (twice what
+    /// was set, or what autotuning reached).
+    pub fn buffers(&self) -> Option<(usize, usize)> {
+        let s = socket2::SockRef::from(&*self.sock);
+        Some((s.send_buffer_size().ok()?, s.recv_buffer_size().ok()?))
+    }
 }
 
 /// Sets a connection's congestion control; a name the kernel does not know (a module not

@@ -75,6 +75,12 @@ fn check_one_eight_two(s: &Value, what: &str) {
             .any(|r| r["conn"] == 7 && r["rtt_ms"].is_number()),
         "{what}: the timeline has TCP_INFO rows for a connection that joined later: {timeline:?}"
     );
+    assert!(
+        timeline
+            .iter()
+            .all(|r| r["sndbuf"].as_u64() > Some(0) && r["rcvbuf"].as_u64() > Some(0)),
+        "{what}: every row has the socket buffers: {timeline:?}"
+    );
 }
 
 #[test]
