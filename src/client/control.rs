@@ -98,6 +98,11 @@ impl Control {
         self.peer
     }
 
+    /// The control connection's socket (for `TCP_INFO`).
+    pub fn socket(&self) -> &TcpStream {
+        self.stream.tcp()
+    }
+
     pub fn set_verbose(&mut self, v: bool) {
         self.verbose = v;
     }

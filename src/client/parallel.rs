@@ -62,7 +62,8 @@ pub fn get(
     opts: &Options,
 ) -> Result<Summary> {
     let remote = target.path.as_str();
-    let plan = Plan::new(opts, peer, offers_elastic(c), size);
+    let hint = PathHint::of(c, Direction::Download, opts.buffer);
+    let plan = Plan::new(opts, peer, offers_elastic(c), size, &hint);
     let n = plan.start;
     // Only braid servers pace (GridFTP servers ignore options they do not know, but there is
     // no need to find out). The pacer's rate goes with OPTS RETR now and again whenever the
@@ -349,6 +350,34 @@ struct Plan {
     block: u64,
 }
 
+/// What the control connection and this host say of the path, for a count fixed at the start.
+struct PathHint {
+    /// The control connection's lowest RTT.
+    rtt: Option<Duration>,
+    /// The most a data connection's window reaches here: half the kernel's buffer cap (the
+    /// other half is overhead), or half of twice `--buffer`.
+    window: Option<u64>,
+}
+
+impl PathHint {
+    fn of(c: &Control, direction: Direction, buffer: Option<u64>) -> PathHint {
+        let rtt = braid_sockopt::tcp_info(c.socket())
+            .map(|i| i.min_rtt_us)
+            .filter(|&us| us > 0)
+            .map(|us| Duration::from_micros(us.into()));
+        let cap = || {
+            let file = match direction {
+                Direction::Download => "/proc/sys/net/ipv4/tcp_rmem",
+                Direction::Upload => "/proc/sys/net/ipv4/tcp_wmem",
+            };
+            let text = std::fs::read_to_string(file).ok()?;
+            text.split_whitespace().nth(2)?.parse::<u64>().ok()
+        };
+        let window = buffer.or_else(|| cap().map(|c| c / 2));
+        PathHint { rtt, window }
+    }
+}
+
 /// Who chooses the connection count during the transfer.
 enum Choice {
     /// `-n N`, or a server whose count is fixed per transfer.
@@ -362,7 +391,7 @@ enum Choice {
 impl Plan {
     /// `size`: the bytes to move, when known (they bound the useful connections and the
     /// block size).
-    fn new(opts: &Options, peer: Peer, elastic: bool, size: Option<u64>) -> Plan {
+    fn new(opts: &Options, peer: Peer, elastic: bool, size: Option<u64>, path: &PathHint) -> Plan {
         // Without a block size given, a small file still makes a few blocks per connection
         // (a braid server takes the size it is told; GridFTP peers keep the default).
         let fixed_block = |n: u32| match (opts.block_size, peer) {
@@ -370,11 +399,9 @@ impl Plan {
             (None, Peer::Braid) => tune::block_for(size, n as usize),
             (None, Peer::GridFtp) => engine::DEFAULT_BLOCK,
         };
-        let auto_start = Tuning::new(engine::DEFAULT_BLOCK).start as u32;
         if opts.schedule.is_some() && !elastic {
-            let n = opts.streams.unwrap_or(auto_start);
             eprintln!(
-                "braid: --schedule needs a braid server that lets connections join mid-transfer (FEAT BRAID 2); using -n {n}"
+                "braid: --schedule needs a braid server that lets connections join mid-transfer (FEAT BRAID 2); the count stays fixed"
             );
         }
         match (&opts.schedule, opts.streams, elastic) {
@@ -405,12 +432,14 @@ impl Plan {
                 }
             }
             (_, n, _) => {
-                let n = n.unwrap_or(auto_start).max(1);
-                if opts.streams.is_none() {
-                    tracing::info!(
-                        "the server fixes the connection count per transfer: {n} connections"
-                    );
-                }
+                let n = match n {
+                    Some(n) => n.max(1),
+                    None => {
+                        let (n, why) = tune::fixed_count(path.rtt, path.window);
+                        tracing::info!("the server fixes the connection count per transfer: {why}");
+                        n as u32
+                    }
+                };
                 Plan {
                     start: n,
                     max: n,
@@ -557,7 +586,14 @@ pub fn put(
         record,
         have,
     } = up;
-    let plan = Plan::new(opts, peer, offers_elastic(c), Some(have.missing(len).len()));
+    let hint = PathHint::of(c, Direction::Upload, opts.buffer);
+    let plan = Plan::new(
+        opts,
+        peer,
+        offers_elastic(c),
+        Some(have.missing(len).len()),
+        &hint,
+    );
     let n = plan.start;
     let elastic = block_mode(c, Direction::Upload, RetrOpts::default(), opts.buffer)?;
     // A fresh upload hashes the blocks as they go out and announces the checksum at the end;

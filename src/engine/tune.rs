@@ -567,6 +567,34 @@ impl Policy for Auto {
     }
 }
 
+/// The connection count for a transfer whose count is fixed at the start (a GridFTP server,
+/// or a braid server without elastic transfers), from what the control connection shows: its
+/// RTT, and `window`, the most a connection's window can reach on this host (or `--buffer`).
+/// One connection carries at most `window / rtt`; the count is what a 1 Gbit/s path would
+/// need at that rate, 1 to 8 (the XFTP paper's 8 on its satellite hop, GridFTP's usual
+/// presets 4-8). Returns the count and the reason, for `-v`.
+pub fn fixed_count(rtt: Option<Duration>, window: Option<u64>) -> (usize, String) {
+    const PATH: f64 = 1e9 / 8.0;
+    const MOST: usize = 8;
+    match (rtt, window) {
+        (Some(rtt), Some(w)) if !rtt.is_zero() && w > 0 => {
+            let one = w as f64 / rtt.as_secs_f64();
+            let n = ((PATH / one).ceil() as usize).clamp(1, MOST);
+            (
+                n,
+                format!(
+                    "RTT {:.1} ms and a {} KiB window: one connection carries at most {:.1} MB/s; \
+                     {n} fill 1 Gbit/s or are the most used",
+                    rtt.as_secs_f64() * 1e3,
+                    w >> 10,
+                    one / 1e6
+                ),
+            )
+        }
+        _ => (4, "no RTT or window known: 4, GridFTP's usual count".into()),
+    }
+}
+
 /// The block size when none is given: a few blocks for each of `streams` connections, so a
 /// small file does not leave connections idle (a 2 MB file in 1 MiB blocks feeds only two of
 /// four), from 64 KiB (the checksum's chunk: blocks must be multiples of it) up to the default.
@@ -963,6 +991,23 @@ mod tests {
         let mut a = Auto::new(Tuning::new(64 << 10));
         let counts = simulate(&mut a, path, total, 60.0, 64);
         assert!(counts.iter().all(|&c| c == 4), "{counts:?}");
+    }
+
+    #[test]
+    fn a_fixed_count_follows_rtt_and_window() {
+        let ms = Duration::from_millis;
+        // A LAN: one connection is plenty.
+        assert_eq!(fixed_count(Some(ms(1)), Some(3 << 20)).0, 1);
+        // A 150 ms path with 3 MiB windows: 21 MB/s each, 6 for 1 Gbit/s.
+        assert_eq!(fixed_count(Some(ms(150)), Some(3 << 20)).0, 6);
+        // XFTP's satellite with 24 KB windows: as many as allowed.
+        assert_eq!(fixed_count(Some(ms(590)), Some(24 << 10)).0, 8);
+        assert_eq!(fixed_count(None, Some(1 << 20)).0, 4);
+        assert!(
+            fixed_count(Some(ms(150)), Some(3 << 20))
+                .1
+                .contains("150.0 ms")
+        );
     }
 
     #[test]
