@@ -58,7 +58,7 @@ def run(braid, scenario, direction, streams, work, seconds, name):
     if direction == "get":
         client = f"{braid} get ftp://198.18.0.2:2121/f{size}.bin /dev/null -n {streams} --json -q"
     else:
-        client = (f"XDG_STATE_HOME={work}/state {braid} put {src} "
+        client = (f"env XDG_STATE_HOME={work}/state {braid} put {src} "
                   f"ftp://198.18.0.2:2121/up/u{size}.bin -n {streams} --json -q")
     wrap = lambda cmd: f"sh -c \"{prefix}; exec {cmd}\"" if prefix else cmd
     timeout = int(seconds * 6 + 120)
