@@ -17,14 +17,18 @@
 //! than they bring, which is "stop before the router queue overflows".
 //!
 //! **How it moves.** It starts at `start` connections (4, the count GridFTP and FDT use,
-//! never more than there are blocks), lets them warm up for a few RTTs and measures one
-//! interval (4 base RTTs, 0.3-4 s). Then it doubles while doubling pays (U up by more than
-//! `gain`); if the very first step up does not pay it tries halving instead, and keeps going
-//! down while fewer does at least as well. Once settled it probes a quarter of the count (at
-//! least one) up or down, alternately, every `hold` intervals and keeps a probe only if it
-//! pays, so it follows a path whose capacity or competition changes. A connection the server
-//! refuses lowers the ceiling for the rest of the transfer. Near the end, when less than two
-//! intervals' worth of data is left, it stops changing anything.
+//! never more than there are blocks), lets them warm up for 3 RTTs and measures intervals of
+//! 4 RTTs (0.3-4 s; the base RTT, or the RTT now when a standing queue lengthens it) until
+//! the goodput stops rising, and judges the count by its best interval, so that slow start
+//! and the losses of a change itself are not held against it. A first measure that already
+//! shows loss or a standing queue tries half. Otherwise it doubles while doubling pays (U up
+//! by more than `gain`), bisects between the last count that paid and the first that added
+//! goodput but not enough, and tries halving only when the first doubling added no goodput
+//! at all. Once settled it probes a quarter of the count (at least one) up or down,
+//! alternately, every `hold` intervals (longer after each probe that lost) and keeps a probe
+//! only if it pays, so it follows a path whose capacity or competition changes. A connection
+//! the server refuses lowers the ceiling for the rest of the transfer. Near the end, when
+//! less than two intervals' worth of data is left, it stops changing anything.
 //!
 //! Pure: it sees only [`View`]s and returns [`Decision`]s and [`Note`]s, so it is tested with
 //! made-up views (below) and runs the same on the client for downloads and uploads.
@@ -126,10 +130,12 @@ pub struct Auto {
     mark: Option<Mark>,
     /// Smallest RTT seen on any connection.
     base_rtt: Option<Duration>,
+    /// The RTT at the last tick.
+    rtt_now: Option<Duration>,
     refused: usize,
-    /// While climbing: the interval before at this count, and how many were measured at it.
-    /// A count is judged once its goodput stops rising (new connections leave slow start,
-    /// old ones stop growing their windows), or after six intervals.
+    /// The best interval so far at this count, and how many were measured at it. A count is
+    /// judged once its goodput stops rising (new connections leave slow start, old ones stop
+    /// growing their windows), or after six intervals.
     settling: Option<Score>,
     stint: u32,
     /// Probes in a row that were not kept: each doubles the wait before the next (up to 8
@@ -149,6 +155,7 @@ impl Auto {
             warm_until: None,
             mark: None,
             base_rtt: None,
+            rtt_now: None,
             refused: 0,
             settling: None,
             stint: 0,
@@ -169,14 +176,19 @@ impl Auto {
 
     /// Length of one measured interval.
     fn interval(&self) -> Duration {
+        (self.rtt() * 4).clamp(Duration::from_millis(300), Duration::from_secs(4))
+    }
+
+    /// The RTT intervals are counted in: the base RTT, or the RTT last seen when a standing
+    /// queue makes it longer (windows then take longer to settle).
+    fn rtt(&self) -> Duration {
         let base = self.base_rtt.unwrap_or(Duration::from_millis(250));
-        (base * 4).clamp(Duration::from_millis(300), Duration::from_secs(4))
+        self.rtt_now.map_or(base, |r| r.max(base))
     }
 
     /// How long a new count runs before it is measured: connections finish slow start.
     fn warmup(&self) -> Duration {
-        let base = self.base_rtt.unwrap_or(Duration::from_millis(250));
-        (base * 3).clamp(Duration::from_millis(200), Duration::from_secs(3))
+        (self.rtt() * 3).clamp(Duration::from_millis(200), Duration::from_secs(3))
     }
 
     fn note(&mut self, view: &View, score: Option<&Score>, action: String) {
@@ -327,8 +339,9 @@ impl Auto {
                         format!("{gained} over {}, but at a cost; trying {mid}", before.n),
                     );
                     self.go_to(mid, view)
-                } else if !climbed && before.n > 1 {
-                    // The first step up did not pay: perhaps fewer do as well.
+                } else if !climbed && before.n > 1 && s.goodput <= before.goodput * 1.01 {
+                    // The first step up added nothing at all: perhaps fewer do as well. (When
+                    // it added a little, halving would cost more than it can save.)
                     self.phase = Phase::Down;
                     let to = (before.n / 2).max(1);
                     self.note(
@@ -480,6 +493,9 @@ impl Policy for Auto {
         if let Some(rtt) = min_rtt(view) {
             self.base_rtt = Some(self.base_rtt.map_or(rtt, |b| b.min(rtt)));
         }
+        if let Some(rtt) = mean_rtt(view) {
+            self.rtt_now = Some(rtt);
+        }
         // A connection the server turned away (or could not be opened) sets the ceiling.
         let refused = view.failed
             + view
@@ -549,17 +565,25 @@ impl Policy for Auto {
         if soon {
             return Vec::new();
         }
-        if matches!(self.phase, Phase::Up { .. }) {
-            let rising = self
-                .settling
-                .is_none_or(|before| score.goodput > before.goodput * (1.0 + self.cfg.gain));
-            self.stint += 1;
-            if rising && self.stint < 6 {
-                self.settling = Some(score);
-                return Vec::new();
-            }
+        // A count is measured until its goodput stops rising, and judged by its best
+        // interval: losses and queueing from the change itself (new connections leaving slow
+        // start, old ones making room) are not held against the count.
+        let rising = self
+            .settling
+            .is_none_or(|before| score.goodput > before.goodput * (1.0 + self.cfg.gain));
+        self.stint += 1;
+        let best = match self.settling {
+            Some(before) if before.utility > score.utility => before,
+            _ => score,
+        };
+        if rising && self.stint < 6 {
+            self.settling = Some(best);
+            return Vec::new();
         }
-        self.step(view, score, useful)
+        // Judged: the next verdict at this count starts from fresh intervals.
+        self.settling = None;
+        self.stint = 0;
+        self.step(view, best, useful)
     }
 
     fn notes(&mut self) -> Vec<Note> {

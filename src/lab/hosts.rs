@@ -66,7 +66,12 @@ impl Lab {
             created: Vec::new(),
         };
         std::fs::create_dir_all(records()).context("cannot create /run/braid-lab")?;
-        std::fs::write(records().join(name), std::process::id().to_string())
+        let me = std::process::id();
+        let record = match start_time(me) {
+            Some(t) => format!("{me} {t}"),
+            None => me.to_string(),
+        };
+        std::fs::write(records().join(name), record)
             .context("cannot write the lab record in /run/braid-lab")?;
         for host in HOSTS {
             let ns = namespace(name, host);
@@ -214,6 +219,15 @@ fn namespace_pids(ns: &str) -> Vec<rustix::process::Pid> {
         .collect()
 }
 
+/// When process `pid` started (clock ticks after boot, field 22 of `/proc/PID/stat`); None if
+/// there is no such process.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields count from the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// Removes labs whose owning process is gone. Returns the names removed and the names still
 /// running.
 pub fn clean() -> Result<(Vec<String>, Vec<String>)> {
@@ -223,14 +237,15 @@ pub fn clean() -> Result<(Vec<String>, Vec<String>)> {
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let owner = std::fs::read_to_string(entry.path())
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-            .and_then(rustix::process::Pid::from_raw);
+        // "PID START": the owner is alive if that process still runs and started then (not
+        // a later process that reuses its PID), whatever its binary is called.
+        let record = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let mut fields = record.split_whitespace();
+        let owner = fields.next().and_then(|p| p.parse::<u32>().ok());
+        let started = fields.next().and_then(|t| t.parse::<u64>().ok());
         let alive = owner.is_some_and(|pid| {
-            rustix::process::test_kill_process(pid).is_ok()
-                && std::fs::read_to_string(format!("/proc/{}/comm", pid.as_raw_nonzero()))
-                    .is_ok_and(|c| c.trim() == "braid")
+            let now = start_time(pid);
+            now.is_some() && (started.is_none() || now == started)
         });
         if alive {
             running.push(name);

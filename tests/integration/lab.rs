@@ -51,7 +51,12 @@ struct Link {
 
 impl Link {
     fn up(name: &str, args: &[&str]) -> Link {
-        let mut child = Command::new(BRAID)
+        Link::up_with(std::path::Path::new(BRAID), name, args)
+    }
+
+    /// `braid lab link` from this binary (a copy under another name, say).
+    fn up_with(braid: &std::path::Path, name: &str, args: &[&str]) -> Link {
+        let mut child = Command::new(braid)
             .args(["lab", "link", "--name", name, "--json"])
             .args(args)
             .stdin(Stdio::null())
@@ -486,4 +491,26 @@ fn clean_removes_a_lab_whose_process_was_killed() {
     let out = Command::new(BRAID).args(["lab", "clean"]).output().unwrap();
     assert!(out.status.success());
     assert_gone(&name);
+}
+
+/// A running lab is left alone by `clean`, whatever its braid binary is called (a bench run
+/// from a copy of braid lost its lab to a test's `clean` that way).
+#[test]
+fn clean_leaves_a_running_lab_of_a_renamed_binary_alone() {
+    require_lab();
+    let top = tempdir();
+    let copy = top.path().join("braid-copy");
+    std::fs::copy(BRAID, &copy).unwrap();
+    let name = lab_name("r");
+    let link = Link::up_with(&copy, &name, &["--delay", "1ms"]);
+    let out = Command::new(BRAID).args(["lab", "clean"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(
+        std::path::Path::new("/run/netns")
+            .join(format!("{name}-left"))
+            .exists(),
+        "clean removed a running lab: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    link.stop();
 }
