@@ -22,9 +22,10 @@
 //! the goodput stops rising, and judges the count by its best interval, so that slow start
 //! and the losses of a change itself are not held against it. A first measure that already
 //! shows loss or a standing queue tries half. Otherwise it doubles while doubling pays (U up
-//! by more than `gain`), bisects between the last count that paid and the first that added
-//! goodput but not enough, and tries halving only when the first doubling added no goodput
-//! at all. Once settled it probes a quarter of the count (at least one) up or down,
+//! by more than `gain`) and bisects between the last count that paid and the first that added
+//! goodput but not enough; a doubling that does not pay goes back, and the first probe after
+//! it goes down (halving outright cost a window-limited path seconds at half rate). Once
+//! settled it probes a quarter of the count (at least one) up or down,
 //! alternately, every `hold` intervals (longer after each probe that lost) and keeps a probe
 //! only if it pays, so it follows a path whose capacity or competition changes. A connection
 //! the server refuses lowers the ceiling for the rest of the transfer. Near the end, when
@@ -92,8 +93,8 @@ struct Score {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
-    /// Doubling while it pays; `climbed`: a doubling has paid already.
-    Up { climbed: bool },
+    /// Doubling while it pays.
+    Up,
     /// Halving while fewer does at least as well.
     Down,
     /// Between a count that paid and a larger one that added goodput but not enough to pay
@@ -150,7 +151,7 @@ impl Auto {
         Auto {
             target: cfg.start.clamp(1, ceiling),
             ceiling,
-            phase: Phase::Up { climbed: false },
+            phase: Phase::Up,
             last: None,
             warm_until: None,
             mark: None,
@@ -283,7 +284,7 @@ impl Auto {
             up_next,
         };
         match (self.phase, self.last) {
-            (Phase::Up { .. }, None) if s.n > 1 && self.congested(&s) => {
+            (Phase::Up, None) if s.n > 1 && self.congested(&s) => {
                 // Loss or a standing queue already: fewer first.
                 self.last = Some(s);
                 self.phase = Phase::Down;
@@ -295,10 +296,10 @@ impl Auto {
                 );
                 self.go_to(to, view)
             }
-            (Phase::Up { .. }, None) => {
+            (Phase::Up, None) => {
                 self.last = Some(s);
                 if up > s.n {
-                    self.phase = Phase::Up { climbed: false };
+                    self.phase = Phase::Up;
                     self.note(view, Some(&s), format!("first measure; trying {up}"));
                     self.go_to(up, view)
                 } else {
@@ -307,11 +308,11 @@ impl Auto {
                     Vec::new()
                 }
             }
-            (Phase::Up { .. }, Some(before)) if pays(&s, &before, self.cfg.gain) => {
+            (Phase::Up, Some(before)) if pays(&s, &before, self.cfg.gain) => {
                 self.last = Some(s);
                 let gained = percent(s.goodput, before.goodput);
                 if up > s.n {
-                    self.phase = Phase::Up { climbed: true };
+                    self.phase = Phase::Up;
                     self.note(
                         view,
                         Some(&s),
@@ -328,7 +329,7 @@ impl Auto {
                     Vec::new()
                 }
             }
-            (Phase::Up { climbed }, Some(before)) => {
+            (Phase::Up, Some(before)) => {
                 let gained = percent(s.goodput, before.goodput);
                 let mid = (before.n + s.n) / 2;
                 if s.goodput > before.goodput * (1.0 + self.cfg.gain) && mid > before.n {
@@ -339,17 +340,6 @@ impl Auto {
                         format!("{gained} over {}, but at a cost; trying {mid}", before.n),
                     );
                     self.go_to(mid, view)
-                } else if !climbed && before.n > 1 && s.goodput <= before.goodput * 1.01 {
-                    // The first step up added nothing at all: perhaps fewer do as well. (When
-                    // it added a little, halving would cost more than it can save.)
-                    self.phase = Phase::Down;
-                    let to = (before.n / 2).max(1);
-                    self.note(
-                        view,
-                        Some(&s),
-                        format!("{gained} over {}: not worth it; trying {to}", before.n),
-                    );
-                    self.go_to(to, view)
                 } else {
                     self.phase = hold(false);
                     self.note(
