@@ -323,20 +323,21 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_logging(verbose: bool, quiet: bool) {
-    let level = match (verbose, quiet) {
-        (true, _) => tracing::Level::DEBUG,
-        (_, true) => tracing::Level::WARN,
-        _ => tracing::Level::INFO,
-    };
-    let _ = tracing_subscriber::fmt()
+/// Log lines on stderr up to `level`. The server's carry time and source, for its log; the
+/// client's (`terse`) only the level and the message, for the person at the terminal.
+fn init_logging(level: tracing::Level, terse: bool) {
+    let fmt = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_max_level(level)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+        .with_ansi(std::io::stderr().is_terminal());
+    let _ = if terse {
+        fmt.without_time().with_target(false).try_init()
+    } else {
+        fmt.try_init()
+    };
 }
 
-/// The client's own messages on stderr: warnings, and with -v what it decided and why (the
+/// The client's own messages: warnings, and with -v what it decided and why (the
 /// self-tuning's steps, fallbacks); -q keeps only errors.
 fn client_logging(out: &OutputArgs) {
     let level = match (out.verbose, out.quiet) {
@@ -344,13 +345,7 @@ fn client_logging(out: &OutputArgs) {
         (_, true) => tracing::Level::ERROR,
         _ => tracing::Level::WARN,
     };
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(level)
-        .without_time()
-        .with_target(false)
-        .with_ansi(std::io::stderr().is_terminal())
-        .try_init();
+    init_logging(level, true);
 }
 
 fn run(cli: Cli) -> anyhow::Result<u8> {
@@ -593,7 +588,12 @@ fn read_new_password() -> anyhow::Result<String> {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    init_logging(args.verbose, false);
+    let level = if args.verbose {
+        tracing::Level::DEBUG
+    } else {
+        tracing::Level::INFO
+    };
+    init_logging(level, false);
     let root = args
         .root
         .canonicalize()

@@ -204,20 +204,24 @@ impl Control {
 
     /// Sends what the session has queued, in one write (one segment for a pipelined batch).
     fn send_queued(&mut self) -> Result<()> {
-        let mut out = Vec::new();
-        while let Some(cmd) = self.session.poll_command() {
-            self.show(&cmd);
-            cmd.encode(&mut out);
-        }
-        if out.is_empty() {
+        let cmds: Vec<Command> = std::iter::from_fn(|| self.session.poll_command()).collect();
+        self.write_commands(&cmds)
+    }
+
+    /// Writes commands to the server in one write, showing them with `-v`.
+    fn write_commands(&mut self, cmds: &[Command]) -> Result<()> {
+        let Some(last) = cmds.last() else {
             return Ok(());
+        };
+        let mut out = Vec::new();
+        for cmd in cmds {
+            self.show(cmd);
+            cmd.encode(&mut out);
         }
         self.stream
             .write_all(&out)
             .and_then(|()| self.stream.flush())
-            .map_err(|e| {
-                ClientError::Protocol(format!("sending {}: {e}", self.session.last_verb()))
-            })
+            .map_err(|e| ClientError::Protocol(format!("sending {}: {e}", last.verb())))
     }
 
     /// Starts an op whose outcome can wait: pipelined, it is read just before the next op's
@@ -309,12 +313,7 @@ impl Control {
     }
 
     pub fn send(&mut self, cmd: &Command) -> Result<()> {
-        self.show(cmd);
-        let mut out = Vec::new();
-        cmd.encode(&mut out);
-        self.stream
-            .write_all(&out)
-            .map_err(|e| ClientError::Protocol(format!("sending {}: {e}", cmd.verb())))
+        self.write_commands(std::slice::from_ref(cmd))
     }
 
     /// Sends a command and returns its final reply (skipping 1xx ones), whatever its code.
@@ -331,34 +330,23 @@ impl Control {
         self.finished(Some(cmd_for_error(cmd))).and_then(done)
     }
 
-    pub fn login(&mut self, target: &Target) -> Result<()> {
-        self.user = target.user.clone();
-        self.run(Op::Login {
-            user: target.user.clone(),
-            password: target.password.clone(),
-        })
-        .map(drop)
-    }
-
-    /// Asks FEAT once; servers without it just have no features.
-    pub fn probe_features(&mut self) -> Result<()> {
-        self.run(Op::Features).map(drop)
-    }
-
     /// Logs in, reads FEAT and sets TYPE I. Pipelined (a braid server), these go in one flight
     /// with SIZE of `size_of` and EPSV, whose answers are kept for [`Control::size`] and
     /// [`Control::passive_addr`]: one round trip for all of it.
     pub fn start(&mut self, target: &Target, size_of: Option<&str>) -> Result<()> {
-        if !self.session.pipelining() {
-            self.login(target)?;
-            self.probe_features()?;
-            return self.run(Op::Binary).map(drop);
-        }
         self.user = target.user.clone();
-        self.begin(Op::Login {
+        let login = Op::Login {
             user: target.user.clone(),
             password: target.password.clone(),
-        })?;
+        };
+        if !self.session.pipelining() {
+            // FEAT once; servers without it just have no features.
+            for op in [login, Op::Features, Op::Binary] {
+                self.run(op)?;
+            }
+            return Ok(());
+        }
+        self.begin(login)?;
         self.begin(Op::Features)?;
         self.begin(Op::Binary)?;
         if let Some(path) = size_of {

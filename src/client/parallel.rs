@@ -62,8 +62,8 @@ pub fn get(
     opts: &Options,
 ) -> Result<Summary> {
     let remote = target.path.as_str();
-    let hint = PathHint::of(c, Direction::Download, opts.buffer);
-    let plan = Plan::new(opts, peer, offers_elastic(c), size, &hint);
+    let hint = || PathHint::of(c, Direction::Download, opts.buffer);
+    let plan = Plan::new(opts, peer, offers_elastic(c), size, hint);
     let n = plan.start;
     // Only braid servers pace (GridFTP servers ignore options they do not know, but there is
     // no need to find out). The pacer's rate goes with OPTS RETR now and again whenever the
@@ -150,8 +150,6 @@ pub fn get(
     // A download is paced by the server, told the pacer's rate (above, and in the tick).
     let mut steering = Steering::new(plan.policy(), Box::new(pacer), false, todo);
     steering.prime(&transfer);
-    // The server's congestion control, from its reports.
-    let mut sender_cc = None;
     if !complete_already {
         // Written now, so the space for the next version is reserved before data arrives.
         save(&shared.snapshot());
@@ -201,7 +199,6 @@ pub fn get(
                     && let Some(report) = c.session().take_sender_report()
                 {
                     steering.sender_reported(report);
-                    sender_cc = report.cc.or(sender_cc);
                 }
                 if let Some(NewRate(rate)) = steering.tick(&transfer)
                     && let Err(e) = c.change_rate(rate)
@@ -236,7 +233,7 @@ pub fn get(
         let finished = c.finish_transfer(&retr);
         // The server's last report came before its final reply.
         if let Some(report) = c.session().take_sender_report() {
-            sender_cc = report.cc.or(sender_cc);
+            steering.sender_reported(report);
         }
         if let Err(e) = finished {
             save(&shared.snapshot());
@@ -276,12 +273,10 @@ pub fn get(
         resumed_from,
         started,
     );
-    let mut s = extended(s, &plan, &transfer, steering, verified, reused);
-    s.congestion = sender_cc.map(|c: braid_proto::retr_opts::CcName| c.to_string());
     if opts.congestion.is_some() && peer == Peer::GridFtp {
         eprintln!("braid: --congestion: a GridFTP server sends with its own congestion control");
     }
-    Ok(s)
+    Ok(extended(s, &plan, &transfer, steering, verified, reused))
 }
 
 /// Marks a summary as a MODE E transfer over these connections, with their timeline.
@@ -302,8 +297,7 @@ fn extended(
     s.mode = "extended-block";
     s.tuning = Some(plan.tuning());
     s.block_size = Some(plan.block);
-    // This side's: what an upload sent with (a download replaces it with the server's).
-    s.congestion = transfer.congestion().map(|c| c.to_string());
+    s.congestion = record.congestion.map(|c| c.to_string());
     s.decisions = record.decisions;
     s.per_connection_bytes = transfer.per_link_bytes();
     s.streams = transfer.most_open() as u32;
@@ -391,7 +385,15 @@ enum Choice {
 impl Plan {
     /// `size`: the bytes to move, when known (they bound the useful connections and the
     /// block size).
-    fn new(opts: &Options, peer: Peer, elastic: bool, size: Option<u64>, path: &PathHint) -> Plan {
+    /// `path`: what the control connection and this host say of the path, asked only for a
+    /// count fixed at the start.
+    fn new(
+        opts: &Options,
+        peer: Peer,
+        elastic: bool,
+        size: Option<u64>,
+        path: impl FnOnce() -> PathHint,
+    ) -> Plan {
         // Without a block size given, a small file still makes a few blocks per connection
         // (a braid server takes the size it is told; GridFTP peers keep the default).
         let fixed_block = |n: u32| match (opts.block_size, peer) {
@@ -435,6 +437,7 @@ impl Plan {
                 let n = match n {
                     Some(n) => n.max(1),
                     None => {
+                        let path = path();
                         let (n, why) = tune::fixed_count(path.rtt, path.window);
                         tracing::info!("the server fixes the connection count per transfer: {why}");
                         n as u32
@@ -586,13 +589,13 @@ pub fn put(
         record,
         have,
     } = up;
-    let hint = PathHint::of(c, Direction::Upload, opts.buffer);
+    let hint = || PathHint::of(c, Direction::Upload, opts.buffer);
     let plan = Plan::new(
         opts,
         peer,
         offers_elastic(c),
         Some(have.missing(len).len()),
-        &hint,
+        hint,
     );
     let n = plan.start;
     let elastic = block_mode(c, Direction::Upload, RetrOpts::default(), opts.buffer)?;

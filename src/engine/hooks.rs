@@ -179,22 +179,27 @@ impl Schedule {
 
 impl Policy for Schedule {
     fn decide(&mut self, view: &View) -> Vec<Decision> {
-        let target = self.target(view);
-        let active: Vec<usize> = view.active().map(|l| l.id).collect();
-        let have = active.len() + view.opening;
-        if target > have {
-            vec![Decision::Open(target - have)]
-        } else if target < active.len() && view.opening == 0 {
-            // The newest go first: the oldest have the widest congestion windows.
-            active
-                .iter()
-                .rev()
-                .take(active.len() - target)
-                .map(|&id| Decision::Close(id))
-                .collect()
-        } else {
-            Vec::new()
-        }
+        toward(self.target(view), view)
+    }
+}
+
+/// The decisions that bring the active connections (and those on their way) to `target`:
+/// open the difference, or close the newest once none is still opening (the oldest have the
+/// widest congestion windows).
+pub fn toward(target: usize, view: &View) -> Vec<Decision> {
+    let active: Vec<usize> = view.active().map(|l| l.id).collect();
+    let have = active.len() + view.opening;
+    if target > have {
+        vec![Decision::Open(target - have)]
+    } else if target < active.len() && view.opening == 0 {
+        active
+            .iter()
+            .rev()
+            .take(active.len() - target)
+            .map(|&id| Decision::Close(id))
+            .collect()
+    } else {
+        Vec::new()
     }
 }
 
@@ -333,8 +338,8 @@ impl Steering {
         told
     }
 
-    /// The timeline, connection counts, connection lives and the policy's decisions, for the
-    /// summary.
+    /// The timeline, connection counts, connection lives, the policy's decisions and the
+    /// sender's congestion control, for the summary.
     pub fn finish(self, transfer: &Transfer) -> Record {
         let (timeline, counts, links) = self.sampler.finish(transfer);
         Record {
@@ -342,6 +347,11 @@ impl Steering {
             counts,
             links,
             decisions: self.notes,
+            congestion: if self.sending {
+                transfer.congestion()
+            } else {
+                self.sender.and_then(|r| r.cc)
+            },
         }
     }
 }
@@ -352,6 +362,9 @@ pub struct Record {
     pub counts: Vec<Count>,
     pub links: Vec<LinkRecord>,
     pub decisions: Vec<Note>,
+    /// The sending side's congestion control: this side's sockets', or the sending peer's
+    /// last report.
+    pub congestion: Option<braid_proto::retr_opts::CcName>,
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@
 //! Pure: it sees only [`View`]s and returns [`Decision`]s and [`Note`]s, so it is tested with
 //! made-up views (below) and runs the same on the client for downloads and uploads.
 
-use super::hooks::{Decision, Note, Policy};
+use super::hooks::{Decision, Note, Policy, toward};
 use super::stats::View;
 use super::transfer::LinkState;
 use std::time::Duration;
@@ -93,10 +93,10 @@ struct Score {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
-    /// Doubling while it pays.
-    Up,
-    /// Halving while fewer does at least as well.
-    Down,
+    /// Doubling while it pays; `before`: the count measured before this one.
+    Up { before: Option<Score> },
+    /// Halving while fewer does as well as `before`, the count above.
+    Down { before: Score },
     /// Between a count that paid and a larger one that added goodput but not enough to pay
     /// for itself (loss, queueing, the cost of connections): the best lies between.
     Bisect { lo: Score, hi: Score },
@@ -124,8 +124,6 @@ pub struct Auto {
     /// Lowered when the server refuses a connection.
     ceiling: usize,
     phase: Phase,
-    /// The score of the count to fall back to.
-    last: Option<Score>,
     /// Measuring starts here (after the warm-up of a new count).
     warm_until: Option<Duration>,
     mark: Option<Mark>,
@@ -151,8 +149,7 @@ impl Auto {
         Auto {
             target: cfg.start.clamp(1, ceiling),
             ceiling,
-            phase: Phase::Up,
-            last: None,
+            phase: Phase::Up { before: None },
             warm_until: None,
             mark: None,
             base_rtt: None,
@@ -211,26 +208,7 @@ impl Auto {
         self.mark = None;
         self.settling = None;
         self.stint = 0;
-        self.reach(view)
-    }
-
-    /// Opens or closes connections until the active ones (and those on their way) make the
-    /// target. The newest close first: the oldest have the widest windows.
-    fn reach(&self, view: &View) -> Vec<Decision> {
-        let active: Vec<usize> = view.active().map(|l| l.id).collect();
-        let have = active.len() + view.opening;
-        if self.target > have {
-            vec![Decision::Open(self.target - have)]
-        } else if self.target < active.len() && view.opening == 0 {
-            active
-                .iter()
-                .rev()
-                .take(active.len() - self.target)
-                .map(|&id| Decision::Close(id))
-                .collect()
-        } else {
-            Vec::new()
-        }
+        toward(self.target, view)
     }
 
     fn score(&self, view: &View, mark: &Mark) -> Score {
@@ -266,127 +244,96 @@ impl Auto {
         }
     }
 
-    /// Whether the path shows congestion at this count: more than 1 % of bytes sent again, or
-    /// a standing queue of half the base RTT.
-    fn congested(&self, s: &Score) -> bool {
-        s.loss > 0.01 || s.queue > 0.5
+    /// Settled: the next probe goes up or down after `hold` intervals, longer after each
+    /// probe in a row that lost.
+    fn hold(&self, up_next: bool) -> Phase {
+        Phase::Hold {
+            left: self.cfg.hold << self.failed_probes.min(3),
+            up_next,
+        }
+    }
+
+    /// Explains a move to `n` connections and makes it.
+    fn move_to(&mut self, n: usize, view: &View, s: &Score, why: String) -> Vec<Decision> {
+        self.note(view, Some(s), why);
+        self.go_to(n, view)
     }
 
     /// The next move once an interval at the current count has been measured.
     fn step(&mut self, view: &View, s: Score, useful: usize) -> Vec<Decision> {
         let pays =
-            |now: &Score, before: &Score, gain: f64| now.utility > before.utility * (1.0 + gain);
+            |now: &Score, before: &Score| now.utility > before.utility * (1.0 + self.cfg.gain);
         let up = (s.n * 2).min(useful);
-        let down = s.n / 2;
-        let wait = self.cfg.hold << self.failed_probes.min(3);
-        let hold = |up_next| Phase::Hold {
-            left: wait,
-            up_next,
-        };
-        match (self.phase, self.last) {
-            (Phase::Up, None) if s.n > 1 && self.congested(&s) => {
+        match self.phase {
+            Phase::Up { before: None } if s.n > 1 && congested(&s) => {
                 // Loss or a standing queue already: fewer first.
-                self.last = Some(s);
-                self.phase = Phase::Down;
+                self.phase = Phase::Down { before: s };
                 let to = (s.n / 2).max(1);
-                self.note(
+                self.move_to(
+                    to,
                     view,
-                    Some(&s),
+                    &s,
                     format!("first measure, congested; trying {to}"),
-                );
-                self.go_to(to, view)
+                )
             }
-            (Phase::Up, None) => {
-                self.last = Some(s);
-                if up > s.n {
-                    self.phase = Phase::Up;
-                    self.note(view, Some(&s), format!("first measure; trying {up}"));
-                    self.go_to(up, view)
-                } else {
-                    self.phase = hold(false);
-                    self.note(view, Some(&s), "first measure; no room to add".into());
-                    Vec::new()
-                }
-            }
-            (Phase::Up, Some(before)) if pays(&s, &before, self.cfg.gain) => {
-                self.last = Some(s);
-                let gained = percent(s.goodput, before.goodput);
-                if up > s.n {
-                    self.phase = Phase::Up;
-                    self.note(
-                        view,
-                        Some(&s),
-                        format!("{gained} over {}; trying {up}", before.n),
-                    );
-                    self.go_to(up, view)
-                } else {
-                    self.phase = hold(false);
-                    self.note(
-                        view,
-                        Some(&s),
-                        format!("{gained} over {}; at the most useful", before.n),
-                    );
-                    Vec::new()
-                }
-            }
-            (Phase::Up, Some(before)) => {
+            Phase::Up {
+                before: Some(before),
+            } if !pays(&s, &before) => {
                 let gained = percent(s.goodput, before.goodput);
                 let mid = (before.n + s.n) / 2;
                 if s.goodput > before.goodput * (1.0 + self.cfg.gain) && mid > before.n {
                     self.phase = Phase::Bisect { lo: before, hi: s };
-                    self.note(
-                        view,
-                        Some(&s),
-                        format!("{gained} over {}, but at a cost; trying {mid}", before.n),
-                    );
-                    self.go_to(mid, view)
+                    let why = format!("{gained} over {}, but at a cost; trying {mid}", before.n);
+                    self.move_to(mid, view, &s, why)
                 } else {
-                    self.phase = hold(false);
-                    self.note(
-                        view,
-                        Some(&s),
-                        format!(
-                            "{gained} over {}: not worth it; back to {}",
-                            before.n, before.n
-                        ),
+                    self.phase = self.hold(false);
+                    let why = format!(
+                        "{gained} over {}: not worth it; back to {}",
+                        before.n, before.n
                     );
-                    self.go_to(before.n, view)
+                    self.move_to(before.n, view, &s, why)
                 }
             }
-            (Phase::Down, Some(before)) => {
+            // The first measure, or a doubling that paid: double again.
+            Phase::Up { before } => {
+                let why = match before {
+                    Some(b) => format!("{} over {}", percent(s.goodput, b.goodput), b.n),
+                    None => "first measure".into(),
+                };
+                if up > s.n {
+                    self.phase = Phase::Up { before: Some(s) };
+                    self.move_to(up, view, &s, format!("{why}; trying {up}"))
+                } else {
+                    self.phase = self.hold(false);
+                    self.note(view, Some(&s), format!("{why}; no room to add"));
+                    Vec::new()
+                }
+            }
+            Phase::Down { before } => {
                 let gained = percent(s.goodput, before.goodput);
-                if s.utility >= before.utility {
-                    self.last = Some(s);
-                    if down >= 1 && down < s.n {
-                        self.note(
-                            view,
-                            Some(&s),
-                            format!(
-                                "{gained} against {}: fewer do as well; trying {down}",
-                                before.n
-                            ),
-                        );
-                        self.go_to(down, view)
-                    } else {
-                        self.phase = hold(true);
-                        self.note(
-                            view,
-                            Some(&s),
-                            format!("{gained} against {}: settled", before.n),
-                        );
-                        Vec::new()
-                    }
+                let down = s.n / 2;
+                if s.utility < before.utility {
+                    self.phase = self.hold(true);
+                    let why = format!("{gained} against {}: back to {}", before.n, before.n);
+                    self.move_to(before.n, view, &s, why)
+                } else if down >= 1 {
+                    self.phase = Phase::Down { before: s };
+                    let why = format!(
+                        "{gained} against {}: fewer do as well; trying {down}",
+                        before.n
+                    );
+                    self.move_to(down, view, &s, why)
                 } else {
-                    self.phase = hold(true);
+                    self.phase = self.hold(true);
                     self.note(
                         view,
                         Some(&s),
-                        format!("{gained} against {}: back to {}", before.n, before.n),
+                        format!("{gained} against {}: settled", before.n),
                     );
-                    self.go_to(before.n, view)
+                    Vec::new()
                 }
             }
-            (Phase::Bisect { mut lo, mut hi }, _) => {
+            Phase::Bisect { mut lo, mut hi } => {
                 if s.utility >= lo.utility {
                     lo = s;
                 } else {
@@ -395,64 +342,47 @@ impl Auto {
                 let mid = (lo.n + hi.n) / 2;
                 if mid != lo.n && mid != hi.n {
                     self.phase = Phase::Bisect { lo, hi };
-                    self.note(
-                        view,
-                        Some(&s),
-                        format!("between {} and {}: trying {mid}", lo.n, hi.n),
-                    );
-                    return self.go_to(mid, view);
+                    let why = format!("between {} and {}: trying {mid}", lo.n, hi.n);
+                    return self.move_to(mid, view, &s, why);
                 }
                 let best = if hi.utility > lo.utility { hi } else { lo };
-                self.last = Some(best);
-                self.phase = hold(true);
-                self.note(view, Some(&s), format!("settled at {}", best.n));
-                self.go_to(best.n, view)
+                self.phase = self.hold(true);
+                self.move_to(best.n, view, &s, format!("settled at {}", best.n))
             }
-            (Phase::Down, None) => {
-                self.last = Some(s);
-                self.phase = hold(true);
+            Phase::Hold { left, up_next } if left > 1 => {
+                self.phase = Phase::Hold {
+                    left: left - 1,
+                    up_next,
+                };
                 Vec::new()
             }
-            (Phase::Hold { left, up_next }, _) => {
-                self.last = Some(s);
-                if left > 1 {
-                    self.phase = Phase::Hold {
-                        left: left - 1,
-                        up_next,
-                    };
-                    return Vec::new();
-                }
+            Phase::Hold { up_next, .. } => {
                 let by = (s.n / 4).max(1);
                 let to = if up_next {
                     s.n + by
                 } else {
                     s.n.saturating_sub(by)
                 };
-                if to < 1 || to > useful || to == s.n {
-                    self.phase = hold(!up_next);
+                if to < 1 || to > useful {
+                    self.phase = self.hold(!up_next);
                     return Vec::new();
                 }
                 self.phase = Phase::Probe {
                     from: s,
                     up: up_next,
                 };
-                self.note(view, Some(&s), format!("probing {to}"));
-                self.go_to(to, view)
+                self.move_to(to, view, &s, format!("probing {to}"))
             }
-            (Phase::Probe { from, up }, _) => {
+            Phase::Probe { from, up } => {
                 let gained = percent(s.goodput, from.goodput);
                 let keep = if up {
-                    pays(&s, &from, self.cfg.gain)
+                    pays(&s, &from)
                 } else {
                     s.utility >= from.utility
                 };
                 if keep {
                     self.failed_probes = 0;
-                    self.phase = Phase::Hold {
-                        left: self.cfg.hold,
-                        up_next: !up,
-                    };
-                    self.last = Some(s);
+                    self.phase = self.hold(!up);
                     self.note(
                         view,
                         Some(&s),
@@ -461,21 +391,19 @@ impl Auto {
                     Vec::new()
                 } else {
                     self.failed_probes += 1;
-                    self.phase = Phase::Hold {
-                        left: self.cfg.hold << self.failed_probes.min(3),
-                        up_next: !up,
-                    };
-                    self.last = Some(from);
-                    self.note(
-                        view,
-                        Some(&s),
-                        format!("{gained} against {}: back to {}", from.n, from.n),
-                    );
-                    self.go_to(from.n, view)
+                    self.phase = self.hold(!up);
+                    let why = format!("{gained} against {}: back to {}", from.n, from.n);
+                    self.move_to(from.n, view, &s, why)
                 }
             }
         }
     }
+}
+
+/// Whether the path shows congestion at this count: more than 1 % of bytes sent again, or
+/// a standing queue of half the base RTT.
+fn congested(s: &Score) -> bool {
+    s.loss > 0.01 || s.queue > 0.5
 }
 
 impl Policy for Auto {
@@ -526,7 +454,7 @@ impl Policy for Auto {
             self.warm_until = None;
             self.mark = None;
             return if view.opening == 0 {
-                self.reach(view)
+                toward(self.target, view)
             } else {
                 Vec::new()
             };

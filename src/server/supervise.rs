@@ -102,31 +102,27 @@ pub(super) async fn transfer(
     let mut stopped_by_shutdown = false;
     // SCKS sent while the data moves (braid clients announce the checksum once sent).
     let mut announced: Option<String> = None;
-    let mut markers = tokio::time::interval(MARKER_CHECK);
-    let (mut marker_at, mut marker_bytes) = (Instant::now(), 0);
-    // A braid client's download: what this side's kernel says of the sending, for its tuning.
+    // Markers of an upload's progress; for a braid client's download, what this side's kernel
+    // says of the sending, for its tuning. Each: (when last sent, bytes then).
     let report_sender = elastic && !is_upload;
-    let mut reported = (Instant::now(), 0);
-    let mut reports = tokio::time::interval(MARKER_CHECK);
+    let mut markers = tokio::time::interval(MARKER_CHECK);
+    let mut last_marker = (Instant::now(), 0);
     let result = loop {
         tokio::select! {
             r = &mut worker => break r,
-            _ = markers.tick(), if received.is_some() => {
+            _ = markers.tick(), if received.is_some() || report_sender => {
                 let bytes = progress.load(Ordering::Relaxed);
-                if let Some(state) = &received
-                    && (marker_at.elapsed() >= MARKER_INTERVAL || bytes - marker_bytes >= MARKER_BYTES)
-                {
-                    send_markers(conn, &progress, state).await;
-                    (marker_at, marker_bytes) = (Instant::now(), bytes);
-                }
-            }
-            _ = reports.tick(), if report_sender => {
-                let bytes = progress.load(Ordering::Relaxed);
-                if reported.0.elapsed() >= REPORT_INTERVAL && bytes - reported.1 >= REPORT_BYTES {
+                let (at, then) = last_marker;
+                if let Some(state) = &received {
+                    if at.elapsed() >= MARKER_INTERVAL || bytes - then >= MARKER_BYTES {
+                        send_markers(conn, &progress, state).await;
+                        last_marker = (Instant::now(), bytes);
+                    }
+                } else if at.elapsed() >= REPORT_INTERVAL && bytes - then >= REPORT_BYTES {
                     if let Some(r) = sender_report(&moving) {
                         let _ = conn.send(&braid_proto::markers::sender_marker(&r)).await;
                     }
-                    reported = (Instant::now(), bytes);
+                    last_marker = (Instant::now(), bytes);
                 }
             }
             input = conn.next_input(), if !client_gone && conn.queued.len() < MAX_QUEUED => match input {

@@ -331,11 +331,6 @@ impl ClientSession {
         self.pipeline
     }
 
-    /// The verb of the last command handed out (for errors).
-    pub fn last_verb(&self) -> &str {
-        &self.last_verb
-    }
-
     /// Starts an op. Without pipelining, any op still running is dropped (replies still due
     /// to it are read and ignored); with it, the op queues behind the others.
     pub fn begin(&mut self, op: Op) {
@@ -571,17 +566,18 @@ impl ClientSession {
             return;
         }
         self.waiting.pop_front();
-        let live = self.ops.iter().any(|o| o.id == id && o.outcome.is_none());
-        if !live {
+        let Some(i) = self
+            .ops
+            .iter()
+            .position(|o| o.id == id && o.outcome.is_none())
+        else {
             // Its op ended or was dropped: a pipelined command after a failure, say.
             self.pump();
             return;
-        }
+        };
         let step = self.step(wait, r.clone());
         let more_due = self.waits_for(id);
-        let Some(op) = self.ops.iter_mut().find(|o| o.id == id) else {
-            return;
-        };
+        let op = &mut self.ops[i];
         match step {
             // The last command of the op: its reply is the outcome.
             Step::Next if op.queue.is_empty() && !more_due => {

@@ -421,26 +421,40 @@ mod tests {
         ]
     }
 
-    /// Runs the dialogue over `link`; each op's result, and the server-to-client bytes the
-    /// client had taken in and the simulated time when it ended.
+    /// Runs the dialogue over `link`, one op at a time; each op's result, and the
+    /// server-to-client bytes the client had taken in and the simulated time when it ended.
     #[allow(clippy::type_complexity)]
     fn run_dialogue(link: Link) -> (Vec<Result<Outcome, Failure>>, Vec<(usize, Duration)>, Pair) {
+        let one_by_one = dialogue().into_iter().map(|op| vec![op]).collect();
+        run_flights(link, false, one_by_one)
+    }
+
+    /// Runs `flights` over `link` (each begun together), pipelining or not; as `run_dialogue`.
+    #[allow(clippy::type_complexity)]
+    fn run_flights(
+        link: Link,
+        pipeline: bool,
+        flights: Vec<Vec<Op>>,
+    ) -> (Vec<Result<Outcome, Failure>>, Vec<(usize, Duration)>, Pair) {
         let mut p = Pair::over(link);
+        p.client.set_pipeline(pipeline);
         p.files.insert("f0".into(), 10);
         p.files.insert("f1".into(), 20);
         let mut results = Vec::new();
-        let mut bytes = Vec::new();
-        for op in dialogue() {
-            let finishing = matches!(op, Op::FinishTransfer);
-            let r = p.run(op);
-            if finishing && r.is_ok() {
+        let mut at = Vec::new();
+        for flight in flights {
+            let finishing = matches!(flight[..], [Op::FinishTransfer]);
+            let rs = p.run_flight(flight);
+            if finishing && rs.iter().all(|r| r.is_ok()) {
                 // The engine kept the connections (the server sent EOD without CLOSE).
                 p.client.set_cached(Some(Direction::Download));
             }
-            results.push(r);
-            bytes.push((p.delivered, p.now));
+            for r in rs {
+                results.push(r);
+                at.push((p.delivered, p.now));
+            }
         }
-        (results, bytes, p)
+        (results, at, p)
     }
 
     /// The start-up a long path pays before the first byte, in simulated time (the number
@@ -478,24 +492,7 @@ mod tests {
 
     #[allow(clippy::type_complexity)]
     fn run_pipelined(link: Link) -> (Vec<Result<Outcome, Failure>>, Vec<(usize, Duration)>, Pair) {
-        let mut p = Pair::over(link);
-        p.client.set_pipeline(true);
-        p.files.insert("f0".into(), 10);
-        p.files.insert("f1".into(), 20);
-        let mut results = Vec::new();
-        let mut at = Vec::new();
-        for flight in pipelined_flights() {
-            let finishing = matches!(flight[..], [Op::FinishTransfer]);
-            let rs = p.run_flight(flight);
-            if finishing && rs.iter().all(|r| r.is_ok()) {
-                p.client.set_cached(Some(Direction::Download));
-            }
-            for r in rs {
-                results.push(r);
-                at.push((p.delivered, p.now));
-            }
-        }
-        (results, at, p)
+        run_flights(link, true, pipelined_flights())
     }
 
     /// What the client's pipelined start does: the same outcomes as one command at a time,
