@@ -79,17 +79,25 @@ def run(braid, scenario, direction, streams, work, seconds, name):
         "streams": summary["streams"],
         "drops": drops,
         "t90": time_to_90(summary),
+        "cc": summary.get("congestion"),
         "counts": summary.get("connection_count", []),
     }
 
 
 def time_to_90(summary):
-    """Seconds until the summed per-connection rate first reached 90 % of its final level
-    (the median of the last half of the timeline's seconds)."""
-    per_second = {}
+    """Seconds from the transfer's start until the rate, summed over connections from the
+    kernel's byte counters in the timeline (`moved`), first reached 90 % of its final level
+    (the median of the last half of the seconds), and that final level in bytes/s."""
+    rows = {}
     for row in summary.get("timeline", []):
-        per_second.setdefault(int(row["t"]), 0.0)
-        per_second[int(row["t"])] += row["rate"]
+        if row.get("moved") is not None:
+            rows.setdefault(row["conn"], []).append((row["t"], row["moved"]))
+    per_second = {}
+    for series in rows.values():
+        for (t0, m0), (t1, m1) in zip(series, series[1:]):
+            if t1 > t0:
+                per_second.setdefault(int(t1), 0.0)
+                per_second[int(t1)] += (m1 - m0) / (t1 - t0)
     if len(per_second) < 4:
         return None
     secs = sorted(per_second)
@@ -143,8 +151,8 @@ def main():
         print("interrupted: the table has what was measured", file=sys.stderr)
     finally:
         subprocess.run(["rm", "-rf", work])
-    print("| scenario | direction | -n | goodput / payload rate (median) | runs | streams used | queue drops (median) | time to 90 % (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| scenario | direction | -n | goodput / payload rate (median) | runs | streams used | congestion control | queue drops (median) | time to 90 % (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for cell in cells:
         rs = results[cell]
         if not rs:
@@ -152,10 +160,11 @@ def main():
         frac = statistics.median(r["fraction"] for r in rs)
         runs = ", ".join(f"{r['fraction']:.3f}" for r in rs)
         used = ", ".join(str(r["streams"]) for r in rs)
+        ccs = ", ".join(sorted({str(r.get("cc")) for r in rs}))
         drops = statistics.median(r["drops"] for r in rs)
         t90 = [r["t90"] for r in rs if r["t90"] is not None]
         t90 = f"{statistics.median(t90):.0f}" if t90 else "-"
-        print(f"| {cell[0]} | {cell[1]} | {cell[2]} | {frac:.3f} | {runs} | {used} | {drops:.0f} | {t90} |")
+        print(f"| {cell[0]} | {cell[1]} | {cell[2]} | {frac:.3f} | {runs} | {used} | {ccs} | {drops:.0f} | {t90} |")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 use super::error::{ClientError, Result};
 use super::url::Target;
 use super::wire::Wire;
+use crate::engine::hooks::Tell;
 use braid_proto::client::{BlockPeer, ClientSession, Direction, Failure, Op, Outcome};
 use braid_proto::ranges::RangeSet;
 use braid_proto::{Command, Reply, ReplyParser};
@@ -256,10 +257,13 @@ impl Control {
         }
     }
 
-    /// Tells the server a new cap for the running download (`OPTS RETR MaxRate=`); its answer
-    /// is read with the transfer's end.
-    pub fn change_rate(&mut self, rate: Option<u64>) -> Result<()> {
-        let cmd = self.session.change_rate(rate);
+    /// Tells the server what changed for the running download: a new cap (`MaxRate=`), a
+    /// congestion control (`Congestion=`); its answer is read with the transfer's end.
+    pub fn tell(&mut self, tell: Tell) -> Result<()> {
+        if tell == Tell::default() {
+            return Ok(());
+        }
+        let cmd = self.session.change_sending(tell.rate, tell.congestion);
         self.send(&cmd)
     }
 

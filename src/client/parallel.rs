@@ -8,7 +8,7 @@ use super::interrupt::{Interrupt, stopped, supervise};
 use super::records::{UploadRecord, load_sidecar, remove_sidecar, save_sidecar, sidecar_path};
 use super::url::Target;
 use super::{Dest, Options, PartFile, Summary, cannot_write, local_err, part_path, progress_bar};
-use crate::engine::hooks::{Cap, Fixed, NewRate, Pacer, Policy, Steering};
+use crate::engine::hooks::{Cap, Fixed, Pacer, Policy, Steering};
 use crate::engine::receive::{Progress, Shared};
 use crate::engine::send::Source;
 use crate::engine::sink::{Reorder, Sink};
@@ -200,10 +200,8 @@ pub fn get(
                 {
                     steering.sender_reported(report);
                 }
-                if let Some(NewRate(rate)) = steering.tick(&transfer)
-                    && let Err(e) = c.change_rate(rate)
-                {
-                    tracing::warn!("could not change the server's rate: {e}");
+                if let Err(e) = c.tell(steering.tick(&transfer)) {
+                    tracing::warn!("could not tell the server of a change: {e}");
                 }
                 if last_save.elapsed() > Duration::from_secs(1) {
                     save(&shared.snapshot());
@@ -420,6 +418,8 @@ impl Plan {
             }
             (None, None, true) => {
                 let mut tuning = Tuning::new(engine::DEFAULT_BLOCK);
+                // A congestion control the user chose stays.
+                tuning.try_congestion = opts.congestion.is_none();
                 let block = opts
                     .block_size
                     .unwrap_or_else(|| tune::block_for(size, tuning.max.min(2 * tuning.start)));

@@ -26,6 +26,8 @@ pub enum Decision {
     Close(usize),
     /// Set every open connection's socket buffers to this many bytes.
     Buffer(u64),
+    /// Send with this congestion control from now on (every connection, open and to come).
+    Congestion(braid_proto::retr_opts::CcName),
 }
 
 /// Chooses the connections of a running transfer.
@@ -203,9 +205,14 @@ pub fn toward(target: usize, view: &View) -> Vec<Decision> {
     }
 }
 
-/// A receiving side's pacer changed the rate (bytes/s, None: no cap): the sender must be told.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NewRate(pub Option<u64>);
+/// What a receiving side's tick changed that the sending peer must be told.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tell {
+    /// The pacer's new rate (bytes/s; None inside: no cap).
+    pub rate: Option<Option<u64>>,
+    /// The policy's choice of congestion control.
+    pub congestion: Option<braid_proto::retr_opts::CcName>,
+}
 
 /// Runs the policy and the pacer on a transfer: [`Steering::tick`] every 100 ms from the
 /// supervising thread.
@@ -284,6 +291,7 @@ impl Steering {
             opening: 0,
             failed: 0,
             sender: None,
+            congestion: None,
         };
         self.rate = self.pacer.rate(&view);
         if self.sending {
@@ -294,7 +302,7 @@ impl Steering {
 
     /// Samples the transfer and applies the policy and the pacer. The sending side paces its
     /// own sockets; on the receiving side a new rate is returned, for the sender to be told.
-    pub fn tick(&mut self, transfer: &Transfer) -> Option<NewRate> {
+    pub fn tick(&mut self, transfer: &Transfer) -> Tell {
         // Asked for but neither joined nor failed: counted from what joined, so that a
         // connection is never both "opening" and open (or neither) at a tick.
         let failed = self.failed.load(Ordering::Acquire);
@@ -302,13 +310,18 @@ impl Steering {
         let mut view = self.sampler.sample(transfer, self.total, opening);
         view.failed = failed;
         view.sender = self.sender;
+        view.congestion = if self.sending {
+            transfer.congestion()
+        } else {
+            self.sender.and_then(|r| r.cc)
+        };
         let rate = self.pacer.rate(&view);
-        let mut told = None;
+        let mut told = Tell::default();
         if rate != self.rate {
             if self.sending {
                 transfer.set_pacing(rate);
             } else {
-                told = Some(NewRate(rate));
+                told.rate = Some(rate);
             }
             self.rate = rate;
         }
@@ -333,6 +346,8 @@ impl Steering {
                 }
                 Decision::Close(id) => transfer.retire(id, self.sending),
                 Decision::Buffer(b) => transfer.set_buffers(b),
+                Decision::Congestion(cc) if self.sending => transfer.set_congestion(Some(cc)),
+                Decision::Congestion(cc) => told.congestion = Some(cc),
             }
         }
         told
@@ -395,6 +410,7 @@ mod tests {
             opening,
             failed: 0,
             sender: None,
+            congestion: None,
         }
     }
 
@@ -466,16 +482,20 @@ mod tests {
             Some(100),
             "told with the first OPTS RETR"
         );
-        assert_eq!(s.tick(&transfer), None, "unchanged");
-        assert_eq!(s.tick(&transfer), Some(NewRate(Some(50))));
-        assert_eq!(s.tick(&transfer), Some(NewRate(None)), "the cap lifted");
-        assert_eq!(s.tick(&transfer), None);
+        let rate = |r| Tell {
+            rate: Some(r),
+            congestion: None,
+        };
+        assert_eq!(s.tick(&transfer), Tell::default(), "unchanged");
+        assert_eq!(s.tick(&transfer), rate(Some(50)));
+        assert_eq!(s.tick(&transfer), rate(None), "the cap lifted");
+        assert_eq!(s.tick(&transfer), Tell::default());
         // The sending side paces its own sockets and has no one to tell.
         let pacer = Steps(vec![Some(100), Some(50)]);
         let mut s = Steering::new(Box::new(Fixed), Box::new(pacer), true, Some(1000));
         s.prime(&transfer);
         assert_eq!(transfer.pacing(), Some(100));
-        assert_eq!(s.tick(&transfer), None);
+        assert_eq!(s.tick(&transfer), Tell::default());
         assert_eq!(transfer.pacing(), Some(50));
     }
 }

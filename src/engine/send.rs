@@ -47,7 +47,7 @@ pub struct Sent {
 /// How to send.
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
-    /// Block size; blocks start at its multiples.
+    /// Largest block; smaller ones go out where [`block_len`] says.
     pub block: u64,
     /// Read the data through memory and fold it into the checksum (the sender of an upload
     /// needs it); otherwise file data goes by [`FileSender`] (`sendfile` to another host).
@@ -57,55 +57,83 @@ pub struct Options {
     pub keep: bool,
 }
 
-/// The blocks to send: `todo` cut at multiples of `block` from offset 0, so that blocks line
-/// up with checksum chunks whatever was already sent before a restart.
-pub struct BlockList {
+/// The bytes to send, cut into blocks as connections take them: one atomic cursor (the offset
+/// of the next byte nobody has taken), so taking a block costs one compare-and-swap. Blocks
+/// start and end at multiples of `align` (the checksum chunk) except where a range or the file
+/// starts or ends, so that they line up with checksum chunks whatever was sent before a restart.
+pub struct Blocks {
     ranges: Vec<(u64, u64)>,
-    /// Index of the first block of each range.
-    first: Vec<u64>,
-    total: u64,
-    block: u64,
+    /// Bytes in `ranges[i..]`, for what is left.
+    from: Vec<u64>,
+    next: AtomicU64,
+    align: u64,
 }
 
-impl BlockList {
-    pub fn new(todo: &RangeSet, block: u64) -> BlockList {
-        let block = block.max(1);
-        let mut ranges = Vec::new();
-        let mut first = Vec::new();
-        let mut total = 0;
-        for (s, e) in todo.iter() {
-            ranges.push((s, e));
-            first.push(total);
-            total += e.div_ceil(block) - s / block;
+impl Blocks {
+    pub fn new(todo: &RangeSet, align: u64) -> Blocks {
+        let ranges: Vec<(u64, u64)> = todo.iter().filter(|(s, e)| e > s).collect();
+        let mut from = vec![0; ranges.len() + 1];
+        for (i, (s, e)) in ranges.iter().enumerate().rev() {
+            from[i] = from[i + 1] + (e - s);
         }
-        BlockList {
+        Blocks {
+            next: AtomicU64::new(ranges.first().map_or(0, |r| r.0)),
             ranges,
-            first,
-            total,
-            block,
+            from,
+            align: align.max(1),
         }
     }
 
-    pub fn len(&self) -> u64 {
-        self.total
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.total == 0
-    }
-
-    /// Block `i` as (offset, length).
-    pub fn get(&self, i: u64) -> Option<(u64, u64)> {
-        if i >= self.total {
-            return None;
+    /// Takes the next block of about `want` bytes (at least up to the next multiple of the
+    /// alignment), as (offset, length); None when everything was taken.
+    pub fn take(&self, want: u64) -> Option<(u64, u64)> {
+        let mut at = self.next.load(Ordering::Acquire);
+        loop {
+            let r = self.ranges.partition_point(|&(_, e)| e <= at);
+            let &(s, e) = self.ranges.get(r)?;
+            let start = at.max(s);
+            let aligned = start.saturating_add(want) / self.align * self.align;
+            let end = if aligned > start {
+                aligned
+            } else {
+                (start / self.align + 1).saturating_mul(self.align)
+            };
+            let end = end.min(e);
+            match self
+                .next
+                .compare_exchange_weak(at, end, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some((start, end - start)),
+                Err(now) => at = now,
+            }
         }
-        let r = self.first.partition_point(|&f| f <= i) - 1;
-        let (s, e) = self.ranges[r];
-        let k = s / self.block + (i - self.first[r]);
-        let start = (k * self.block).max(s);
-        let end = ((k + 1) * self.block).min(e);
-        Some((start, end - start))
     }
+
+    /// Bytes nobody has taken yet.
+    pub fn left(&self) -> u64 {
+        let at = self.next.load(Ordering::Acquire);
+        let r = self.ranges.partition_point(|&(_, e)| e <= at);
+        match self.ranges.get(r) {
+            Some(&(s, e)) => (e - at.max(s)) + self.from[r + 1],
+            None => 0,
+        }
+    }
+}
+
+/// How long a block should take on its connection. Short enough that a connection the policy
+/// retires leaves soon, and that the last blocks of a transfer end together, even on a T1
+/// shared by many connections; long enough that on fast paths the largest block is used.
+const BLOCK_TIME: f64 = 0.5;
+
+/// The size of the next block a connection takes: at most `max`, no more than the connection
+/// moves in [`BLOCK_TIME`] at `rate` (bytes/s, None before it has a rate), and no more than
+/// half of an equal share of what is `left` among the `open` connections, so that near the
+/// end blocks shrink and the connections finish together (guided self-scheduling, as parallel
+/// loops hand out their last iterations).
+pub fn block_len(max: u64, left: u64, open: usize, rate: Option<f64>) -> u64 {
+    let share = left / (2 * open.max(1) as u64);
+    let timed = rate.map_or(u64::MAX, |r| (r * BLOCK_TIME) as u64);
+    max.min(share).min(timed)
 }
 
 /// Sends `todo` from `source` over the connections `joins` brings, for as long as they come.
@@ -119,8 +147,7 @@ pub fn send(
 ) -> Result<Sent, EngineError> {
     let state = State {
         source,
-        blocks: BlockList::new(todo, options.block),
-        cursor: AtomicU64::new(0),
+        blocks: Blocks::new(todo, braid_proto::checksum::CHUNK),
         redo: Mutex::new(Vec::new()),
         redo_waiting: AtomicBool::new(false),
         end: Mutex::new(Roster::default()),
@@ -204,8 +231,7 @@ pub fn send(
 /// The sending state all connection threads share.
 struct State<'a> {
     source: Source<'a>,
-    blocks: BlockList,
-    cursor: AtomicU64,
+    blocks: Blocks,
     /// Blocks that went out on connections that broke, to be sent again (elastic only).
     redo: Mutex<Vec<(u64, u64)>>,
     redo_waiting: AtomicBool,
@@ -256,9 +282,10 @@ impl State<'_> {
         }
     }
 
-    /// The next block to send, and whether it goes out for the first time: one a broken
-    /// connection left first, else the next in order.
-    fn next_block(&self) -> Option<(u64, u64, bool)> {
+    /// The next block to send on a connection moving `rate`, and whether it goes out for the
+    /// first time: one a broken connection left first, else the next bytes, as many as
+    /// [`block_len`] says.
+    fn next_block(&self, rate: Option<f64>) -> Option<(u64, u64, bool)> {
         if self.redo_waiting.load(Ordering::Acquire) {
             let mut redo = self.redo.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((offset, len)) = redo.pop() {
@@ -266,9 +293,13 @@ impl State<'_> {
                 return Some((offset, len, false));
             }
         }
-        let (offset, len) = self
-            .blocks
-            .get(self.cursor.fetch_add(1, Ordering::Relaxed))?;
+        let want = block_len(
+            self.options.block,
+            self.blocks.left(),
+            self.transfer.open(),
+            rate,
+        );
+        let (offset, len) = self.blocks.take(want)?;
         Some((offset, len, true))
     }
 
@@ -338,6 +369,7 @@ impl State<'_> {
         let elastic = self.transfer.elastic();
         let mut out = FileSender::for_socket(&sock);
         let mut sum = ChunkSum::new();
+        let mut unsent = UnsentCap::default();
         // Elastic: every block this connection carried, to send again if it breaks.
         let mut carried: Vec<(u64, u64)> = Vec::new();
         let exit = loop {
@@ -347,7 +379,9 @@ impl State<'_> {
             {
                 break exit;
             }
-            let Some((offset, len, fresh)) = self.next_block() else {
+            let rate = self.transfer.rate(link);
+            unsent.follow(&sock, rate);
+            let Some((offset, len, fresh)) = self.next_block(rate) else {
                 match self.idle() {
                     Some(exit) => break exit,
                     None => continue,
@@ -459,9 +493,8 @@ impl State<'_> {
                     }
                     if let Some(sum) = sum.as_deref_mut() {
                         let ends_file = at + n as u64 == self.source.size();
-                        // Blocks are cut at multiples of the block size, itself a multiple
-                        // of the chunk, so this cannot fail; if it did the receiver's
-                        // check would say so.
+                        // Blocks are cut at multiples of the chunk, so this cannot fail; if
+                        // it did the receiver's check would say so.
                         let _ = sum.add(at, piece, ends_file);
                     }
                     if broken.is_none() {
@@ -477,6 +510,41 @@ impl State<'_> {
                 }
                 broken.map_or(Ok(()), |e| Err(net(e)))
             }
+        }
+    }
+}
+
+/// Caps the bytes a connection's socket holds unsent (`TCP_NOTSENT_LOWAT`) at what it moves
+/// in [`BLOCK_TIME`]: on a slow path the kernel would otherwise queue megabytes, so that a
+/// retired connection, a new congestion control or a new pace would take effect only once
+/// they drained (seconds to minutes at T1 rates). Bytes in flight do not count, so the pipe
+/// stays full; on fast paths the cap is above what the socket buffer holds anyway.
+#[derive(Default)]
+struct UnsentCap {
+    now: Option<u32>,
+    /// The kernel refused it: the connection works as before, without asking again.
+    refused: bool,
+}
+
+impl UnsentCap {
+    const LEAST: f64 = 16.0 * 1024.0;
+    const MOST: f64 = 16.0 * 1024.0 * 1024.0;
+
+    /// Follows the connection's rate (bytes/s), in steps of at least a factor of two.
+    fn follow(&mut self, sock: &TcpStream, rate: Option<f64>) {
+        let Some(rate) = rate.filter(|_| !self.refused) else {
+            return;
+        };
+        let want = (rate * BLOCK_TIME).clamp(Self::LEAST, Self::MOST) as u32;
+        if self
+            .now
+            .is_some_and(|now| want > now / 2 && want < now.saturating_mul(2))
+        {
+            return;
+        }
+        match socket2::SockRef::from(sock).set_tcp_notsent_lowat(want) {
+            Ok(()) => self.now = Some(want),
+            Err(_) => self.refused = true,
         }
     }
 }
@@ -511,17 +579,75 @@ mod tests {
     use super::*;
 
     #[test]
-    fn block_list_covers_ranges_on_block_boundaries() {
+    fn blocks_cover_ranges_on_aligned_boundaries() {
         let todo: RangeSet = [(0, 10), (15, 40), (41, 41), (50, 51)]
             .into_iter()
             .collect();
-        let b = BlockList::new(&todo, 8);
-        let all: Vec<_> = (0..b.len()).filter_map(|i| b.get(i)).collect();
-        assert_eq!(
-            all,
-            vec![(0, 8), (8, 2), (15, 1), (16, 8), (24, 8), (32, 8), (50, 1)]
-        );
-        assert_eq!(b.get(b.len()), None);
-        assert!(BlockList::new(&RangeSet::new(), 8).is_empty());
+        let b = Blocks::new(&todo, 8);
+        assert_eq!(b.left(), 10 + 25 + 1);
+        let mut all = Vec::new();
+        // Sizes asked for vary: ends stay on multiples of 8, or where a range ends.
+        for want in [8, 3, 20, 8, 1, 100, 8, 8].into_iter().cycle() {
+            let Some(block) = b.take(want) else { break };
+            all.push(block);
+        }
+        assert_eq!(all, vec![(0, 8), (8, 2), (15, 17), (32, 8), (50, 1)]);
+        assert_eq!(b.left(), 0);
+        assert_eq!(b.take(8), None);
+        assert_eq!(Blocks::new(&RangeSet::new(), 8).take(8), None);
+    }
+
+    #[test]
+    fn blocks_taken_concurrently_cover_each_byte_once() {
+        let todo: RangeSet = [(0, 1 << 20), (3 << 20, 5 << 20)].into_iter().collect();
+        let b = Blocks::new(&todo, 4096);
+        let taken = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let (b, taken) = (&b, &taken);
+                s.spawn(move || {
+                    while let Some(block) = b.take(4096 * (t + 1)) {
+                        taken.lock().unwrap().push(block);
+                    }
+                });
+            }
+        });
+        let mut taken = taken.into_inner().unwrap();
+        taken.sort();
+        let got: RangeSet = taken.iter().map(|&(o, n)| (o, o + n)).collect();
+        assert_eq!(got, todo);
+        assert_eq!(taken.iter().map(|b| b.1).sum::<u64>(), 3 << 20);
+    }
+
+    #[test]
+    fn the_unsent_cap_follows_the_rate_in_steps() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let lowat = || socket2::SockRef::from(&sock).tcp_notsent_lowat().unwrap();
+        let before = lowat();
+        let mut cap = UnsentCap::default();
+        cap.follow(&sock, None);
+        assert_eq!(lowat(), before, "no rate yet: left alone");
+        cap.follow(&sock, Some(100_000.0));
+        assert_eq!(lowat(), 50_000);
+        cap.follow(&sock, Some(150_000.0));
+        assert_eq!(lowat(), 50_000, "less than twice: unchanged");
+        cap.follow(&sock, Some(1e3));
+        assert_eq!(lowat(), 16 << 10);
+        cap.follow(&sock, Some(1e12));
+        assert_eq!(lowat(), 16 << 20);
+    }
+
+    #[test]
+    fn blocks_shrink_with_a_slow_connection_and_near_the_end() {
+        let max = 1 << 20;
+        // A fast path, far from the end: the largest block.
+        assert_eq!(block_len(max, 1 << 30, 4, Some(1e9)), max);
+        assert_eq!(block_len(max, 1 << 30, 4, None), max);
+        // A T1 shared by 8 connections (23 kB/s each): half a second's worth.
+        assert_eq!(block_len(max, 1 << 30, 8, Some(23e3)), 11_500);
+        // 1 MiB left over 4 connections: an eighth of it.
+        assert_eq!(block_len(max, 1 << 20, 4, Some(1e9)), 128 << 10);
+        assert_eq!(block_len(max, 0, 0, None), 0);
     }
 }

@@ -39,6 +39,9 @@ pub struct View {
     /// The sending peer's own report (a braid server during a download): its retransmissions
     /// and RTT, which a receiver's `TCP_INFO` does not show.
     pub sender: Option<braid_proto::markers::SenderReport>,
+    /// The congestion control the sending side uses (this side's sockets or the peer's
+    /// report), when known.
+    pub congestion: Option<braid_proto::retr_opts::CcName>,
 }
 
 impl View {
@@ -70,6 +73,10 @@ pub struct Sample {
     pub bytes: u64,
     /// Payload rate since this connection's previous row, bytes/s.
     pub rate: f64,
+    /// The kernel's count of bytes moved: acknowledged where this side sends, received where
+    /// it receives. Finer than `bytes`, which advances a piece (256 KiB) at a time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moved: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rtt_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -199,6 +206,7 @@ impl Sampler {
             opening,
             failed: 0,
             sender: None,
+            congestion: None,
         }
     }
 
@@ -235,6 +243,16 @@ impl Sampler {
     }
 }
 
+/// Bytes a connection has moved by the kernel's count: acknowledged by the peer where this
+/// side sends, received where it receives.
+pub fn kernel_moved(tcp: &TcpInfo) -> u64 {
+    if tcp.bytes_sent > tcp.bytes_received {
+        tcp.bytes_acked
+    } else {
+        tcp.bytes_received
+    }
+}
+
 fn row(t: f64, conn: usize, bytes: u64, rate: f64, tcp: Option<&TcpInfo>) -> Sample {
     let ms = |us: u64| us as f64 / 1000.0;
     let capped = |r: u64| (r != u64::MAX && r != 0).then_some(r);
@@ -243,6 +261,7 @@ fn row(t: f64, conn: usize, bytes: u64, rate: f64, tcp: Option<&TcpInfo>) -> Sam
         conn,
         bytes,
         rate,
+        moved: tcp.map(kernel_moved),
         rtt_ms: tcp.map(|i| ms(i.rtt_us.into())),
         rttvar_ms: tcp.map(|i| ms(i.rttvar_us.into())),
         min_rtt_ms: tcp.map(|i| ms(i.min_rtt_us.into())),

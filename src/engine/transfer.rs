@@ -157,7 +157,8 @@ pub struct Transfer {
     pacing: AtomicU64,
     /// The congestion control every connection gets (None: the system's default).
     congestion: Mutex<Option<CcName>>,
-    /// Most connections open at the same time so far.
+    /// Connections open now, and the most open at the same time so far.
+    open: AtomicUsize,
     most_open: AtomicUsize,
     /// What the receiver says it has stored (an upload's range markers): blocks in it need
     /// not be sent again if their connection breaks.
@@ -175,6 +176,7 @@ impl Transfer {
             links: Mutex::new(Vec::new()),
             pacing: AtomicU64::new(0),
             congestion: Mutex::new(None),
+            open: AtomicUsize::new(0),
             most_open: AtomicUsize::new(0),
             confirmed: Mutex::new(braid_proto::ranges::RangeSet::new()),
             abort: Abort::new(),
@@ -222,10 +224,7 @@ impl Transfer {
                 ended_ns: AtomicU64::new(0),
             });
             links.push(link.clone());
-            let open = links
-                .iter()
-                .filter(|l| l.state() == LinkState::Open)
-                .count();
+            let open = self.open.fetch_add(1, Ordering::AcqRel) + 1;
             self.most_open.fetch_max(open, Ordering::Relaxed);
             link
         };
@@ -261,14 +260,20 @@ impl Transfer {
 
     /// Marks how a connection ended.
     pub(super) fn end(&self, link: &Link, state: LinkState) {
-        if link.state() != LinkState::Open {
+        let was = link.state.compare_exchange(
+            LinkState::Open as u8,
+            state as u8,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        if was.is_err() {
             return;
         }
         let ns = u64::try_from(self.started.elapsed().as_nanos())
             .unwrap_or(u64::MAX)
             .max(1);
         link.ended_ns.store(ns, Ordering::Release);
-        link.state.store(state as u8, Ordering::Release);
+        self.open.fetch_sub(1, Ordering::AcqRel);
         self.reshare_pacing();
         if let Some(w) = &self.waker {
             w.wake();
@@ -280,12 +285,16 @@ impl Transfer {
         self.lock().clone()
     }
 
-    /// Connections open now.
+    /// Connections open now (one atomic load: the sender asks before every block).
     pub fn open(&self) -> usize {
-        self.lock()
-            .iter()
-            .filter(|l| l.state() == LinkState::Open)
-            .count()
+        self.open.load(Ordering::Acquire)
+    }
+
+    /// The rate a connection has moved payload at since it joined, bytes/s; None in its
+    /// first 100 ms, before it means much.
+    pub fn rate(&self, link: &Link) -> Option<f64> {
+        let age = self.started.elapsed().saturating_sub(link.joined);
+        (age >= Duration::from_millis(100)).then(|| link.bytes() as f64 / age.as_secs_f64())
     }
 
     /// Records what the receiver has stored, from its range markers.

@@ -19,7 +19,7 @@
 //! **How it moves.** It starts at `start` connections (4, the count GridFTP and FDT use,
 //! never more than there are blocks), lets them warm up for 3 RTTs and measures intervals of
 //! 4 RTTs (0.3-4 s; the base RTT, or the RTT now when a standing queue lengthens it) until
-//! the goodput stops rising, and judges the count by its best interval, so that slow start
+//! the goodput stops rising (at most 4), and judges the count by its best interval, so that slow start
 //! and the losses of a change itself are not held against it. A first measure that already
 //! shows loss or a standing queue tries half. Otherwise it doubles while doubling pays (U up
 //! by more than `gain`) and bisects between the last count that paid and the first that added
@@ -31,12 +31,24 @@
 //! the server refuses lowers the ceiling for the rest of the transfer. Near the end, when
 //! less than two intervals' worth of data is left, it stops changing anything.
 //!
+//! **Which congestion control.** Neither of the two Linux ships widely wins everywhere
+//! (measured in the lab): BBR keeps a bloated DSL queue empty where CUBIC fills it and drops,
+//! but on the satellite hop BBR's drain to 4 packets every 10 s costs window-limited
+//! connections a tenth of their rate, and with several flows in a 96 kB queue it loses more
+//! than CUBIC (-n 6 with 24 KB windows: 0.90 of the link with BBR, 0.955 with CUBIC). So once
+//! the first count has warmed up, unless the user chose one, it measures the sender's control
+//! for one long interval (4 intervals, 10-16 s: one of BBR's cycles), then the other for as
+//! long, and keeps the other only if its utility is higher by `gain`; the count's climb starts
+//! from the better of the two. On a download the server is told mid-transfer
+//! (`OPTS RETR Congestion=`).
+//!
 //! Pure: it sees only [`View`]s and returns [`Decision`]s and [`Note`]s, so it is tested with
 //! made-up views (below) and runs the same on the client for downloads and uploads.
 
 use super::hooks::{Decision, Note, Policy, toward};
 use super::stats::View;
 use super::transfer::LinkState;
+use braid_proto::retr_opts::CcName;
 use std::time::Duration;
 
 /// The controller's constants; [`Tuning::new`] gives the defaults.
@@ -58,6 +70,9 @@ pub struct Tuning {
     pub gain: f64,
     /// Intervals between probes once settled.
     pub hold: u32,
+    /// Try the other congestion control once the count has settled (off when the user chose
+    /// one).
+    pub try_congestion: bool,
 }
 
 impl Tuning {
@@ -71,6 +86,7 @@ impl Tuning {
             delay_weight: 0.1,
             gain: 0.03,
             hold: 3,
+            try_congestion: true,
         }
     }
 }
@@ -104,6 +120,15 @@ enum Phase {
     Hold { left: u32, up_next: bool },
     /// Trying one step away from `from`; keep it only if it pays.
     Probe { from: Score, up: bool },
+    /// A long interval with congestion control `from` (`base` None), then one with `to`, at
+    /// the same count; `to` is kept only if it pays. `first`: made at the start, before the
+    /// count's climb (on a long path the control matters more than the count).
+    Trial {
+        base: Option<Score>,
+        from: CcName,
+        to: CcName,
+        first: bool,
+    },
 }
 
 /// Counters at the start of a measured interval.
@@ -134,12 +159,14 @@ pub struct Auto {
     refused: usize,
     /// The best interval so far at this count, and how many were measured at it. A count is
     /// judged once its goodput stops rising (new connections leave slow start, old ones stop
-    /// growing their windows), or after six intervals.
+    /// growing their windows), or after four intervals.
     settling: Option<Score>,
     stint: u32,
     /// Probes in a row that were not kept: each doubles the wait before the next (up to 8
     /// times `hold`), so a settled transfer spends little time on probes that lose.
     failed_probes: u32,
+    /// The congestion control trial has been made (or is not wanted).
+    tried: bool,
     notes: Vec<Note>,
 }
 
@@ -158,6 +185,7 @@ impl Auto {
             settling: None,
             stint: 0,
             failed_probes: 0,
+            tried: !cfg.try_congestion,
             notes: Vec::new(),
             cfg,
         }
@@ -172,9 +200,23 @@ impl Auto {
         self.target
     }
 
-    /// Length of one measured interval.
+    /// Length of one measured interval; in a congestion control trial, long enough to take
+    /// in one of BBR's 10 s cycles (whose drain to 4 packets costs a window-limited connection
+    /// on a long path a tenth of its rate).
     fn interval(&self) -> Duration {
+        if matches!(self.phase, Phase::Trial { .. }) {
+            self.trial_interval()
+        } else {
+            self.count_interval()
+        }
+    }
+
+    fn count_interval(&self) -> Duration {
         (self.rtt() * 4).clamp(Duration::from_millis(300), Duration::from_secs(4))
+    }
+
+    fn trial_interval(&self) -> Duration {
+        (self.count_interval() * 4).clamp(Duration::from_secs(10), Duration::from_secs(16))
     }
 
     /// The RTT intervals are counted in: the base RTT, or the RTT last seen when a standing
@@ -204,11 +246,16 @@ impl Auto {
     /// there from the connections in `view`.
     fn go_to(&mut self, n: usize, view: &View) -> Vec<Decision> {
         self.target = n.clamp(1, self.ceiling);
+        self.restart();
+        toward(self.target, view)
+    }
+
+    /// Measures afresh, after a warm-up: the count or the congestion control changed.
+    fn restart(&mut self) {
         self.warm_until = None;
         self.mark = None;
         self.settling = None;
         self.stint = 0;
-        toward(self.target, view)
     }
 
     fn score(&self, view: &View, mark: &Mark) -> Score {
@@ -259,12 +306,87 @@ impl Auto {
         self.go_to(n, view)
     }
 
-    /// The next move once an interval at the current count has been measured.
+    /// The next move once an interval has been measured. If the congestion control was not
+    /// known at the start, it gets its trial once the count settles.
     fn step(&mut self, view: &View, s: Score, useful: usize) -> Vec<Decision> {
+        let decisions = self.step_count(view, s, useful);
+        if matches!(self.phase, Phase::Hold { .. }) {
+            self.begin_trial(view, s.goodput, false);
+        }
+        decisions
+    }
+
+    /// Starts the congestion control trial if it is due, the sender's control is known and
+    /// there is time for both halves of it at `goodput`.
+    fn begin_trial(&mut self, view: &View, goodput: f64, first: bool) {
+        let room = view.total.is_none_or(|t| {
+            let trial = 2.0 * (self.warmup() + self.trial_interval()).as_secs_f64();
+            t.saturating_sub(view.done) as f64 > goodput * trial
+        });
+        if let (false, Some(from), true) = (self.tried, view.congestion, room) {
+            self.tried = true;
+            self.phase = Phase::Trial {
+                base: None,
+                from,
+                to: other_congestion(from),
+                first,
+            };
+        }
+    }
+
+    /// A congestion control trial: `s` measured `from` (no `base` yet) or `to`. A trial made
+    /// `first`, before any count was judged, hands the better score to the count's climb.
+    fn trial(&mut self, view: &View, s: Score, trial: Phase, useful: usize) -> Vec<Decision> {
+        let Phase::Trial {
+            base,
+            from,
+            to,
+            first,
+        } = trial
+        else {
+            return Vec::new();
+        };
+        let Some(base) = base else {
+            self.phase = Phase::Trial {
+                base: Some(s),
+                from,
+                to,
+                first,
+            };
+            self.note(view, Some(&s), format!("{from}; trying {to}"));
+            self.restart();
+            return vec![Decision::Congestion(to)];
+        };
+        let gained = percent(s.goodput, base.goodput);
+        let (best, mut decisions) = if view.congestion != Some(to) {
+            self.note(view, Some(&s), format!("the sender kept {from}"));
+            (s, Vec::new())
+        } else if s.utility > base.utility * (1.0 + self.cfg.gain) {
+            let why = format!("{to}: {gained} against {from}; keeping it");
+            self.note(view, Some(&s), why);
+            (s, Vec::new())
+        } else {
+            let why = format!("{to}: {gained} against {from}; back to {from}");
+            self.note(view, Some(&s), why);
+            self.restart();
+            (base, vec![Decision::Congestion(from)])
+        };
+        if first {
+            self.phase = Phase::Up { before: None };
+            decisions.extend(self.step_count(view, best, useful));
+        } else {
+            self.phase = self.hold(false);
+        }
+        decisions
+    }
+
+    /// The next move of the count once an interval at it has been measured.
+    fn step_count(&mut self, view: &View, s: Score, useful: usize) -> Vec<Decision> {
         let pays =
             |now: &Score, before: &Score| now.utility > before.utility * (1.0 + self.cfg.gain);
         let up = (s.n * 2).min(useful);
         match self.phase {
+            trial @ Phase::Trial { .. } => self.trial(view, s, trial, useful),
             Phase::Up { before: None } if s.n > 1 && congested(&s) => {
                 // Loss or a standing queue already: fewer first.
                 self.phase = Phase::Down { before: s };
@@ -400,6 +522,14 @@ impl Auto {
     }
 }
 
+/// The congestion control a trial compares with `cc`. BBR ignores random loss (where CUBIC
+/// needs many connections) and keeps queues short, but drains to 4 packets every 10 s and
+/// loses more with many flows in a shallow queue; CUBIC is the other widely available one.
+fn other_congestion(cc: CcName) -> CcName {
+    let name = if cc.as_str() == "bbr" { "cubic" } else { "bbr" };
+    CcName::parse(name).unwrap_or(cc)
+}
+
 /// Whether the path shows congestion at this count: more than 1 % of bytes sent again, or
 /// a standing queue of half the base RTT.
 fn congested(s: &Score) -> bool {
@@ -476,12 +606,28 @@ impl Policy for Auto {
         }
         let score = self.score(view, &mark);
         self.mark = Some(mark_now(view));
-        // With less than two intervals' worth left, a change would not pay back.
+        // The congestion control's trial comes first, once the first interval at the starting
+        // count tells whether there is time for it (and, on a download, the sender's first
+        // report has said which control it uses).
+        if self.phase == (Phase::Up { before: None }) && self.stint == 0 && !self.tried {
+            self.begin_trial(view, score.goodput, true);
+            if self.tried {
+                self.restart();
+                return Vec::new();
+            }
+        }
+        // With less than two intervals' worth left, a change would not pay back; but a
+        // trial ends (going back costs nothing).
         let soon = left.is_some_and(|l| {
             (l as f64) < score.goodput * 2.0 * (self.warmup() + self.interval()).as_secs_f64()
         });
-        if soon {
+        let ending_trial = matches!(self.phase, Phase::Trial { base: Some(_), .. });
+        if soon && !ending_trial {
             return Vec::new();
+        }
+        // A trial's long intervals are judged one by one.
+        if matches!(self.phase, Phase::Trial { .. }) {
+            return self.step(view, score, useful);
         }
         // A count is measured until its goodput stops rising, and judged by its best
         // interval: losses and queueing from the change itself (new connections leaving slow
@@ -494,7 +640,7 @@ impl Policy for Auto {
             Some(before) if before.utility > score.utility => before,
             _ => score,
         };
-        if rising && self.stint < 6 {
+        if rising && self.stint < 4 {
             self.settling = Some(best);
             return Vec::new();
         }
@@ -572,11 +718,7 @@ fn mark_now(view: &View) -> Mark {
 fn moved(view: &View) -> u64 {
     view.links
         .iter()
-        .map(|l| match &l.tcp {
-            Some(t) if t.bytes_sent > t.bytes_received => t.bytes_acked,
-            Some(t) => t.bytes_received,
-            None => l.bytes,
-        })
+        .map(|l| l.tcp.as_ref().map_or(l.bytes, super::stats::kernel_moved))
         .sum()
 }
 
@@ -653,19 +795,42 @@ mod tests {
         /// Goodput grows linearly to its full level over this long (windows opening), with
         /// any count.
         ramp: Duration,
+        /// How the congestion controls differ here; None: the sender's is unknown.
+        ccs: Option<Ccs>,
+    }
+
+    /// The path starts with BBR; CUBIC gets all the goodput BBR gets `bbr_short` of, and
+    /// stands `cubic_queue` bytes in the queue.
+    #[derive(Clone, Copy)]
+    struct Ccs {
+        bbr_short: f64,
+        cubic_queue: f64,
     }
 
     impl Path {
         /// Goodput (bytes/s), RTT and the share of bytes lost with `n` connections.
         fn with(&self, n: usize) -> (f64, Duration, f64) {
+            self.with_cc(n, false)
+        }
+
+        /// As [`Path::with`], with CUBIC or BBR.
+        fn with_cc(&self, n: usize, cubic: bool) -> (f64, Duration, f64) {
             let base = self.base.as_secs_f64();
             let bdp = self.capacity * base;
             let flight = n as f64 * self.window;
-            let standing = (flight - bdp).clamp(0.0, self.queue);
+            let mut standing = (flight - bdp).clamp(0.0, self.queue);
+            let mut share = 1.0;
+            if let Some(c) = self.ccs {
+                if cubic {
+                    standing = standing.max(c.cubic_queue.min(self.queue));
+                } else {
+                    share = 1.0 - c.bbr_short;
+                }
+            }
             let rtt = base + standing / self.capacity;
             let over = (flight - bdp - self.queue).max(0.0);
             let loss = (over / flight * 0.2).min(0.2);
-            let goodput = (flight / rtt).min(self.capacity) * (1.0 - loss);
+            let goodput = (flight / rtt).min(self.capacity) * (1.0 - loss) * share;
             (goodput, Duration::from_secs_f64(rtt), loss)
         }
     }
@@ -683,11 +848,12 @@ mod tests {
     /// returns the connection count after each tick. Opened connections join a tick later;
     /// `limit` is the server's cap (further ones are refused: they end without a byte).
     fn simulate(auto: &mut Auto, path: Path, total: u64, secs: f64, limit: usize) -> Vec<usize> {
-        run_sim(auto, path, total, secs, limit, false)
+        run_sim(auto, path, total, secs, limit, false).0
     }
 
-    /// As [`simulate`]; `receiving`: this side receives (a download), so its own TCP_INFO
-    /// shows neither loss nor the sender's RTT, and the sender reports them (`113 Sender`).
+    /// As [`simulate`], and returns the congestion control at the end too; `receiving`: this
+    /// side receives (a download), so its own TCP_INFO shows neither loss nor the sender's
+    /// RTT, and the sender reports them (`113 Sender`).
     fn run_sim(
         auto: &mut Auto,
         path: Path,
@@ -695,8 +861,10 @@ mod tests {
         secs: f64,
         limit: usize,
         receiving: bool,
-    ) -> Vec<usize> {
+    ) -> (Vec<usize>, Option<CcName>) {
         let tick = Duration::from_millis(100);
+        let name = |n| CcName::parse(n).ok();
+        let mut cc = path.ccs.and_then(|_| name("bbr"));
         let mut conns: Vec<Conn> = Vec::new();
         let mut retiring: Vec<usize> = Vec::new();
         let mut refused: Vec<usize> = Vec::new();
@@ -725,7 +893,7 @@ mod tests {
                 conns[id].closed = true;
             }
             let open: Vec<usize> = conns.iter().filter(|c| !c.closed).map(|c| c.id).collect();
-            let (goodput, rtt, loss) = path.with(open.len());
+            let (goodput, rtt, loss) = path.with_cc(open.len(), cc == name("cubic"));
             let ramped = if path.ramp.is_zero() {
                 1.0
             } else {
@@ -790,17 +958,19 @@ mod tests {
                     min_rtt_us: path.base.as_micros() as u32,
                     cc: None,
                 }),
+                congestion: cc,
             };
             for d in auto.decide(&view) {
                 match d {
                     Decision::Open(n) => opening += n,
                     Decision::Close(id) => retiring.push(id),
                     Decision::Buffer(_) => {}
+                    Decision::Congestion(to) => cc = Some(to),
                 }
             }
             counts.push(conns.iter().filter(|c| !c.closed).count());
         }
-        counts
+        (counts, cc)
     }
 
     const T1: f64 = 1_536_000.0 / 8.0;
@@ -814,6 +984,7 @@ mod tests {
             base: Duration::from_millis(590),
             queue: 64_000.0,
             ramp: Duration::ZERO,
+            ccs: None,
         }
     }
 
@@ -866,6 +1037,7 @@ mod tests {
             base: Duration::from_millis(20),
             queue: 250_000.0,
             ramp: Duration::ZERO,
+            ccs: None,
         };
         let counts = simulate(&mut auto(), path, BIG, 60.0, 64);
         let n = settles(&counts);
@@ -883,6 +1055,7 @@ mod tests {
             base: Duration::from_millis(300),
             queue: 400_000.0,
             ramp: Duration::from_secs(3),
+            ccs: None,
         };
         let counts = simulate(&mut auto(), path, BIG, 120.0, 64);
         assert!(counts.iter().all(|&c| c <= 8), "{counts:?}");
@@ -898,6 +1071,7 @@ mod tests {
             base: Duration::from_millis(100),
             queue: 30_000.0,
             ramp: Duration::ZERO,
+            ccs: None,
         };
         let counts = simulate(&mut auto(), path, BIG, 120.0, 64);
         let n = settles(&counts);
@@ -907,6 +1081,49 @@ mod tests {
             path.with(n).0 > 0.9 * path.capacity,
             "settled at {n}: {counts:?}"
         );
+    }
+
+    #[test]
+    fn the_congestion_control_that_pays_is_kept() {
+        // The satellite, where BBR's drain every 10 s costs window-limited connections 8 %.
+        let path = Path {
+            ccs: Some(Ccs {
+                bbr_short: 0.08,
+                cubic_queue: 0.0,
+            }),
+            ..satellite()
+        };
+        let mut a = auto();
+        let (counts, cc) = run_sim(&mut a, path, BIG, 120.0, 64, true);
+        assert_eq!(cc, CcName::parse("cubic").ok(), "{:?}", a.notes());
+        assert!(path.with_cc(settles(&counts), true).0 > 0.95 * T1);
+        // DSL with a bloated queue: CUBIC fills it (a second of it), BBR does not.
+        let dsl = Path {
+            capacity: 1e6 / 8.0,
+            window: 4e6,
+            base: Duration::from_millis(20),
+            queue: 125_000.0,
+            ramp: Duration::ZERO,
+            ccs: Some(Ccs {
+                bbr_short: 0.0,
+                cubic_queue: 125_000.0,
+            }),
+        };
+        let mut a = auto();
+        let (_, cc) = run_sim(&mut a, dsl, BIG, 120.0, 64, false);
+        assert_eq!(cc, CcName::parse("bbr").ok());
+        let notes = a.notes();
+        let trial: Vec<_> = notes
+            .iter()
+            .filter(|n| n.action.contains("cubic"))
+            .collect();
+        assert_eq!(trial.len(), 2, "tried once, and went back: {notes:?}");
+        assert!(trial[1].action.contains("back to bbr"), "{trial:?}");
+        // A congestion control the user chose is never tried against another.
+        let mut pinned = Tuning::new(1 << 20);
+        pinned.try_congestion = false;
+        let (_, cc) = run_sim(&mut Auto::new(pinned), path, BIG, 120.0, 64, true);
+        assert_eq!(cc, CcName::parse("bbr").ok());
     }
 
     #[test]

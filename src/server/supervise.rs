@@ -137,15 +137,22 @@ pub(super) async fn transfer(
                         let _ = conn.send(&Reply::new(200, "SCKS Command Successful.")).await;
                     }
                     Ok(Command::Quit) => quit = true,
-                    // A braid client changing the cap on a running download (MaxRate only:
-                    // the other options apply to the next transfer).
+                    // A braid client changing how a running download is sent (its cap, its
+                    // congestion control; the other options apply to the next transfer).
                     Ok(Command::Opts(o)) if elastic && !is_upload && o.to_ascii_uppercase().starts_with("RETR ") => {
                         let r = match RetrOpts::parse(&o[5..]) {
-                            Ok(RetrOpts { max_rate: Some(rate), .. }) => {
-                                moving.set_pacing((rate > 0).then_some(rate));
+                            Ok(RetrOpts { parallelism: None, block_size: None, max_rate, congestion })
+                                if max_rate.is_some() || congestion.is_some() =>
+                            {
+                                if let Some(rate) = max_rate {
+                                    moving.set_pacing((rate > 0).then_some(rate));
+                                }
+                                if congestion.is_some() {
+                                    moving.set_congestion(congestion);
+                                }
                                 Reply::new(200, "OPTS Command Successful.")
                             }
-                            Ok(_) => Reply::new(501, "Only MaxRate can change while a transfer runs."),
+                            Ok(_) => Reply::new(501, "Only MaxRate and Congestion can change while a transfer runs."),
                             Err(e) => Reply::new(501, format!("OPTS RETR: {e}.")),
                         };
                         let _ = conn.send(&r).await;

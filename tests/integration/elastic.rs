@@ -410,19 +410,23 @@ fn a_running_download_can_be_told_a_new_rate_and_a_half_closed_connection_is_let
         "{} bytes in the first second",
         early.len()
     );
-    // Lift the cap while the data flows: only possible mid-transfer on an elastic session.
-    // The kernel keeps the gap it already scheduled (up to a 64 KiB segment at 50 kB/s per
-    // connection), then sends at full speed.
     // Replies to a braid client's download may be preceded by the server's 113 Sender
     // reports (what its kernel says of the sending, for the client's tuning).
-    let mut reports = 0;
+    let mut reports = Vec::new();
     let mut reply = |c: &mut Raw| loop {
         let r = c.reply();
         if !r.starts_with("113 Sender sent=") {
             return r;
         }
-        reports += 1;
+        reports.push(r);
     };
+    // Switch the congestion control while the data flows (the tuning's trial does this).
+    let (_, cc) = crate::util::congestion_controls();
+    c.send(&format!("OPTS RETR Congestion={cc};"));
+    assert_eq!(reply(&mut c), "200 OPTS Command Successful.\r\n");
+    // Lift the cap while the data flows: only possible mid-transfer on an elastic session.
+    // The kernel keeps the gap it already scheduled (up to a 64 KiB segment at 50 kB/s per
+    // connection), then sends at full speed.
     c.send("OPTS RETR MaxRate=0;");
     assert_eq!(reply(&mut c), "200 OPTS Command Successful.\r\n");
     first
@@ -466,6 +470,9 @@ fn a_running_download_can_be_told_a_new_rate_and_a_half_closed_connection_is_let
     assert_eq!(eof, Some(eods), "EOF counts the EODs sent");
     let r = reply(&mut c);
     assert!(r.starts_with("226 "), "{r}");
-    // The transfer ran over a second with more than 64 KiB sent: at least one report.
-    assert!(reports >= 1, "no 113 Sender report");
+    // The transfer ran over a second with more than 64 KiB sent: a report then, and the last
+    // one, sent before 226, names the congestion control switched to.
+    assert!(reports.len() >= 2, "{reports:?}");
+    let last = reports.last().map_or("", |r| r.trim_end());
+    assert!(last.ends_with(&format!(" cc={cc}")), "{reports:?}");
 }

@@ -788,18 +788,8 @@ fn a_partial_damaged_on_disk_between_runs_fails_the_resumed_check() {
 /// was used; without it, the system's default is used and reported.
 #[test]
 fn the_sender_uses_the_congestion_control_asked_for_and_says_which() {
-    let default = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
-        .expect("this test reads the system's default congestion control")
-        .trim()
-        .to_string();
-    let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
-        .unwrap_or_default();
-    let other = ["reno", "cubic", "bbr"]
-        .into_iter()
-        .find(|c| *c != default && available.split_whitespace().any(|a| a == *c))
-        .expect(
-            "this test needs a second congestion control besides the default (reno is built in)",
-        );
+    let (default, other) = crate::util::congestion_controls();
+    let other = other.as_str();
     let top = tempdir();
     let root = top.path().join("root");
     std::fs::create_dir(&root).unwrap();

@@ -412,3 +412,19 @@ pub fn run(cmd: &mut Command, limit: Duration) -> (bool, String, String) {
     let err = t_err.join().unwrap_or_default();
     (status.is_some_and(|s| s.success()), out, err)
 }
+
+/// The host's default congestion control and another one it has (reno is always built in).
+pub fn congestion_controls() -> (String, String) {
+    let default = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .expect("this test reads the system's default congestion control")
+        .trim()
+        .to_string();
+    let available = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .unwrap_or_default();
+    let other = ["cubic", "reno", "bbr"]
+        .into_iter()
+        .find(|c| *c != default && available.split_whitespace().any(|a| a == *c))
+        .expect("this test needs a second congestion control besides the default")
+        .to_string();
+    (default, other)
+}

@@ -16,7 +16,7 @@ use crate::addr;
 use crate::command::{Command, EpsvArg, Mode, TransferType};
 use crate::ranges::RangeSet;
 use crate::reply::Reply;
-use crate::retr_opts::RetrOpts;
+use crate::retr_opts::{CcName, RetrOpts};
 use std::collections::VecDeque;
 
 /// What FEAT said.
@@ -279,8 +279,8 @@ pub struct ClientSession {
     last_verb: String,
     /// The control connection has ended: every op fails.
     closed: bool,
-    /// Answers to mid-transfer rate changes not yet read.
-    rate_replies: usize,
+    /// Answers to mid-transfer changes (rate, congestion control) not yet read.
+    change_replies: usize,
     /// The latest `113 Sender` report of a running download.
     sender: Option<crate::markers::SenderReport>,
 }
@@ -504,17 +504,22 @@ impl ClientSession {
         }
     }
 
-    /// Changes the server's sending cap on the running download: the command to send now,
+    /// Changes how the server sends the running download (its cap, `rate`, where Some, and its
+    /// congestion control, where Some): the command to send now,
     /// outside any op. The server answers it when it reads it, before or after the transfer's
     /// end; the session takes that answer wherever it comes.
-    pub fn change_rate(&mut self, rate: Option<u64>) -> Command {
-        self.rate_replies += 1;
+    pub fn change_sending(
+        &mut self,
+        rate: Option<Option<u64>>,
+        congestion: Option<CcName>,
+    ) -> Command {
+        self.change_replies += 1;
         let opts = RetrOpts {
             parallelism: None,
             block_size: None,
             // 0 lifts the cap.
-            max_rate: Some(rate.unwrap_or(0)),
-            congestion: None,
+            max_rate: rate.map(|r| r.unwrap_or(0)),
+            congestion,
         };
         Command::Opts(format!("RETR {}", opts.encode()))
     }
@@ -522,14 +527,14 @@ impl ClientSession {
     /// Whether `r` answers a rate change: while the transfer runs, its end is never a 200;
     /// once it has ended, the answers still due come before that to any later command.
     fn answers_rate_change(&mut self, r: &Reply) -> bool {
-        if self.rate_replies == 0 || r.is_preliminary() {
+        if self.change_replies == 0 || r.is_preliminary() {
             return false;
         }
         let transfer_running = matches!(self.waiting.front(), Some((_, Wait::Final)));
         if transfer_running && r.code != 200 {
             return false;
         }
-        self.rate_replies -= 1;
+        self.change_replies -= 1;
         true
     }
 

@@ -594,7 +594,7 @@ mod tests {
     fn a_rate_change_is_answered_before_or_after_the_transfer_ends() {
         let mut c = ClientSession::new();
         c.begin(Op::FinishTransfer);
-        let cmd = c.change_rate(Some(1000));
+        let cmd = c.change_sending(Some(Some(1000)), None);
         assert_eq!(cmd.to_line(), "OPTS RETR MaxRate=1000;");
         c.handle_reply(Reply::new(200, "OPTS Command Successful."));
         assert!(c.poll_outcome().is_none(), "the 200 is not the end");
@@ -608,7 +608,7 @@ mod tests {
         p.run(setup(Direction::Download)).unwrap();
         p.run(Op::Passive).unwrap();
         p.run(Op::StartTransfer(Command::Retr("f".into()))).unwrap();
-        let cmd = p.client.change_rate(None);
+        let cmd = p.client.change_sending(Some(None), None);
         assert_eq!(cmd.to_line(), "OPTS RETR MaxRate=0;");
         p.send_now(cmd);
         assert!(matches!(p.run(Op::FinishTransfer), Ok(Outcome::Done(r)) if r.code == 226));
