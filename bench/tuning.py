@@ -68,10 +68,14 @@ def run(braid, scenario, direction, streams, work, seconds, name):
         capture_output=True, text=True)
     try:
         report = json.loads(out.stdout)
-        summary = json.loads(report["client"]["stdout"].strip().splitlines()[-1])
-    except (json.JSONDecodeError, KeyError, IndexError):
+    except json.JSONDecodeError:
         text = out.stderr or out.stdout
         return {"error": text if len(text) < 800 else text[:500] + " ... " + text[-300:]}
+    try:
+        summary = json.loads(report["client"]["stdout"].strip().splitlines()[-1])
+    except (json.JSONDecodeError, KeyError, IndexError):
+        client = report.get("client", {})
+        return {"error": f"client exit {client.get('exit')}: {client.get('stderr', '')[-1500:]}"}
     drops = sum(report["link"][d].get("queue_drops", 0) for d in ("up", "down"))
     return {
         "fraction": summary["bytes_per_second"] / payload,

@@ -161,7 +161,8 @@ struct TransferArgs {
     /// TCP congestion control for the sending side's data connections, e.g. cubic or bbr
     /// (see /proc/sys/net/ipv4/tcp_available_congestion_control). For `get` the braid server
     /// is the sender and is told with OPTS RETR; other servers keep theirs. Default: the
-    /// system's (--json reports which was used).
+    /// system's, which `-n auto` may trade for the other of bbr and cubic after measuring
+    /// both on the path (--json reports which was used).
     #[arg(long, value_name = "NAME", value_parser = braid_proto::retr_opts::CcName::parse)]
     congestion: Option<braid_proto::retr_opts::CcName>,
 }

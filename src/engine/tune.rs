@@ -39,7 +39,9 @@
 //! the first count has warmed up, unless the user chose one, it measures the sender's control
 //! for one long interval (4 intervals, 10-16 s: one of BBR's cycles), then the other for as
 //! long, and keeps the other only if its utility is higher by `gain`; the count's climb starts
-//! from the better of the two. On a download the server is told mid-transfer
+//! from the better of the two. An ordinary interval that leaves no doubt ends either half
+//! early (the sender's control with a nil utility; the other under [`TRIAL_GIVE_UP`] of it),
+//! which spares the path most of the losses or queueing the worse control causes. On a download the server is told mid-transfer
 //! (`OPTS RETR Congestion=`).
 //!
 //! Pure: it sees only [`View`]s and returns [`Decision`]s and [`Note`]s, so it is tested with
@@ -90,6 +92,10 @@ impl Tuning {
         }
     }
 }
+
+/// A trial of the other congestion control ends at once when one of its ordinary intervals
+/// scores under this share of the sender's own control's utility.
+const TRIAL_GIVE_UP: f64 = 0.7;
 
 /// Queueing delay that does not count.
 const QUIET_QUEUE: Duration = Duration::from_millis(2);
@@ -167,6 +173,8 @@ pub struct Auto {
     failed_probes: u32,
     /// The congestion control trial has been made (or is not wanted).
     tried: bool,
+    /// Within a trial: the start of its current ordinary interval.
+    trial_check: Option<Mark>,
     notes: Vec<Note>,
 }
 
@@ -186,6 +194,7 @@ impl Auto {
             stint: 0,
             failed_probes: 0,
             tried: !cfg.try_congestion,
+            trial_check: None,
             notes: Vec::new(),
             cfg,
         }
@@ -254,6 +263,7 @@ impl Auto {
     fn restart(&mut self) {
         self.warm_until = None;
         self.mark = None;
+        self.trial_check = None;
         self.settling = None;
         self.stint = 0;
     }
@@ -601,6 +611,25 @@ impl Policy for Auto {
             self.mark = Some(mark_now(view));
             return Vec::new();
         };
+        // Either half of a trial ends early on an ordinary interval that leaves no doubt: the
+        // sender's own control losing so much that its utility is nil (BBR with four flows in
+        // the satellite's 96 kB queue: 16 % of bytes sent again), or the other scoring far
+        // below it (CUBIC filling a bloated queue gets there in seconds, long before the
+        // queue overflows).
+        if let Phase::Trial { base, .. } = self.phase {
+            let check = *self.trial_check.get_or_insert(mark);
+            if now.saturating_sub(check.at) >= self.count_interval() {
+                let s = self.score(view, &check);
+                self.trial_check = Some(mark_now(view));
+                let clear = match base {
+                    None => s.utility <= 0.0,
+                    Some(base) => s.utility < base.utility * TRIAL_GIVE_UP,
+                };
+                if clear {
+                    return self.trial(view, s, self.phase, useful);
+                }
+            }
+        }
         if now.saturating_sub(mark.at) < self.interval() {
             return Vec::new();
         }
@@ -799,11 +828,12 @@ mod tests {
         ccs: Option<Ccs>,
     }
 
-    /// The path starts with BBR; CUBIC gets all the goodput BBR gets `bbr_short` of, and
-    /// stands `cubic_queue` bytes in the queue.
-    #[derive(Clone, Copy)]
+    /// The path starts with BBR; CUBIC gets all the goodput BBR gets `bbr_short` of, BBR
+    /// sends `bbr_loss` of its bytes again, and CUBIC stands `cubic_queue` bytes in the queue.
+    #[derive(Clone, Copy, Default)]
     struct Ccs {
         bbr_short: f64,
+        bbr_loss: f64,
         cubic_queue: f64,
     }
 
@@ -817,19 +847,23 @@ mod tests {
         fn with_cc(&self, n: usize, cubic: bool) -> (f64, Duration, f64) {
             let base = self.base.as_secs_f64();
             let bdp = self.capacity * base;
-            let flight = n as f64 * self.window;
-            let mut standing = (flight - bdp).clamp(0.0, self.queue);
+            let mut flight = n as f64 * self.window;
             let mut share = 1.0;
-            if let Some(c) = self.ccs {
-                if cubic {
-                    standing = standing.max(c.cubic_queue.min(self.queue));
-                } else {
-                    share = 1.0 - c.bbr_short;
-                }
+            if let Some(c) = self.ccs.filter(|_| !cubic) {
+                // BBR keeps about a BDP in flight, whatever the windows allow.
+                flight = flight.min(bdp * 1.1);
+                share = 1.0 - c.bbr_short;
+            }
+            let mut standing = (flight - bdp).clamp(0.0, self.queue);
+            if let Some(c) = self.ccs.filter(|_| cubic) {
+                standing = standing.max(c.cubic_queue.min(self.queue));
             }
             let rtt = base + standing / self.capacity;
             let over = (flight - bdp - self.queue).max(0.0);
-            let loss = (over / flight * 0.2).min(0.2);
+            let mut loss = (over / flight * 0.2).min(0.2);
+            if let Some(c) = self.ccs.filter(|_| !cubic) {
+                loss = loss.max(c.bbr_loss);
+            }
             let goodput = (flight / rtt).min(self.capacity) * (1.0 - loss) * share;
             (goodput, Duration::from_secs_f64(rtt), loss)
         }
@@ -1089,7 +1123,7 @@ mod tests {
         let path = Path {
             ccs: Some(Ccs {
                 bbr_short: 0.08,
-                cubic_queue: 0.0,
+                ..Ccs::default()
             }),
             ..satellite()
         };
@@ -1105,8 +1139,8 @@ mod tests {
             queue: 125_000.0,
             ramp: Duration::ZERO,
             ccs: Some(Ccs {
-                bbr_short: 0.0,
                 cubic_queue: 125_000.0,
+                ..Ccs::default()
             }),
         };
         let mut a = auto();
@@ -1119,6 +1153,23 @@ mod tests {
             .collect();
         assert_eq!(trial.len(), 2, "tried once, and went back: {notes:?}");
         assert!(trial[1].action.contains("back to bbr"), "{trial:?}");
+        // Given up after an ordinary interval (4 RTTs of a queue CUBIC fills: 4 s), not the
+        // trial's long one (16 s at that RTT).
+        assert!(trial[1].t - trial[0].t < 8.0, "{trial:?}");
+        // BBR losing a sixth of what it sends: its half of the trial is cut short.
+        let lossy = Path {
+            ccs: Some(Ccs {
+                bbr_loss: 0.16,
+                ..Ccs::default()
+            }),
+            ..satellite()
+        };
+        let mut a = auto();
+        let (_, cc) = run_sim(&mut a, lossy, BIG, 120.0, 64, true);
+        assert_eq!(cc, CcName::parse("cubic").ok());
+        let notes = a.notes();
+        let started = notes.iter().find(|n| n.action.contains("trying cubic"));
+        assert!(started.is_some_and(|n| n.t < 10.0), "{notes:?}");
         // A congestion control the user chose is never tried against another.
         let mut pinned = Tuning::new(1 << 20);
         pinned.try_congestion = false;
