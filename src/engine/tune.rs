@@ -330,8 +330,8 @@ impl Auto {
     /// Starts the congestion control trial if it is due, the sender's control is known, there
     /// is time for both halves of it at the goodput `s` measured, and the other control could
     /// pay: BBR gives up at most what it sent again plus its drain every 10 s (200 ms and an
-    /// RTT at 4 packets), so a BBR sender that lost nothing on a short path keeps it (on a
-    /// 20 ms DSL line that is 2 %, under `gain`, where trying CUBIC only filled the queue).
+    /// RTT at 4 packets), so a BBR sender that lost little on a short path keeps it (on a
+    /// 20 ms DSL line the drain is 2 %, and trying CUBIC only filled the queue).
     /// Returns whether the trial started.
     fn begin_trial(&mut self, view: &View, s: &Score, first: bool) -> bool {
         let room = view.total.is_none_or(|t| {
@@ -345,7 +345,9 @@ impl Auto {
         if from.as_str() == "bbr" {
             let base = self.base_rtt.unwrap_or_default().as_secs_f64();
             let drain = (0.2 + base) / 10.0;
-            if s.loss + drain < self.cfg.gain {
+            // Twice `gain`: a switch must be expected to beat it clearly, not by a packet of
+            // BBR's start-up overshoot (which is what tipped a 20 ms DSL line over `gain`).
+            if s.loss + drain < 2.0 * self.cfg.gain {
                 let why = format!(
                     "bbr sent {:.2}% again and drains {:.1}% of the time: keeping it",
                     s.loss * 100.0,

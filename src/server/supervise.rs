@@ -103,7 +103,9 @@ pub(super) async fn transfer(
     // SCKS sent while the data moves (braid clients announce the checksum once sent).
     let mut announced: Option<String> = None;
     // Markers of an upload's progress; for a braid client's download, what this side's kernel
-    // says of the sending, for its tuning. Each: (when last sent, bytes then).
+    // says of the sending, for its tuning. Each: (when last sent, bytes then: received, or
+    // sent by the kernel's count, since the payload counter moves a block at a time, seconds
+    // on a slow path).
     let report_sender = elastic && !is_upload;
     let mut markers = tokio::time::interval(MARKER_CHECK);
     let mut last_marker = (Instant::now(), 0);
@@ -118,11 +120,12 @@ pub(super) async fn transfer(
                         send_markers(conn, &progress, state).await;
                         last_marker = (Instant::now(), bytes);
                     }
-                } else if at.elapsed() >= REPORT_INTERVAL && bytes - then >= REPORT_BYTES {
-                    if let Some(r) = sender_report(&moving) {
-                        let _ = conn.send(&braid_proto::markers::sender_marker(&r)).await;
-                    }
-                    last_marker = (Instant::now(), bytes);
+                } else if at.elapsed() >= REPORT_INTERVAL
+                    && let Some(r) = sender_report(&moving)
+                    && r.sent.saturating_sub(then) >= REPORT_BYTES
+                {
+                    let _ = conn.send(&braid_proto::markers::sender_marker(&r)).await;
+                    last_marker = (Instant::now(), r.sent);
                 }
             }
             input = conn.next_input(), if !client_gone && conn.queued.len() < MAX_QUEUED => match input {
