@@ -42,7 +42,7 @@ SCENARIOS = {
     "satellite-t1": (["--scenario", "satellite-t1"], "", 1.536e6),
     "dsl-1m-bloat": (["--scenario", "dsl-1m-bloat"], "", 1e6),
     "lan-100m": (["--scenario", "lan-100m"], "", 100e6),
-    "lfn-200m": (["--scenario", "lfn-500m", "--rate", "200mbit", "--queue", "3750000"], "", 200e6),
+    "lfn-200m": (["--scenario", "lfn-500m", "--rate", "200mbit", "--queue", "3750000B"], "", 200e6),
     "lfn-500m": (["--scenario", "lfn-500m"], "", 500e6),
 }
 
