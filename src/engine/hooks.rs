@@ -310,11 +310,7 @@ impl Steering {
         let mut view = self.sampler.sample(transfer, self.total, opening);
         view.failed = failed;
         view.sender = self.sender;
-        view.congestion = if self.sending {
-            transfer.congestion()
-        } else {
-            self.sender.and_then(|r| r.cc)
-        };
+        view.congestion = self.congestion(transfer);
         let rate = self.pacer.rate(&view);
         let mut told = Tell::default();
         if rate != self.rate {
@@ -356,17 +352,24 @@ impl Steering {
     /// The timeline, connection counts, connection lives, the policy's decisions and the
     /// sender's congestion control, for the summary.
     pub fn finish(self, transfer: &Transfer) -> Record {
+        let congestion = self.congestion(transfer);
         let (timeline, counts, links) = self.sampler.finish(transfer);
         Record {
             timeline,
             counts,
             links,
             decisions: self.notes,
-            congestion: if self.sending {
-                transfer.congestion()
-            } else {
-                self.sender.and_then(|r| r.cc)
-            },
+            congestion,
+        }
+    }
+
+    /// The sending side's congestion control: this side's sockets', or the sending peer's
+    /// last report.
+    fn congestion(&self, transfer: &Transfer) -> Option<braid_proto::retr_opts::CcName> {
+        if self.sending {
+            transfer.congestion()
+        } else {
+            self.sender.and_then(|r| r.cc)
         }
     }
 }

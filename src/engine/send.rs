@@ -89,9 +89,8 @@ impl Blocks {
     pub fn take(&self, want: u64) -> Option<(u64, u64)> {
         let mut at = self.next.load(Ordering::Acquire);
         loop {
-            let r = self.ranges.partition_point(|&(_, e)| e <= at);
-            let &(s, e) = self.ranges.get(r)?;
-            let start = at.max(s);
+            let (r, start) = self.untaken(at)?;
+            let e = self.ranges[r].1;
             let aligned = start.saturating_add(want) / self.align * self.align;
             let end = if aligned > start {
                 aligned
@@ -112,11 +111,14 @@ impl Blocks {
     /// Bytes nobody has taken yet.
     pub fn left(&self) -> u64 {
         let at = self.next.load(Ordering::Acquire);
+        self.untaken(at)
+            .map_or(0, |(r, start)| self.ranges[r].1 - start + self.from[r + 1])
+    }
+
+    /// With the cursor at `at`: the range the next block comes from, and where it starts.
+    fn untaken(&self, at: u64) -> Option<(usize, u64)> {
         let r = self.ranges.partition_point(|&(_, e)| e <= at);
-        match self.ranges.get(r) {
-            Some(&(s, e)) => (e - at.max(s)) + self.from[r + 1],
-            None => 0,
-        }
+        self.ranges.get(r).map(|&(s, _)| (r, at.max(s)))
     }
 }
 

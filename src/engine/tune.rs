@@ -127,15 +127,19 @@ enum Phase {
     Hold { left: u32, up_next: bool },
     /// Trying one step away from `from`; keep it only if it pays.
     Probe { from: Score, up: bool },
-    /// A long interval with congestion control `from` (`base` None), then one with `to`, at
-    /// the same count; `to` is kept only if it pays. `first`: made at the start, before the
-    /// count's climb (on a long path the control matters more than the count).
-    Trial {
-        base: Option<Score>,
-        from: CcName,
-        to: CcName,
-        first: bool,
-    },
+    /// Comparing congestion controls at the same count.
+    Trial(Trial),
+}
+
+/// A long interval with congestion control `from` (`base` None), then one with `to`, at the
+/// same count; `to` is kept only if it pays. `first`: made at the start, before the count's
+/// climb (on a long path the control matters more than the count).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Trial {
+    base: Option<Score>,
+    from: CcName,
+    to: CcName,
+    first: bool,
 }
 
 /// Counters at the start of a measured interval.
@@ -214,7 +218,7 @@ impl Auto {
     /// in one of BBR's 10 s cycles (whose drain to 4 packets costs a window-limited connection
     /// on a long path a tenth of its rate).
     fn interval(&self) -> Duration {
-        if matches!(self.phase, Phase::Trial { .. }) {
+        if matches!(self.phase, Phase::Trial(_)) {
             self.trial_interval()
         } else {
             self.count_interval()
@@ -334,13 +338,16 @@ impl Auto {
     /// 20 ms DSL line the drain is 2 %, and trying CUBIC only filled the queue).
     /// Returns whether the trial started.
     fn begin_trial(&mut self, view: &View, s: &Score, first: bool) -> bool {
+        let (false, Some(from)) = (self.tried, view.congestion) else {
+            return false;
+        };
         let room = view.total.is_none_or(|t| {
             let trial = 2.0 * (self.warmup() + self.trial_interval()).as_secs_f64();
             t.saturating_sub(view.done) as f64 > s.goodput * trial
         });
-        let (false, Some(from), true) = (self.tried, view.congestion, room) else {
+        if !room {
             return false;
-        };
+        }
         self.tried = true;
         if from.as_str() == "bbr" {
             let base = self.base_rtt.unwrap_or_default().as_secs_f64();
@@ -357,34 +364,29 @@ impl Auto {
                 return false;
             }
         }
-        self.phase = Phase::Trial {
+        self.phase = Phase::Trial(Trial {
             base: None,
             from,
             to: other_congestion(from),
             first,
-        };
+        });
         true
     }
 
     /// A congestion control trial: `s` measured `from` (no `base` yet) or `to`. A trial made
     /// `first`, before any count was judged, hands the better score to the count's climb.
-    fn trial(&mut self, view: &View, s: Score, trial: Phase, useful: usize) -> Vec<Decision> {
-        let Phase::Trial {
+    fn trial(&mut self, view: &View, s: Score, trial: Trial, useful: usize) -> Vec<Decision> {
+        let Trial {
             base,
             from,
             to,
             first,
-        } = trial
-        else {
-            return Vec::new();
-        };
+        } = trial;
         let Some(base) = base else {
-            self.phase = Phase::Trial {
+            self.phase = Phase::Trial(Trial {
                 base: Some(s),
-                from,
-                to,
-                first,
-            };
+                ..trial
+            });
             self.note(view, Some(&s), format!("{from}; trying {to}"));
             self.restart();
             return vec![Decision::Congestion(to)];
@@ -418,7 +420,7 @@ impl Auto {
             |now: &Score, before: &Score| now.utility > before.utility * (1.0 + self.cfg.gain);
         let up = (s.n * 2).min(useful);
         match self.phase {
-            trial @ Phase::Trial { .. } => self.trial(view, s, trial, useful),
+            Phase::Trial(trial) => self.trial(view, s, trial, useful),
             Phase::Up { before: None } if s.n > 1 && congested(&s) => {
                 // Loss or a standing queue already: fewer first.
                 self.phase = Phase::Down { before: s };
@@ -638,17 +640,17 @@ impl Policy for Auto {
         // the satellite's 96 kB queue: 16 % of bytes sent again), or the other scoring far
         // below it (CUBIC filling a bloated queue gets there in seconds, long before the
         // queue overflows).
-        if let Phase::Trial { base, .. } = self.phase {
+        if let Phase::Trial(trial) = self.phase {
             let check = *self.trial_check.get_or_insert(mark);
             if now.saturating_sub(check.at) >= self.count_interval() {
                 let s = self.score(view, &check);
                 self.trial_check = Some(mark_now(view));
-                let clear = match base {
+                let clear = match trial.base {
                     None => s.utility <= 0.0,
                     Some(base) => s.utility < base.utility * TRIAL_GIVE_UP,
                 };
                 if clear {
-                    return self.trial(view, s, self.phase, useful);
+                    return self.trial(view, s, trial, useful);
                 }
             }
         }
@@ -662,7 +664,6 @@ impl Policy for Auto {
         // report has said which control it uses).
         if self.phase == (Phase::Up { before: None })
             && self.stint == 0
-            && !self.tried
             && self.begin_trial(view, &score, true)
         {
             self.restart();
@@ -673,13 +674,15 @@ impl Policy for Auto {
         let soon = left.is_some_and(|l| {
             (l as f64) < score.goodput * 2.0 * (self.warmup() + self.interval()).as_secs_f64()
         });
-        let ending_trial = matches!(self.phase, Phase::Trial { base: Some(_), .. });
-        if soon && !ending_trial {
-            return Vec::new();
+        if let Phase::Trial(trial) = self.phase {
+            // A trial's long intervals are judged one by one.
+            if soon && trial.base.is_none() {
+                return Vec::new();
+            }
+            return self.step_count(view, score, useful);
         }
-        // A trial's long intervals are judged one by one.
-        if matches!(self.phase, Phase::Trial { .. }) {
-            return self.step(view, score, useful);
+        if soon {
+            return Vec::new();
         }
         // A count is measured until its goodput stops rising, and judged by its best
         // interval: losses and queueing from the change itself (new connections leaving slow
@@ -920,7 +923,6 @@ mod tests {
         receiving: bool,
     ) -> (Vec<usize>, Option<CcName>) {
         let tick = Duration::from_millis(100);
-        let name = |n| CcName::parse(n).ok();
         let mut cc = path.ccs.and_then(|_| name("bbr"));
         let mut conns: Vec<Conn> = Vec::new();
         let mut retiring: Vec<usize> = Vec::new();
@@ -1150,9 +1152,8 @@ mod tests {
             }),
             ..satellite()
         };
-        let mut a = auto();
-        let (counts, cc) = run_sim(&mut a, path, BIG, 120.0, 64, true);
-        assert_eq!(cc, CcName::parse("cubic").ok(), "{:?}", a.notes());
+        let (counts, cc, notes) = run_trial(path, true);
+        assert_eq!(cc, name("cubic"), "{notes:?}");
         assert!(path.with_cc(settles(&counts), true).0 > 0.95 * T1);
         // DSL with a bloated queue (a second of it) on a 20 ms path: BBR loses nothing and
         // its drain costs 2 %, so CUBIC cannot pay: not tried.
@@ -1167,10 +1168,8 @@ mod tests {
                 ..Ccs::default()
             }),
         };
-        let mut a = auto();
-        let (_, cc) = run_sim(&mut a, dsl, BIG, 120.0, 64, false);
-        assert_eq!(cc, CcName::parse("bbr").ok());
-        let notes = a.notes();
+        let (_, cc, notes) = run_trial(dsl, false);
+        assert_eq!(cc, name("bbr"));
         assert!(
             notes.iter().any(|n| n.action.contains("keeping it"))
                 && !notes.iter().any(|n| n.action.contains("cubic")),
@@ -1186,10 +1185,8 @@ mod tests {
             }),
             ..satellite()
         };
-        let mut a = auto();
-        let (_, cc) = run_sim(&mut a, bloated, BIG, 120.0, 64, false);
-        assert_eq!(cc, CcName::parse("bbr").ok());
-        let notes = a.notes();
+        let (_, cc, notes) = run_trial(bloated, false);
+        assert_eq!(cc, name("bbr"));
         let trial: Vec<_> = notes
             .iter()
             .filter(|n| n.action.contains("cubic"))
@@ -1207,17 +1204,27 @@ mod tests {
             }),
             ..satellite()
         };
-        let mut a = auto();
-        let (_, cc) = run_sim(&mut a, lossy, BIG, 120.0, 64, true);
-        assert_eq!(cc, CcName::parse("cubic").ok());
-        let notes = a.notes();
+        let (_, cc, notes) = run_trial(lossy, true);
+        assert_eq!(cc, name("cubic"));
         let started = notes.iter().find(|n| n.action.contains("trying cubic"));
         assert!(started.is_some_and(|n| n.t < 10.0), "{notes:?}");
         // A congestion control the user chose is never tried against another.
         let mut pinned = Tuning::new(1 << 20);
         pinned.try_congestion = false;
         let (_, cc) = run_sim(&mut Auto::new(pinned), path, BIG, 120.0, 64, true);
-        assert_eq!(cc, CcName::parse("bbr").ok());
+        assert_eq!(cc, name("bbr"));
+    }
+
+    fn name(cc: &str) -> Option<CcName> {
+        CcName::parse(cc).ok()
+    }
+
+    /// `auto()` for two minutes on `path`: the counts, the congestion control at the end and
+    /// the decisions.
+    fn run_trial(path: Path, receiving: bool) -> (Vec<usize>, Option<CcName>, Vec<Note>) {
+        let mut a = auto();
+        let (counts, cc) = run_sim(&mut a, path, BIG, 120.0, 64, receiving);
+        (counts, cc, a.notes())
     }
 
     #[test]

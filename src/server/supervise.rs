@@ -113,9 +113,9 @@ pub(super) async fn transfer(
         tokio::select! {
             r = &mut worker => break r,
             _ = markers.tick(), if received.is_some() || report_sender => {
-                let bytes = progress.load(Ordering::Relaxed);
                 let (at, then) = last_marker;
                 if let Some(state) = &received {
+                    let bytes = progress.load(Ordering::Relaxed);
                     if at.elapsed() >= MARKER_INTERVAL || bytes - then >= MARKER_BYTES {
                         send_markers(conn, &progress, state).await;
                         last_marker = (Instant::now(), bytes);

@@ -524,9 +524,9 @@ impl ClientSession {
         Command::Opts(format!("RETR {}", opts.encode()))
     }
 
-    /// Whether `r` answers a rate change: while the transfer runs, its end is never a 200;
-    /// once it has ended, the answers still due come before that to any later command.
-    fn answers_rate_change(&mut self, r: &Reply) -> bool {
+    /// Whether `r` answers a mid-transfer change: while the transfer runs, its end is never a
+    /// 200; once it has ended, the answers still due come before that to any later command.
+    fn answers_change(&mut self, r: &Reply) -> bool {
         if self.change_replies == 0 || r.is_preliminary() {
             return false;
         }
@@ -560,7 +560,7 @@ impl ClientSession {
     /// Takes one reply from the server.
     pub fn handle_reply(&mut self, r: Reply) {
         self.note(&r);
-        if self.answers_rate_change(&r) {
+        if self.answers_change(&r) {
             return;
         }
         let Some((id, wait)) = self.waiting.front().cloned() else {
