@@ -39,6 +39,8 @@ pub struct Control {
     /// Read with the login (pipelined): SIZE of a path, and a passive port.
     early_size: Option<(String, Reply)>,
     early_passive: Option<u16>,
+    /// Read with a transfer's end (pipelined): CKSM of a file (algorithm, path, answer).
+    early_checksum: Option<(String, String, Option<String>)>,
 }
 
 impl Control {
@@ -72,6 +74,7 @@ impl Control {
                         deferred: VecDeque::new(),
                         early_size: None,
                         early_passive: None,
+                        early_checksum: None,
                     };
                     let mut greeting = c.reply()?;
                     while greeting.is_preliminary() {
@@ -485,6 +488,12 @@ impl Control {
 
     /// The server's checksum of a whole file (CKSM), lower-case hex; None if it offers none.
     pub fn checksum(&mut self, alg: &str, path: &str) -> Result<Option<String>> {
+        if let Some((a, p, sum)) = self.early_checksum.take()
+            && a == alg
+            && p == path
+        {
+            return Ok(sum);
+        }
         let op = Op::Checksum {
             alg: alg.into(),
             path: path.into(),
@@ -520,6 +529,36 @@ impl Control {
     pub fn finish_transfer(&mut self, cmd: &Command) -> Result<Reply> {
         self.begin(Op::FinishTransfer)?;
         self.finished(Some(cmd_for_error(cmd))).and_then(done)
+    }
+
+    /// As [`Control::finish_transfer`], with CKSM of the file sent behind it where the server
+    /// reads pipelined commands: a braid server answers it right after the transfer's final
+    /// reply, which saves the round trip of asking afterwards (0.6 s on a satellite hop).
+    /// [`Control::checksum`] then hands out that answer.
+    pub fn finish_transfer_and_checksum(
+        &mut self,
+        cmd: &Command,
+        alg: &str,
+        path: &str,
+    ) -> Result<Reply> {
+        if !self.session.pipelining() {
+            return self.finish_transfer(cmd);
+        }
+        self.begin(Op::FinishTransfer)?;
+        self.begin(Op::Checksum {
+            alg: alg.into(),
+            path: path.into(),
+        })?;
+        let finished = self.finished(Some(cmd_for_error(cmd))).and_then(done);
+        // The server answered (226, or a refusal): its answer to CKSM follows. Otherwise the
+        // connection is gone and nothing more will come.
+        if matches!(finished, Ok(_) | Err(ClientError::Remote { .. })) {
+            let sum = self.finished(None);
+            if let (Ok(_), Ok(Outcome::Checksum(sum))) = (&finished, sum) {
+                self.early_checksum = Some((alg.into(), path.into(), sum));
+            }
+        }
+        finished
     }
 
     /// The next reply that is not a mark (1xx): GridFTP servers send 111/112 markers meanwhile.

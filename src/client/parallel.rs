@@ -18,7 +18,7 @@ use crate::engine::{self, EngineError};
 use braid_proto::checksum;
 use braid_proto::client::{BlockPeer, BlockSetup, Direction, Failure, Op};
 use braid_proto::ranges::RangeSet;
-use braid_proto::retr_opts::RetrOpts;
+use braid_proto::retr_opts::{CcName, RetrOpts};
 use braid_proto::{Command, Reply};
 use std::fs::{File, OpenOptions};
 use std::net::{SocketAddr, TcpStream};
@@ -72,7 +72,10 @@ pub fn get(
     let retr = RetrOpts {
         parallelism: Some((plan.start, plan.start.min(1), plan.max)),
         block_size: (opts.block_size.is_some() || peer == Peer::Braid).then_some(plan.block),
-        congestion: opts.congestion.filter(|_| peer == Peer::Braid),
+        congestion: opts
+            .congestion
+            .or(plan.start_congestion())
+            .filter(|_| peer == Peer::Braid),
         max_rate: pacer.0,
     };
     let elastic = block_mode(c, Direction::Download, retr, opts.buffer)?;
@@ -228,7 +231,11 @@ pub fn get(
                 partial_name,
             ));
         }
-        let finished = c.finish_transfer(&retr);
+        let alg = match peer {
+            Peer::Braid => checksum::NAME,
+            Peer::GridFtp => "MD5",
+        };
+        let finished = c.finish_transfer_and_checksum(&retr, alg, &target.path);
         // The server's last report came before its final reply.
         if let Some(report) = c.session().take_sender_report() {
             steering.sender_reported(report);
@@ -420,6 +427,7 @@ impl Plan {
                 let mut tuning = Tuning::new(engine::DEFAULT_BLOCK);
                 // A congestion control the user chose stays.
                 tuning.try_congestion = opts.congestion.is_none();
+                tuning.start_on(path().rtt);
                 let block = opts
                     .block_size
                     .unwrap_or_else(|| tune::block_for(size, tuning.max.min(2 * tuning.start)));
@@ -451,6 +459,14 @@ impl Plan {
                     block: fixed_block(n),
                 }
             }
+        }
+    }
+
+    /// The congestion control the self-tuning starts with, if it chose one before the transfer.
+    fn start_congestion(&self) -> Option<CcName> {
+        match &self.policy {
+            Choice::Auto(t) => t.start_congestion.map(|(cc, _)| cc),
+            _ => None,
         }
     }
 
@@ -683,7 +699,7 @@ pub fn put(
     let block = plan.block;
     let progress = AtomicU64::new(0);
     let transfer = Transfer::new(elastic);
-    transfer.set_congestion(opts.congestion);
+    transfer.set_congestion(opts.congestion.or(plan.start_congestion()));
     let pacer: Box<dyn Pacer> = Box::new(Cap(opts.max_rate));
     let mut steering = Steering::new(plan.policy(), pacer, true, Some(todo.len()));
     steering.prime(&transfer);

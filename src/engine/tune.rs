@@ -16,34 +16,39 @@
 //! adds nothing loses to a smaller one; B = 10 and D = 0.1 make loss and queueing cost more
 //! than they bring, which is "stop before the router queue overflows".
 //!
-//! **How it moves.** It starts at `start` connections (4, the count GridFTP and FDT use,
-//! never more than there are blocks), lets them warm up for 3 RTTs and measures intervals of
-//! 4 RTTs (0.3-4 s; the base RTT, or the RTT now when a standing queue lengthens it) until
-//! the goodput stops rising (at most 4), and judges the count by its best interval, so that slow start
-//! and the losses of a change itself are not held against it. A first measure that already
-//! shows loss or a standing queue tries half. Otherwise it doubles while doubling pays (U up
-//! by more than `gain`) and bisects between the last count that paid and the first that added
-//! goodput but not enough; a doubling that does not pay goes back, and the first probe after
-//! it goes down (halving outright cost a window-limited path seconds at half rate). Once
-//! settled it probes a quarter of the count (at least one) up or down,
-//! alternately, every `hold` intervals (longer after each probe that lost) and keeps a probe
-//! only if it pays, so it follows a path whose capacity or competition changes. A connection
-//! the server refuses lowers the ceiling for the rest of the transfer. Near the end, when
-//! less than two intervals' worth of data is left, it stops changing anything.
+//! **How it moves.** It starts at `start` connections (4, the count GridFTP and FDT use, never more
+//! than there are blocks), lets them warm up for 3 RTTs and measures intervals of 4 RTTs (0.3-4 s;
+//! the base RTT, or the RTT now when a standing queue lengthens it) until the goodput stops rising
+//! (at most 4), and judges the count by its best interval, so that slow start and the losses of a
+//! change itself are not held against it (a probe down, which opens nothing, by its first). A first
+//! measure that already shows loss or a standing queue tries half. Otherwise it raises the count by
+//! half while that pays (U up by more than `gain`) and bisects between the last count that paid and
+//! the first that added goodput but not enough; a step up that does not pay goes back, and the
+//! first probe after it goes down, after twice the usual wait (halving outright cost a
+//! window-limited path seconds at half rate; a probe down costs it a quarter for as long). Steps of
+//! a half, not doublings: a doubling past a full link overflows its queue for a whole interval (4
+//! to 8 connections with 24 KB windows on the satellite hop lost 5 % of their bytes), and a path
+//! that needs many connections gets there one step later. Once settled it probes a quarter of the
+//! count (at least one) up or down, alternately, every `hold` intervals (longer after each probe
+//! that lost) and keeps a probe only if it pays, so it follows a path whose capacity or competition
+//! changes. A connection the server refuses lowers the ceiling for the rest of the transfer. Near
+//! the end, when less than two intervals' worth of data is left, it stops changing anything.
 //!
-//! **Which congestion control.** Neither of the two Linux ships widely wins everywhere
-//! (measured in the lab): BBR keeps a bloated DSL queue empty where CUBIC fills it and drops,
-//! but on the satellite hop BBR's drain to 4 packets every 10 s costs window-limited
-//! connections a tenth of their rate, and with several flows in a 96 kB queue it loses more
-//! than CUBIC (-n 6 with 24 KB windows: 0.90 of the link with BBR, 0.955 with CUBIC). So once
-//! the first count has warmed up, unless the user chose one or the other cannot pay (a BBR
-//! sender that lost nothing on a short path), it measures the sender's control
-//! for one long interval (4 intervals, 10-16 s: one of BBR's cycles), then the other for as
-//! long, and keeps the other only if its utility is higher by `gain`; the count's climb starts
-//! from the better of the two. An ordinary interval that leaves no doubt ends either half
-//! early (the sender's control with a nil utility; the other under [`TRIAL_GIVE_UP`] of it),
-//! which spares the path most of the losses or queueing the worse control causes. On a download the server is told mid-transfer
-//! (`OPTS RETR Congestion=`).
+//! **Which congestion control.** Neither of the two Linux ships widely wins everywhere (measured in
+//! the lab): BBR keeps a bloated DSL queue empty where CUBIC fills it and drops, but on the
+//! satellite hop BBR's drain to 4 packets every 10 s costs window-limited connections a tenth of
+//! their rate, and with several flows in a 96 kB queue it loses more than CUBIC (-n 6 with 24 KB
+//! windows: 0.90 of the link with BBR, 0.955 with CUBIC). So on a path whose RTT alone makes BBR's
+//! drain cost more than twice `gain` (400 ms and more), the transfer is set up with CUBIC (from the
+//! control connection's RTT), or a BBR sender switches to it as soon as the data connections show
+//! that RTT. Once the first count has warmed up, unless the user chose a control or the other
+//! cannot pay (a BBR sender that lost little on a short path, a CUBIC sender that lost nothing and
+//! stood no queue), it measures the sender's control for one long interval (4 intervals, 10-16 s:
+//! one of BBR's cycles), then the other for as long, and keeps the other only if its utility is
+//! higher by `gain`; the count's climb starts from the better of the two. An ordinary interval that
+//! leaves no doubt ends either half early (the sender's control with a nil utility; the other under
+//! [`TRIAL_GIVE_UP`] of it), which spares the path most of the losses or queueing the worse control
+//! causes. On a download the server is told mid-transfer (`OPTS RETR Congestion=`).
 //!
 //! Pure: it sees only [`View`]s and returns [`Decision`]s and [`Note`]s, so it is tested with
 //! made-up views (below) and runs the same on the client for downloads and uploads.
@@ -76,6 +81,9 @@ pub struct Tuning {
     /// Try the other congestion control once the count has settled (off when the user chose
     /// one).
     pub try_congestion: bool,
+    /// The congestion control the transfer was set up with, chosen before it from the control
+    /// connection's RTT ([`Tuning::start_on`]); None: the sender's own.
+    pub start_congestion: Option<(CcName, Duration)>,
 }
 
 impl Tuning {
@@ -90,6 +98,18 @@ impl Tuning {
             gain: 0.03,
             hold: 3,
             try_congestion: true,
+            start_congestion: None,
+        }
+    }
+
+    /// Chooses the congestion control to set the transfer up with on a path of `rtt` (the
+    /// control connection's): CUBIC where BBR's drain alone would cost more than twice `gain`
+    /// (400 ms and more), so that a download's server starts with it rather than switching once
+    /// its first report has come. Nothing if the user chose one.
+    pub fn start_on(&mut self, rtt: Option<Duration>) {
+        let long = rtt.filter(|&r| bbr_drain(r) >= 2.0 * self.gain);
+        if let (true, Some(rtt), Ok(cubic)) = (self.try_congestion, long, CcName::parse("cubic")) {
+            self.start_congestion = Some((cubic, rtt));
         }
     }
 }
@@ -178,6 +198,10 @@ pub struct Auto {
     failed_probes: u32,
     /// The congestion control trial has been made (or is not wanted).
     tried: bool,
+    /// The congestion control to start with has been chosen (a long path starts with CUBIC).
+    chose_start: bool,
+    /// The choice made before the transfer ([`Tuning::start_on`]) has been explained.
+    told_start: bool,
     /// Within a trial: the start of its current ordinary interval.
     trial_check: Option<Mark>,
     notes: Vec<Note>,
@@ -199,6 +223,8 @@ impl Auto {
             stint: 0,
             failed_probes: 0,
             tried: !cfg.try_congestion,
+            chose_start: !cfg.try_congestion,
+            told_start: cfg.start_congestion.is_none(),
             trial_check: None,
             notes: Vec::new(),
             cfg,
@@ -331,12 +357,51 @@ impl Auto {
         decisions
     }
 
+    /// The congestion control to start with, once the sender's and the base RTT are known: on
+    /// a path where BBR's drain alone costs more than twice `gain` (RTT 400 ms and more),
+    /// CUBIC; its trial of BBR may still follow.
+    fn start_congestion(&mut self, view: &View) -> Option<Decision> {
+        if let (false, Some((cc, rtt))) = (self.told_start, self.cfg.start_congestion) {
+            self.told_start = true;
+            self.chose_start = true;
+            let why = format!(
+                "{:.0} ms RTT on the control connection: bbr would drain {:.1}% of the time; started with {cc}",
+                rtt.as_secs_f64() * 1e3,
+                bbr_drain(rtt) * 100.0
+            );
+            self.note(view, None, why);
+        }
+        if self.chose_start {
+            return None;
+        }
+        let (Some(cc), Some(base)) = (view.congestion, self.base_rtt) else {
+            return None;
+        };
+        self.chose_start = true;
+        let drain = bbr_drain(base);
+        if cc.as_str() != "bbr" || drain < 2.0 * self.cfg.gain {
+            return None;
+        }
+        let to = other_congestion(cc);
+        let why = format!(
+            "{:.0} ms RTT: bbr would drain {:.1}% of the time; starting with {to}",
+            base.as_secs_f64() * 1e3,
+            drain * 100.0
+        );
+        self.note(view, None, why);
+        self.restart();
+        Some(Decision::Congestion(to))
+    }
+
     /// Starts the congestion control trial if it is due, the sender's control is known, there
     /// is time for both halves of it at the goodput `s` measured, and the other control could
-    /// pay: BBR gives up at most what it sent again plus its drain every 10 s (200 ms and an
+    /// pay. BBR gives up at most what it sent again plus its drain every 10 s (200 ms and an
     /// RTT at 4 packets), so a BBR sender that lost little on a short path keeps it (on a
-    /// 20 ms DSL line the drain is 2 %, and trying CUBIC only filled the queue).
-    /// Returns whether the trial started.
+    /// 20 ms DSL line the drain is 2 %, and trying CUBIC only filled the queue). CUBIC gives
+    /// up rate only to losses (each cuts its window) and costs only the queue it fills, so a
+    /// CUBIC sender that resent nothing and stands little queue keeps it (window-limited
+    /// connections on the satellite hop, where BBR's half of a trial cost 0.23 of the link for
+    /// 12 s). Returns whether the trial started.
     fn begin_trial(&mut self, view: &View, s: &Score, first: bool) -> bool {
         let (false, Some(from)) = (self.tried, view.congestion) else {
             return false;
@@ -349,20 +414,28 @@ impl Auto {
             return false;
         }
         self.tried = true;
-        if from.as_str() == "bbr" {
-            let base = self.base_rtt.unwrap_or_default().as_secs_f64();
-            let drain = (0.2 + base) / 10.0;
+        let keep = if from.as_str() == "bbr" {
+            let drain = bbr_drain(self.base_rtt.unwrap_or_default());
             // Twice `gain`: a switch must be expected to beat it clearly, not by a packet of
             // BBR's start-up overshoot (which is what tipped a 20 ms DSL line over `gain`).
-            if s.loss + drain < 2.0 * self.cfg.gain {
-                let why = format!(
+            (s.loss + drain < 2.0 * self.cfg.gain).then(|| {
+                format!(
                     "bbr sent {:.2}% again and drains {:.1}% of the time: keeping it",
                     s.loss * 100.0,
                     drain * 100.0
-                );
-                self.note(view, Some(s), why);
-                return false;
-            }
+                )
+            })
+        } else {
+            (s.loss == 0.0 && self.cfg.delay_weight * s.queue < self.cfg.gain).then(|| {
+                format!(
+                    "{from} sent nothing again and queues {:.2} RTTs: keeping it",
+                    s.queue
+                )
+            })
+        };
+        if let Some(why) = keep {
+            self.note(view, Some(s), why);
+            return false;
         }
         self.phase = Phase::Trial(Trial {
             base: None,
@@ -418,7 +491,7 @@ impl Auto {
     fn step_count(&mut self, view: &View, s: Score, useful: usize) -> Vec<Decision> {
         let pays =
             |now: &Score, before: &Score| now.utility > before.utility * (1.0 + self.cfg.gain);
-        let up = (s.n * 2).min(useful);
+        let up = (s.n + s.n.div_ceil(2)).min(useful);
         match self.phase {
             Phase::Trial(trial) => self.trial(view, s, trial, useful),
             Phase::Up { before: None } if s.n > 1 && congested(&s) => {
@@ -442,6 +515,8 @@ impl Auto {
                     let why = format!("{gained} over {}, but at a cost; trying {mid}", before.n);
                     self.move_to(mid, view, &s, why)
                 } else {
+                    // The step up was a probe that did not pay: the next waits twice as long.
+                    self.failed_probes += 1;
                     self.phase = self.hold(false);
                     let why = format!(
                         "{gained} over {}: not worth it; back to {}",
@@ -450,7 +525,7 @@ impl Auto {
                     self.move_to(before.n, view, &s, why)
                 }
             }
-            // The first measure, or a doubling that paid: double again.
+            // The first measure, or a step up that paid: up again.
             Phase::Up { before } => {
                 let why = match before {
                     Some(b) => format!("{} over {}", percent(s.goodput, b.goodput), b.n),
@@ -564,6 +639,12 @@ fn other_congestion(cc: CcName) -> CcName {
     CcName::parse(name).unwrap_or(cc)
 }
 
+/// The share of the time BBR spends in its drain (ProbeRTT: 4 packets in flight for 200 ms and
+/// an RTT, every 10 s) on a path of `base` RTT: 2 % at 20 ms, 8 % at 590 ms.
+fn bbr_drain(base: Duration) -> f64 {
+    (0.2 + base.as_secs_f64()) / 10.0
+}
+
 /// Whether the path shows congestion at this count: more than 1 % of bytes sent again, or
 /// a standing queue of half the base RTT.
 fn congested(s: &Score) -> bool {
@@ -597,6 +678,9 @@ impl Policy for Auto {
                     format!("a connection was refused; at most {have} from now on"),
                 );
             }
+        }
+        if let Some(d) = self.start_congestion(view) {
+            return vec![d];
         }
         let left = view.total.map(|t| t.saturating_sub(view.done));
         let useful = left
@@ -695,7 +779,11 @@ impl Policy for Auto {
             Some(before) if before.utility > score.utility => before,
             _ => score,
         };
-        if rising && self.stint < 4 {
+        // A probe down is judged on its first interval: no connection is new, so there is no
+        // slow start to wait out, and where windows limit the connections it costs a quarter
+        // of the rate for as long as it runs.
+        let probing_down = matches!(self.phase, Phase::Probe { up: false, .. });
+        if rising && self.stint < 4 && !probing_down {
             self.settling = Some(best);
             return Vec::new();
         }
@@ -923,7 +1011,9 @@ mod tests {
         receiving: bool,
     ) -> (Vec<usize>, Option<CcName>) {
         let tick = Duration::from_millis(100);
-        let mut cc = path.ccs.and_then(|_| name("bbr"));
+        // The control the transfer was set up with, else the host's (BBR).
+        let set_up = auto.cfg.start_congestion.map(|(cc, _)| cc);
+        let mut cc = path.ccs.and_then(|_| set_up.or(name("bbr")));
         let mut conns: Vec<Conn> = Vec::new();
         let mut retiring: Vec<usize> = Vec::new();
         let mut refused: Vec<usize> = Vec::new();
@@ -1144,7 +1234,9 @@ mod tests {
 
     #[test]
     fn the_congestion_control_that_pays_is_kept() {
-        // The satellite, where BBR's drain every 10 s costs window-limited connections 8 %.
+        // The satellite, where BBR's drain every 10 s costs window-limited connections 8 %:
+        // at 590 ms that is known before measuring, so CUBIC from the start; it loses nothing
+        // and stands no queue there, so BBR gets no trial.
         let path = Path {
             ccs: Some(Ccs {
                 bbr_short: 0.08,
@@ -1154,6 +1246,11 @@ mod tests {
         };
         let (counts, cc, notes) = run_trial(path, true);
         assert_eq!(cc, name("cubic"), "{notes:?}");
+        assert!(notes[0].action.contains("starting with cubic") && notes[0].t < 1.0);
+        assert!(
+            !notes.iter().any(|n| n.action.contains("trying bbr")),
+            "{notes:?}"
+        );
         assert!(path.with_cc(settles(&counts), true).0 > 0.95 * T1);
         // DSL with a bloated queue (a second of it) on a 20 ms path: BBR loses nothing and
         // its drain costs 2 %, so CUBIC cannot pay: not tried.
@@ -1175,7 +1272,8 @@ mod tests {
                 && !notes.iter().any(|n| n.action.contains("cubic")),
             "{notes:?}"
         );
-        // The satellite with a bloated queue (1 MB) that CUBIC fills: tried, given up.
+        // The satellite with a bloated queue (1 MB) that CUBIC fills: CUBIC from the start,
+        // then BBR tried and kept.
         let bloated = Path {
             queue: 1e6,
             ccs: Some(Ccs {
@@ -1186,6 +1284,29 @@ mod tests {
             ..satellite()
         };
         let (_, cc, notes) = run_trial(bloated, false);
+        assert_eq!(cc, name("bbr"), "{notes:?}");
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.action.starts_with("bbr:") && n.action.contains("keeping it")),
+            "{notes:?}"
+        );
+        // A 150 ms path where BBR loses 5 % and CUBIC fills a bloated queue: CUBIC is tried
+        // and given up after a warm-up and an ordinary interval (4 RTTs of the queued path, at
+        // most 4 s), not the trial's long one.
+        let short = Path {
+            base: Duration::from_millis(150),
+            ..bloated
+        };
+        let short = Path {
+            ccs: Some(Ccs {
+                bbr_loss: 0.05,
+                cubic_queue: 1e6,
+                ..Ccs::default()
+            }),
+            ..short
+        };
+        let (_, cc, notes) = run_trial(short, false);
         assert_eq!(cc, name("bbr"));
         let trial: Vec<_> = notes
             .iter()
@@ -1193,26 +1314,59 @@ mod tests {
             .collect();
         assert_eq!(trial.len(), 2, "tried once, and went back: {notes:?}");
         assert!(trial[1].action.contains("back to bbr"), "{trial:?}");
-        // Given up after an ordinary interval (4 RTTs, at most 4 s), not the trial's long one
-        // (16 s at that RTT).
         assert!(trial[1].t - trial[0].t < 8.0, "{trial:?}");
-        // BBR losing a sixth of what it sends: its half of the trial is cut short.
+        // BBR losing a sixth of what it sends there: its half of the trial is cut short.
         let lossy = Path {
             ccs: Some(Ccs {
                 bbr_loss: 0.16,
                 ..Ccs::default()
             }),
-            ..satellite()
+            ..short
         };
         let (_, cc, notes) = run_trial(lossy, true);
         assert_eq!(cc, name("cubic"));
         let started = notes.iter().find(|n| n.action.contains("trying cubic"));
-        assert!(started.is_some_and(|n| n.t < 10.0), "{notes:?}");
-        // A congestion control the user chose is never tried against another.
+        assert!(started.is_some_and(|n| n.t < 5.0), "{notes:?}");
+        // A congestion control the user chose is never changed.
         let mut pinned = Tuning::new(1 << 20);
         pinned.try_congestion = false;
         let (_, cc) = run_sim(&mut Auto::new(pinned), path, BIG, 120.0, 64, true);
         assert_eq!(cc, name("bbr"));
+    }
+
+    #[test]
+    fn a_long_path_is_set_up_with_cubic() {
+        let ms = Duration::from_millis;
+        let mut t = Tuning::new(1 << 20);
+        t.start_on(Some(ms(150)));
+        assert_eq!(t.start_congestion, None);
+        t.start_on(None);
+        assert_eq!(t.start_congestion, None);
+        t.start_on(Some(ms(590)));
+        assert_eq!(t.start_congestion.map(|(cc, _)| cc), name("cubic"));
+        let mut pinned = Tuning::new(1 << 20);
+        pinned.try_congestion = false;
+        pinned.start_on(Some(ms(590)));
+        assert_eq!(pinned.start_congestion, None);
+        // Set up so, the controller says why and switches nothing at the start.
+        let path = Path {
+            ccs: Some(Ccs {
+                bbr_short: 0.08,
+                ..Ccs::default()
+            }),
+            ..satellite()
+        };
+        let mut a = Auto::new(t);
+        let (_, cc) = run_sim(&mut a, path, BIG, 60.0, 64, true);
+        let notes = a.notes();
+        assert_eq!(cc, name("cubic"), "{notes:?}");
+        assert!(notes[0].action.contains("started with cubic"), "{notes:?}");
+        assert!(
+            !notes
+                .iter()
+                .any(|n| n.action.contains("starting with") || n.action.contains("trying bbr")),
+            "{notes:?}"
+        );
     }
 
     fn name(cc: &str) -> Option<CcName> {

@@ -71,7 +71,7 @@ impl Io {
                 open,
                 accept,
                 incoming: None,
-                stall: self.config.data_timeout,
+                stall: self.config.idle_timeout,
             };
             return Ok(BlockConns::Receive(
                 conns,
@@ -79,7 +79,7 @@ impl Io {
             ));
         }
         if let Some(kept) = cached {
-            let joins = Joins::cached(kept.socks, self.config.data_timeout);
+            let joins = Joins::cached(kept.socks, self.config.idle_timeout);
             return Ok(BlockConns::Send(joins));
         }
         let n = b.parallelism.max(1) as usize;
@@ -93,7 +93,7 @@ impl Io {
                 let first = self.blocking(first, t.buffer)?;
                 let listener = listener.into_std().map_err(|e| e.to_string())?;
                 let mut joins =
-                    Joins::accept(self.accept(listener, t.buffer), self.config.data_timeout);
+                    Joins::accept(self.accept(listener, t.buffer), self.config.idle_timeout);
                 joins.open.push(first);
                 return Ok(BlockConns::Send(joins));
             }
@@ -119,7 +119,7 @@ impl Io {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(BlockConns::Send(Joins::fixed(
             socks,
-            self.config.data_timeout,
+            self.config.idle_timeout,
         )))
     }
 
@@ -130,7 +130,7 @@ impl Io {
             peer: canonical_ip(self.peer.ip()),
             max: self.config.max_streams as usize,
             buffer,
-            timeout: Some(self.config.data_timeout),
+            timeout: Some(self.config.idle_timeout),
         }
     }
 

@@ -27,6 +27,12 @@ pub struct Config {
     pub anonymous: Option<Perm>,
     pub users: Users,
     pub login_timeout: Duration,
+    /// How long a session may be silent, and a transfer go without a byte moving or a data
+    /// connection hear nothing: as vsftpd's `data_connection_timeout`, minutes, not seconds. Near
+    /// the end of an elastic upload, connections with nothing left to carry wait on one in TCP
+    /// back-off behind a full queue (16 connections in `dsl-1m-bloat`'s 1 s queue waited
+    /// over 30 s); a client that quits or dies closes its connections, which ends a transfer
+    /// at once.
     pub idle_timeout: Duration,
     /// How long a data connection may take to arrive or connect.
     pub data_timeout: Duration,

@@ -461,12 +461,15 @@ fn auto_adds_connections_where_each_is_window_limited() {
             "{tag}: never more than {most} connections: {summary}"
         );
         let decisions = summary["decisions"].as_array().unwrap();
-        assert!(
-            decisions
-                .iter()
-                .any(|d| d["action"].as_str().unwrap().contains("trying 8")),
-            "{tag}: {decisions:?}"
-        );
+        // The climb's step up from 4, explained.
+        let tried_more = decisions.iter().any(|d| {
+            let action = d["action"].as_str().unwrap_or_default();
+            action
+                .rsplit_once("trying ")
+                .and_then(|(_, n)| n.parse::<u64>().ok())
+                .is_some_and(|n| n > 4)
+        });
+        assert!(tried_more, "{tag}: {decisions:?}");
         assert!(
             std::fs::read(&landed).unwrap() == data,
             "{tag}: the file differs"

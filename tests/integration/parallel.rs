@@ -432,9 +432,15 @@ fn ctrl_c_sends_abor_keeps_the_partial_and_resume_sends_nothing_twice() {
     );
 }
 
-/// A scripted MODE E server that sends one block with a flipped bit but reports the file's
-/// true checksum: the corruption happens in flight, where only the end-to-end check sees it.
-fn lying_server(data: Vec<u8>) -> (std::net::SocketAddr, std::thread::JoinHandle<()>) {
+/// A scripted MODE E server with a braid greeting (so the client pipelines): it sends the file
+/// in one block, with a bit flipped if `flip` (the corruption happens in flight, where only the
+/// end-to-end check sees it), and reports the file's true checksum. It holds its 226 until
+/// CKSM arrives or 5 s pass; the thread returns whether CKSM came first, pipelined behind the
+/// transfer's end.
+fn scripted_server(
+    data: Vec<u8>,
+    flip: bool,
+) -> (std::net::SocketAddr, std::thread::JoinHandle<bool>) {
     use std::io::{BufRead, BufReader};
     let control = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = control.local_addr().unwrap();
@@ -447,7 +453,9 @@ fn lying_server(data: Vec<u8>) -> (std::net::SocketAddr, std::thread::JoinHandle
         let data_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let data_port = data_listener.local_addr().unwrap().port();
         let mut streams = 1;
-        out.write_all(b"220 liar ready\r\n").unwrap();
+        let mut early = false;
+        let sum = braid_proto::checksum::hex(braid_proto::checksum::of(&data));
+        out.write_all(b"220 braid (scripted) ready\r\n").unwrap();
         let mut line = String::new();
         while lines.read_line(&mut line).unwrap_or(0) > 0 {
             let cmd = line.trim_end().to_string();
@@ -470,30 +478,40 @@ fn lying_server(data: Vec<u8>) -> (std::net::SocketAddr, std::thread::JoinHandle
                     let mut socks: Vec<_> = (0..streams)
                         .map(|_| data_listener.accept().unwrap().0)
                         .collect();
-                    let mut bad = data.clone();
-                    bad[data.len() / 2] ^= 0x04;
-                    let mut first = Header::data(0, bad.len() as u64).encode().to_vec();
-                    first.extend_from_slice(&bad);
+                    let mut sent = data.clone();
+                    if flip {
+                        sent[data.len() / 2] ^= 0x04;
+                    }
+                    let mut first = Header::data(0, sent.len() as u64).encode().to_vec();
+                    first.extend_from_slice(&sent);
                     first.extend_from_slice(&Header::eof(streams).encode());
                     socks[0].write_all(&first).unwrap();
                     for s in socks.iter_mut().skip(1) {
                         s.write_all(&Header::eod().encode()).unwrap();
                     }
                     drop(socks);
-                    "226 done".to_string()
+                    let secs = std::time::Duration::from_secs;
+                    out.set_read_timeout(Some(secs(5))).unwrap();
+                    let mut next = String::new();
+                    early = lines.read_line(&mut next).is_ok()
+                        && next.to_ascii_uppercase().starts_with("CKSM");
+                    out.set_read_timeout(Some(secs(30))).unwrap();
+                    if early {
+                        format!("226 done\r\n213 {sum}")
+                    } else {
+                        "226 done".to_string()
+                    }
                 }
-                "CKSM" => format!(
-                    "213 {}",
-                    braid_proto::checksum::hex(braid_proto::checksum::of(&data))
-                ),
+                "CKSM" => format!("213 {sum}"),
                 "QUIT" => {
                     out.write_all(b"221 bye\r\n").unwrap();
-                    return;
+                    return early;
                 }
                 _ => "200 ok".to_string(),
             };
             out.write_all(format!("{reply}\r\n").as_bytes()).unwrap();
         }
+        early
     });
     (addr, handle)
 }
@@ -502,7 +520,7 @@ fn lying_server(data: Vec<u8>) -> (std::net::SocketAddr, std::thread::JoinHandle
 fn a_block_corrupted_in_flight_is_caught_and_the_file_keeps_its_partial_name() {
     let top = tempdir();
     let data = random_bytes(300_000, 12);
-    let (addr, server) = lying_server(data);
+    let (addr, server) = scripted_server(data, true);
     let dest = top.path().join("f.bin");
     let (code, _, err) = braid(
         &[
@@ -522,6 +540,35 @@ fn a_block_corrupted_in_flight_is_caught_and_the_file_keeps_its_partial_name() {
         "the received data must be kept"
     );
     server.join().unwrap();
+}
+
+/// Against a braid server the client asks for the checksum behind the transfer's end, not a
+/// round trip after its 226 (0.6 s on a satellite hop): this server holds its 226 until CKSM.
+#[test]
+fn the_checksum_is_asked_for_before_the_transfer_ends() {
+    let top = tempdir();
+    let data = random_bytes(300_000, 13);
+    let (addr, server) = scripted_server(data.clone(), false);
+    let dest = top.path().join("f.bin");
+    let (code, out, err) = braid(
+        &[
+            "get",
+            &format!("ftp://{addr}/f.bin"),
+            dest.to_str().unwrap(),
+            "-n",
+            "2",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(server.join().unwrap(), "CKSM came only after the 226");
+    assert_eq!(std::fs::read(&dest).unwrap(), data);
+    let checksum = json(&out)["checksum"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(checksum.starts_with("XXH3 "), "{out}");
 }
 
 /// The ranges the client's upload record says the server holds (None: no record).
