@@ -39,7 +39,9 @@ pub struct Control {
     /// Read with the login (pipelined): SIZE of a path, and a passive port.
     early_size: Option<(String, Reply)>,
     early_passive: Option<u16>,
-    /// Read with a transfer's end (pipelined): CKSM of a file (algorithm, path, answer).
+    /// CKSM asked for behind the running transfer (algorithm, path), and its answer once
+    /// read with the transfer's end.
+    checksum_after: Option<(String, String)>,
     early_checksum: Option<(String, String, Option<String>)>,
 }
 
@@ -74,6 +76,7 @@ impl Control {
                         deferred: VecDeque::new(),
                         early_size: None,
                         early_passive: None,
+                        checksum_after: None,
                         early_checksum: None,
                     };
                     let mut greeting = c.reply()?;
@@ -525,40 +528,41 @@ impl Control {
         }
     }
 
-    /// The final reply of a transfer (226 or 250 on success).
+    /// The final reply of a transfer (226 or 250 on success), and the answer to CKSM asked for
+    /// behind it, if it was.
     pub fn finish_transfer(&mut self, cmd: &Command) -> Result<Reply> {
-        self.begin(Op::FinishTransfer)?;
-        self.finished(Some(cmd_for_error(cmd))).and_then(done)
+        let checksum = self.checksum_after.take();
+        if checksum.is_none() {
+            self.begin(Op::FinishTransfer)?;
+        }
+        let finished = self.finished(Some(cmd_for_error(cmd))).and_then(done);
+        // The server answered (226, or a refusal): its answer to CKSM follows. Otherwise the
+        // connection is gone and nothing more will come.
+        if let Some((alg, path)) = checksum
+            && matches!(finished, Ok(_) | Err(ClientError::Remote { .. }))
+            && let (Ok(_), Ok(Outcome::Checksum(sum))) = (&finished, self.finished(None))
+        {
+            self.early_checksum = Some((alg, path, sum));
+        }
+        finished
     }
 
-    /// As [`Control::finish_transfer`], with CKSM of the file sent behind it where the server
-    /// reads pipelined commands: a braid server answers it right after the transfer's final
-    /// reply, which saves the round trip of asking afterwards (0.6 s on a satellite hop).
-    /// [`Control::checksum`] then hands out that answer.
-    pub fn finish_transfer_and_checksum(
-        &mut self,
-        cmd: &Command,
-        alg: &str,
-        path: &str,
-    ) -> Result<Reply> {
+    /// Where the server reads pipelined commands (a braid server), asks now, while the data
+    /// moves, for the transfer's end and for CKSM of `path` behind it: the server answers CKSM
+    /// right after its 226, where asking once the data is in costs a round trip more (0.6 s on
+    /// a satellite hop). [`Control::finish_transfer`] reads both; [`Control::checksum`] then
+    /// hands out the answer.
+    pub fn checksum_after_transfer(&mut self, alg: &str, path: &str) -> Result<()> {
         if !self.session.pipelining() {
-            return self.finish_transfer(cmd);
+            return Ok(());
         }
         self.begin(Op::FinishTransfer)?;
         self.begin(Op::Checksum {
             alg: alg.into(),
             path: path.into(),
         })?;
-        let finished = self.finished(Some(cmd_for_error(cmd))).and_then(done);
-        // The server answered (226, or a refusal): its answer to CKSM follows. Otherwise the
-        // connection is gone and nothing more will come.
-        if matches!(finished, Ok(_) | Err(ClientError::Remote { .. })) {
-            let sum = self.finished(None);
-            if let (Ok(_), Ok(Outcome::Checksum(sum))) = (&finished, sum) {
-                self.early_checksum = Some((alg.into(), path.into(), sum));
-            }
-        }
-        finished
+        self.checksum_after = Some((alg.into(), path.into()));
+        Ok(())
     }
 
     /// The next reply that is not a mark (1xx): GridFTP servers send 111/112 markers meanwhile.

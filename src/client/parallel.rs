@@ -187,6 +187,9 @@ pub fn get(
                 )
             }
         };
+        if peer == Peer::Braid {
+            c.checksum_after_transfer(checksum::NAME, &target.path)?;
+        }
         let bar = progress_bar(opts, size, resumed_from);
         let interrupt = Interrupt::install();
         let mut last_save = Instant::now();
@@ -231,11 +234,7 @@ pub fn get(
                 partial_name,
             ));
         }
-        let alg = match peer {
-            Peer::Braid => checksum::NAME,
-            Peer::GridFtp => "MD5",
-        };
-        let finished = c.finish_transfer_and_checksum(&retr, alg, &target.path);
+        let finished = c.finish_transfer(&retr);
         // The server's last report came before its final reply.
         if let Some(report) = c.session().take_sender_report() {
             steering.sender_reported(report);
