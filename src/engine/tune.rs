@@ -11,8 +11,8 @@
 //! **What it optimises.** A utility in the manner of Falcon (Arifuzzaman and Arslan, TPDS
 //! 2023), measured over an interval with `n` connections:
 //! `U = goodput · (1/K^n − B·loss − D·queue)`, where loss is the share of bytes sent again
-//! (the sending side reads it from `TCP_INFO`), queue is the RTT's rise over the path's base
-//! RTT in base RTTs (capped), K = 1.01 makes every connection cost a little, so a count that
+//! (the sending side reads it from `TCP_INFO`), queue is the rise of the interval's mean RTT
+//! over the path's base RTT in base RTTs (capped), K = 1.01 makes every connection cost a little, so a count that
 //! adds nothing loses to a smaller one; B = 10 and D = 0.1 make loss and queueing cost more
 //! than they bring, which is "stop before the router queue overflows".
 //!
@@ -170,6 +170,9 @@ struct Mark {
     done: u64,
     sent: u64,
     retrans: u64,
+    /// [`Auto::rtt_sum`] and [`Auto::rtt_samples`] then.
+    rtt_sum: f64,
+    rtt_samples: u64,
 }
 
 /// The self-tuning policy. See the module documentation.
@@ -188,6 +191,11 @@ pub struct Auto {
     base_rtt: Option<Duration>,
     /// The RTT at the last tick.
     rtt_now: Option<Duration>,
+    /// The RTT at every tick so far, summed (seconds) and counted: an interval's queueing is
+    /// its mean RTT, not one reading (BBR's drain, or the sender's report coming just after
+    /// it, made single readings on a DSL line swing from 0.4 to 4 base RTTs).
+    rtt_sum: f64,
+    rtt_samples: u64,
     refused: usize,
     /// The best interval so far at this count, and how many were measured at it. A count is
     /// judged once its goodput stops rising (new connections leave slow start, old ones stop
@@ -219,6 +227,8 @@ impl Auto {
             mark: None,
             base_rtt: None,
             rtt_now: None,
+            rtt_sum: 0.0,
+            rtt_samples: 0,
             refused: 0,
             settling: None,
             stint: 0,
@@ -314,7 +324,7 @@ impl Auto {
         };
         // Queueing under 2 ms harms nobody (and on loopback or a LAN, scheduling alone is
         // many times the base RTT).
-        let queue = match (self.base_rtt, mean_rtt(view)) {
+        let queue = match (self.base_rtt, self.mean_rtt_since(mark)) {
             (Some(base), Some(rtt)) if !base.is_zero() && rtt > base + QUIET_QUEUE => {
                 (rtt.as_secs_f64() / base.as_secs_f64() - 1.0).clamp(0.0, 4.0)
             }
@@ -331,6 +341,25 @@ impl Auto {
             queue,
             utility,
         }
+    }
+
+    /// Where an interval starts: the counters now.
+    fn mark_now(&self, view: &View) -> Mark {
+        let (sent, retrans) = sending_counters(view);
+        Mark {
+            at: view.elapsed,
+            done: moved(view),
+            sent,
+            retrans,
+            rtt_sum: self.rtt_sum,
+            rtt_samples: self.rtt_samples,
+        }
+    }
+
+    /// The mean of the RTTs seen since `mark`.
+    fn mean_rtt_since(&self, mark: &Mark) -> Option<Duration> {
+        let n = self.rtt_samples.saturating_sub(mark.rtt_samples);
+        (n > 0).then(|| Duration::from_secs_f64((self.rtt_sum - mark.rtt_sum) / n as f64))
     }
 
     /// Settled: the next probe goes up or down after `hold` intervals, longer after each
@@ -678,6 +707,8 @@ impl Policy for Auto {
         }
         if let Some(rtt) = mean_rtt(view) {
             self.rtt_now = Some(rtt);
+            self.rtt_sum += rtt.as_secs_f64();
+            self.rtt_samples += 1;
         }
         // A connection the server turned away (or could not be opened) sets the ceiling.
         let refused = view.failed
@@ -736,7 +767,7 @@ impl Policy for Auto {
             return Vec::new();
         }
         let Some(mark) = self.mark else {
-            self.mark = Some(mark_now(view));
+            self.mark = Some(self.mark_now(view));
             return Vec::new();
         };
         // Either half of a trial ends early on an ordinary interval that leaves no doubt: the
@@ -748,7 +779,7 @@ impl Policy for Auto {
             let check = *self.trial_check.get_or_insert(mark);
             if now.saturating_sub(check.at) >= self.count_interval() {
                 let s = self.score(view, &check);
-                self.trial_check = Some(mark_now(view));
+                self.trial_check = Some(self.mark_now(view));
                 let clear = match trial.base {
                     None => s.utility <= 0.0,
                     Some(base) => s.utility < base.utility * TRIAL_GIVE_UP,
@@ -762,7 +793,7 @@ impl Policy for Auto {
             return Vec::new();
         }
         let score = self.score(view, &mark);
-        self.mark = Some(mark_now(view));
+        self.mark = Some(self.mark_now(view));
         // The congestion control's trial comes first, once the first interval at the starting
         // count tells whether there is time for it (and, on a download, the sender's first
         // report has said which control it uses).
@@ -864,16 +895,6 @@ fn blocks(bytes: u64, block: u64) -> usize {
     usize::try_from(bytes.div_ceil(block.max(1))).unwrap_or(usize::MAX)
 }
 
-fn mark_now(view: &View) -> Mark {
-    let (sent, retrans) = sending_counters(view);
-    Mark {
-        at: view.elapsed,
-        done: moved(view),
-        sent,
-        retrans,
-    }
-}
-
 /// Bytes moved so far, from the kernel's counters (bytes acknowledged where this side sends,
 /// received where it receives) while a connection is open: the payload counters advance a
 /// piece (256 KiB) at a time, which on a slow connection is seconds. A closed connection
@@ -960,6 +981,9 @@ mod tests {
         ramp: Duration,
         /// How the congestion controls differ here; None: the sender's is unknown.
         ccs: Option<Ccs>,
+        /// Every other tick the RTT reads this much higher, and the others this much lower
+        /// (BBR draining the queue now and then, a report taken at a bad moment).
+        swing: Duration,
     }
 
     /// The path starts with BBR; CUBIC gets all the goodput BBR gets `bbr_short` of, BBR
@@ -1077,6 +1101,11 @@ mod tests {
             }
             done += each * open.len() as f64;
             elapsed += tick;
+            let rtt = if counts.len() % 2 == 0 {
+                rtt + path.swing
+            } else {
+                rtt.saturating_sub(path.swing)
+            };
             let rtt_us = rtt.as_micros() as u32;
             let view = View {
                 elapsed,
@@ -1153,6 +1182,7 @@ mod tests {
             base: Duration::from_millis(590),
             queue: 64_000.0,
             ramp: Duration::ZERO,
+            swing: Duration::ZERO,
             ccs: None,
         }
     }
@@ -1206,6 +1236,7 @@ mod tests {
             base: Duration::from_millis(20),
             queue: 250_000.0,
             ramp: Duration::ZERO,
+            swing: Duration::ZERO,
             ccs: None,
         };
         let counts = simulate(&mut auto(), path, BIG, 60.0, 64);
@@ -1224,6 +1255,7 @@ mod tests {
             base: Duration::from_millis(300),
             queue: 400_000.0,
             ramp: Duration::from_secs(3),
+            swing: Duration::ZERO,
             ccs: None,
         };
         let counts = simulate(&mut auto(), path, BIG, 120.0, 64);
@@ -1240,6 +1272,7 @@ mod tests {
             base: Duration::from_millis(100),
             queue: 30_000.0,
             ramp: Duration::ZERO,
+            swing: Duration::ZERO,
             ccs: None,
         };
         let counts = simulate(&mut auto(), path, BIG, 120.0, 64);
@@ -1280,6 +1313,7 @@ mod tests {
             base: Duration::from_millis(20),
             queue: 125_000.0,
             ramp: Duration::ZERO,
+            swing: Duration::ZERO,
             ccs: Some(Ccs {
                 cubic_queue: 125_000.0,
                 ..Ccs::default()
@@ -1425,6 +1459,34 @@ mod tests {
         let mut a = Auto::new(Tuning::new(64 << 10));
         let counts = simulate(&mut a, path, total, 60.0, 64);
         assert!(counts.iter().all(|&c| c == 4), "{counts:?}");
+    }
+
+    #[test]
+    fn queueing_is_the_mean_rtt_of_an_interval_not_one_reading() {
+        // One connection fills the line and stands 40 ms in its queue, but the RTT reads
+        // 20 ms or 100 ms by turns: one reading would say no queue or four base RTTs.
+        let dsl = Path {
+            capacity: 1e6 / 8.0,
+            window: 4e6,
+            base: Duration::from_millis(20),
+            queue: 5_000.0,
+            ramp: Duration::ZERO,
+            swing: Duration::from_millis(40),
+            ccs: None,
+        };
+        let mut a = auto();
+        simulate(&mut a, dsl, BIG, 60.0, 64);
+        let notes = a.notes();
+        let ones: Vec<f64> = notes
+            .iter()
+            .filter(|n| n.streams == 1)
+            .filter_map(|n| n.queue)
+            .collect();
+        assert!(!ones.is_empty(), "{notes:?}");
+        assert!(
+            ones.iter().all(|q| (1.5..=2.5).contains(q)),
+            "{ones:?}: {notes:?}"
+        );
     }
 
     #[test]
