@@ -33,7 +33,7 @@
 //! that lost) and keeps a probe only if it pays, so it follows a path whose capacity or competition
 //! changes. A connection the server refuses lowers the ceiling for the rest of the transfer. Near
 //! the end, when less than two intervals' worth of data is left, it starts nothing new, and a
-//! step it cannot judge in time goes back to the count last judged best.
+//! step it cannot judge in time goes back to the count last judged best; a probe needs four.
 //!
 //! **Which congestion control.** Neither of the two Linux ships widely wins everywhere (measured in
 //! the lab): BBR keeps a bloated DSL queue empty where CUBIC fills it and drops, but on the
@@ -390,6 +390,15 @@ impl Auto {
         self.move_to(back, view, s, format!("near the end: back to {back}"))
     }
 
+    /// Whether a probe has time to pay back: four intervals' worth left at goodput `s`, twice
+    /// what any change needs (a probe down to 3 with 10 s left cost the satellite hop with 24 KB
+    /// windows a quarter of its rate for 5 s, and could have saved at most 1 %).
+    fn room_for_probe(&self, view: &View, s: &Score) -> bool {
+        let span = 4.0 * (self.warmup() + self.interval()).as_secs_f64();
+        view.total
+            .is_none_or(|t| t.saturating_sub(view.done) as f64 > s.goodput * span)
+    }
+
     /// Explains a move to `n` connections and makes it.
     fn move_to(&mut self, n: usize, view: &View, s: &Score, why: String) -> Vec<Decision> {
         self.note(view, Some(s), why);
@@ -643,7 +652,7 @@ impl Auto {
                 } else {
                     s.n.saturating_sub(by)
                 };
-                if to < 1 || to > useful {
+                if to < 1 || to > useful || !self.room_for_probe(view, &s) {
                     self.phase = self.hold(!up_next);
                     return Vec::new();
                 }
@@ -1497,8 +1506,14 @@ mod tests {
         for secs in (30..120).step_by(2) {
             let total = (T1 * secs as f64) as u64;
             let mut a = Auto::new(Tuning::new(64 << 10));
-            simulate(&mut a, satellite(), total, 300.0, 64);
+            let end = simulate(&mut a, satellite(), total, 300.0, 64).len() as f64 / 10.0;
             let notes = a.notes();
+            // Nor does one start where it could not pay back (four intervals of 3 s and
+            // their warm-ups at 6 connections' RTT).
+            let late = notes
+                .iter()
+                .find(|n| n.action.starts_with("probing") && end - n.t < 15.0);
+            assert!(late.is_none(), "{secs} s, ends at {end}: {late:?}");
             let last = notes.last().map(|n| n.action.as_str()).unwrap_or_default();
             let unjudged = last.starts_with("probing") || last.contains("trying");
             assert!(!unjudged, "{secs} s: {notes:?}");
