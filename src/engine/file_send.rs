@@ -93,23 +93,34 @@ impl FileSender {
         mut end: u64,
         mut sent: impl FnMut(u64),
     ) -> std::io::Result<u64> {
+        // A fault with nothing sent, twice in a row: the file keeps shrinking under us.
         let mut faulted = false;
         while at < end {
             let Some(window) = self.window_at(file, at) else {
                 return copy(sock, file, at, end, self.buffer(), sent);
             };
-            let reached = mapped(sock, window, at, end, &mut sent)?;
-            if reached < end && window.covers(reached) {
-                // The kernel's copy hit a page past the file's end: it shrank since. Go on
-                // to where it ends now (the part of the write before the fault was dropped).
-                let now = file.metadata()?.len();
-                if now <= reached || (faulted && reached == at) {
-                    return Ok(reached);
+            // One write per piece, so `sent` hears of progress as often as through a buffer.
+            let want = usize::try_from(end - at)
+                .unwrap_or(usize::MAX)
+                .min(4 * PIECE);
+            match window.write_to(sock, at, want)? {
+                0 => {
+                    // The kernel's copy hit a page past the file's end: it shrank since. Go
+                    // on to where it ends now (the part of the write before the fault was
+                    // dropped).
+                    let now = file.metadata()?.len();
+                    if now <= at || faulted {
+                        return Ok(at);
+                    }
+                    faulted = true;
+                    end = end.min(now);
                 }
-                faulted = reached == at;
-                end = end.min(now);
+                n => {
+                    faulted = false;
+                    at += n as u64;
+                    sent(at);
+                }
             }
-            at = reached;
         }
         Ok(at)
     }
@@ -160,32 +171,6 @@ fn sendfile(
             Ok(_) => sent(offset),
             Err(rustix::io::Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(offset)
-}
-
-/// Writes `[offset, end)` from `window` while it covers it; the caller maps the next window.
-/// Returns the offset reached: short of `end` when the window ends first, or at a page the
-/// file no longer reaches (it shrank).
-fn mapped(
-    sock: &TcpStream,
-    window: &Window,
-    mut offset: u64,
-    end: u64,
-    mut sent: impl FnMut(u64),
-) -> std::io::Result<u64> {
-    while offset < end && window.covers(offset) {
-        // One write per piece, so `sent` hears of progress as often as through a buffer.
-        let want = usize::try_from(end - offset)
-            .unwrap_or(usize::MAX)
-            .min(4 * PIECE);
-        match window.write_to(sock, offset, want)? {
-            0 => break,
-            n => {
-                offset += n as u64;
-                sent(offset);
-            }
         }
     }
     Ok(offset)

@@ -170,8 +170,8 @@ fn bytes_moved(local: &str, peer: &str) -> u64 {
 /// Runs `args` with `--json`, and once the client has its four data connections and one of
 /// them has carried more than half a block (so that the receiver has counted some of it and
 /// it has something to send again), destroys that one with `ss -K` (as a reset from the
-/// network would). Returns the summary, and
-/// what came out on stdout when the destination is `-`.
+/// network would). Returns the summary, and what came out on stdout when the destination is
+/// `-`.
 fn run_and_break_one(args: &[&str], control_port: u16, home: &std::path::Path) -> (Value, Vec<u8>) {
     let mut child = braid_command(home)
         .args(args)

@@ -58,19 +58,9 @@ impl Window {
         Ok(Window { ptr, start, len })
     }
 
-    /// The file offset of the window's first byte.
-    pub fn start(&self) -> u64 {
-        self.start
-    }
-
-    /// The file offset just past the window.
-    pub fn end(&self) -> u64 {
-        self.start + self.len as u64
-    }
-
     /// Whether the file's byte at `offset` is in the window.
     pub fn covers(&self, offset: u64) -> bool {
-        offset >= self.start && offset < self.end()
+        offset >= self.start && offset - self.start < self.len as u64
     }
 
     /// Writes the file's bytes from `offset` on (at most `len`, and not past the window) to
