@@ -55,11 +55,19 @@ pub(super) enum Input {
 }
 
 impl Conn {
+    /// The next command: one queued during a transfer first, else one read from the client.
     /// Cancel-safe: bytes are only moved into `lines` once a read completes.
     pub(super) async fn next_input(&mut self) -> Input {
         if let Some(l) = self.queued.pop_front() {
             return Input::Line(l);
         }
+        self.read_input().await
+    }
+
+    /// The next line the client sends, never one already queued: while a transfer runs, a
+    /// command queued for later must not come back at once, or the loop watching the
+    /// transfer spins on it and never reads ABOR or STAT (nor sends its reports).
+    pub(super) async fn read_input(&mut self) -> Input {
         loop {
             match self.lines.next_line() {
                 Ok(Some(l)) => return Input::Line(l),

@@ -128,7 +128,7 @@ pub(super) async fn transfer(
                     last_marker = (Instant::now(), r.sent);
                 }
             }
-            input = conn.next_input(), if !client_gone && conn.queued.len() < MAX_QUEUED => match input {
+            input = conn.read_input(), if !client_gone && conn.queued.len() < MAX_QUEUED => match input {
                 Input::Line(l) => match Command::parse(&l) {
                     Ok(Command::Abor) => kill(&aborted),
                     Ok(Command::Stat(None)) => {
@@ -366,7 +366,7 @@ async fn verify_upload(
 async fn await_checksum(conn: &mut Conn, limit: Duration) -> Option<String> {
     let deadline = Instant::now() + limit;
     while conn.queued.len() < MAX_QUEUED {
-        let input = timeout_at(deadline, conn.next_input()).await.ok()?;
+        let input = timeout_at(deadline, conn.read_input()).await.ok()?;
         let Input::Line(l) = input else {
             return None;
         };
@@ -387,9 +387,12 @@ async fn await_checksum(conn: &mut Conn, limit: Duration) -> Option<String> {
 /// Whether the client closed the control connection (within a moment of the data ending).
 /// A command that arrives meanwhile is kept for later.
 async fn control_closed(conn: &mut Conn) -> bool {
-    match timeout(Duration::from_millis(30), conn.next_input()).await {
+    if !conn.queued.is_empty() {
+        return false;
+    }
+    match timeout(Duration::from_millis(30), conn.read_input()).await {
         Ok(Input::Line(l)) => {
-            conn.queued.push_front(l);
+            conn.queued.push_back(l);
             false
         }
         Ok(Input::Closed | Input::TooLong) => true,

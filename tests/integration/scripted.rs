@@ -199,6 +199,38 @@ fn abor_and_stat_work_while_a_transfer_runs() {
     assert!(server.log().contains("outcome=Aborted"), "{}", server.log());
 }
 
+/// A command sent while a transfer runs waits for it to end, and must not keep the server
+/// from reading the next one: the server used to take the queued command back at once, over
+/// and over, spinning a core and never reading STAT or ABOR (nor sending its reports).
+#[test]
+fn a_command_queued_during_a_transfer_leaves_stat_and_abor_working() {
+    let dir = tempdir();
+    std::fs::write(dir.path().join("big.bin"), random_bytes(64 << 20, 2)).unwrap();
+    let server = Server::start(dir.path(), &[]);
+    let mut c = Raw::login(server.addr, "anonymous", "x");
+    c.expect("TYPE I", "200 Switching to Binary mode.\r\n");
+    let mut data = c.epsv();
+    c.expect(
+        "RETR big.bin",
+        "150 Opening BINARY mode data connection for /big.bin (67108864 bytes).\r\n",
+    );
+    let mut first = vec![0u8; 65536];
+    data.read_exact(&mut first).unwrap();
+    // Pipelined, as braid's own client sends CKSM: answered after the transfer.
+    c.send("SIZE big.bin");
+    c.send("STAT");
+    let stat = c.reply();
+    assert!(
+        stat.starts_with("213 Status: ") && stat.ends_with(" bytes transferred so far.\r\n"),
+        "{stat}"
+    );
+    c.send_raw(b"\xff\xf4\xff\xf2ABOR\r\n");
+    assert_eq!(c.reply(), "426 Connection closed; transfer aborted.\r\n");
+    assert_eq!(c.reply(), "226 ABOR successful.\r\n");
+    assert_eq!(c.reply(), "213 67108864\r\n");
+    c.expect("NOOP", "200 NOOP ok.\r\n");
+}
+
 #[test]
 fn active_mode_port_and_eprt_to_the_client_itself() {
     let (_dir, server) = fixture();
