@@ -23,7 +23,9 @@ Exit codes:
   5  the server refused the request (no such file, permission denied, ...)
   6  local file error (cannot read or write, disk full)
   7  transfer interrupted (partial download kept as DEST.part: rerun with --resume)
-  8  integrity check failed (size mismatch)
+  8  integrity check failed (size or checksum mismatch)
+  9  protocol error (not an FTP server, or a reply that makes no sense)
+  10 TLS failed (handshake refused, certificate not trusted)
 
 Credentials: ftp://user:password@host/path, or the password from BRAID_PASSWORD, or a
 ~/.netrc entry for the host (login and password). Without a user, braid logs in anonymously.";
@@ -235,7 +237,8 @@ struct ServeArgs {
     /// Allow anonymous login (on by default when there is no --users file).
     #[arg(long)]
     anonymous: bool,
-    /// Let anonymous users upload, delete, rename and create directories.
+    /// Let anonymous users upload, delete, rename and create directories (with --users, only
+    /// together with --anonymous).
     #[arg(long)]
     anonymous_write: bool,
     /// Passive ports to choose from at random, e.g. 50000-50100 [default: any free port].
@@ -450,6 +453,14 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 file.display(),
                 root.display()
             );
+            // The server resolves a relative root against the users file's directory.
+            let resolved = file.parent().unwrap_or(Path::new("")).join(&root);
+            if !resolved.is_dir() {
+                eprintln!(
+                    "braid: warning: {} is not a directory; {user} cannot log in until it is created",
+                    resolved.display()
+                );
+            }
             Ok(exit::OK)
         }
         Cmd::Demo { size } => crate::demo::run(size).map(|()| exit::OK),
@@ -612,6 +623,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             );
         }
     }
+    if args.users.is_some() && args.anonymous_write && !args.anonymous {
+        bail!(
+            "--anonymous-write with --users would also let anyone log in anonymously and write; \
+             add --anonymous to mean that, or drop --anonymous-write"
+        );
+    }
     let anonymous = args.users.is_none() || args.anonymous || args.anonymous_write;
     config.anonymous = match (anonymous, args.anonymous_write) {
         (false, _) => None,
@@ -636,7 +653,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {} (is another server using it? pick another with --listen)", args.listen))?;
         let addr = listener.local_addr()?;
         let who = match (config.anonymous, args.users.is_some()) {
-            (Some(Perm::ReadWrite), _) => "anonymous read-write",
+            (Some(Perm::ReadWrite), false) => "anonymous read-write",
+            (Some(Perm::ReadWrite), true) => "accounts, plus anonymous read-write",
             (Some(Perm::ReadOnly), false) => "anonymous read-only",
             (Some(Perm::ReadOnly), true) => "accounts, plus anonymous read-only",
             (None, _) => "accounts only",

@@ -133,10 +133,28 @@ pub fn write_entry(
         .map(str::to_string)
         .collect();
     out.push(entry);
-    let tmp = file.with_extension("tmp");
-    std::fs::write(&tmp, out.join("\n") + "\n")
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, file).with_context(|| format!("cannot replace {}", file.display()))?;
+    replace_private(file, (out.join("\n") + "\n").as_bytes())
+}
+
+/// Replaces `file` with `bytes`, readable by its owner only: the file holds password hashes. A
+/// fresh temporary file beside it (random name, created exclusively, 0600 from the start), so a
+/// link planted at a predictable name is never followed, then renamed over `file`, so a reader
+/// sees the old file or the new one, never half of one.
+fn replace_private(file: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".braid-users-")
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+    tmp.write_all(bytes)
+        .and_then(|()| tmp.as_file().sync_all())
+        .with_context(|| format!("cannot write {}", tmp.path().display()))?;
+    tmp.persist(file)
+        .with_context(|| format!("cannot replace {}", file.display()))?;
     Ok(())
 }
 

@@ -79,10 +79,7 @@ impl Control {
                         checksum_after: None,
                         early_checksum: None,
                     };
-                    let mut greeting = c.reply()?;
-                    while greeting.is_preliminary() {
-                        greeting = c.reply()?;
-                    }
+                    let greeting = c.greeting(&name)?;
                     if greeting.code != 220 {
                         return Err(ClientError::Remote {
                             what: "the connection".into(),
@@ -114,6 +111,29 @@ impl Control {
         self.verbose = v;
     }
 
+    /// The server's first final reply. Nothing, or something other than an FTP reply, means
+    /// the port is not an FTP server's (or the server turned the connection away unsaid).
+    fn greeting(&mut self, name: &str) -> Result<Reply> {
+        let not_ftp = |why: String| {
+            ClientError::Protocol(format!(
+                "{name} {why}: is it an FTP server, and the right port? (a server at its connection limit may also close at once)"
+            ))
+        };
+        loop {
+            let r = self.reply_or_end().map_err(|e| match e {
+                ReadError::Closed => not_ftp("closed the connection before greeting".into()),
+                ReadError::Io(e) if is_timeout(&e) => {
+                    not_ftp(format!("sent no greeting in {} s", REPLY_TIMEOUT.as_secs()))
+                }
+                ReadError::Io(e) => not_ftp(format!("broke the connection before greeting ({e})")),
+                ReadError::Other(e) => not_ftp(format!("did not greet as FTP servers do ({e})")),
+            })?;
+            if !r.is_preliminary() {
+                return Ok(r);
+            }
+        }
+    }
+
     /// Reads the next reply, whatever its code.
     pub fn reply(&mut self) -> Result<Reply> {
         self.reply_or_end().map_err(ClientError::from)
@@ -139,14 +159,14 @@ impl Control {
         self.stream
             .tcp()
             .set_nonblocking(true)
-            .map_err(|e| ClientError::Protocol(format!("polling replies: {e}")))?;
+            .map_err(|e| ClientError::ControlLost(format!("polling replies: {e}")))?;
         let read = loop {
             match self.stream.read(&mut buf) {
                 Ok(0) => break Ok(()),
                 Ok(n) => self.parser.feed(&buf[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => break Err(ClientError::Protocol(format!("reading reply: {e}"))),
+                Err(e) => break Err(ClientError::ControlLost(format!("reading reply: {e}"))),
             }
         };
         let _ = self.stream.tcp().set_nonblocking(false);
@@ -228,7 +248,7 @@ impl Control {
         self.stream
             .write_all(&out)
             .and_then(|()| self.stream.flush())
-            .map_err(|e| ClientError::Protocol(format!("sending {}: {e}", last.verb())))
+            .map_err(|e| ClientError::ControlLost(format!("sending {}: {e}", last.verb())))
     }
 
     /// Starts an op whose outcome can wait: pipelined, it is read just before the next op's
@@ -309,7 +329,7 @@ impl Control {
                 ClientError::Integrity(format!("the server's integrity check failed: {reply}"))
             }
             Failure::Protocol(why) => ClientError::Protocol(why),
-            f @ Failure::Closed { .. } => ClientError::Protocol(f.to_string()),
+            f @ Failure::Closed { .. } => ClientError::ControlLost(f.to_string()),
         }
     }
 
@@ -598,7 +618,7 @@ impl Control {
             match read {
                 Err(ReadError::Io(e)) if is_timeout(&e) && heard.elapsed() < REPLY_TIMEOUT => {}
                 Err(ReadError::Io(e)) if is_timeout(&e) => {
-                    return Err(ClientError::Protocol(format!(
+                    return Err(ClientError::ControlLost(format!(
                         "no reply from the server for {} s",
                         REPLY_TIMEOUT.as_secs()
                     )));
@@ -622,7 +642,7 @@ impl Control {
         };
         let sock = sock
             .try_clone()
-            .map_err(|e| ClientError::Protocol(format!("TLS setup: {e}")))?;
+            .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
         self.stream = Wire::tls(sock, config, host)?;
         self.tls = Some((config.clone(), host.to_string()));
         self.run(Op::Protect).map(drop)
@@ -691,7 +711,7 @@ enum ReadError {
 
 impl From<ReadError> for ClientError {
     fn from(e: ReadError) -> ClientError {
-        ClientError::Protocol(match e {
+        ClientError::ControlLost(match e {
             ReadError::Io(e) => format!("reading reply: {e}"),
             ReadError::Closed => "server closed the control connection".into(),
             ReadError::Other(e) => return e,

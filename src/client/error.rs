@@ -13,6 +13,8 @@ pub mod exit {
     pub const LOCAL: u8 = 6;
     pub const INTERRUPTED: u8 = 7;
     pub const INTEGRITY: u8 = 8;
+    pub const PROTOCOL: u8 = 9;
+    pub const TLS: u8 = 10;
 }
 
 /// What went wrong, in words that say what to do about it.
@@ -34,8 +36,16 @@ pub enum ClientError {
     },
     #[error("{0}")]
     Integrity(String),
-    #[error("control connection: {0}")]
+    /// The peer does not speak FTP as expected: nothing or garbage where a greeting or a reply
+    /// should be.
+    #[error("{0}")]
     Protocol(String),
+    /// The control connection broke or went silent in the middle of the session.
+    #[error("control connection: {0}")]
+    ControlLost(String),
+    /// TLS could not be set up: the handshake failed or the certificate is not trusted.
+    #[error("{0}")]
+    Tls(String),
     #[error("{0}")]
     Usage(String),
 }
@@ -58,7 +68,9 @@ impl ClientError {
             ClientError::Local { .. } => exit::LOCAL,
             ClientError::Interrupted { .. } => exit::INTERRUPTED,
             ClientError::Integrity(_) => exit::INTEGRITY,
-            ClientError::Protocol(_) => exit::INTERRUPTED,
+            ClientError::Protocol(_) => exit::PROTOCOL,
+            ClientError::ControlLost(_) => exit::INTERRUPTED,
+            ClientError::Tls(_) => exit::TLS,
             ClientError::Usage(_) => exit::USAGE,
         }
     }

@@ -244,8 +244,26 @@ impl PartFile {
     }
 }
 
+/// A download replaces an existing DEST the way `curl -o` and `cp` do, once it is complete
+/// and checked, but not a file without any write permission: someone protected it.
+fn refuse_read_only(dest: &Dest) -> Result<()> {
+    match dest {
+        Dest::File(p) if std::fs::metadata(p).is_ok_and(|m| m.permissions().readonly()) => {
+            Err(ClientError::Local {
+                what: format!("{} exists and is read-only", p.display()),
+                cause: std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    "braid does not replace a write-protected file: make it writable, remove it, or choose another destination",
+                ),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Downloads one file.
 pub fn get(target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
+    refuse_read_only(dest)?;
     let mut c = session(target, opts, Some(&target.path))?;
     let s = get_on(&mut c, target, dest, opts)?;
     c.quit();
@@ -263,6 +281,9 @@ pub fn get_batch(
     let Some((first, _)) = targets.first() else {
         return Err(ClientError::Usage("no files to download".into()));
     };
+    for (_, dest) in targets {
+        refuse_read_only(dest)?;
+    }
     let mut batch = Batch::start("get-batch");
     let mut c = session(first, opts, Some(&first.path))?;
     for (target, dest) in targets {

@@ -690,7 +690,13 @@ pub fn put(
             };
             return put(c, peer, again, target, opts);
         }
-        r => r?,
+        // Refused before anything moved: nothing of it is on the server, and no record of it
+        // may stay behind.
+        Err(e) => {
+            record.remove();
+            return Err(e);
+        }
+        Ok(socks) => socks,
     };
     let resumed_from = have.len();
     let started = Instant::now();

@@ -174,6 +174,7 @@ impl UploadRecord {
             .ok_or_else(|| std::io::Error::other("no state directory"))?;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
+            forget_old_records(dir);
         }
         let upload = Upload {
             ranges: ranges.to_string(),
@@ -190,7 +191,31 @@ impl UploadRecord {
     }
 }
 
-/// `$XDG_STATE_HOME/braid`, else `~/.local/state/braid`.
+/// How long the record of an upload that was never finished is kept: a server does not keep
+/// a partial for ever either, and records must not pile up.
+const RECORD_LIFETIME: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
+/// Removes records in `dir` not written for [`RECORD_LIFETIME`].
+fn forget_old_records(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > RECORD_LIFETIME);
+        let ours = e.file_name().to_str().is_some_and(|n| n.ends_with(".json"));
+        if old && ours {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// `$XDG_STATE_HOME/braid`, else `~/.local/state/braid` if HOME exists (braid makes its
+/// state directory, never a home directory).
 fn state_dir() -> Option<PathBuf> {
     let absolute = |v: std::ffi::OsString| {
         let p = PathBuf::from(v);
@@ -201,6 +226,7 @@ fn state_dir() -> Option<PathBuf> {
         .or_else(|| {
             std::env::var_os("HOME")
                 .and_then(absolute)
+                .filter(|h| h.is_dir())
                 .map(|h| h.join(".local").join("state"))
         })
         .map(|d| d.join("braid"))
@@ -233,5 +259,24 @@ mod tests {
         assert_eq!(stale.load(), None);
         rec.remove();
         assert_eq!(rec.load(), None);
+    }
+
+    #[test]
+    fn records_not_written_for_a_month_are_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join("0123456789abcdef.json");
+        let fresh = dir.path().join("fedcba9876543210.json");
+        let other = dir.path().join("notes.txt");
+        for p in [&stale, &fresh, &other] {
+            std::fs::write(p, "{}").unwrap();
+        }
+        let long_ago = std::time::SystemTime::now() - RECORD_LIFETIME * 2;
+        for p in [&stale, &other] {
+            let f = std::fs::File::options().write(true).open(p).unwrap();
+            f.set_modified(long_ago).unwrap();
+        }
+        forget_old_records(dir.path());
+        assert!(!stale.exists());
+        assert!(fresh.exists() && other.exists());
     }
 }

@@ -22,6 +22,14 @@ pub struct CredentialSources {
     pub env_password: Option<String>,
     /// Contents of `~/.netrc`.
     pub netrc: Option<String>,
+    /// Asks for a password on the terminal (the prompt given); None when there is no terminal
+    /// to ask on.
+    pub ask: Option<fn(&str) -> Option<String>>,
+}
+
+/// Reads a password from the terminal without echo; None if that fails.
+fn ask_on_terminal(prompt: &str) -> Option<String> {
+    rpassword::prompt_password(prompt).ok()
 }
 
 impl CredentialSources {
@@ -32,16 +40,21 @@ impl CredentialSources {
                 std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".netrc"))
             })
             .and_then(|p| std::fs::read_to_string(p).ok());
+        use std::io::IsTerminal;
         CredentialSources {
             env_password: std::env::var("BRAID_PASSWORD").ok(),
             netrc,
+            ask: std::io::stdin()
+                .is_terminal()
+                .then_some(ask_on_terminal as fn(&str) -> Option<String>),
         }
     }
 }
 
 /// Parses a URL. The password is taken, in order, from the URL, `BRAID_PASSWORD`, then a
-/// `~/.netrc` entry for the host (which may also supply the user). Without a user anywhere,
-/// the login is anonymous.
+/// `~/.netrc` entry for the host (which may also supply the user), then the terminal. Without
+/// a user anywhere, the login is anonymous; a user with no password anywhere and no terminal
+/// to ask on is a usage error (`user:@host` says the password is empty).
 pub fn parse(text: &str, creds: &CredentialSources) -> Result<Target> {
     let url =
         url::Url::parse(text).map_err(|e| ClientError::Usage(format!("bad URL {text:?}: {e}")))?;
@@ -82,6 +95,21 @@ pub fn parse(text: &str, creds: &CredentialSources) -> Result<Target> {
         user = "anonymous".into();
         password.get_or_insert_with(|| "braid@".into());
     }
+    let password = match (password, creds.ask) {
+        (Some(p), _) => p,
+        (None, Some(ask)) => ask(&format!("Password for {user}@{host}: ")).ok_or_else(|| {
+            ClientError::Usage(format!(
+                "could not read a password for {user} from the terminal"
+            ))
+        })?,
+        (None, None) => {
+            return Err(ClientError::Usage(format!(
+                "no password for {user}@{host}: give it in the URL (ftp://{user}:PASSWORD@{host}/...), \
+                 in BRAID_PASSWORD (empty for an empty one) or in ~/.netrc, or run braid on a \
+                 terminal to be asked"
+            )));
+        }
+    };
     let path = decode(url.path())?;
     let path = path.strip_prefix('/').unwrap_or(&path).to_string();
     if path.contains(['\r', '\n', '\0']) {
@@ -93,7 +121,7 @@ pub fn parse(text: &str, creds: &CredentialSources) -> Result<Target> {
         host,
         port,
         user,
-        password: password.unwrap_or_default(),
+        password,
         path,
     })
 }
@@ -173,17 +201,28 @@ mod tests {
         );
         let env = CredentialSources {
             env_password: Some("envpw".into()),
-            netrc: None,
+            ..Default::default()
         };
         assert_eq!(parse("ftp://bob@h/f", &env).unwrap().password, "envpw");
         let netrc = CredentialSources {
-            env_password: None,
             netrc: Some(
                 "machine other login x password y\nmachine h login carol password c1".into(),
             ),
+            ..Default::default()
         };
         let t = parse("ftp://h/f", &netrc).unwrap();
         assert_eq!((t.user.as_str(), t.password.as_str()), ("carol", "c1"));
+        // A user and no password anywhere: asked on the terminal, else an error that says
+        // where a password can come from (it used to log in with an empty one).
+        let terminal = CredentialSources {
+            ask: Some(|prompt| (prompt == "Password for bob@h: ").then(|| "typed".into())),
+            ..Default::default()
+        };
+        assert_eq!(parse("ftp://bob@h/f", &terminal).unwrap().password, "typed");
+        match parse("ftp://bob@h/f", &none) {
+            Err(ClientError::Usage(m)) => assert!(m.contains("BRAID_PASSWORD"), "{m}"),
+            other => panic!("{other:?}"),
+        }
         assert!(parse("http://h/f", &none).is_err());
         assert!(parse("ftp://h/a%0d%0aDELE%20x", &none).is_err());
     }

@@ -26,13 +26,13 @@ impl Wire {
         let name = rustls::pki_types::ServerName::try_from(host.to_string())
             .map_err(|e| ClientError::Usage(format!("{host} cannot be checked by TLS: {e}")))?;
         let conn = rustls::ClientConnection::new(config.clone(), name)
-            .map_err(|e| ClientError::Protocol(format!("TLS setup: {e}")))?;
+            .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
         let mut s = rustls::StreamOwned::new(conn, sock);
         // Handshake now, so a certificate problem is reported as such.
         while s.conn.is_handshaking() {
             s.conn
                 .complete_io(&mut s.sock)
-                .map_err(|e| ClientError::Protocol(format!("TLS handshake with {host}: {e}")))?;
+                .map_err(|e| ClientError::Tls(handshake_failed(host, &e)))?;
         }
         Ok(Wire::Tls(Box::new(s)))
     }
@@ -113,4 +113,22 @@ pub fn client_config(ca: Option<&Path>) -> anyhow::Result<Arc<rustls::ClientConf
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(Arc::new(config))
+}
+
+/// A failed TLS handshake as a sentence: what happened, and what to do about it.
+fn handshake_failed(host: &str, e: &std::io::Error) -> String {
+    let fix = match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        Some(rustls::Error::InvalidCertificate(_)) => {
+            "the server's certificate is not trusted here: if it is self-signed or from a private CA, \
+             pass that certificate (PEM) with --tls-ca FILE"
+        }
+        Some(rustls::Error::AlertReceived(_)) => {
+            "the server refused the handshake: check that it accepts TLS 1.2 or 1.3"
+        }
+        Some(_) => "check the server's TLS setup",
+        None => {
+            "the connection broke during the handshake: check that the server speaks TLS after AUTH TLS"
+        }
+    };
+    format!("TLS handshake with {host} failed: {e}; {fix}")
 }

@@ -131,6 +131,93 @@ fn exit_codes_say_what_failed() {
     assert_eq!(code, 2, "{err}");
 }
 
+/// An upload the server refuses leaves no record behind (they used to pile up in the state
+/// directory), and braid never creates a home directory that does not exist.
+#[test]
+fn a_refused_upload_leaves_no_record_and_no_home_is_made() {
+    let top = tempdir();
+    let server = Server::start(top.path(), &[]);
+    let src = top.path().join("src.bin");
+    std::fs::write(&src, random_bytes(1 << 20, 5)).unwrap();
+    let state = top.path().join("state");
+    let (code, _, err) = braid(
+        &["put", src.to_str().unwrap(), &server.url("up.bin")],
+        &[("XDG_STATE_HOME", state.to_str().unwrap())],
+    );
+    assert_eq!(code, 5, "read-only server must refuse: {err}");
+    let left: Vec<_> = std::fs::read_dir(state.join("braid/uploads"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "records left: {left:?}");
+    let nowhere = top.path().join("no-such-home");
+    let (code, _, err) = braid(
+        &["put", src.to_str().unwrap(), &server.url("up.bin")],
+        &[("HOME", nowhere.to_str().unwrap())],
+    );
+    assert_eq!(code, 5, "{err}");
+    assert!(!nowhere.exists(), "braid created a home directory");
+}
+
+/// `get` replaces a writable DEST once the new file is complete (as curl -o and cp do), but
+/// not a write-protected one.
+#[test]
+fn get_replaces_a_writable_file_but_not_a_read_only_one() {
+    use std::os::unix::fs::PermissionsExt;
+    let top = tempdir();
+    std::fs::write(top.path().join("new.txt"), "new\n").unwrap();
+    let server = Server::start(top.path(), &[]);
+    let local = tempdir();
+    let dest = local.path().join("old.txt");
+    std::fs::write(&dest, "old\n").unwrap();
+    let (code, _, err) = braid(
+        &["get", &server.url("new.txt"), dest.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read_to_string(&dest).unwrap(), "new\n");
+    std::fs::write(&dest, "protected\n").unwrap();
+    std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let (code, _, err) = braid(
+        &["get", &server.url("new.txt"), dest.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, 6, "{err}");
+    assert!(err.contains("read-only"), "{err}");
+    assert_eq!(std::fs::read_to_string(&dest).unwrap(), "protected\n");
+}
+
+/// A port that is not an FTP server's: closed at once, or another protocol's greeting. Exit
+/// code 9, not "interrupted" (7), which would send a script to retry with --resume.
+#[test]
+fn a_port_that_is_not_ftp_is_a_protocol_error() {
+    for (said, expect) in [
+        (&b""[..], "closed the connection before greeting"),
+        (
+            &b"SSH-2.0-OpenSSH_9.2\r\n"[..],
+            "did not greet as FTP servers do",
+        ),
+    ] {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let fake = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.write_all(said).unwrap();
+        });
+        let top = tempdir();
+        let dest = top.path().join("x");
+        let (code, _, err) = braid(
+            &["get", &format!("ftp://{addr}/x"), dest.to_str().unwrap()],
+            &[],
+        );
+        fake.join().unwrap();
+        assert_eq!(code, 9, "{err}");
+        assert!(
+            err.contains(expect) && err.contains("is it an FTP server"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn get_resume_without_a_record_of_the_ranges_starts_over() {
     // MODE E writes blocks at their offsets, so a `.part` may have holes; without its sidecar
@@ -324,6 +411,68 @@ fn credentials_from_env_and_netrc_never_only_the_command_line() {
     );
     assert_eq!(code, 0, "{err}");
     drop(server);
+}
+
+/// The users file holds password hashes: `braid passwd` leaves it readable by its owner only
+/// (even one an admin had left 0644), writes it through a temporary file no one can plant a
+/// link at, and warns when the root it names is missing.
+#[test]
+fn passwd_writes_a_private_file_without_following_a_planted_link() {
+    use std::os::unix::fs::PermissionsExt;
+    let top = tempdir();
+    let users = top.path().join("users");
+    let victim = top.path().join("victim");
+    std::fs::write(&victim, "keep me\n").unwrap();
+    std::os::unix::fs::symlink(&victim, top.path().join("users.tmp")).unwrap();
+    let add = |name: &str| {
+        let mut child = std::process::Command::new(BRAID)
+            .args(["passwd", name, "--file", users.to_str().unwrap()])
+            .args(["--root", "not-made-yet"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(b"pw\n").unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let said = add("erin");
+    assert!(
+        said.contains("not-made-yet is not a directory"),
+        "no warning about the missing root: {said}"
+    );
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&users), 0o600);
+    std::fs::set_permissions(&users, std::fs::Permissions::from_mode(0o644)).unwrap();
+    add("frank");
+    assert_eq!(
+        mode(&users),
+        0o600,
+        "a second account made the file readable again"
+    );
+    let text = std::fs::read_to_string(&users).unwrap();
+    assert!(
+        text.starts_with("erin:") && text.contains("\nfrank:"),
+        "{text}"
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me\n");
+    let names: Vec<_> = std::fs::read_dir(top.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), 3, "temporary files left behind: {names:?}");
+    // With accounts, anonymous writing must be asked for with --anonymous too, not implied.
+    let (ok, _, err) = crate::util::run(
+        std::process::Command::new(BRAID)
+            .args(["serve", "--listen", "127.0.0.1:0", "--root"])
+            .arg(top.path())
+            .arg("--users")
+            .arg(&users)
+            .arg("--anonymous-write"),
+        Duration::from_secs(20),
+    );
+    assert!(!ok && err.contains("add --anonymous"), "{err}");
 }
 
 #[test]

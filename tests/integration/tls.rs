@@ -38,6 +38,7 @@ fn start(top: &Path, root: &Path) -> (Server, String) {
         &key,
         "--users",
         &users,
+        "--anonymous",
         "--anonymous-write",
     ];
     (Server::start(root, &args), cert)
@@ -202,4 +203,24 @@ fn braid_gets_puts_and_lists_over_tls() {
     let (code, _, err) = braid(&["get", &url("f.bin"), d, "--tls"], &env);
     assert_ne!(code, 0, "an unknown certificate was accepted");
     assert!(err.contains("certificate"), "{err}");
+}
+
+/// A certificate this host does not trust ends `braid get --tls` with exit code 10 and a
+/// message that names the fix.
+#[test]
+fn an_untrusted_certificate_is_its_own_exit_code_with_the_fix() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("f.bin"), "x").unwrap();
+    let (server, _cert) = start(top.path(), &root);
+    let dest = top.path().join("f.bin");
+    let url = format!("ftp://alice:s3cret@{}/f.bin", server.addr);
+    let (code, _, err) = crate::util::braid(&["get", "--tls", &url, dest.to_str().unwrap()], &[]);
+    assert_eq!(code, 10, "{err}");
+    assert!(
+        err.contains("not trusted") && err.contains("--tls-ca"),
+        "{err}"
+    );
+    assert!(!dest.exists());
 }
