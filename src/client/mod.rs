@@ -6,6 +6,7 @@ pub mod error;
 mod interrupt;
 mod parallel;
 mod records;
+mod trust;
 pub mod url;
 mod wire;
 

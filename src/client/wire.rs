@@ -83,6 +83,7 @@ pub fn client_config(ca: Option<&Path>) -> anyhow::Result<Arc<rustls::ClientConf
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
+    let mut given = Vec::new();
     match ca {
         Some(path) => {
             for cert in CertificateDer::pem_file_iter(path)
@@ -90,8 +91,9 @@ pub fn client_config(ca: Option<&Path>) -> anyhow::Result<Arc<rustls::ClientConf
             {
                 let cert = cert.with_context(|| format!("bad PEM in {}", path.display()))?;
                 roots
-                    .add(cert)
+                    .add(cert.clone())
                     .with_context(|| format!("unusable certificate in {}", path.display()))?;
+                given.push(cert);
             }
         }
         None => {
@@ -107,10 +109,18 @@ pub fn client_config(ca: Option<&Path>) -> anyhow::Result<Arc<rustls::ClientConf
         );
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .context("TLS setup")?;
+    let verifier = Arc::new(super::trust::Verifier::new(webpki, given));
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .context("TLS setup")?
-        .with_root_certificates(roots)
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
     Ok(Arc::new(config))
 }

@@ -1,0 +1,100 @@
+//! Checking a server's certificate: the Web PKI rules, plus one case curl and lftp accept and
+//! rustls does not. `openssl req -x509 -nodes` marks the self-signed certificate it makes as a
+//! CA (`CA:TRUE`), and Web PKI forbids a CA certificate as a server's own. A certificate the user
+//! gave with `--tls-ca` is one they chose to trust as it is, so when the server presents exactly
+//! that certificate it is accepted as the server's, still checked for the name and the dates.
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{CertificateError, DigitallySignedStruct, Error, SignatureScheme};
+use std::sync::Arc;
+
+/// Web PKI verification, and the certificates given by hand accepted as the server's own.
+#[derive(Debug)]
+pub struct Verifier {
+    webpki: Arc<WebPkiServerVerifier>,
+    /// The certificates from `--tls-ca` (none for the system's).
+    given: Vec<CertificateDer<'static>>,
+}
+
+impl Verifier {
+    pub fn new(webpki: Arc<WebPkiServerVerifier>, given: Vec<CertificateDer<'static>>) -> Self {
+        Verifier { webpki, given }
+    }
+}
+
+impl ServerCertVerifier for Verifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, Error> {
+        let e = match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if !(is_ca_used_as_server(&e) && self.given.iter().any(|g| g == end_entity)) {
+            return Err(e);
+        }
+        let cert = webpki::EndEntityCert::try_from(end_entity)
+            .map_err(|_| Error::InvalidCertificate(CertificateError::BadEncoding))?;
+        cert.verify_is_valid_for_subject_name(server_name)
+            .map_err(|_| Error::InvalidCertificate(CertificateError::NotValidForName))?;
+        check_dates(end_entity, now)?;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+/// Whether Web PKI refused the certificate only for being a CA's.
+fn is_ca_used_as_server(e: &Error) -> bool {
+    matches!(e, Error::InvalidCertificate(CertificateError::Other(o))
+        if o.0.downcast_ref::<webpki::Error>() == Some(&webpki::Error::CaUsedAsEndEntity))
+}
+
+/// The certificate's validity period contains `now`.
+fn check_dates(der: &CertificateDer<'_>, now: UnixTime) -> Result<(), Error> {
+    use x509_parser::prelude::FromDer;
+    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der)
+        .map_err(|_| Error::InvalidCertificate(CertificateError::BadEncoding))?;
+    let now = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+    let validity = cert.validity();
+    if now < validity.not_before.timestamp() {
+        return Err(Error::InvalidCertificate(CertificateError::NotValidYet));
+    }
+    if now > validity.not_after.timestamp() {
+        return Err(Error::InvalidCertificate(CertificateError::Expired));
+    }
+    Ok(())
+}
