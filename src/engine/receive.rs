@@ -31,9 +31,63 @@ pub struct Progress {
     pub sum: Option<ChunkSum>,
 }
 
+/// Most separate ranges a transfer may leave: a sender's connections leave a gap or two
+/// each, a resumed transfer a few more. Beyond it the bookkeeping (and every range marker that
+/// spells it out) would grow with each tiny block a hostile client sends.
+pub const MAX_PIECES: usize = 4096;
+
+/// What the connection threads share, behind one lock taken twice per block.
+#[derive(Default)]
+struct State {
+    completion: Completion,
+    progress: Progress,
+    /// Blocks being written now, with their connection: no other block may overlap one.
+    writing: Vec<(usize, u64, u64)>,
+    /// No block may reach past this (what the disk can hold, for an upload of unknown size).
+    room: Option<u64>,
+}
+
+impl State {
+    /// Admits the block `[offset, end)` on connection `conn`: refused if it overlaps a block
+    /// still arriving elsewhere. Returns the parts of it already stored, whose bytes it must
+    /// repeat (a block sent again after a connection broke).
+    fn admit(&mut self, conn: usize, offset: u64, end: u64) -> Result<Vec<(u64, u64)>, BlockError> {
+        if let Some(room) = self.room.filter(|&r| end > r) {
+            return Err(BlockError::PastRoom {
+                offset,
+                count: end - offset,
+                room,
+            });
+        }
+        if self
+            .writing
+            .iter()
+            .any(|&(c, s, e)| c != conn && s < end && offset < e)
+        {
+            return Err(BlockError::Overlapping {
+                offset,
+                count: end - offset,
+            });
+        }
+        self.writing.push((conn, offset, end));
+        Ok(self
+            .progress
+            .ranges
+            .iter()
+            .filter(|&(s, e)| s < end && offset < e)
+            .map(|(s, e)| (s.max(offset), e.min(end)))
+            .collect())
+    }
+
+    /// The block `conn` was writing has ended (stored, or its connection failed).
+    fn release(&mut self, conn: usize) {
+        self.writing.retain(|&(c, ..)| c != conn);
+    }
+}
+
 /// The state all connection threads share, locked once per block.
 pub struct Shared {
-    state: Mutex<(Completion, Progress)>,
+    state: Mutex<State>,
     /// Bytes received, for progress bars and STAT; updated per piece without a lock.
     bytes: Arc<AtomicU64>,
 }
@@ -71,22 +125,31 @@ impl Shared {
     /// Starts from what an earlier, interrupted run already stored.
     pub fn new(resume: Progress, bytes: Arc<AtomicU64>) -> Shared {
         Shared {
-            state: Mutex::new((Completion::default(), resume)),
+            state: Mutex::new(State {
+                progress: resume,
+                ..State::default()
+            }),
             bytes,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, (Completion, Progress)> {
+    /// Refuses blocks that reach past `room` bytes: a file of unknown size must still fit on
+    /// the disk, or a block far out would leave a huge sparse file behind.
+    pub fn limit_to(&self, room: u64) {
+        self.lock().room = Some(room);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A copy of what has been stored so far (for the resume sidecar).
     pub fn snapshot(&self) -> Progress {
-        self.lock().1.clone()
+        self.lock().progress.clone()
     }
 
     fn complete(&self) -> bool {
-        self.lock().0.complete()
+        self.lock().completion.complete()
     }
 }
 
@@ -119,6 +182,7 @@ pub fn receive(
             let (fail, kept) = (&fail, &kept);
             scope.spawn(move || {
                 let got = receive_conn(transfer, &link, sock, reused, sink, limit, shared);
+                shared.lock().release(link.id);
                 match got {
                     Ok(Ended::Kept(sock)) => {
                         transfer.end(&link, LinkState::Finished);
@@ -212,6 +276,8 @@ fn receive_conn(
     let mut checks = Connection::new(limit);
     let mut raw = [0u8; HEADER_LEN];
     let mut buf = vec![0u8; PIECE];
+    // For bytes that arrive a second time: what is stored there, to compare.
+    let mut check = Vec::new();
     let mut first = true;
     let ended = |checks: &Connection, sock| {
         if checks.reusable() {
@@ -239,13 +305,20 @@ fn receive_conn(
         }
         first = false;
         let header = Header::decode(&raw).map_err(proto)?;
-        let next = checks
-            .header(&header, &mut shared.lock().0)
-            .map_err(proto)?;
-        let (offset, count) = match next {
-            Next::Done => return Ok(ended(&checks, sock)),
-            Next::Payload { offset, count } => (offset, count),
+        let (next, stored) = {
+            let mut state = shared.lock();
+            let next = checks
+                .header(&header, &mut state.completion)
+                .map_err(proto)?;
+            match next {
+                Next::Done => return Ok(ended(&checks, sock)),
+                Next::Payload { offset, count } => {
+                    let stored = state.admit(conn, offset, offset + count).map_err(proto)?;
+                    ((offset, count), stored)
+                }
+            }
         };
+        let (offset, count) = next;
         let mut sum = ChunkSum::new();
         let mut aligned = true;
         let mut at = offset;
@@ -271,16 +344,65 @@ fn receive_conn(
             if aligned && sum.add(at, piece, ends_file).is_err() {
                 aligned = false;
             }
+            same_as_stored(sink, &stored, at, piece, &mut check).map_err(|r| match r {
+                Repeat::Differs(offset) => proto(BlockError::Conflicting { offset }),
+                Repeat::Unreadable(e) => EngineError::Local(e),
+            })?;
             sink.write(at, piece).map_err(EngineError::Local)?;
             at += n as u64;
             shared.bytes.fetch_add(n as u64, Ordering::Relaxed);
             link.add_bytes(n as u64);
         }
-        shared.lock().1.record(offset, end, aligned.then_some(sum));
+        {
+            let mut state = shared.lock();
+            state.release(conn);
+            state.progress.record(offset, end, aligned.then_some(sum));
+            if state.progress.ranges.pieces() > MAX_PIECES {
+                return Err(proto(BlockError::TooFragmented(MAX_PIECES)));
+            }
+        }
         if checks.finished() {
             return Ok(ended(&checks, sock));
         }
     }
+}
+
+/// Checks that `piece`, to be written at `at`, repeats what is already stored where it meets
+/// `stored`: a block may arrive twice (sent again after a connection broke), but never with
+/// other bytes, which would commit a mix of two files. Only a file can be read back; other
+/// sinks rely on the whole-file checksum.
+fn same_as_stored(
+    sink: &Sink,
+    stored: &[(u64, u64)],
+    at: u64,
+    piece: &[u8],
+    check: &mut Vec<u8>,
+) -> Result<(), Repeat> {
+    let end = at + piece.len() as u64;
+    for &(s, e) in stored {
+        let (s, e) = (s.max(at), e.min(end));
+        if s >= e {
+            continue;
+        }
+        check.resize((e - s) as usize, 0);
+        match sink.read_at(s, check) {
+            None => return Ok(()),
+            Some(r) => r.map_err(Repeat::Unreadable)?,
+        }
+        let mine = &piece[(s - at) as usize..(e - at) as usize];
+        if let Some(i) = mine.iter().zip(check.iter()).position(|(a, b)| a != b) {
+            return Err(Repeat::Differs(s + i as u64));
+        }
+    }
+    Ok(())
+}
+
+/// Why bytes that arrived a second time were refused.
+enum Repeat {
+    /// They differ from the stored ones, from this offset on.
+    Differs(u64),
+    /// The stored ones could not be read back.
+    Unreadable(std::io::Error),
 }
 
 /// Reads one header; false if the connection ended cleanly before its first byte.
@@ -303,4 +425,32 @@ fn read_header(sock: &mut TcpStream, raw: &mut [u8; HEADER_LEN]) -> std::io::Res
         }
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_may_not_overlap_one_still_arriving_elsewhere_nor_pass_the_room() {
+        let mut s = State {
+            room: Some(10_000),
+            ..State::default()
+        };
+        s.progress.ranges.insert(0, 1000);
+        // Partly stored already: admitted, with the part to compare.
+        assert_eq!(s.admit(1, 500, 2000), Ok(vec![(500, 1000)]));
+        // Another connection may not write into it meanwhile; the same one moves on.
+        assert!(matches!(
+            s.admit(2, 1500, 2500),
+            Err(BlockError::Overlapping { offset: 1500, .. })
+        ));
+        assert_eq!(s.admit(2, 2000, 3000), Ok(vec![]));
+        s.release(1);
+        assert_eq!(s.admit(3, 1500, 2000), Ok(vec![]));
+        assert!(matches!(
+            s.admit(4, 9_999, 10_001),
+            Err(BlockError::PastRoom { room: 10_000, .. })
+        ));
+    }
 }

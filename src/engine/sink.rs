@@ -24,6 +24,15 @@ impl Sink {
         }
     }
 
+    /// Reads back what was written at `offset`; None where nothing is kept to read (an
+    /// ordered stream, a discarding sink).
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Option<std::io::Result<()>> {
+        match self {
+            Sink::File(f) => Some(f.read_exact_at(buf, offset)),
+            Sink::Ordered(_) | Sink::Discard => None,
+        }
+    }
+
     /// Flushes an ordered sink; an error if bytes are still waiting for a gap to fill.
     pub fn finish(&self) -> std::io::Result<()> {
         match self {

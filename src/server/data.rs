@@ -122,6 +122,9 @@ pub fn run_blocks(
             let writer = file
                 .try_clone()
                 .map_err(|e| DataError::Local(io_to_fs(&e)))?;
+            if let Some(room) = room_for(&file) {
+                shared.limit_to(room);
+            }
             let kept =
                 engine::receive::receive(transfer, conns, &Sink::File(writer), None, &shared)
                     .map_err(engine)?;
@@ -157,6 +160,13 @@ pub fn run_blocks(
             "internal error: transfer direction and data connections disagree".into(),
         ))),
     }
+}
+
+/// How far an upload's blocks may reach: what the file holds now plus the space free for it.
+fn room_for(file: &std::fs::File) -> Option<u64> {
+    let fs = rustix::fs::fstatvfs(file).ok()?;
+    let free = fs.f_bavail.saturating_mul(fs.f_frsize);
+    Some(file.metadata().ok()?.len().saturating_add(free))
 }
 
 /// The server sends like the Globus server: without CLOSE, so that the client may send the

@@ -253,6 +253,70 @@ fn checksum_mismatch_and_protocol_violations_fail_clearly_and_keep_nothing() {
     assert_eq!(code, 0, "{err}");
 }
 
+/// What a hostile MODE E client tried: blocks that overlap with other bytes (committed as a
+/// mix), a block 8 TiB out (a huge sparse partial), and thousands of one-byte blocks (range
+/// markers and memory that grow without bound). Each ends the upload clearly; a block sent
+/// twice with the same bytes (as after a broken connection) is still fine.
+#[test]
+fn hostile_mode_e_uploads_are_refused_and_bounded() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let data = random_bytes(2000, 7);
+    let block = |offset: u64, bytes: &[u8]| {
+        let mut b = Header::data(offset, bytes.len() as u64).encode().to_vec();
+        b.extend_from_slice(bytes);
+        b
+    };
+    let eof = Header::eof(1).encode().to_vec();
+
+    // The same bytes twice, overlapping: stored once, committed whole.
+    let twice = [
+        block(0, &data[..1500]),
+        block(1000, &data[1000..]),
+        eof.clone(),
+    ]
+    .concat();
+    let (_, r, _) = raw_upload(&server, "twice.bin", None, &twice);
+    assert!(r.starts_with("226 "), "{r}");
+    assert!(std::fs::read(root.join("twice.bin")).unwrap() == data);
+
+    // Other bytes where some already arrived.
+    let other = random_bytes(1000, 8);
+    let mix = [block(0, &data[..1500]), block(1000, &other), eof.clone()].concat();
+    let (_, r, _) = raw_upload(&server, "mix.bin", None, &mix);
+    assert!(
+        r.starts_with("426 ") && r.contains("different bytes"),
+        "{r}"
+    );
+    assert!(
+        !root.join("mix.bin").exists(),
+        "a mix of two files was committed"
+    );
+
+    // One byte 8 TiB out.
+    let far = [block(1 << 43, b"x"), eof.clone()].concat();
+    let (_, r, _) = raw_upload(&server, "far.bin", None, &far);
+    assert!(
+        r.starts_with("426 ") && r.contains("more than the disk can hold"),
+        "{r}"
+    );
+    let part = std::fs::metadata(root.join(".far.bin.braid-part")).map_or(0, |m| m.len());
+    assert!(
+        part < 1 << 20,
+        "a {part}-byte sparse partial was left behind"
+    );
+
+    // Thousands of one-byte blocks with gaps between them.
+    let mut crumbs: Vec<u8> = (0..5000u64).flat_map(|i| block(2 * i, b"c")).collect();
+    crumbs.extend_from_slice(&eof);
+    let (mut c, r, marks) = raw_upload(&server, "crumbs.bin", None, &crumbs);
+    assert!(r.starts_with("426 ") && r.contains("too fragmented"), "{r}");
+    assert!(marks.len() < 100_000, "{} bytes of markers", marks.len());
+    c.expect("NOOP", "200 NOOP ok.\r\n");
+}
+
 /// Starts a MODE E RETR by hand over `n` connections the client opens (braid's extension);
 /// returns the control connection (150 read) and the data connections.
 fn retr_by_hand(

@@ -58,6 +58,20 @@ pub enum BlockError {
     DataAfterEod,
     #[error("a data connection closed before its EOD ({0})")]
     ClosedBeforeEod(String),
+    #[error(
+        "block at offset {offset} with {count} bytes ends past {room}, more than the disk can hold"
+    )]
+    PastRoom { offset: u64, count: u64, room: u64 },
+    #[error(
+        "block at offset {offset} with {count} bytes overlaps a block still arriving on another connection"
+    )]
+    Overlapping { offset: u64, count: u64 },
+    #[error("block at offset {offset} carries different bytes than already arrived there")]
+    Conflicting { offset: u64 },
+    #[error(
+        "the blocks received so far leave more than {0} separate pieces: too fragmented to keep track of"
+    )]
+    TooFragmented(usize),
 }
 
 impl Header {

@@ -48,6 +48,11 @@ impl RangeSet {
         self.ranges.is_empty()
     }
 
+    /// How many separate ranges there are (what a marker or a sidecar spells out).
+    pub fn pieces(&self) -> usize {
+        self.ranges.len()
+    }
+
     /// Total bytes covered.
     pub fn len(&self) -> u64 {
         self.ranges.iter().map(|(s, e)| e - s).sum()
