@@ -8,7 +8,7 @@ use crate::engine;
 use crate::fsroot::Root;
 use braid_proto::line::{LineBuffer, LineError};
 use braid_proto::session::{
-    Action, FsError, FsOp, FsOutcome, Perm, Session, SessionConfig, canonical_ip,
+    Action, FsError, FsOp, FsOutcome, Session, SessionConfig, canonical_ip,
 };
 use braid_proto::{Command, MAX_LINE, Reply};
 use std::collections::VecDeque;
@@ -300,23 +300,39 @@ async fn login(io: &mut Io, session: &mut Session, user: String, password: Strin
     let anonymous = braid_proto::session::ANONYMOUS_NAMES
         .iter()
         .any(|a| a.eq_ignore_ascii_case(&user));
-    let name = user.clone();
-    let checked = tokio::task::spawn_blocking(move || -> Option<(Perm, std::path::PathBuf)> {
-        if anonymous {
-            return config.anonymous.map(|p| (p, config.root.clone()));
+    let ip = canonical_ip(io.peer.ip());
+    let logins = &config.logins;
+    let checked = if anonymous {
+        config.anonymous.map(|p| (p, config.root.clone()))
+    } else if logins
+        .failures()
+        .stop_checking(ip, std::time::Instant::now())
+    {
+        tracing::warn!(peer = %io.peer, user, "too many failed logins from this address range lately: password not checked");
+        None
+    } else {
+        let (name, users) = (user.clone(), config.clone());
+        let checked = logins
+            .checks
+            .run(move || {
+                users
+                    .users
+                    .verify(&name, &password)
+                    .map(|a| (a.perm, a.root.clone()))
+            })
+            .await;
+        if checked.is_none() {
+            tracing::warn!(peer = %io.peer, user, "too many password checks waiting: login refused unchecked");
         }
-        config
-            .users
-            .verify(&name, &password)
-            .map(|a| (a.perm, a.root.clone()))
-    })
-    .await
-    .ok()
-    .flatten();
+        checked.flatten()
+    };
     let granted = match checked {
         Some((perm, root_path)) => match Root::open(&root_path) {
             Ok(root) => {
                 io.root = Some(Arc::new(root));
+                if !anonymous {
+                    logins.failures().succeeded(&user);
+                }
                 tracing::info!(peer = %io.peer, user, "logged in");
                 Some(perm)
             }
@@ -326,8 +342,15 @@ async fn login(io: &mut Io, session: &mut Session, user: String, password: Strin
             }
         },
         None => {
-            tracing::warn!(peer = %io.peer, user, "failed login");
-            tokio::time::sleep(io.config.login_fail_delay).await;
+            let now = std::time::Instant::now();
+            let delay = {
+                let mut failures = logins.failures();
+                let delay = failures.delay(config.login_fail_delay, ip, &user, now);
+                failures.failed(ip, &user, now);
+                delay
+            };
+            tracing::warn!(peer = %io.peer, user, delay_ms = delay.as_millis() as u64, "failed login");
+            tokio::time::sleep(delay).await;
             None
         }
     };

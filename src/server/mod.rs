@@ -5,6 +5,7 @@ mod connections;
 mod control;
 mod data;
 mod files;
+mod guard;
 mod supervise;
 pub mod tls;
 
@@ -42,8 +43,11 @@ pub struct Config {
     pub passive_ports: Option<(u16, u16)>,
     /// The address PASV and SPAS replies give (NAT); `None`: the control connection's local one.
     pub public_address: Option<std::net::Ipv4Addr>,
-    /// Delay before answering a failed login (slows down guessing).
+    /// Delay before answering a first failed login; it doubles with each further failure from
+    /// the same address range or for the same account (slows down guessing).
     pub login_fail_delay: Duration,
+    /// Password checks and the failures seen, shared by all sessions.
+    pub logins: Arc<Logins>,
     /// Most data connections for one MODE E transfer.
     pub max_streams: u32,
     /// XXH3 checksums already computed, shared by all sessions.
@@ -109,10 +113,25 @@ impl Config {
             passive_ports: None,
             public_address: None,
             login_fail_delay: Duration::from_millis(500),
+            logins: Arc::default(),
             max_streams: 64,
             checksums: ChecksumCache::default(),
             tls: None,
         }
+    }
+}
+
+/// What all sessions share about logins: the pool that checks passwords and the failures
+/// seen lately.
+#[derive(Debug, Default)]
+pub struct Logins {
+    checks: guard::Checks,
+    failures: Mutex<guard::Failures>,
+}
+
+impl Logins {
+    fn failures(&self) -> std::sync::MutexGuard<'_, guard::Failures> {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -479,3 +479,107 @@ fn read_only_anonymous_and_accounts() {
     );
     assert!(m.is_closed());
 }
+
+/// One wrong password from `from` for `user`; returns the reply.
+fn guess(server: SocketAddr, from: std::net::Ipv4Addr, user: &str) -> String {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(&SocketAddr::from((from, 0)).into()).unwrap();
+    sock.connect(&server.into()).unwrap();
+    let mut s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    s.write_all(format!("USER {user}\r\nPASS wrong\r\n").as_bytes())
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    // Greeting, 331, then the answer to PASS.
+    while got.split(|&b| b == b'\n').count() < 4 {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    text.lines().nth(2).unwrap_or_default().to_string()
+}
+
+/// A flood of wrong passwords from many address ranges: password checks (argon2, 19 MiB each)
+/// run a few at a time, so the server stays small (it used to run one per connection at once
+/// and grow to gigabytes); failures for one account slow down its guessers across connections,
+/// and the log names each address.
+#[test]
+fn a_flood_of_wrong_passwords_keeps_the_server_small_and_slows_guessers() {
+    let dir = tempdir();
+    let users = dir.path().join("users");
+    let mut child = std::process::Command::new(crate::util::BRAID)
+        .args([
+            "passwd",
+            "alice",
+            "--file",
+            users.to_str().unwrap(),
+            "--root",
+            ".",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"right\n").unwrap();
+    assert!(child.wait().unwrap().success());
+    let server = Server::start(
+        dir.path(),
+        &[
+            "--users",
+            users.to_str().unwrap(),
+            "--max-per-ip",
+            "500",
+            "--max-connections",
+            "500",
+        ],
+    );
+    let guessers: Vec<_> = (1..=128u8)
+        .map(|i| {
+            let addr = server.addr;
+            std::thread::spawn(move || {
+                guess(
+                    addr,
+                    std::net::Ipv4Addr::new(127, 0, i, 1),
+                    &format!("u{i}"),
+                )
+            })
+        })
+        .collect();
+    for g in guessers {
+        let r = g.join().unwrap();
+        assert!(r.starts_with("530 "), "{r}");
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(
+        peak_kib < 400 << 10,
+        "128 wrong passwords at once took the server to {} MiB",
+        peak_kib >> 10
+    );
+    // Yet the passwords of these unknown users were checked (19 MiB of argon2 memory), so a
+    // failure takes as long whether or not the user exists.
+    assert!(peak_kib > 19 << 10, "no password was checked");
+    // The same account from two connections: the second failure waits twice as long.
+    let from = std::net::Ipv4Addr::new(127, 0, 200, 1);
+    assert!(guess(server.addr, from, "alice").starts_with("530 "));
+    assert!(guess(server.addr, from, "alice").starts_with("530 "));
+    let log = server.log();
+    let alice: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("failed login") && l.contains("user=\"alice\""))
+        .collect();
+    assert!(
+        alice.len() == 2
+            && alice[0].contains("peer=127.0.200.1:")
+            && alice[0].contains("delay_ms=500")
+            && alice[1].contains("delay_ms=1000"),
+        "{alice:#?}"
+    );
+}
