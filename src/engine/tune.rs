@@ -1329,7 +1329,10 @@ mod tests {
         let counts = simulate(&mut auto(), path, BIG, 120.0, 64);
         assert!(counts.iter().all(|&c| c <= 4), "{counts:?}");
         let n = settles(&counts);
-        assert!(path.with(n).0 > 0.99 * path.capacity, "settled at {n}: {counts:?}");
+        assert!(
+            path.with(n).0 > 0.99 * path.capacity,
+            "settled at {n}: {counts:?}"
+        );
     }
 
     #[test]

@@ -191,10 +191,26 @@ pub(super) async fn serve(
         peer.ip(),
     );
     tracing::info!(%peer, "connected");
+    let ip = canonical_ip(peer.ip());
+    let waiting = config.logins.waiting().enter(ip, config.max_connections);
+    if let Err(why) = waiting {
+        tracing::warn!(%peer, "refused: {why}");
+        let _ = conn.send(&Reply::new(421, why)).await;
+        return;
+    }
+    // The pre-login place, given back on login or when the session ends.
+    let mut waiting = Some(Waiting {
+        config: config.clone(),
+        ip,
+    });
+    let login_timeout = config
+        .logins
+        .waiting()
+        .login_timeout(config.login_timeout, config.max_connections);
     if conn.send(&Session::greeting()).await.is_err() {
         return;
     }
-    let login_deadline = Instant::now() + config.login_timeout;
+    let login_deadline = Instant::now() + login_timeout;
     loop {
         let deadline = if session.user().is_none() {
             login_deadline
@@ -288,11 +304,26 @@ pub(super) async fn serve(
         if !keep_going {
             break;
         }
+        if session.user().is_some() {
+            drop(waiting.take());
+        }
         if !session.keeps_data_connections() {
             io.cached = None;
         }
     }
     tracing::info!(%peer, "disconnected");
+}
+
+/// A connection's place among those waiting to log in.
+struct Waiting {
+    config: Arc<Config>,
+    ip: IpAddr,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.config.logins.waiting().leave(self.ip);
+    }
 }
 
 async fn login(io: &mut Io, session: &mut Session, user: String, password: String) -> Action {

@@ -99,6 +99,67 @@ impl Failures {
     }
 }
 
+/// Connections not logged in yet, by address range: one range may hold only a share of the
+/// server's connections that way (256 pre-login connections from 16 addresses used to lock
+/// everyone else out for the login timeout), and when half the connections are waiting to log
+/// in, new ones get a short login timeout.
+#[derive(Debug, Default)]
+pub struct Waiting {
+    by_range: HashMap<IpAddr, usize>,
+    total: usize,
+}
+
+/// The login timeout under pressure.
+pub const SHORT_LOGIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Waiting {
+    /// Most connections one range may have waiting to log in, of `max` in all.
+    pub fn per_range(max: usize) -> usize {
+        (max / 8).max(2)
+    }
+
+    /// Takes a pre-login place for `ip`, or says why not.
+    pub fn enter(&mut self, ip: IpAddr, max: usize) -> Result<(), String> {
+        let Source::Range(range) = range_of(ip) else {
+            return Ok(());
+        };
+        let here = self.by_range.entry(range).or_insert(0);
+        if *here >= Self::per_range(max) {
+            return Err(format!(
+                "Too many connections from your network waiting to log in (limit {}).",
+                Self::per_range(max)
+            ));
+        }
+        *here += 1;
+        self.total += 1;
+        Ok(())
+    }
+
+    /// Gives the place back (logged in, or gone).
+    pub fn leave(&mut self, ip: IpAddr) {
+        let Source::Range(range) = range_of(ip) else {
+            return;
+        };
+        if let Some(n) = self.by_range.get_mut(&range) {
+            *n -= 1;
+            self.total -= 1;
+            if *n == 0 {
+                self.by_range.remove(&range);
+            }
+        }
+    }
+
+    /// The login timeout for a new connection: the configured one, or a short one when half
+    /// of the `max` connections are waiting to log in.
+    pub fn login_timeout(&self, configured: Duration, max: usize) -> Duration {
+        if self.total * 2 > max {
+            configured.min(SHORT_LOGIN_TIMEOUT)
+        } else {
+            configured
+        }
+    }
+}
+
 /// Password checks waiting at most, beyond those running; more are answered "busy".
 const QUEUE: usize = 64;
 
@@ -192,6 +253,29 @@ mod tests {
         assert_eq!(f.delay(base, a, "root", later), base);
         f.succeeded("alice");
         assert_eq!(f.delay(base, elsewhere, "alice", t0), base);
+    }
+
+    #[test]
+    fn one_range_cannot_take_every_pre_login_place() {
+        let mut w = Waiting::default();
+        let max = 32;
+        let a = |i: u8| IpAddr::from([198, 18, 0, i]);
+        for i in 0..Waiting::per_range(max) as u8 {
+            assert!(w.enter(a(i), max).is_ok());
+        }
+        assert!(w.enter(a(200), max).is_err(), "the range is full");
+        assert!(
+            w.enter(IpAddr::from([198, 18, 1, 1]), max).is_ok(),
+            "another range is not"
+        );
+        w.leave(a(0));
+        assert!(w.enter(a(200), max).is_ok());
+        let configured = Duration::from_secs(60);
+        assert_eq!(w.login_timeout(configured, max), configured);
+        for i in 2..=14u8 {
+            w.enter(IpAddr::from([198, 18, i, 1]), max).unwrap();
+        }
+        assert_eq!(w.login_timeout(configured, max), SHORT_LOGIN_TIMEOUT);
     }
 
     #[test]

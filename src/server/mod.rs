@@ -127,11 +127,16 @@ impl Config {
 pub struct Logins {
     checks: guard::Checks,
     failures: Mutex<guard::Failures>,
+    waiting: Mutex<guard::Waiting>,
 }
 
 impl Logins {
     fn failures(&self) -> std::sync::MutexGuard<'_, guard::Failures> {
         self.failures.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, guard::Waiting> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -480,13 +480,58 @@ fn read_only_anonymous_and_accounts() {
     assert!(m.is_closed());
 }
 
-/// One wrong password from `from` for `user`; returns the reply.
-fn guess(server: SocketAddr, from: std::net::Ipv4Addr, user: &str) -> String {
+/// A connection to `server` from the loopback address `from`.
+fn connect_from(server: SocketAddr, from: std::net::Ipv4Addr) -> TcpStream {
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     sock.bind(&SocketAddr::from((from, 0)).into()).unwrap();
     sock.connect(&server.into()).unwrap();
-    let mut s: TcpStream = sock.into();
+    let s: TcpStream = sock.into();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    s
+}
+
+/// The first line the server sends on `s`.
+fn first_line(s: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut byte = [0u8; 1];
+    while !got.ends_with(b"\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+        got.push(byte[0]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Connections that never log in: one address range may hold only a share of the server's
+/// places (its limit is an eighth of --max-connections), so it cannot lock others out; a login
+/// gives its place back.
+#[test]
+fn one_address_range_cannot_take_every_place_before_login() {
+    let dir = tempdir();
+    let server = Server::start(dir.path(), &["--max-connections", "16"]);
+    let near = |i| std::net::Ipv4Addr::new(127, 0, 5, i);
+    let mut a = connect_from(server.addr, near(1));
+    let mut b = connect_from(server.addr, near(2));
+    assert!(first_line(&mut a).starts_with("220") && first_line(&mut b).starts_with("220"));
+    let mut c = connect_from(server.addr, near(3));
+    let refused = first_line(&mut c);
+    assert!(
+        refused.starts_with("421 ") && refused.contains("waiting to log in"),
+        "{refused}"
+    );
+    let mut elsewhere = connect_from(server.addr, std::net::Ipv4Addr::new(127, 0, 6, 1));
+    assert!(first_line(&mut elsewhere).starts_with("220"));
+    a.write_all(b"USER anonymous\r\nPASS x\r\n").unwrap();
+    assert!(first_line(&mut a).starts_with("331") && first_line(&mut a).starts_with("230"));
+    let mut d = connect_from(server.addr, near(4));
+    assert!(
+        first_line(&mut d).starts_with("220"),
+        "the login freed no place"
+    );
+    assert!(server.log().contains("waiting to log in"));
+}
+
+/// One wrong password from `from` for `user`; returns the reply.
+fn guess(server: SocketAddr, from: std::net::Ipv4Addr, user: &str) -> String {
+    let mut s = connect_from(server, from);
     s.write_all(format!("USER {user}\r\nPASS wrong\r\n").as_bytes())
         .unwrap();
     let mut got = Vec::new();
