@@ -674,6 +674,18 @@ fn put_on(c: &mut Control, local: &Path, target: &Target, opts: &Options) -> Res
     // Even with nothing left to send, STOR is what makes the server's partial take the final
     // name.
     let stor = Command::Stor(target.path.clone());
+    // A partial this continues was not ours to vouch for: a braid server is told what the
+    // whole file hashes to and checks it before the file takes its name.
+    let checked = offset > 0 && c.has_feature("BRAID");
+    if checked {
+        let sum = crate::sums::xxh3(&file, len)
+            .map_err(local_err(format!("cannot read {}", local.display())))?;
+        let scks = Command::Scks {
+            alg: braid_proto::checksum::NAME.into(),
+            value: Some(braid_proto::checksum::hex(sum)),
+        };
+        c.expect(&scks, &[200])?;
+    }
     let data = c.open_data()?;
     if offset > 0 {
         c.restart_at(offset)?;
@@ -712,17 +724,11 @@ fn put_on(c: &mut Control, local: &Path, target: &Target, opts: &Options) -> Res
             why: format!("server reported {reply}; run again with --resume to continue"),
             partial: None,
         },
+        ClientError::Integrity(m) if checked => ClientError::Integrity(format!(
+            "{m}; the partial on the server was not a prefix of this file: send it again without --resume"
+        )),
         e => e,
     })?;
-    if offset > 0 && c.has_feature("BRAID") {
-        // The partial this continued was not ours to vouch for: check the whole file.
-        let local_sum = crate::sums::xxh3(&file, len)
-            .map_err(local_err(format!("cannot read {}", local.display())))?;
-        let hex = braid_proto::checksum::hex(local_sum);
-        let ours = "the local file hashes to";
-        let advice = "; the partial on the server was not a prefix of this file: send it again without --resume";
-        parallel::compare_with_server(c, "XXH3", &target.path, &hex, ours, advice)?;
-    }
     Ok(summary(
         "put",
         &target,

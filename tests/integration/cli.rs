@@ -218,6 +218,44 @@ fn a_port_that_is_not_ftp_is_a_protocol_error() {
     }
 }
 
+/// `put --resume` without a record continues in stream mode from the server's partial, which
+/// may not be a prefix of this file. The server is told what the whole file hashes to, so a
+/// wrong file never takes the final name (it used to, with the client exiting 8 after).
+#[test]
+fn put_resume_onto_a_wrong_partial_never_commits_it() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let content = random_bytes(3 << 20, 9);
+    let src = top.path().join("f.bin");
+    std::fs::write(&src, &content).unwrap();
+    // Another file's first megabyte where this upload's partial would be.
+    std::fs::write(root.join(".f.bin.braid-part"), random_bytes(1 << 20, 10)).unwrap();
+    let state = top.path().join("state");
+    let env = [("XDG_STATE_HOME", state.to_str().unwrap())];
+    let put = |resume: bool| {
+        let mut args = vec!["put", src.to_str().unwrap()];
+        let url = server.url("f.bin");
+        args.push(&url);
+        if resume {
+            args.push("--resume");
+        }
+        let (code, _, err) = braid(&args, &env);
+        (code, err)
+    };
+    let (code, err) = put(true);
+    assert_eq!(code, 8, "{err}");
+    assert!(err.contains("send it again without --resume"), "{err}");
+    assert!(
+        !root.join("f.bin").exists(),
+        "a wrong file took the final name"
+    );
+    let (code, err) = put(false);
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read(root.join("f.bin")).unwrap() == content);
+}
+
 #[test]
 fn get_resume_without_a_record_of_the_ranges_starts_over() {
     // MODE E writes blocks at their offsets, so a `.part` may have holes; without its sidecar

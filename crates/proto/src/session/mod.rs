@@ -351,7 +351,7 @@ impl Session {
                 },
                 have,
                 block_size: self.block_size,
-                expect: if upload { expect } else { None },
+                expect: if upload { expect.clone() } else { None },
                 elastic: self.elastic,
                 max_rate: self.max_rate,
                 congestion: self.congestion,
@@ -369,6 +369,10 @@ impl Session {
             endpoint,
             writable,
             facts: self.facts.clone(),
+            expect: match (&block, direction) {
+                (None, Direction::FromClient) => expect,
+                _ => None,
+            },
             block,
             buffer: self.buffer,
             private: self.protection.data,
@@ -877,6 +881,17 @@ mod tests {
         passive(&mut s);
         s.handle(Command::RestRanges(RangeSet::parse("0-5").unwrap()));
         assert_eq!(code(s.handle(Command::Retr("f".into()))), 504);
+        // A stream-mode upload carries its SCKS too (a resumed one is checked whole).
+        passive(&mut s);
+        s.handle(Command::Scks {
+            alg: "XXH3".into(),
+            value: Some("ab".into()),
+        });
+        let Action::Transfer(t) = s.handle(Command::Stor("f".into())) else {
+            panic!("no transfer")
+        };
+        assert!(t.block.is_none());
+        assert_eq!(t.expect, Some(Expected::Value("ab".into())));
     }
 
     #[test]

@@ -132,6 +132,9 @@ pub struct Transfer {
     pub buffer: Option<u64>,
     /// PROT P: the data connection is TLS.
     pub private: bool,
+    /// A stream-mode upload's checksum (SCKS): the whole file, REST prefix included, must
+    /// hash to it before it takes its name. (MODE E keeps its own in [`BlockMode`].)
+    pub expect: Option<Expected>,
 }
 
 /// A file-system request for the caller.
