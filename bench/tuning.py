@@ -85,6 +85,7 @@ def run(braid, scenario, direction, streams, work, seconds, name):
         "t90": time_to_90(summary),
         "cc": summary.get("congestion"),
         "counts": summary.get("connection_count", []),
+        "decisions": summary.get("decisions", []),
     }
 
 

@@ -427,9 +427,77 @@ fn read_header(sock: &mut TcpStream, raw: &mut [u8; HEADER_LEN]) -> std::io::Res
     Ok(true)
 }
 
+/// Entry point for `fuzz/` (cargo-fuzz): what a hostile sender's block streams do to the
+/// receiver's bookkeeping, without sockets. Compiled always, so the unit tests run it too.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// `data`: a file size byte (0: unknown), then records of a connection number byte, a
+    /// block header and as many payload bytes as it announces (as many as are left). Each
+    /// connection keeps its own checks; all share one [`State`], as the threads do.
+    pub fn mode_e_receiver(data: &[u8]) {
+        let Some((&size, mut rest)) = data.split_first() else {
+            return;
+        };
+        let limit = (size > 0).then_some(u64::from(size) * 1000);
+        let mut state = State {
+            room: Some(1 << 40),
+            ..State::default()
+        };
+        let mut conns: Vec<Connection> = (0..4).map(|_| Connection::new(limit)).collect();
+        while let Some((&which, after)) = rest.split_first() {
+            let Some(raw) = after.get(..HEADER_LEN) else {
+                return;
+            };
+            rest = &after[HEADER_LEN..];
+            let conn = usize::from(which % 4);
+            let Ok(header) = Header::decode(raw.try_into().unwrap_or(&[0; HEADER_LEN])) else {
+                continue;
+            };
+            let Ok(Next::Payload { offset, count }) =
+                conns[conn].header(&header, &mut state.completion)
+            else {
+                continue;
+            };
+            let Ok(_stored) = state.admit(conn, offset, offset + count) else {
+                continue;
+            };
+            let carried = (count as usize).min(rest.len());
+            rest = &rest[carried..];
+            state.release(conn);
+            if carried as u64 == count {
+                state.progress.record(offset, offset + count, None);
+            }
+            assert!(state.writing.iter().all(|&(c, ..)| c != conn));
+            if let Some(l) = limit {
+                assert!(state.progress.ranges.iter().all(|(_, e)| e <= l));
+            }
+            if state.progress.ranges.pieces() > MAX_PIECES {
+                return;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fuzz_entry_takes_streams_of_blocks() {
+        let mut data = vec![5u8];
+        for (conn, offset, count) in [(0u8, 0u64, 10u64), (1, 5, 10), (2, 4000, 10), (1, 20, 0)] {
+            data.push(conn);
+            data.extend_from_slice(&Header::data(offset, count).encode());
+            data.extend(std::iter::repeat_n(7u8, count as usize));
+        }
+        data.push(3);
+        data.extend_from_slice(&Header::eof(1).encode());
+        fuzzing::mode_e_receiver(&data);
+        fuzzing::mode_e_receiver(&[]);
+        fuzzing::mode_e_receiver(&[0, 1, 2, 3]);
+    }
 
     #[test]
     fn a_block_may_not_overlap_one_still_arriving_elsewhere_nor_pass_the_room() {

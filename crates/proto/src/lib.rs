@@ -30,10 +30,92 @@ pub use reply::{Reply, ReplyParser};
 /// hostile client from making the server buffer without bound.
 pub const MAX_LINE: usize = 8192;
 
-/// Entry points for cargo-fuzz targets (see `fuzz/`).
 /// Entry points for `fuzz/` (cargo-fuzz). Compiled always so the unit tests exercise them too.
 #[doc(hidden)]
 pub mod fuzzing {
+    /// Replies from a hostile server: the parser, the markers read out of replies, and what
+    /// parses must write out to bytes that parse back the same.
+    pub fn reply_parser(data: &[u8]) {
+        let mut parser = crate::reply::ReplyParser::new();
+        parser.feed(data);
+        while let Ok(Some(r)) = parser.next_reply() {
+            let _ = crate::markers::parse_range_marker(&r);
+            let _ = crate::markers::parse_sender_marker(&r);
+            let mut again = crate::reply::ReplyParser::new();
+            again.feed(&r.to_bytes());
+            let back = again.next_reply();
+            assert!(
+                matches!(&back, Ok(Some(b)) if b.code == r.code),
+                "{r:?} written out as {:?} parsed as {back:?}",
+                String::from_utf8_lossy(&r.to_bytes())
+            );
+        }
+    }
+
+    /// A session driven by arbitrary command lines, every request it makes answered the way
+    /// the bytes say (granted or refused): it must never panic, and every reply must be one
+    /// line-safe FTP reply.
+    pub fn session(data: &[u8]) {
+        use crate::session::{Action, FsError, Perm, Session, SessionConfig, TransferOutcome};
+        let mut s = Session::new(
+            SessionConfig {
+                anonymous: Some(Perm::ReadWrite),
+                max_login_failures: 3,
+                max_streams: 8,
+                tls: data.first().is_some_and(|b| b & 1 == 1),
+            },
+            std::net::IpAddr::from([198, 18, 0, 1]),
+        );
+        let check = |r: &crate::Reply| {
+            assert!((100..600).contains(&r.code), "{r:?}");
+            let bytes = r.to_bytes();
+            let mut p = crate::reply::ReplyParser::new();
+            p.feed(&bytes);
+            assert!(matches!(p.next_reply(), Ok(Some(_))), "{r:?}");
+        };
+        let mut lines = crate::line::LineBuffer::new(crate::MAX_LINE);
+        lines.extend(data);
+        let mut coin = data.iter().copied().cycle();
+        let mut yes = move || coin.next().is_some_and(|b| b & 2 == 2);
+        while let Ok(Some(line)) = lines.next_line() {
+            let Ok(cmd) = crate::Command::parse(&line) else {
+                continue;
+            };
+            let mut action = s.handle(cmd);
+            if let Action::Login { .. } = action {
+                action = s.login_done(yes().then_some(Perm::ReadWrite));
+            }
+            match action {
+                Action::Reply(r) | Action::Close(r) | Action::StartTls(r) => check(&r),
+                Action::Login { .. } => {}
+                Action::Passive { extended } => {
+                    let addr = std::net::SocketAddr::from(([198, 18, 0, 2], 40000));
+                    let result = if yes() {
+                        Ok(addr)
+                    } else {
+                        Err("no port".into())
+                    };
+                    check(&s.passive_done(extended, result));
+                }
+                Action::Fs(_) => check(&s.fs_done(Err(FsError::NotFound))),
+                Action::Transfer(t) => {
+                    let outcome = if yes() {
+                        TransferOutcome::Complete {
+                            bytes: 1,
+                            kept: yes(),
+                        }
+                    } else {
+                        TransferOutcome::ConnectionLost("gone".into())
+                    };
+                    check(&t.opening(Some(1)));
+                    for r in s.transfer_done(&t, outcome) {
+                        check(&r);
+                    }
+                }
+            }
+        }
+    }
+
     /// Feeds arbitrary bytes through the line splitter and the command parser. Whatever parses
     /// must encode to a line that parses back to the same command: what the server logs and
     /// what the client sends are the same thing.
@@ -53,6 +135,36 @@ pub mod fuzzing {
                     String::from_utf8_lossy(&wire)
                 );
             }
+        }
+    }
+}
+
+/// The fuzz targets' properties on random input shaped like the real thing, in every test run.
+#[cfg(test)]
+mod fuzz_properties {
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn replies_a_hostile_server_might_send(
+            lines in proptest::collection::vec("[0-9]{3}[ -][ -~]{0,30}|[ -~]{0,12}", 0..8),
+        ) {
+            crate::fuzzing::reply_parser((lines.join("\r\n") + "\r\n").as_bytes());
+        }
+
+        #[test]
+        fn command_sequences_never_upset_a_session(
+            seed in any::<u8>(),
+            cmds in proptest::collection::vec(
+                (proptest::sample::select(crate::command::KNOWN_VERBS.to_vec()), "[ -~]{0,16}"),
+                0..40,
+            ),
+        ) {
+            let mut data = vec![seed];
+            for (verb, arg) in cmds {
+                data.extend_from_slice(format!("{verb} {arg}\r\n").as_bytes());
+            }
+            crate::fuzzing::session(&data);
         }
     }
 }
