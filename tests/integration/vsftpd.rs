@@ -4,6 +4,11 @@ use std::process::Command;
 
 /// A vsftpd serving `top/root` anonymously, with uploads into `root/pub`.
 fn start_vsftpd(top: &std::path::Path) -> Daemon {
+    start_vsftpd_with(top, "")
+}
+
+/// As [`start_vsftpd`], with more configuration lines.
+fn start_vsftpd_with(top: &std::path::Path, extra: &str) -> Daemon {
     let program = sbin("vsftpd");
     let root = top.join("root");
     std::fs::create_dir_all(root.join("pub")).unwrap();
@@ -20,7 +25,7 @@ fn start_vsftpd(top: &std::path::Path) -> Daemon {
                  anonymous_enable=YES\nlocal_enable=NO\nanon_root={}\nno_anon_password=YES\nwrite_enable=YES\n\
                  anon_upload_enable=YES\nanon_mkdir_write_enable=YES\nanon_other_write_enable=YES\nanon_umask=022\n\
                  seccomp_sandbox=NO\nrun_as_launching_user=YES\npasv_enable=YES\npasv_address=127.0.0.1\n\
-                 secure_chroot_dir={}\nxferlog_enable=NO\n",
+                 secure_chroot_dir={}\nxferlog_enable=NO\n{extra}",
                 root.display(),
                 top.join("empty").display()
             ),
@@ -182,4 +187,81 @@ fn ctrl_c_in_stream_mode_sends_abor_and_resume_continues() {
         std::fs::read(&stored).unwrap() == content,
         "resumed upload differs"
     );
+}
+
+/// FTPS against vsftpd with TLS required for login and data, and its default
+/// `require_ssl_reuse=YES`: each data connection must resume the control connection's TLS
+/// session, which braid's client does. The certificate is made as admins make it (`openssl req
+/// -x509 -nodes`) and given with --tls-ca.
+#[test]
+fn braid_client_against_vsftpd_over_tls() {
+    crate::util::require("openssl");
+    let top = tempdir();
+    let (cert, key) = (top.path().join("cert.pem"), top.path().join("key.pem"));
+    let (ok, _, err) = crate::util::run(
+        Command::new("openssl")
+            .args([
+                "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "2",
+            ])
+            .args([
+                "-subj",
+                "/CN=127.0.0.1",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert),
+        std::time::Duration::from_secs(60),
+    );
+    assert!(ok, "openssl req: {err}");
+    let vs = start_vsftpd_with(
+        top.path(),
+        &format!(
+            "ssl_enable=YES\nallow_anon_ssl=YES\nforce_anon_logins_ssl=YES\nforce_anon_data_ssl=YES\n\
+             require_ssl_reuse=YES\nrsa_cert_file={}\nrsa_private_key_file={}\n",
+            cert.display(),
+            key.display()
+        ),
+    );
+    let root = top.path().join("root");
+    let content = random_bytes(2 << 20, 62);
+    std::fs::write(root.join("pub/src.bin"), &content).unwrap();
+    let base = format!("ftp://127.0.0.1:{}", vs.port);
+    let ca = cert.to_str().unwrap();
+    let dest = top.path().join("got.bin");
+    let (code, out, err) = braid(
+        &[
+            "get",
+            "--tls-ca",
+            ca,
+            &format!("{base}/pub/src.bin"),
+            dest.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read(&dest).unwrap() == content);
+    let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(summary["mode"], "stream");
+    let (code, _, err) = braid(
+        &[
+            "put",
+            "--tls-ca",
+            ca,
+            dest.to_str().unwrap(),
+            &format!("{base}/pub/up.bin"),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read(root.join("pub/up.bin")).unwrap() == content);
+    let (code, out, err) = braid(&["ls", "--tls-ca", ca, &format!("{base}/pub/")], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("src.bin") && out.contains("up.bin"), "{out}");
+    // Without TLS, vsftpd refuses the login: braid says so.
+    let (code, _, err) = braid(&["ls", &format!("{base}/pub/")], &[]);
+    assert_eq!(code, 4, "{err}");
 }
