@@ -33,7 +33,7 @@ Credentials: ftp://user:password@host/path, or the password from BRAID_PASSWORD,
 #[derive(Parser, Debug)]
 #[command(
     name = "braid",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("BRAID_COMMIT"), ")"),
     about = "Move large files fast over long, fat, slow or lossy networks",
     long_about = "braid is an FTP-compatible server and client built to move large files fast.\n\
                   Start with `braid demo` to see a verified transfer on loopback.",

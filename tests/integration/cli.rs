@@ -186,6 +186,27 @@ fn get_replaces_a_writable_file_but_not_a_read_only_one() {
     assert_eq!(std::fs::read_to_string(&dest).unwrap(), "protected\n");
 }
 
+/// `braid --version` names the commit it was built from, so a bug report says exactly which
+/// code ran.
+#[test]
+fn version_names_the_commit() {
+    let (code, out, _) = braid(&["--version"], &[]);
+    assert_eq!(code, 0);
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("this test reads the commit with git");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    assert!(
+        out.starts_with(&format!(
+            "braid {} (commit {head}",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{out}"
+    );
+}
+
 /// A port that is not an FTP server's: closed at once, or another protocol's greeting. Exit
 /// code 9, not "interrupted" (7), which would send a script to retry with --resume.
 #[test]
