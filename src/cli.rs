@@ -119,6 +119,15 @@ enum Cmd {
     /// The link emulator: two network namespaces joined by an emulated link (needs root).
     #[command(subcommand)]
     Lab(Box<crate::lab::LabCmd>),
+    /// Print a shell completion script, e.g. `braid completions bash >
+    /// /etc/bash_completion.d/braid` (zsh: into a directory on $fpath as `_braid`).
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff), e.g. `braid man > /usr/local/share/man/man1/braid.1`;
+    /// with a directory, write a page for braid and one for each subcommand there.
+    Man {
+        /// Where to write braid.1, braid-get.1, ...
+        dir: Option<PathBuf>,
+    },
     /// Run a loopback server, download a generated file from it, verify it and print the rate.
     Demo {
         /// Size of the generated file, e.g. 256MiB, 1GiB, 1000000.
@@ -463,6 +472,24 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             }
             Ok(exit::OK)
         }
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "braid", &mut script);
+            print_all(&script)
+        }
+        Cmd::Man { dir: None } => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command()).render(&mut page)?;
+            print_all(&page)
+        }
+        Cmd::Man { dir: Some(dir) } => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            clap_mangen::generate_to(cmd, &dir)
+                .with_context(|| format!("cannot write manual pages into {}", dir.display()))?;
+            eprintln!("braid: manual pages written to {}", dir.display());
+            Ok(exit::OK)
+        }
         Cmd::Demo { size } => crate::demo::run(size).map(|()| exit::OK),
         Cmd::Lab(cmd) => crate::lab::main(*cmd),
         Cmd::Trace(args) => crate::trace::main(args),
@@ -576,6 +603,15 @@ fn report(summary: &client::Summary, out: &OutputArgs, data_on_stdout: bool) -> 
         eprintln!("braid: {}", summary.human());
     }
     Ok(exit::OK)
+}
+
+/// Writes generated text to stdout; a reader that stops early (`| head`) is not an error.
+fn print_all(bytes: &[u8]) -> anyhow::Result<u8> {
+    use std::io::Write;
+    match std::io::stdout().write_all(bytes) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(exit::OK),
+    }
 }
 
 fn read_new_password() -> anyhow::Result<String> {

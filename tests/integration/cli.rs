@@ -207,6 +207,27 @@ fn version_names_the_commit() {
     );
 }
 
+/// Shell completions and manual pages come from the command-line definition itself, so they
+/// name every subcommand and option there is.
+#[test]
+fn completions_and_manual_pages_cover_the_commands() {
+    let (code, bash, err) = braid(&["completions", "bash"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(bash.contains("_braid()") && bash.contains("--resume") && bash.contains("passwd"));
+    let (code, zsh, _) = braid(&["completions", "zsh"], &[]);
+    assert!(code == 0 && zsh.starts_with("#compdef braid"), "{zsh}");
+    let (code, page, _) = braid(&["man"], &[]);
+    assert!(
+        code == 0 && page.contains(".TH braid 1") && page.contains("passwd"),
+        "{page}"
+    );
+    let dir = tempdir();
+    let (code, _, err) = braid(&["man", dir.path().to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    let get = std::fs::read_to_string(dir.path().join("braid-get.1")).unwrap();
+    assert!(get.contains("\\-\\-resume"), "{get}");
+}
+
 /// A port that is not an FTP server's: closed at once, or another protocol's greeting. Exit
 /// code 9, not "interrupted" (7), which would send a script to retry with --resume.
 #[test]
