@@ -877,10 +877,17 @@ impl Policy for Auto {
             self.settling = Some(best);
             return Vec::new();
         }
-        // Judged: the next verdict at this count starts from fresh intervals.
+        // Judged: the next verdict at this count starts from fresh intervals. Whether the
+        // link is full is what the count does once settled, so the queue is the last
+        // interval's when that is longer (the best one can be the first, before several BBR
+        // connections' start-up had built the queue they then keep).
         self.settling = None;
         self.stint = 0;
-        self.step(view, best, useful)
+        let judged = Score {
+            queue: best.queue.max(score.queue),
+            ..best
+        };
+        self.step(view, judged, useful)
     }
 
     fn notes(&mut self) -> Vec<Note> {
