@@ -28,11 +28,15 @@
 //! window-limited path seconds at half rate; a probe down costs it a quarter for as long). Steps of
 //! a half, not doublings: a doubling past a full link overflows its queue for a whole interval (4
 //! to 8 connections with 24 KB windows on the satellite hop lost 5 % of their bytes), and a path
-//! that needs many connections gets there one step later. Once settled it probes a quarter of the
-//! count (at least one) up or down, alternately, every `hold` intervals (longer after each probe
-//! that lost) and keeps a probe only if it pays, so it follows a path whose capacity or competition
-//! changes. A connection the server refuses lowers the ceiling for the rest of the transfer. Near
-//! the end, when less than two intervals' worth of data is left, it starts nothing new, and a
+//! that needs many connections gets there one step later. A count that stands a queue of a
+//! quarter of the base RTT (its last interval's, when longer than its best's) already fills the
+//! link: it is not raised, since more connections could add only queue and loss. Once settled it
+//! probes a quarter of the count (at least one) up or down, alternately, every `hold` intervals
+//! (longer after each probe that lost) and keeps a probe only if it pays, so it follows a path
+//! whose capacity or competition changes; with the link full it probes only down, and not again
+//! below a count whose probe down lost until an interval shows congestion. A connection the
+//! server refuses lowers the ceiling for the rest of the transfer. Near the end, when less than
+//! two intervals' worth of data is left, it starts nothing new, and a
 //! step it cannot judge in time goes back to the count last judged best; a probe needs four.
 //!
 //! **Which congestion control.** Neither of the two Linux ships widely wins everywhere (measured in
