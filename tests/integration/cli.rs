@@ -228,6 +228,33 @@ fn completions_and_manual_pages_cover_the_commands() {
     assert!(get.contains("\\-\\-resume"), "{get}");
 }
 
+/// The systemd unit in contrib/ is one systemd accepts as it is: no unknown key, no typo in a
+/// sandboxing option, the program it starts exists and runs.
+#[test]
+fn the_systemd_unit_is_valid() {
+    crate::util::require("systemd-analyze");
+    let dir = tempdir();
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/contrib/braid.service"
+    ))
+    .unwrap();
+    assert!(unit.contains("ExecStart=/usr/local/bin/braid serve "));
+    let here = dir.path().join("braid.service");
+    std::fs::write(
+        &here,
+        unit.replace("/usr/local/bin/braid", crate::util::BRAID),
+    )
+    .unwrap();
+    let out = std::process::Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&here)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.trim().is_empty(), "{said}");
+}
+
 /// A port that is not an FTP server's: closed at once, or another protocol's greeting. Exit
 /// code 9, not "interrupted" (7), which would send a script to retry with --resume.
 #[test]
