@@ -260,14 +260,16 @@ pub(super) async fn transfer(
         peer = %io.peer,
         user = session.user().unwrap_or("-"),
         path = %t.path(),
+        direction = if is_upload { "upload" } else { "download" },
         mode = if t.block.is_some() { "E" } else { "S" },
         // Data connections this transfer used, and whether the last transfer left them open.
         data_connections = if t.block.is_some() { moving.links().len() } else { 1 },
         reused = t.endpoint == DataEndpoint::Cached,
         bytes,
         seconds = format!("{secs:.3}"),
-        mbps = format!("{:.1}", bytes as f64 / secs.max(1e-9) / 1e6),
-        outcome = ?outcome,
+        megabytes_per_second = format!("{:.1}", bytes as f64 / secs.max(1e-9) / 1e6),
+        outcome = outcome.word(),
+        why = outcome.detail().unwrap_or_default(),
         "transfer"
     );
     if client_gone {

@@ -70,7 +70,7 @@ fn python_ftplib_session() {
         server.log()
     );
     assert!(
-        server.log().contains("outcome=Aborted"),
+        server.log().contains("outcome=\"aborted\""),
         "the ABOR did not abort: {}",
         server.log()
     );

@@ -478,8 +478,8 @@ fn ctrl_c_sends_abor_keeps_the_partial_and_resume_sends_nothing_twice() {
     assert!(sidecar.exists() && !dest.exists());
     // The server noticed, logged it, and serves on.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !server.log().contains("outcome=Aborted")
-        && !server.log().contains("outcome=ConnectionLost")
+    while !server.log().contains("outcome=\"aborted\"")
+        && !server.log().contains("outcome=\"connection_lost\"")
     {
         assert!(
             Instant::now() < deadline,

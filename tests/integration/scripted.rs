@@ -196,7 +196,11 @@ fn abor_and_stat_work_while_a_transfer_runs() {
     assert_eq!(c.reply(), "426 Connection closed; transfer aborted.\r\n");
     assert_eq!(c.reply(), "226 ABOR successful.\r\n");
     c.expect("NOOP", "200 NOOP ok.\r\n");
-    assert!(server.log().contains("outcome=Aborted"), "{}", server.log());
+    assert!(
+        server.log().contains("outcome=\"aborted\""),
+        "{}",
+        server.log()
+    );
 }
 
 /// A command sent while a transfer runs waits for it to end, and must not keep the server

@@ -264,6 +264,37 @@ pub enum TransferOutcome {
     ChecksumMismatch { expected: String, actual: String },
 }
 
+impl TransferOutcome {
+    /// One stable word for logs and scripts.
+    pub fn word(&self) -> &'static str {
+        match self {
+            TransferOutcome::Complete { .. } => "complete",
+            TransferOutcome::Aborted => "aborted",
+            TransferOutcome::NoConnection(_) => "no_connection",
+            TransferOutcome::ConnectionLost(_) => "connection_lost",
+            TransferOutcome::Local(_) => "local_error",
+            TransferOutcome::Shutdown => "shutdown",
+            TransferOutcome::ChecksumMismatch { .. } => "checksum_mismatch",
+        }
+    }
+
+    /// Why, in words, when it did not complete.
+    pub fn detail(&self) -> Option<String> {
+        match self {
+            TransferOutcome::Complete { .. }
+            | TransferOutcome::Aborted
+            | TransferOutcome::Shutdown => None,
+            TransferOutcome::NoConnection(why) | TransferOutcome::ConnectionLost(why) => {
+                Some(why.clone())
+            }
+            TransferOutcome::Local(e) => Some(e.to_string()),
+            TransferOutcome::ChecksumMismatch { expected, actual } => {
+                Some(format!("announced {expected}, received {actual}"))
+            }
+        }
+    }
+}
+
 /// What the caller must do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
