@@ -313,7 +313,19 @@ fn receive_conn(
             match next {
                 Next::Done => return Ok(ended(&checks, sock)),
                 Next::Payload { offset, count } => {
-                    let stored = state.admit(conn, offset, offset + count).map_err(proto)?;
+                    // Past the room there is, the disk is full for this file, as a write there
+                    // would find: the sender is told so (no space), not of a fault.
+                    let stored =
+                        state
+                            .admit(conn, offset, offset + count)
+                            .map_err(|e| match e {
+                                BlockError::PastRoom { .. } => {
+                                    EngineError::Local(std::io::Error::from_raw_os_error(
+                                        rustix::io::Errno::NOSPC.raw_os_error(),
+                                    ))
+                                }
+                                e => proto(e),
+                            })?;
                     ((offset, count), stored)
                 }
             }

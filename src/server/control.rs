@@ -264,6 +264,10 @@ pub(super) async fn serve(
         // Login and passive results may themselves close the session.
         if let Action::Login { user, password } = action {
             action = login(&mut io, &mut session, user, password).await;
+            // Logged in: the pre-login place goes before the reply says so.
+            if session.user().is_some() {
+                drop(waiting.take());
+            }
         }
         let keep_going = match action {
             Action::Reply(r) => conn.send(&r).await.is_ok(),
@@ -303,9 +307,6 @@ pub(super) async fn serve(
         };
         if !keep_going {
             break;
-        }
-        if session.user().is_some() {
-            drop(waiting.take());
         }
         if !session.keeps_data_connections() {
             io.cached = None;
