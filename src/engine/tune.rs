@@ -48,7 +48,8 @@
 //! control connection's RTT), or a BBR sender switches to it as soon as the data connections show
 //! that RTT. Once the first count has warmed up, unless the user chose a control or the other
 //! cannot pay (a BBR sender that lost little on a short path, a CUBIC sender that lost nothing and
-//! stood no queue), it measures the sender's control for one long interval (4 intervals, 10-16 s:
+//! stood no queue, or stands less than an RTT of queue on a path long enough to have chosen it),
+//! it measures the sender's control for one long interval (4 intervals, 10-16 s:
 //! one of BBR's cycles), then the other for as long, and keeps the other only if its utility is
 //! higher by `gain`; the count's climb starts from the better of the two. An ordinary interval that
 //! leaves no doubt ends either half early (the sender's control with a nil utility; the other under
@@ -492,6 +493,17 @@ impl Auto {
                     drain * 100.0
                 )
             })
+        } else if bbr_drain(self.base_rtt.unwrap_or_default()) >= 2.0 * self.cfg.gain
+            && s.queue < 1.0
+        {
+            // A path this long is why CUBIC was chosen; BBR could pay only by keeping a long
+            // queue shorter. In a queue shorter than the RTT, several BBR connections lose more
+            // than CUBIC does (20-30 % of their bytes on satellite-t1, where every trial went
+            // back to CUBIC after costing 7-19 s).
+            Some(format!(
+                "{from} queues {:.2} RTTs, too little for bbr to win back its drain: keeping it",
+                s.queue
+            ))
         } else {
             (s.loss == 0.0 && self.cfg.delay_weight * s.queue < self.cfg.gain).then(|| {
                 format!(
@@ -1517,6 +1529,32 @@ mod tests {
         pinned.try_congestion = false;
         let (_, cc) = run_sim(&mut Auto::new(pinned), path, BIG, 120.0, 64, true);
         assert_eq!(cc, name("bbr"));
+    }
+
+    #[test]
+    fn a_long_path_with_a_short_queue_keeps_cubic_despite_its_losses() {
+        // satellite-t1 with default windows: 4 CUBIC connections overflow its short queue now
+        // and then (a few % sent again); BBR would lose more there. No trial.
+        let path = Path {
+            window: 200_000.0,
+            ccs: Some(Ccs {
+                bbr_short: 0.08,
+                bbr_loss: 0.25,
+                ..Ccs::default()
+            }),
+            ..satellite()
+        };
+        assert!(path.with_cc(4, true).2 > 0.0, "the model: CUBIC loses at 4");
+        let mut t = Tuning::new(1 << 20);
+        t.start_on(Some(Duration::from_millis(590)));
+        let mut a = Auto::new(t);
+        let (_, cc) = run_sim(&mut a, path, BIG, 120.0, 64, true);
+        let notes = a.notes();
+        assert_eq!(cc, name("cubic"), "{notes:?}");
+        assert!(
+            !notes.iter().any(|n| n.action.contains("trying bbr")),
+            "{notes:?}"
+        );
     }
 
     #[test]
