@@ -28,6 +28,9 @@ pub enum Job {
         file: File,
         offset: u64,
         ascii: bool,
+        /// Stream mode: hash the whole file once it is in, for a checksum the client
+        /// announced (SCKS; MODE E hashes as blocks arrive).
+        check: bool,
     },
     List {
         text: Vec<u8>,
@@ -47,8 +50,8 @@ pub enum DataError {
 pub struct Finished {
     pub bytes: u64,
     pub upload: Option<(Upload, File)>,
-    /// MODE E uploads: the file's length and its checksum as received, when every byte of
-    /// `[0, length)` arrived in this run.
+    /// Uploads: the file's length and its checksum (MODE E: as received, when every byte of
+    /// `[0, length)` arrived in this run; stream mode: when the client announced one).
     pub received: Option<(u64, Option<u128>)>,
     /// MODE E: the data connections left open for the session's next transfer.
     pub kept: Kept,
@@ -219,9 +222,10 @@ fn run_tls(
             file,
             offset,
             ascii,
+            check,
         } => {
             let n = receive(&file, offset, ascii, &mut s, progress)?;
-            (n, Some((upload, file)))
+            (n, Some((upload, file, check)))
         }
     };
     // close_notify tells the client the data ended here, not by a cut connection.
@@ -231,12 +235,7 @@ fn run_tls(
         ended.map_err(DataError::Net)?;
         finish_send(s.sock)?;
     }
-    Ok(Finished {
-        bytes,
-        upload,
-        received: None,
-        kept: Kept::default(),
-    })
+    stream_finished(bytes, upload)
 }
 
 fn run_clear(job: Job, mut sock: TcpStream, progress: &AtomicU64) -> Result<Finished, DataError> {
@@ -261,18 +260,37 @@ fn run_clear(job: Job, mut sock: TcpStream, progress: &AtomicU64) -> Result<Fini
             file,
             offset,
             ascii,
+            check,
         } => {
             let n = receive(&file, offset, ascii, &mut sock, progress)?;
-            (n, Some((upload, file)))
+            (n, Some((upload, file, check)))
         }
     };
     if upload.is_none() {
         finish_send(sock)?;
     }
+    stream_finished(bytes, upload)
+}
+
+/// The end of a stream transfer. An upload whose client announced the whole file's checksum
+/// (a resumed one, whose partial may not have been a prefix of the file) is hashed whole here,
+/// on the data thread, for the control task to check before the file takes its name.
+fn stream_finished(
+    bytes: u64,
+    upload: Option<(Upload, File, bool)>,
+) -> Result<Finished, DataError> {
+    let local = |e: std::io::Error| DataError::Local(io_to_fs(&e));
+    let received = match &upload {
+        Some((_, file, true)) => {
+            let len = file.metadata().map_err(local)?.len();
+            Some((len, Some(crate::sums::xxh3(file, len).map_err(local)?)))
+        }
+        _ => None,
+    };
     Ok(Finished {
         bytes,
-        upload,
-        received: None,
+        upload: upload.map(|(u, f, _)| (u, f)),
+        received,
         kept: Kept::default(),
     })
 }

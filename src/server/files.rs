@@ -169,6 +169,7 @@ pub(super) fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), F
                     file,
                     offset,
                     ascii: t.ascii,
+                    check: t.expect.is_some(),
                 },
                 None,
             )

@@ -216,28 +216,10 @@ pub(super) async fn transfer(
                             "client closed the control connection".into(),
                         ))
                     }
-                    // A resumed stream upload whose client said what the whole file hashes to:
-                    // checked here, before the file takes its name (the partial it continued
-                    // may not have been a prefix of it).
-                    (None, _) if t.expect.is_some() => {
-                        let hashed = match file.try_clone() {
-                            Ok(r) => tokio::task::spawn_blocking(move || {
-                                r.metadata().and_then(|m| crate::sums::xxh3(&r, m.len()))
-                            })
-                            .await
-                            .map_err(std::io::Error::other)
-                            .and_then(|h| h),
-                            Err(e) => Err(e),
-                        };
-                        match hashed {
-                            Ok(actual) => {
-                                verify_upload(conn, io, t.expect.as_ref(), announced, Some(actual))
-                                    .await
-                            }
-                            Err(e) => Err(TransferOutcome::Local(FsError::Other(format!(
-                                "cannot read the upload back to check it: {e}"
-                            )))),
-                        }
+                    // A stream upload whose client announced the whole file's checksum (a
+                    // resumed one), hashed on the data thread: checked before it takes its name.
+                    (None, Some((_, actual))) => {
+                        verify_upload(conn, io, t.expect.as_ref(), announced, actual).await
                     }
                     _ => Ok(()),
                 };
