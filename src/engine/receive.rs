@@ -70,13 +70,7 @@ impl State {
             });
         }
         self.writing.push((conn, offset, end));
-        Ok(self
-            .progress
-            .ranges
-            .iter()
-            .filter(|&(s, e)| s < end && offset < e)
-            .map(|(s, e)| (s.max(offset), e.min(end)))
-            .collect())
+        Ok(self.progress.ranges.within(offset, end).collect())
     }
 
     /// The block `conn` was writing has ended (stored, or its connection failed).
@@ -305,32 +299,27 @@ fn receive_conn(
         }
         first = false;
         let header = Header::decode(&raw).map_err(proto)?;
-        let (next, stored) = {
+        let (offset, count, stored) = {
             let mut state = shared.lock();
-            let next = checks
+            let (offset, count) = match checks
                 .header(&header, &mut state.completion)
-                .map_err(proto)?;
-            match next {
+                .map_err(proto)?
+            {
                 Next::Done => return Ok(ended(&checks, sock)),
-                Next::Payload { offset, count } => {
-                    // Past the room there is, the disk is full for this file, as a write there
-                    // would find: the sender is told so (no space), not of a fault.
-                    let stored =
-                        state
-                            .admit(conn, offset, offset + count)
-                            .map_err(|e| match e {
-                                BlockError::PastRoom { .. } => {
-                                    EngineError::Local(std::io::Error::from_raw_os_error(
-                                        rustix::io::Errno::NOSPC.raw_os_error(),
-                                    ))
-                                }
-                                e => proto(e),
-                            })?;
-                    ((offset, count), stored)
-                }
-            }
+                Next::Payload { offset, count } => (offset, count),
+            };
+            // Past the room there is, the disk is full for this file, as a write there would
+            // find: the sender is told so (no space), not of a fault.
+            let stored = state
+                .admit(conn, offset, offset + count)
+                .map_err(|e| match e {
+                    BlockError::PastRoom { .. } => EngineError::Local(
+                        std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()),
+                    ),
+                    e => proto(e),
+                })?;
+            (offset, count, stored)
         };
-        let (offset, count) = next;
         let mut sum = ChunkSum::new();
         let mut aligned = true;
         let mut at = offset;
@@ -459,12 +448,12 @@ pub mod fuzzing {
         };
         let mut conns: Vec<Connection> = (0..4).map(|_| Connection::new(limit)).collect();
         while let Some((&which, after)) = rest.split_first() {
-            let Some(raw) = after.get(..HEADER_LEN) else {
+            let Some((raw, after)) = after.split_first_chunk::<HEADER_LEN>() else {
                 return;
             };
-            rest = &after[HEADER_LEN..];
+            rest = after;
             let conn = usize::from(which % 4);
-            let Ok(header) = Header::decode(raw.try_into().unwrap_or(&[0; HEADER_LEN])) else {
+            let Ok(header) = Header::decode(raw) else {
                 continue;
             };
             let Ok(Next::Payload { offset, count }) =

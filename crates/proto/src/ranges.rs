@@ -58,14 +58,18 @@ impl RangeSet {
         self.ranges.iter().map(|(s, e)| e - s).sum()
     }
 
-    /// How many bytes of `[start, end)` are already covered.
-    pub fn overlap(&self, start: u64, end: u64) -> u64 {
+    /// The covered parts of `[start, end)`, in order.
+    pub fn within(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
         let i = self.ranges.partition_point(|&(_, e)| e <= start);
         self.ranges[i..]
             .iter()
-            .take_while(|&&(s, _)| s < end)
-            .map(|&(s, e)| e.min(end) - s.max(start))
-            .sum()
+            .take_while(move |&&(s, _)| s < end)
+            .map(move |&(s, e)| (s.max(start), e.min(end)))
+    }
+
+    /// How many bytes of `[start, end)` are already covered.
+    pub fn overlap(&self, start: u64, end: u64) -> u64 {
+        self.within(start, end).map(|(s, e)| e - s).sum()
     }
 
     /// Whether `[start, end)` is wholly covered.
