@@ -170,8 +170,10 @@ fn transfers_rest_and_type_a_conversion() {
     c.expect("DELE sub", "550 /sub: not a plain file.\r\n");
 }
 
-#[test]
-fn abor_and_stat_work_while_a_transfer_runs() {
+/// A server with a 64 MiB file whose download has started and stopped after 64 KiB because the
+/// client no longer reads: the server is stuck in the middle of the file. Returns the server's
+/// directory, the server, the control connection and the data connection.
+fn stuck_download() -> (tempfile::TempDir, Server, Raw, std::net::TcpStream) {
     let dir = tempdir();
     std::fs::write(dir.path().join("big.bin"), random_bytes(64 << 20, 1)).unwrap();
     let server = Server::start(dir.path(), &[]);
@@ -184,13 +186,23 @@ fn abor_and_stat_work_while_a_transfer_runs() {
     );
     let mut first = vec![0u8; 65536];
     data.read_exact(&mut first).unwrap();
-    // The client stops reading: the server is stuck in the middle of the file.
-    c.send("STAT");
+    (dir, server, c, data)
+}
+
+/// The reply to a STAT sent while a transfer runs.
+fn expect_stat(c: &mut Raw) {
     let stat = c.reply();
     assert!(
         stat.starts_with("213 Status: ") && stat.ends_with(" bytes transferred so far.\r\n"),
         "{stat}"
     );
+}
+
+#[test]
+fn abor_and_stat_work_while_a_transfer_runs() {
+    let (_dir, server, mut c, _data) = stuck_download();
+    c.send("STAT");
+    expect_stat(&mut c);
     // ABOR as clients send it: Telnet IP and Synch first.
     c.send_raw(b"\xff\xf4\xff\xf2ABOR\r\n");
     assert_eq!(c.reply(), "426 Connection closed; transfer aborted.\r\n");
@@ -208,26 +220,11 @@ fn abor_and_stat_work_while_a_transfer_runs() {
 /// and over, spinning a core and never reading STAT or ABOR (nor sending its reports).
 #[test]
 fn a_command_queued_during_a_transfer_leaves_stat_and_abor_working() {
-    let dir = tempdir();
-    std::fs::write(dir.path().join("big.bin"), random_bytes(64 << 20, 2)).unwrap();
-    let server = Server::start(dir.path(), &[]);
-    let mut c = Raw::login(server.addr, "anonymous", "x");
-    c.expect("TYPE I", "200 Switching to Binary mode.\r\n");
-    let mut data = c.epsv();
-    c.expect(
-        "RETR big.bin",
-        "150 Opening BINARY mode data connection for /big.bin (67108864 bytes).\r\n",
-    );
-    let mut first = vec![0u8; 65536];
-    data.read_exact(&mut first).unwrap();
+    let (_dir, _server, mut c, _data) = stuck_download();
     // Pipelined, as braid's own client sends CKSM: answered after the transfer.
     c.send("SIZE big.bin");
     c.send("STAT");
-    let stat = c.reply();
-    assert!(
-        stat.starts_with("213 Status: ") && stat.ends_with(" bytes transferred so far.\r\n"),
-        "{stat}"
-    );
+    expect_stat(&mut c);
     c.send_raw(b"\xff\xf4\xff\xf2ABOR\r\n");
     assert_eq!(c.reply(), "426 Connection closed; transfer aborted.\r\n");
     assert_eq!(c.reply(), "226 ABOR successful.\r\n");
