@@ -1,7 +1,9 @@
 //! `braid get`, `put`, `ls`, `demo` and `serve` as a user runs them: results on disk, JSON
 //! summaries, exit codes, resume, credentials and shutdown.
 
-use crate::util::{BRAID, Raw, Server, braid, json, random_bytes, resume_get, tempdir};
+use crate::util::{
+    BRAID, Raw, Server, add_account, braid, json, random_bytes, resume_get, tempdir,
+};
 use std::io::{Read, Write};
 use std::time::Duration;
 
@@ -451,20 +453,7 @@ fn credentials_from_env_and_netrc_never_only_the_command_line() {
     std::fs::create_dir(&root).unwrap();
     std::fs::write(root.join("c.txt"), "carol's").unwrap();
     let users = top.path().join("users");
-    let mut child = std::process::Command::new(BRAID)
-        .args([
-            "passwd",
-            "carol",
-            "--file",
-            users.to_str().unwrap(),
-            "--root",
-            "home-of-carol",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"pa ss\n").unwrap();
-    assert!(child.wait().unwrap().success());
+    add_account(&users, "carol", "home-of-carol".as_ref(), "pa ss", false);
     let server = Server::start(top.path(), &["--users", users.to_str().unwrap()]);
     let dest = top.path().join("c.txt");
     let url = format!("ftp://carol@{}/c.txt", server.addr);
@@ -488,20 +477,7 @@ fn credentials_from_env_and_netrc_never_only_the_command_line() {
     .unwrap();
     // netrc tokens are white-space separated, so use a password without a space there.
     let users2 = top.path().join("users2");
-    let mut child = std::process::Command::new(BRAID)
-        .args([
-            "passwd",
-            "dave",
-            "--file",
-            users2.to_str().unwrap(),
-            "--root",
-            "home-of-carol",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"n3trc\n").unwrap();
-    assert!(child.wait().unwrap().success());
+    add_account(&users2, "dave", "home-of-carol".as_ref(), "n3trc", false);
     std::fs::write(
         home.join(".netrc"),
         "machine 127.0.0.1 login dave password n3trc\n",
@@ -531,19 +507,7 @@ fn passwd_writes_a_private_file_without_following_a_planted_link() {
     let victim = top.path().join("victim");
     std::fs::write(&victim, "keep me\n").unwrap();
     std::os::unix::fs::symlink(&victim, top.path().join("users.tmp")).unwrap();
-    let add = |name: &str| {
-        let mut child = std::process::Command::new(BRAID)
-            .args(["passwd", name, "--file", users.to_str().unwrap()])
-            .args(["--root", "not-made-yet"])
-            .stdin(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(b"pw\n").unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{out:?}");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
+    let add = |name: &str| add_account(&users, name, "not-made-yet".as_ref(), "pw", false);
     let said = add("erin");
     assert!(
         said.contains("not-made-yet is not a directory"),

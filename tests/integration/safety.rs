@@ -407,29 +407,7 @@ fn read_only_anonymous_and_accounts() {
         ("alice", "wonder land", true, "alice"),
         ("bob", "builder", false, "bob"),
     ] {
-        let mut args = vec![
-            "passwd",
-            name,
-            "--file",
-            users.to_str().unwrap(),
-            "--root",
-            root,
-        ];
-        if rw {
-            args.push("--rw");
-        }
-        let mut child = std::process::Command::new(crate::util::BRAID)
-            .args(&args)
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(format!("{pw}\n").as_bytes())
-            .unwrap();
-        assert!(child.wait().unwrap().success());
+        crate::util::add_account(&users, name, root.as_ref(), pw, rw);
     }
     let text = std::fs::read_to_string(&users).unwrap();
     assert!(
@@ -555,21 +533,7 @@ fn guess(server: SocketAddr, from: std::net::Ipv4Addr, user: &str) -> String {
 fn a_flood_of_wrong_passwords_keeps_the_server_small_and_slows_guessers() {
     let dir = tempdir();
     let users = dir.path().join("users");
-    let mut child = std::process::Command::new(crate::util::BRAID)
-        .args([
-            "passwd",
-            "alice",
-            "--file",
-            users.to_str().unwrap(),
-            "--root",
-            ".",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"right\n").unwrap();
-    assert!(child.wait().unwrap().success());
+    crate::util::add_account(&users, "alice", ".".as_ref(), "right", false);
     let server = Server::start(
         dir.path(),
         &[

@@ -1,7 +1,6 @@
 //! Explicit FTPS (RFC 4217) on `braid serve`: curl, lftp and Python's ftplib, each checking
 //! the server's certificate, log in over TLS and move files over TLS data connections.
-use crate::util::{BRAID, Raw, Server, random_bytes, require, run, tempdir};
-use std::io::Write;
+use crate::util::{Raw, Server, random_bytes, require, run, tempdir};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -20,16 +19,7 @@ fn certificate(dir: &Path) -> (String, String) {
 fn start(top: &Path, root: &Path) -> (Server, String) {
     let (cert, key) = certificate(top);
     let users = top.join("users");
-    let mut child = Command::new(BRAID)
-        .args(["passwd", "alice", "--rw", "--file"])
-        .arg(&users)
-        .arg("--root")
-        .arg(root)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"s3cret\n").unwrap();
-    assert!(child.wait().unwrap().success());
+    crate::util::add_account(&users, "alice", root, "s3cret", true);
     let users = users.display().to_string();
     let args = [
         "--tls-cert",

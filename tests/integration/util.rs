@@ -428,3 +428,31 @@ pub fn congestion_controls() -> (String, String) {
         .to_string();
     (default, other)
 }
+
+/// `braid passwd NAME --file USERS --root ROOT [--rw]` with `password` on its stdin, which
+/// must succeed; returns what it said on stderr.
+pub fn add_account(users: &Path, name: &str, root: &Path, password: &str, rw: bool) -> String {
+    let mut cmd = Command::new(BRAID);
+    cmd.args(["passwd", name, "--file"])
+        .arg(users)
+        .arg("--root")
+        .arg(root);
+    if rw {
+        cmd.arg("--rw");
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run braid passwd");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(format!("{password}\n").as_bytes())
+        .expect("write the password");
+    let out = child.wait_with_output().expect("braid passwd");
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "braid passwd {name}: {said}");
+    said
+}
