@@ -215,32 +215,6 @@ fn an_untrusted_certificate_is_its_own_exit_code_with_the_fix() {
     assert!(!dest.exists());
 }
 
-/// Makes a self-signed certificate the way admins do, `openssl req -x509 -nodes`, which marks
-/// it `CA:TRUE`; returns (cert, key) paths.
-fn openssl_certificate(dir: &Path, stem: &str, names: &str) -> (String, String) {
-    require("openssl");
-    let (c, k) = (
-        dir.join(format!("{stem}.pem")),
-        dir.join(format!("{stem}.key")),
-    );
-    let (ok, _, err) = run(
-        Command::new("openssl")
-            .args([
-                "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "2",
-            ])
-            .args(["-subj", "/CN=braid test"])
-            .arg("-addext")
-            .arg(format!("subjectAltName={names}"))
-            .arg("-keyout")
-            .arg(&k)
-            .arg("-out")
-            .arg(&c),
-        Duration::from_secs(60),
-    );
-    assert!(ok, "openssl req: {err}");
-    (c.display().to_string(), k.display().to_string())
-}
-
 /// curl and lftp accept the certificate `openssl req -x509 -nodes` makes when it is given
 /// with --cacert; braid accepts it with --tls-ca as the server's own (rustls alone refuses a CA
 /// certificate there), and still refuses it for another name or when another one is given.
@@ -251,7 +225,8 @@ fn a_self_signed_openssl_certificate_given_with_tls_ca_is_accepted() {
     std::fs::create_dir(&root).unwrap();
     let content = random_bytes(1 << 20, 82);
     std::fs::write(root.join("f.bin"), &content).unwrap();
-    let (cert, key) = openssl_certificate(top.path(), "server", "IP:127.0.0.1,DNS:localhost");
+    let (cert, key) =
+        crate::util::openssl_certificate(top.path(), "server", "IP:127.0.0.1,DNS:localhost");
     let server = Server::start(&root, &["--tls-cert", &cert, "--tls-key", &key]);
     let dest = top.path().join("got.bin");
     let get = |host: &str, ca: &str| {
@@ -263,10 +238,11 @@ fn a_self_signed_openssl_certificate_given_with_tls_ca_is_accepted() {
     assert_eq!(std::fs::read(&dest).unwrap(), content);
     std::fs::remove_file(&dest).unwrap();
     // The name is still checked: the certificate is for 127.0.0.1 and localhost only.
-    let (other, _) = openssl_certificate(top.path(), "other", "DNS:elsewhere.example");
+    let (other, _) = crate::util::openssl_certificate(top.path(), "other", "DNS:elsewhere.example");
     let (code, _, err) = get("127.0.0.1", &other);
     assert_eq!(code, 10, "another certificate was accepted: {err}");
-    let (wrong_name, wrong_key) = openssl_certificate(top.path(), "named", "DNS:elsewhere.example");
+    let (wrong_name, wrong_key) =
+        crate::util::openssl_certificate(top.path(), "named", "DNS:elsewhere.example");
     let misnamed = Server::start(&root, &["--tls-cert", &wrong_name, "--tls-key", &wrong_key]);
     let url = format!("ftp://127.0.0.1:{}/f.bin", misnamed.addr.port());
     let (code, _, err) = crate::util::braid(

@@ -456,3 +456,29 @@ pub fn add_account(users: &Path, name: &str, root: &Path, password: &str, rw: bo
     assert!(out.status.success(), "braid passwd {name}: {said}");
     said
 }
+
+/// Makes a self-signed certificate the way admins do, `openssl req -x509 -nodes`, which marks
+/// it `CA:TRUE`; returns (cert, key) paths.
+pub fn openssl_certificate(dir: &Path, stem: &str, names: &str) -> (String, String) {
+    require("openssl");
+    let (c, k) = (
+        dir.join(format!("{stem}.pem")),
+        dir.join(format!("{stem}.key")),
+    );
+    let (ok, _, err) = run(
+        Command::new("openssl")
+            .args([
+                "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "2",
+            ])
+            .args(["-subj", "/CN=braid test"])
+            .arg("-addext")
+            .arg(format!("subjectAltName={names}"))
+            .arg("-keyout")
+            .arg(&k)
+            .arg("-out")
+            .arg(&c),
+        Duration::from_secs(60),
+    );
+    assert!(ok, "openssl req: {err}");
+    (c.display().to_string(), k.display().to_string())
+}

@@ -195,41 +195,22 @@ fn ctrl_c_in_stream_mode_sends_abor_and_resume_continues() {
 /// -x509 -nodes`) and given with --tls-ca.
 #[test]
 fn braid_client_against_vsftpd_over_tls() {
-    crate::util::require("openssl");
     let top = tempdir();
-    let (cert, key) = (top.path().join("cert.pem"), top.path().join("key.pem"));
-    let (ok, _, err) = crate::util::run(
-        Command::new("openssl")
-            .args([
-                "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "2",
-            ])
-            .args([
-                "-subj",
-                "/CN=127.0.0.1",
-                "-addext",
-                "subjectAltName=IP:127.0.0.1",
-            ])
-            .arg("-keyout")
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert),
-        std::time::Duration::from_secs(60),
-    );
-    assert!(ok, "openssl req: {err}");
+    let (cert, key) =
+        crate::util::openssl_certificate(top.path(), "server", "IP:127.0.0.1,DNS:localhost");
     let vs = start_vsftpd_with(
         top.path(),
         &format!(
             "ssl_enable=YES\nallow_anon_ssl=YES\nforce_anon_logins_ssl=YES\nforce_anon_data_ssl=YES\n\
              require_ssl_reuse=YES\nrsa_cert_file={}\nrsa_private_key_file={}\n",
-            cert.display(),
-            key.display()
+            cert, key
         ),
     );
     let root = top.path().join("root");
     let content = random_bytes(2 << 20, 62);
     std::fs::write(root.join("pub/src.bin"), &content).unwrap();
     let base = format!("ftp://127.0.0.1:{}", vs.port);
-    let ca = cert.to_str().unwrap();
+    let ca = cert.as_str();
     let dest = top.path().join("got.bin");
     let (code, out, err) = braid(
         &[
