@@ -678,13 +678,7 @@ fn put_on(c: &mut Control, local: &Path, target: &Target, opts: &Options) -> Res
     // whole file hashes to and checks it before the file takes its name.
     let checked = offset > 0 && c.has_feature("BRAID");
     if checked {
-        let sum = crate::sums::xxh3(&file, len)
-            .map_err(local_err(format!("cannot read {}", local.display())))?;
-        let scks = Command::Scks {
-            alg: braid_proto::checksum::NAME.into(),
-            value: Some(braid_proto::checksum::hex(sum)),
-        };
-        c.expect(&scks, &[200])?;
+        c.expect(&parallel::whole_file_checksum(&file, len)?, &[200])?;
     }
     let data = c.open_data()?;
     if offset > 0 {

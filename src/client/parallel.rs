@@ -559,7 +559,7 @@ fn verify(
 /// Compares `local` with the server's CKSM of the whole file: `ALG hex` when they agree,
 /// None when the server offers no such checksum, an integrity error (saying what `ours` is)
 /// when they differ.
-pub(super) fn compare_with_server(
+fn compare_with_server(
     c: &mut Control,
     alg: &str,
     path: &str,
@@ -619,16 +619,13 @@ pub fn put(
     let hash_while_sending = peer == Peer::Braid && have.is_empty();
     match peer {
         Peer::Braid => {
-            let value = if have.is_empty() {
-                None
+            let scks = if have.is_empty() {
+                Command::Scks {
+                    alg: checksum::NAME.into(),
+                    value: None,
+                }
             } else {
-                let sum =
-                    crate::sums::xxh3(file, len).map_err(local_err("cannot read the file"))?;
-                Some(checksum::hex(sum))
-            };
-            let scks = Command::Scks {
-                alg: checksum::NAME.into(),
-                value,
+                whole_file_checksum(file, len)?
             };
             c.later(
                 Op::Simple {
@@ -821,6 +818,16 @@ pub fn put(
         started,
     );
     Ok(extended(s, &plan, &transfer, steering, verified, reused))
+}
+
+/// `SCKS XXH3 <hex>` for the whole local file: a braid server checks an upload it did not see
+/// whole (a resumed one) against it before the file takes its name.
+pub(super) fn whole_file_checksum(file: &std::fs::File, len: u64) -> Result<Command> {
+    let sum = crate::sums::xxh3(file, len).map_err(local_err("cannot read the file"))?;
+    Ok(Command::Scks {
+        alg: checksum::NAME.into(),
+        value: Some(checksum::hex(sum)),
+    })
 }
 
 /// The error for an upload the server did not accept at the end. A checksum mismatch means
