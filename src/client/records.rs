@@ -141,7 +141,12 @@ impl UploadRecord {
         };
         let key = format!("{}\0{}\0{}", upload.local, upload.host, upload.remote);
         let name = braid_proto::checksum::hex(braid_proto::checksum::of(key.as_bytes()));
-        let path = state_dir().map(|d| d.join("uploads").join(format!("{}.json", &name[..16])));
+        let dir = state_dir().map(|d| d.join("uploads"));
+        // Once per upload, not per save (a save follows every range marker).
+        if let Some(d) = &dir {
+            forget_old_records(d);
+        }
+        let path = dir.map(|d| d.join(format!("{}.json", &name[..16])));
         UploadRecord { path, upload }
     }
 
@@ -174,7 +179,6 @@ impl UploadRecord {
             .ok_or_else(|| std::io::Error::other("no state directory"))?;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
-            forget_old_records(dir);
         }
         let upload = Upload {
             ranges: ranges.to_string(),

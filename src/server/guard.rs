@@ -30,8 +30,9 @@ enum Source {
     Account(String),
 }
 
-fn range_of(ip: IpAddr) -> Source {
-    Source::Range(match ip {
+/// The address range `ip` is in: its /24 or /64.
+fn prefix(ip: IpAddr) -> IpAddr {
+    match ip {
         IpAddr::V4(v4) => {
             let [a, b, c, _] = v4.octets();
             IpAddr::from([a, b, c, 0])
@@ -40,7 +41,11 @@ fn range_of(ip: IpAddr) -> Source {
             let s = v6.segments();
             IpAddr::from([s[0], s[1], s[2], s[3], 0, 0, 0, 0])
         }
-    })
+    }
+}
+
+fn range_of(ip: IpAddr) -> Source {
+    Source::Range(prefix(ip))
 }
 
 /// Recent failed logins by source.
@@ -106,7 +111,6 @@ impl Failures {
 #[derive(Debug, Default)]
 pub struct Waiting {
     by_range: HashMap<IpAddr, usize>,
-    total: usize,
 }
 
 /// The login timeout under pressure.
@@ -120,10 +124,7 @@ impl Waiting {
 
     /// Takes a pre-login place for `ip`, or says why not.
     pub fn enter(&mut self, ip: IpAddr, max: usize) -> Result<(), String> {
-        let Source::Range(range) = range_of(ip) else {
-            return Ok(());
-        };
-        let here = self.by_range.entry(range).or_insert(0);
+        let here = self.by_range.entry(prefix(ip)).or_insert(0);
         if *here >= Self::per_range(max) {
             return Err(format!(
                 "Too many connections from your network waiting to log in (limit {}).",
@@ -131,18 +132,14 @@ impl Waiting {
             ));
         }
         *here += 1;
-        self.total += 1;
         Ok(())
     }
 
     /// Gives the place back (logged in, or gone).
     pub fn leave(&mut self, ip: IpAddr) {
-        let Source::Range(range) = range_of(ip) else {
-            return;
-        };
+        let range = prefix(ip);
         if let Some(n) = self.by_range.get_mut(&range) {
             *n -= 1;
-            self.total -= 1;
             if *n == 0 {
                 self.by_range.remove(&range);
             }
@@ -152,7 +149,7 @@ impl Waiting {
     /// The login timeout for a new connection: the configured one, or a short one when half
     /// of the `max` connections are waiting to log in.
     pub fn login_timeout(&self, configured: Duration, max: usize) -> Duration {
-        if self.total * 2 > max {
+        if self.by_range.values().sum::<usize>() * 2 > max {
             configured.min(SHORT_LOGIN_TIMEOUT)
         } else {
             configured
