@@ -113,10 +113,16 @@ impl Tuning {
     /// (400 ms and more), so that a download's server starts with it rather than switching once
     /// its first report has come. Nothing if the user chose one.
     pub fn start_on(&mut self, rtt: Option<Duration>) {
-        let long = rtt.filter(|&r| bbr_drain(r) >= 2.0 * self.gain);
+        let long = rtt.filter(|&r| self.too_long_for_bbr(r));
         if let (true, Some(rtt), Ok(cubic)) = (self.try_congestion, long, CcName::parse("cubic")) {
             self.start_congestion = Some((cubic, rtt));
         }
+    }
+
+    /// Whether BBR's drain alone costs more than twice `gain` on a path of `rtt` (400 ms and
+    /// more): the paths that start with CUBIC and keep it.
+    fn too_long_for_bbr(&self, rtt: Duration) -> bool {
+        bbr_drain(rtt) >= 2.0 * self.gain
     }
 }
 
@@ -446,15 +452,14 @@ impl Auto {
             return None;
         };
         self.chose_start = true;
-        let drain = bbr_drain(base);
-        if cc.as_str() != "bbr" || drain < 2.0 * self.cfg.gain {
+        if cc.as_str() != "bbr" || !self.cfg.too_long_for_bbr(base) {
             return None;
         }
         let to = other_congestion(cc);
         let why = format!(
             "{:.0} ms RTT: bbr would drain {:.1}% of the time; starting with {to}",
             base.as_secs_f64() * 1e3,
-            drain * 100.0
+            bbr_drain(base) * 100.0
         );
         self.note(view, None, why);
         self.restart();
@@ -493,9 +498,7 @@ impl Auto {
                     drain * 100.0
                 )
             })
-        } else if bbr_drain(self.base_rtt.unwrap_or_default()) >= 2.0 * self.cfg.gain
-            && s.queue < 1.0
-        {
+        } else if self.cfg.too_long_for_bbr(self.base_rtt.unwrap_or_default()) && s.queue < 1.0 {
             // A path this long is why CUBIC was chosen; BBR could pay only by keeping a long
             // queue shorter. In a queue shorter than the RTT, several BBR connections lose more
             // than CUBIC does (20-30 % of their bytes on satellite-t1, where every trial went
