@@ -204,8 +204,8 @@ pub(super) async fn transfer(
                 let verdict = match (&t.block, received) {
                     // MODE E ends with an explicit EOF, so the data is known to be whole; what
                     // remains is the checksum the client announced, if any.
-                    (Some(b), Some((_, actual))) => {
-                        verify_upload(conn, io, b.expect.as_ref(), announced, actual).await
+                    (Some(_), Some((_, actual))) => {
+                        verify_upload(conn, io, t.expect.as_ref(), announced, actual).await
                     }
                     // Stream mode ends an upload by closing the data connection, which a
                     // killed client also does. If the control connection closed as well, the

@@ -351,7 +351,6 @@ impl Session {
                 },
                 have,
                 block_size: self.block_size,
-                expect: if upload { expect.clone() } else { None },
                 elastic: self.elastic,
                 max_rate: self.max_rate,
                 congestion: self.congestion,
@@ -369,10 +368,7 @@ impl Session {
             endpoint,
             writable,
             facts: self.facts.clone(),
-            expect: match (&block, direction) {
-                (None, Direction::FromClient) => expect,
-                _ => None,
-            },
+            expect: expect.filter(|_| direction == Direction::FromClient),
             block,
             buffer: self.buffer,
             private: self.protection.data,
@@ -875,7 +871,8 @@ mod tests {
         let Action::Transfer(t) = s.handle(Command::Stor("f".into())) else {
             panic!("no transfer")
         };
-        assert_eq!(t.block.and_then(|b| b.expect), Some(Expected::Deferred));
+        assert!(t.block.is_some());
+        assert_eq!(t.expect, Some(Expected::Deferred));
         // Back in stream mode, ranges are refused.
         s.handle(Command::Mode(Mode::Stream));
         passive(&mut s);

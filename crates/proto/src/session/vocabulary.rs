@@ -62,8 +62,6 @@ pub struct BlockMode {
     pub have: RangeSet,
     /// Block size the client asked for (OPTS RETR blocksize=), when the server sends.
     pub block_size: Option<u64>,
-    /// What the upload's checksum must be (SCKS).
-    pub expect: Option<Expected>,
     /// Connections may join, leave and break while data flows (braid clients only): the
     /// server accepts more while it sends, takes a client's half-close as "stop using this
     /// one", and sends a broken connection's blocks again on the others.
@@ -132,8 +130,8 @@ pub struct Transfer {
     pub buffer: Option<u64>,
     /// PROT P: the data connection is TLS.
     pub private: bool,
-    /// A stream-mode upload's checksum (SCKS): the whole file, REST prefix included, must
-    /// hash to it before it takes its name. (MODE E keeps its own in [`BlockMode`].)
+    /// What an upload's checksum must be (SCKS), in either mode: the whole file, REST prefix
+    /// or ranges included, must hash to it before it takes its name.
     pub expect: Option<Expected>,
 }
 
