@@ -462,8 +462,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
                 file.display(),
                 root.display()
             );
-            // The server resolves a relative root against the users file's directory.
-            let resolved = file.parent().unwrap_or(Path::new("")).join(&root);
+            let resolved = users::base_of(&file).join(&root);
             if !resolved.is_dir() {
                 eprintln!(
                     "braid: warning: {} is not a directory; {user} cannot log in until it is created",

@@ -22,6 +22,11 @@ pub struct Users {
     accounts: HashMap<String, Account>,
 }
 
+/// The directory relative root directories in the users file `path` are taken from.
+pub fn base_of(path: &Path) -> &Path {
+    path.parent().unwrap_or(Path::new("."))
+}
+
 /// A hash checked for unknown user names, so that a failed login takes as long whether or not
 /// the user exists (RFC 2577, "Protecting Usernames").
 const DUMMY_HASH: &str = "$argon2id$v=19$m=19456,t=2,p=1$YnJhaWRkdW1teXNhbHQ$Ajq0jOeKZz3tv8TDn6fDCf5VGGbCwS2AeC+hmrzUdqE";
@@ -31,8 +36,8 @@ impl Users {
     pub fn load(path: &Path) -> anyhow::Result<Users> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read users file {}", path.display()))?;
-        let base = path.parent().unwrap_or(Path::new("."));
-        Users::parse(&text, base).with_context(|| format!("in users file {}", path.display()))
+        Users::parse(&text, base_of(path))
+            .with_context(|| format!("in users file {}", path.display()))
     }
 
     pub fn parse(text: &str, base: &Path) -> anyhow::Result<Users> {
