@@ -567,6 +567,8 @@ fn a_flood_of_wrong_passwords_keeps_the_server_small_and_slows_guessers() {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap();
+    // Shown with --nocapture: the number the README gives.
+    println!("server peak after 128 wrong passwords: {} MiB", peak_kib >> 10);
     assert!(
         peak_kib < 400 << 10,
         "128 wrong passwords at once took the server to {} MiB",
