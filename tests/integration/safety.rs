@@ -568,7 +568,10 @@ fn a_flood_of_wrong_passwords_keeps_the_server_small_and_slows_guessers() {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap();
     // Shown with --nocapture: the number the README gives.
-    println!("server peak after 128 wrong passwords: {} MiB", peak_kib >> 10);
+    println!(
+        "server peak after 128 wrong passwords: {} MiB",
+        peak_kib >> 10
+    );
     assert!(
         peak_kib < 400 << 10,
         "128 wrong passwords at once took the server to {} MiB",
