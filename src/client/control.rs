@@ -177,6 +177,13 @@ impl Control {
         Ok(())
     }
 
+    /// Whether a refusal (4xx, 5xx) came in among the replies [`Control::poll`] read: during
+    /// an upload it means the server stopped taking data (its disk is full, say), so sending
+    /// on is pointless, and may block for good on connections it no longer reads.
+    pub fn refused_meanwhile(&self) -> bool {
+        self.pending.iter().any(|r| r.code >= 400)
+    }
+
     /// The next complete reply in the parser, noting range markers on the way.
     fn parsed(&mut self) -> Result<Option<Reply>> {
         let r = self

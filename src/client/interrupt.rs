@@ -70,8 +70,9 @@ impl Drop for Interrupt {
 static EXIT_ON_SIGNAL: std::sync::Mutex<Vec<signal_hook::SigId>> =
     std::sync::Mutex::new(Vec::new());
 
-/// After Ctrl-C: tells the server with ABOR and reads its replies (426 then 226, or 225).
-fn send_abort(c: &mut Control) {
+/// Tells the server with ABOR that this side gave the transfer up (Ctrl-C, a local error)
+/// and reads its replies (426 then 226, or 225).
+pub fn send_abort(c: &mut Control) {
     if c.send(&Command::Abor).is_err() {
         return;
     }

@@ -4,7 +4,7 @@
 
 use super::control::{Control, connect_data};
 use super::error::{ClientError, Result};
-use super::interrupt::{Interrupt, stopped, supervise};
+use super::interrupt::{Interrupt, send_abort, stopped, supervise};
 use super::records::{UploadRecord, load_sidecar, remove_sidecar, save_sidecar, sidecar_path};
 use super::url::Target;
 use super::{Dest, Options, PartFile, Summary, cannot_write, local_err, part_path, progress_bar};
@@ -738,6 +738,9 @@ pub fn put(
             if c.poll().is_ok() {
                 keep_record(c);
                 transfer.confirm(c.stored());
+                if c.refused_meanwhile() {
+                    transfer.abort().abort();
+                }
             }
         },
     );
@@ -842,8 +845,9 @@ fn upload_failed(r: Reply, record: &UploadRecord, c: &Control) -> ClientError {
     e
 }
 
-/// The error for a data phase that failed: a local file error as such, anything else as an
-/// interrupted transfer, with the server's final reply, which usually says why.
+/// The error for a data phase that failed: a local file error as such (the server is told with
+/// ABOR), anything else as an interrupted transfer, with the server's final reply, which
+/// usually says why.
 fn data_phase_failed(
     c: &mut Control,
     cmd: &Command,
@@ -852,20 +856,27 @@ fn data_phase_failed(
     bytes: u64,
     partial: Option<String>,
 ) -> ClientError {
-    let why = match c.finish_transfer(cmd) {
-        Err(ClientError::Remote { reply, .. }) => format!("{e}; server reported {reply}"),
-        _ => e.to_string(),
-    };
-    match e {
-        EngineError::Local(cause) => ClientError::Local {
+    if let EngineError::Local(cause) = e {
+        // Only this side knows it stopped: a sender blocked on connections nobody reads
+        // any more gives no final reply until it is told with ABOR.
+        send_abort(c);
+        return ClientError::Local {
             what: local_what.into(),
             cause,
-        },
-        _ => ClientError::Interrupted {
-            bytes,
-            why,
-            partial,
-        },
+        };
+    }
+    // The server's refusal is the cause (a full disk, say); what this side saw of it, a
+    // connection it closed, comes second.
+    let why = match c.finish_transfer(cmd) {
+        Err(ClientError::Remote { reply, .. }) => {
+            format!("server reported {reply} (this side saw: {e})")
+        }
+        _ => e.to_string(),
+    };
+    ClientError::Interrupted {
+        bytes,
+        why,
+        partial,
     }
 }
 
