@@ -2,16 +2,16 @@
 
 use crate::client::error::{ClientError, exit};
 use crate::client::{self, Options, url};
-use crate::server::{self, Shutdown};
-use crate::users::{self, Users};
+use crate::server::settings::{LogFormat, ServeArgs};
+use crate::server::{self, Config, Shutdown};
+use crate::users;
 use anyhow::{Context, bail};
 use braid_proto::session::Perm;
 use clap::{Args, Parser, Subcommand};
 use std::io::IsTerminal;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::Arc;
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -232,59 +232,6 @@ struct OutputArgs {
     verbose: bool,
 }
 
-#[derive(Args, Debug)]
-struct ServeArgs {
-    /// Directory to serve to anonymous users.
-    #[arg(long, default_value = ".")]
-    root: PathBuf,
-    /// Address and port to listen on; port 0 picks a free one.
-    #[arg(long, default_value = "127.0.0.1:2121")]
-    listen: SocketAddr,
-    /// Accounts file (see `braid passwd`). With it, anonymous login is off unless --anonymous.
-    #[arg(long)]
-    users: Option<PathBuf>,
-    /// Allow anonymous login (on by default when there is no --users file).
-    #[arg(long)]
-    anonymous: bool,
-    /// Let anonymous users upload, delete, rename and create directories (with --users, only
-    /// together with --anonymous).
-    #[arg(long)]
-    anonymous_write: bool,
-    /// Passive ports to choose from at random, e.g. 50000-50100 [default: any free port].
-    #[arg(long, value_parser = parse_range)]
-    passive_ports: Option<(u16, u16)>,
-    /// IPv4 address to put in PASV and SPAS replies instead of the one the server listens on:
-    /// the address clients reach it at when it sits behind NAT. Forward --passive-ports too.
-    /// EPSV replies carry no address and need nothing.
-    #[arg(long, value_name = "IPV4")]
-    public_address: Option<std::net::Ipv4Addr>,
-    /// PEM certificate chain: offers AUTH TLS (RFC 4217, explicit FTPS), so clients can
-    /// encrypt the control connection (passwords) and, with PROT P, stream-mode data.
-    #[arg(long, value_name = "PEM", requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key for --tls-cert.
-    #[arg(long, value_name = "PEM", requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
-    /// Most control connections from one client address.
-    #[arg(long, default_value_t = 16)]
-    max_per_ip: usize,
-    /// Most control connections in all.
-    #[arg(long, default_value_t = 256)]
-    max_connections: usize,
-    /// Seconds a client has to log in.
-    #[arg(long, default_value_t = 60)]
-    login_timeout: u64,
-    /// Seconds of silence after which an idle session is closed.
-    #[arg(long, default_value_t = 300)]
-    idle_timeout: u64,
-    /// Seconds running transfers get to finish after Ctrl-C or SIGTERM before they are cut.
-    #[arg(long, default_value_t = 30)]
-    shutdown_grace: u64,
-    /// Log every command and reply.
-    #[arg(short, long)]
-    verbose: bool,
-}
-
 fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
@@ -310,18 +257,6 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is too large"))
 }
 
-fn parse_range(s: &str) -> Result<(u16, u16), String> {
-    let (a, b) = s
-        .split_once('-')
-        .ok_or("expected LOW-HIGH, e.g. 50000-50100")?;
-    let lo: u16 = a.trim().parse().map_err(|_| format!("bad port {a:?}"))?;
-    let hi: u16 = b.trim().parse().map_err(|_| format!("bad port {b:?}"))?;
-    if lo == 0 || lo > hi {
-        return Err(format!("{s}: need 1 <= LOW <= HIGH"));
-    }
-    Ok((lo, hi))
-}
-
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -336,17 +271,21 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Log lines on stderr up to `level`. The server's carry time and source, for its log; the
-/// client's (`terse`) only the level and the message, for the person at the terminal.
-fn init_logging(level: tracing::Level, terse: bool) {
+/// Log lines on stderr up to `level`, or as `RUST_LOG` says when it is set. The server's
+/// carry time and source, for its log, as text or JSON; the client's (`terse`) only the level
+/// and the message, for the person at the terminal.
+fn init_logging(level: tracing::Level, terse: bool, format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(level.as_str().to_ascii_lowercase()));
     let fmt = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_max_level(level)
-        .with_ansi(std::io::stderr().is_terminal());
-    let _ = if terse {
-        fmt.without_time().with_target(false).try_init()
-    } else {
-        fmt.try_init()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal() && format == LogFormat::Text);
+    let _ = match (terse, format) {
+        (true, _) => fmt.without_time().with_target(false).try_init(),
+        (false, LogFormat::Json) => fmt.json().flatten_event(true).try_init(),
+        (false, LogFormat::Text) => fmt.try_init(),
     };
 }
 
@@ -358,7 +297,7 @@ fn client_logging(out: &OutputArgs) {
         (_, true) => tracing::Level::ERROR,
         _ => tracing::Level::WARN,
     };
-    init_logging(level, true);
+    init_logging(level, true, LogFormat::Text);
 }
 
 fn run(cli: Cli) -> anyhow::Result<u8> {
@@ -634,72 +573,44 @@ fn read_new_password() -> anyhow::Result<String> {
     Ok(pw)
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<()> {
+fn serve(cli: ServeArgs) -> anyhow::Result<()> {
+    let args = cli.resolve()?;
     let level = if args.verbose {
         tracing::Level::DEBUG
     } else {
         tracing::Level::INFO
     };
-    init_logging(level, false);
-    let root = args
-        .root
-        .canonicalize()
-        .with_context(|| format!("cannot serve {}: no such directory", args.root.display()))?;
-    if !root.is_dir() {
-        bail!("cannot serve {}: not a directory", root.display());
-    }
-    let mut config = server::Config::new(root.clone());
-    if let Some(path) = &args.users {
-        config.users = Users::load(path)?;
-        if config.users.is_empty() {
-            bail!(
-                "{} has no accounts; add one with braid passwd",
-                path.display()
-            );
-        }
-    }
-    if args.users.is_some() && args.anonymous_write && !args.anonymous {
-        bail!(
-            "--anonymous-write with --users would also let anyone log in anonymously and write; \
-             add --anonymous to mean that, or drop --anonymous-write"
-        );
-    }
-    let anonymous = args.users.is_none() || args.anonymous || args.anonymous_write;
-    config.anonymous = match (anonymous, args.anonymous_write) {
-        (false, _) => None,
-        (true, false) => Some(Perm::ReadOnly),
-        (true, true) => Some(Perm::ReadWrite),
-    };
-    config.passive_ports = args.passive_ports;
-    config.public_address = args.public_address;
-    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
-        config.tls = Some(server::tls::server_config(cert, key)?);
-    }
-    config.max_per_ip = args.max_per_ip.max(1);
-    config.max_connections = args.max_connections.max(1);
-    config.login_timeout = Duration::from_secs(args.login_timeout);
-    config.idle_timeout = Duration::from_secs(args.idle_timeout);
+    init_logging(level, false, args.log_format.unwrap_or_default());
+    let config = args.config(None)?;
+    let root = config.root.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
+        let listen = args.listen();
+        let listener = tokio::net::TcpListener::bind(listen)
             .await
-            .with_context(|| format!("cannot listen on {} (is another server using it? pick another with --listen)", args.listen))?;
+            .with_context(|| format!("cannot listen on {listen} (is another server using it? pick another with --listen)"))?;
         let addr = listener.local_addr()?;
-        let who = match (config.anonymous, args.users.is_some()) {
-            (Some(Perm::ReadWrite), false) => "anonymous read-write",
-            (Some(Perm::ReadWrite), true) => "accounts, plus anonymous read-write",
-            (Some(Perm::ReadOnly), false) => "anonymous read-only",
-            (Some(Perm::ReadOnly), true) => "accounts, plus anonymous read-only",
-            (None, _) => "accounts only",
+        let metrics = match args.metrics {
+            Some(at) => Some(tokio::net::TcpListener::bind(at)
+                .await
+                .with_context(|| format!("cannot serve metrics on {at} (is the port taken? pick another with --metrics)"))?),
+            None => None,
         };
-        let tls = if args.tls_cert.is_some() { "; AUTH TLS offered" } else { "" };
+        let who = args.who(&config);
+        let tls = if config.tls.is_some() { "; AUTH TLS offered" } else { "" };
         println!("braid serve: serving {} ({who}{tls}) at {}", root.display(), server::url_for(addr));
+        if let Some(listener) = metrics {
+            println!("braid serve: metrics at http://{}/metrics", listener.local_addr()?);
+            tokio::spawn(server::metrics::serve(listener, config.metrics.clone()));
+        }
         use std::io::Write;
         let _ = std::io::stdout().flush();
+        let (configs_tx, configs) = tokio::sync::watch::channel(Arc::new(config));
+        tokio::spawn(reload_on_hangup(cli, args.clone(), configs_tx));
         let (stop, stop_rx) = tokio::sync::watch::channel(Shutdown::Running);
-        let grace = Duration::from_secs(args.shutdown_grace);
+        let grace = args.shutdown_grace();
         tokio::spawn(async move {
             wait_for_signal().await;
             tracing::info!("signal received: no new sessions; running transfers get {}s to finish (signal again to cut them)", grace.as_secs());
@@ -710,10 +621,51 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }
             let _ = stop.send(Shutdown::Abort);
         });
-        server::run(listener, config, stop_rx).await?;
+        server::run(listener, configs, stop_rx).await?;
         tracing::info!("server stopped");
         anyhow::Ok(())
     })
+}
+
+/// On SIGHUP: reads the config file and the users file again and gives new sessions the
+/// result (running sessions keep theirs). A file with a mistake changes nothing: the error
+/// is logged and the server goes on as it was.
+async fn reload_on_hangup(
+    cli: ServeArgs,
+    mut running: ServeArgs,
+    configs: tokio::sync::watch::Sender<Arc<Config>>,
+) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot catch SIGHUP: reloading is off");
+        return;
+    };
+    while hangup.recv().await.is_some() {
+        let old = configs.borrow().clone();
+        let cli = cli.clone();
+        let built = tokio::task::spawn_blocking(move || {
+            let args = cli.resolve()?;
+            let config = args.config(Some(&old))?;
+            anyhow::Ok((args, config))
+        })
+        .await;
+        match built {
+            Ok(Ok((args, config))) => {
+                if let Some(fixed) = running.fixed_changes(&args) {
+                    tracing::warn!("reload: {fixed} change only with a restart; kept as they were");
+                }
+                tracing::info!(
+                    accounts = config.users.len(),
+                    anonymous = args.who(&config),
+                    "configuration reloaded"
+                );
+                configs.send_replace(Arc::new(config));
+                running = args;
+            }
+            Ok(Err(e)) => tracing::error!("reload failed, nothing changed: {e:#}"),
+            Err(e) => tracing::error!("reload failed, nothing changed: {e}"),
+        }
+    }
 }
 
 async fn wait_for_signal() {
@@ -741,8 +693,11 @@ mod tests {
         assert_eq!(parse_size("1000"), Ok(1000));
         assert_eq!(parse_size("2 GB"), Ok(2_000_000_000));
         assert!(parse_size("12XB").is_err());
-        assert_eq!(parse_range("50000-50100"), Ok((50000, 50100)));
-        assert!(parse_range("5-1").is_err());
+        assert_eq!(
+            server::settings::parse_range("50000-50100"),
+            Ok((50000, 50100))
+        );
+        assert!(server::settings::parse_range("5-1").is_err());
     }
 
     #[test]

@@ -75,8 +75,9 @@ pub fn run(size: u64) -> anyhow::Result<()> {
         .context("cannot bind a loopback port")?;
     let addr = listener.local_addr()?;
     let (stop, stop_rx) = tokio::sync::watch::channel(Shutdown::Running);
-    let config = server::Config::new(serve_dir.clone());
-    let server = rt.spawn(server::run(listener, config, stop_rx));
+    let config = std::sync::Arc::new(server::Config::new(serve_dir.clone()));
+    let (_keep, configs) = tokio::sync::watch::channel(config);
+    let server = rt.spawn(server::run(listener, configs, stop_rx));
     println!(
         "demo: braid server on {} serving {} (anonymous, read-only)",
         server::url_for(addr),

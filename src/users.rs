@@ -73,6 +73,10 @@ impl Users {
         Ok(Users { accounts })
     }
 
+    pub fn len(&self) -> usize {
+        self.accounts.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.accounts.is_empty()
     }

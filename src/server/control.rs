@@ -45,6 +45,10 @@ pub(super) struct Conn {
     pub(super) buf: Box<[u8]>,
     /// Lines read while a transfer ran, handled after it.
     pub(super) queued: VecDeque<Vec<u8>>,
+    /// Who sent the command being answered, for the log line of a refusal.
+    pub(super) peer: SocketAddr,
+    pub(super) user: Option<String>,
+    pub(super) command: String,
 }
 
 /// What reading the next command gave.
@@ -107,6 +111,16 @@ impl Conn {
 
     pub(super) async fn send(&mut self, r: &Reply) -> std::io::Result<()> {
         tracing::debug!("> {r}");
+        if r.code >= 400 {
+            tracing::info!(
+                peer = %self.peer,
+                user = self.user.as_deref().unwrap_or("-"),
+                command = self.command,
+                code = r.code,
+                reply = r.text(),
+                "refused"
+            );
+        }
         match &mut self.channel {
             Channel::Clear { wr, .. } => wr.write_all(&r.to_bytes()).await,
             Channel::Tls { wr, .. } => {
@@ -152,6 +166,9 @@ pub(super) struct Io {
     /// MODE E data connections the last transfer left open. The session records which way
     /// they carry data and when they must go (PASV, PORT, MODE); this holds only the sockets.
     pub(super) cached: Option<engine::receive::Kept>,
+    /// What an anonymous user gave as password (by custom an e-mail address), which the
+    /// xferlog records as the user.
+    pub(super) anonymous_id: Option<String>,
 }
 
 pub(super) async fn serve(
@@ -172,6 +189,9 @@ pub(super) async fn serve(
         lines: LineBuffer::new(MAX_LINE),
         buf: vec![0u8; 4096].into_boxed_slice(),
         queued: VecDeque::new(),
+        peer,
+        user: None,
+        command: String::new(),
     };
     let mut io = Io {
         config: config.clone(),
@@ -180,6 +200,7 @@ pub(super) async fn serve(
         root: None,
         passive: None,
         cached: None,
+        anonymous_id: None,
     };
     let mut session = Session::new(
         SessionConfig {
@@ -190,6 +211,7 @@ pub(super) async fn serve(
         },
         peer.ip(),
     );
+    let _counted = config.metrics.session();
     tracing::info!(%peer, "connected");
     let ip = canonical_ip(peer.ip());
     let waiting = config.logins.waiting().enter(ip, config.max_connections);
@@ -260,6 +282,7 @@ pub(super) async fn serve(
             Command::Pass(_) => tracing::debug!(%peer, "< PASS ****"),
             c => tracing::debug!(%peer, "< {}", c.to_line()),
         }
+        conn.command = cmd.verb().to_string();
         let mut action = session.handle(cmd);
         // Login and passive results may themselves close the session.
         if let Action::Login { user, password } = action {
@@ -267,6 +290,7 @@ pub(super) async fn serve(
             // Logged in: the pre-login place goes before the reply says so.
             if session.user().is_some() {
                 drop(waiting.take());
+                conn.user = session.user().map(str::to_string);
             }
         }
         let keep_going = match action {
@@ -334,6 +358,7 @@ async fn login(io: &mut Io, session: &mut Session, user: String, password: Strin
         .any(|a| a.eq_ignore_ascii_case(&user));
     let ip = canonical_ip(io.peer.ip());
     let logins = &config.logins;
+    let anonymous_id = anonymous.then(|| password.clone());
     let checked = if anonymous {
         config.anonymous.map(|p| (p, config.root.clone()))
     } else if logins
@@ -362,6 +387,7 @@ async fn login(io: &mut Io, session: &mut Session, user: String, password: Strin
         Some((perm, root_path)) => match Root::open(&root_path) {
             Ok(root) => {
                 io.root = Some(Arc::new(root));
+                io.anonymous_id = anonymous_id;
                 if !anonymous {
                     logins.failures().succeeded(&user);
                 }
@@ -381,6 +407,7 @@ async fn login(io: &mut Io, session: &mut Session, user: String, password: Strin
                 failures.failed(ip, &user, now);
                 delay
             };
+            config.metrics.login_failed();
             tracing::warn!(peer = %io.peer, user, delay_ms = delay.as_millis() as u64, "failed login");
             tokio::time::sleep(delay).await;
             None

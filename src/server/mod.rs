@@ -6,8 +6,11 @@ mod control;
 mod data;
 mod files;
 mod guard;
+pub mod metrics;
+pub mod settings;
 mod supervise;
 pub mod tls;
+mod xferlog;
 
 use crate::users::Users;
 use braid_proto::session::Perm;
@@ -54,6 +57,10 @@ pub struct Config {
     pub checksums: ChecksumCache,
     /// Certificate and key for AUTH TLS (RFC 4217); `None`: no TLS.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Where a line per transfer goes in the xferlog format (`--xferlog`).
+    pub xferlog: Option<Arc<xferlog::XferLog>>,
+    /// Counts for `--metrics`, kept whether or not they are served.
+    pub metrics: Arc<metrics::Metrics>,
 }
 
 /// A file version: device, inode, size, modification and change times (s, ns).
@@ -117,6 +124,8 @@ impl Config {
             max_streams: 64,
             checksums: ChecksumCache::default(),
             tls: None,
+            xferlog: None,
+            metrics: Arc::default(),
         }
     }
 }
@@ -179,12 +188,13 @@ impl Drop for Slot {
 
 /// Serves until `shutdown` leaves [`Shutdown::Running`], then waits for sessions to end: all of
 /// them when the state reaches [`Shutdown::Abort`] (running transfers are cut).
+/// Each new session takes the configuration `configs` holds then (a reload replaces it);
+/// sessions already running keep theirs.
 pub async fn run(
     listener: TcpListener,
-    config: Config,
+    configs: watch::Receiver<Arc<Config>>,
     mut shutdown: watch::Receiver<Shutdown>,
 ) -> std::io::Result<()> {
-    let config = Arc::new(config);
     let counts = Arc::new(Mutex::new(Counts::default()));
     let mut sessions = tokio::task::JoinSet::new();
     loop {
@@ -200,6 +210,7 @@ pub async fn run(
                     }
                 };
                 let ip = braid_proto::session::canonical_ip(peer.ip());
+                let config = configs.borrow().clone();
                 let refusal = {
                     let mut c = counts.lock().unwrap_or_else(|p| p.into_inner());
                     let here = c.per_ip.get(&ip).copied().unwrap_or(0);
@@ -223,7 +234,6 @@ pub async fn run(
                     continue;
                 }
                 let slot = Slot { counts: counts.clone(), ip };
-                let config = config.clone();
                 let shutdown = shutdown.clone();
                 sessions.spawn(async move {
                     let _slot = slot;

@@ -9,7 +9,8 @@ use crate::engine;
 use braid_proto::checksum;
 use braid_proto::retr_opts::RetrOpts;
 use braid_proto::session::{
-    DataEndpoint, Expected, FsError, Session, Transfer, TransferKind, TransferOutcome,
+    ANONYMOUS_NAMES, DataEndpoint, Expected, FsError, Session, Transfer, TransferKind,
+    TransferOutcome,
 };
 use braid_proto::{Command, Reply};
 use std::sync::Arc;
@@ -17,6 +18,21 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout, timeout_at};
+
+/// How often a running transfer's bytes and connections reach the metrics.
+const COUNT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Data connections a transfer has open now.
+fn open_connections(t: &Transfer, moving: &engine::transfer::Transfer) -> usize {
+    match t.block {
+        None => 1,
+        Some(_) => moving
+            .links()
+            .iter()
+            .filter(|l| l.state() == engine::transfer::LinkState::Open)
+            .count(),
+    }
+}
 
 /// Runs one transfer while still answering the control connection. Returns whether the
 /// session goes on.
@@ -91,6 +107,15 @@ pub(super) async fn transfer(
         }
     };
     let is_upload = matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_));
+    // Files, not listings, count for the metrics and the xferlog (as in vsftpd's).
+    let user = session
+        .user()
+        .filter(|u| !ANONYMOUS_NAMES.iter().any(|a| a.eq_ignore_ascii_case(u)));
+    let mut live = match t.kind {
+        TransferKind::List(..) => None,
+        _ => Some(io.config.metrics.transfer(is_upload, user)),
+    };
+    let mut counts = tokio::time::interval(COUNT_INTERVAL);
     let aborted = AtomicBool::new(false);
     let shut = AtomicBool::new(false);
     let kill = |why: &AtomicBool| {
@@ -112,6 +137,11 @@ pub(super) async fn transfer(
     let result = loop {
         tokio::select! {
             r = &mut worker => break r,
+            _ = counts.tick(), if live.is_some() => {
+                if let Some(live) = &mut live {
+                    live.update(progress.load(Ordering::Relaxed), open_connections(&t, &moving));
+                }
+            }
             _ = markers.tick(), if received.is_some() || report_sender => {
                 let (at, then) = last_marker;
                 if let Some(state) = &received {
@@ -248,12 +278,32 @@ pub(super) async fn transfer(
         data_connections = if t.block.is_some() { moving.links().len() } else { 1 },
         reused = t.endpoint == DataEndpoint::Cached,
         bytes,
-        seconds = format!("{secs:.3}"),
-        megabytes_per_second = format!("{:.1}", bytes as f64 / secs.max(1e-9) / 1e6),
+        seconds = (secs * 1e3).round() / 1e3,
+        megabytes_per_second = (bytes as f64 / secs.max(1e-9) / 1e5).round() / 10.0,
         outcome = outcome.word(),
         why = outcome.detail().unwrap_or_default(),
         "transfer"
     );
+    if let Some(live) = live {
+        live.end(bytes, outcome.word());
+        if let Some(log) = &io.config.xferlog {
+            let path = t.path().to_string();
+            log.write(&super::xferlog::Entry {
+                at: SystemTime::now(),
+                took: started.elapsed(),
+                host: braid_proto::session::canonical_ip(io.peer.ip()),
+                bytes,
+                path: &root.path().join(path.trim_start_matches('/')),
+                ascii: t.ascii,
+                upload: is_upload,
+                user: match user {
+                    Some(name) => super::xferlog::User::Account(name),
+                    None => super::xferlog::User::Anonymous(io.anonymous_id.as_deref()),
+                },
+                complete: matches!(outcome, TransferOutcome::Complete { .. }),
+            });
+        }
+    }
     if client_gone {
         return false;
     }

@@ -26,6 +26,8 @@ pub struct Server {
     child: Child,
     pub addr: SocketAddr,
     pub root: PathBuf,
+    /// Where `--metrics` serves, when it was given.
+    pub metrics: Option<SocketAddr>,
     stderr_log: PathBuf,
 }
 
@@ -43,9 +45,17 @@ impl Server {
             .expect("start braid serve");
         let mut line = String::new();
         let stdout = child.stdout.take().expect("stdout");
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read startup line");
+        let mut stdout = BufReader::new(stdout);
+        stdout.read_line(&mut line).expect("read startup line");
+        // The metrics address comes on a line of its own, after the FTP one.
+        let metrics = extra.contains(&"--metrics").then(|| {
+            let mut line = String::new();
+            stdout.read_line(&mut line).expect("read the metrics line");
+            line.split("http://")
+                .nth(1)
+                .and_then(|r| r.trim().trim_end_matches("/metrics").parse().ok())
+                .unwrap_or_else(|| panic!("no metrics address in {line:?}"))
+        });
         let addr = line
             .split("ftp://")
             .nth(1)
@@ -61,6 +71,7 @@ impl Server {
             child,
             addr,
             root: root.to_path_buf(),
+            metrics,
             stderr_log,
         }
     }

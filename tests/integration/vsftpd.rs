@@ -246,3 +246,80 @@ fn braid_client_against_vsftpd_over_tls() {
     let (code, _, err) = braid(&["ls", &format!("{base}/pub/")], &[]);
     assert_eq!(code, 4, "{err}");
 }
+
+/// braid's `--xferlog` lines read as vsftpd's for the same transfers (curl downloading and
+/// uploading the same file from each), field for field but the time and duration.
+#[test]
+fn xferlog_lines_read_as_vsftpds() {
+    crate::util::require("curl");
+    let top = tempdir();
+    let vs_log = top.path().join("vsftpd.xferlog");
+    let vs = start_vsftpd_with(
+        top.path(),
+        &format!(
+            "xferlog_enable=YES\nxferlog_std_format=YES\nxferlog_file={}\n",
+            vs_log.display()
+        ),
+    );
+    let content = random_bytes(300_000, 63);
+    std::fs::write(top.path().join("root/pub/x.bin"), &content).unwrap();
+    // The same directory, so the paths logged are the same.
+    let braid_root = top.path().join("root");
+    let braid_log = top.path().join("braid.xferlog");
+    let server = crate::util::Server::start(
+        &braid_root,
+        &[
+            "--anonymous-write",
+            "--xferlog",
+            braid_log.to_str().unwrap(),
+        ],
+    );
+    let local = top.path().join("local.bin");
+    std::fs::write(&local, &content).unwrap();
+    let mut lines = Vec::new();
+    for (base, log) in [
+        (format!("ftp://127.0.0.1:{}", vs.port), &vs_log),
+        (format!("ftp://127.0.0.1:{}", server.port()), &braid_log),
+    ] {
+        for args in [
+            vec!["-sSf", "-o", "/dev/null", &format!("{base}/pub/x.bin")],
+            vec![
+                "-sSf",
+                "-T",
+                local.to_str().unwrap(),
+                &format!("{base}/pub/y.bin"),
+            ],
+        ] {
+            let (ok, _, err) = crate::util::run(
+                Command::new("curl").args(&args),
+                std::time::Duration::from_secs(30),
+            );
+            assert!(ok, "curl {args:?}: {err}");
+        }
+        let text = std::fs::read_to_string(log).unwrap();
+        lines.push(text);
+    }
+    let fields = |text: &str| -> Vec<Vec<String>> {
+        text.lines()
+            .map(|l| l.split_whitespace().map(str::to_string).collect())
+            .collect()
+    };
+    let (theirs, ours) = (fields(&lines[0]), fields(&lines[1]));
+    assert_eq!(theirs.len(), 2, "vsftpd wrote: {}", lines[0]);
+    assert_eq!(ours.len(), 2, "braid wrote: {}", lines[1]);
+    for (t, o) in theirs.iter().zip(&ours) {
+        assert_eq!(o.len(), t.len(), "vsftpd: {t:?}\nbraid: {o:?}");
+        // Date: the same weekday, month and year.
+        assert_eq!((&o[0], &o[1], &o[4]), (&t[0], &t[1], &t[4]), "{t:?} {o:?}");
+        assert!(o[5].parse::<u64>().unwrap() >= 1, "{o:?}");
+        // The user: an anonymous one's password, which vsftpd (no_anon_password) does not
+        // ask for and curl gives.
+        assert_eq!(t[13], "<no_password>");
+        assert_eq!(o[13], "ftp@example.com");
+        assert_eq!(
+            (&o[6..13], &o[14..]),
+            (&t[6..13], &t[14..]),
+            "vsftpd: {t:?}\nbraid: {o:?}"
+        );
+    }
+}

@@ -1,0 +1,379 @@
+//! `braid serve`'s settings: one definition read both from the command line and from a TOML
+//! file (`--config`), so every option has the same name in both (`--max-per-ip 4` is
+//! `max-per-ip = 4`). The command line wins over the file; SIGHUP reads the file again.
+
+use super::{Config, tls};
+use crate::users::Users;
+use anyhow::{Context, bail};
+use braid_proto::session::Perm;
+use clap::Args;
+use serde::Deserialize;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:2121";
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    /// `time LEVEL message key=value ...`, for people.
+    #[default]
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+#[derive(Args, Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ServeArgs {
+    /// TOML file with any of these options, spelt as here without the leading dashes
+    /// (`max-per-ip = 4`); the command line wins over it. SIGHUP reads it again, and the users
+    /// file, without dropping sessions. Relative paths in it are from its own directory.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Directory to serve to anonymous users [default: .].
+    #[arg(long)]
+    pub root: Option<PathBuf>,
+    /// Address and port to listen on; port 0 picks a free one [default: 127.0.0.1:2121].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Accounts file (see `braid passwd`). With it, anonymous login is off unless --anonymous.
+    #[arg(long)]
+    pub users: Option<PathBuf>,
+    /// Allow anonymous login (on by default when there is no --users file).
+    #[arg(long)]
+    #[serde(default)]
+    pub anonymous: bool,
+    /// Let anonymous users upload, delete, rename and create directories (with --users, only
+    /// together with --anonymous).
+    #[arg(long)]
+    #[serde(default)]
+    pub anonymous_write: bool,
+    /// Passive ports to choose from at random, e.g. 50000-50100 [default: any free port].
+    #[arg(long, value_parser = parse_range)]
+    #[serde(default, deserialize_with = "range")]
+    pub passive_ports: Option<(u16, u16)>,
+    /// IPv4 address to put in PASV and SPAS replies instead of the one the server listens on:
+    /// the address clients reach it at when it sits behind NAT. Forward --passive-ports too.
+    /// EPSV replies carry no address and need nothing.
+    #[arg(long, value_name = "IPV4")]
+    pub public_address: Option<Ipv4Addr>,
+    /// PEM certificate chain: offers AUTH TLS (RFC 4217, explicit FTPS), so clients can
+    /// encrypt the control connection (passwords) and, with PROT P, stream-mode data.
+    #[arg(long, value_name = "PEM")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
+    /// Most control connections from one client address [default: 16].
+    #[arg(long)]
+    pub max_per_ip: Option<usize>,
+    /// Most control connections in all [default: 256].
+    #[arg(long)]
+    pub max_connections: Option<usize>,
+    /// Seconds a client has to log in [default: 60].
+    #[arg(long, value_name = "SECONDS")]
+    pub login_timeout: Option<u64>,
+    /// Seconds of silence after which an idle session is closed [default: 300].
+    #[arg(long, value_name = "SECONDS")]
+    pub idle_timeout: Option<u64>,
+    /// Seconds running transfers get to finish after Ctrl-C or SIGTERM before they are cut
+    /// [default: 30].
+    #[arg(long, value_name = "SECONDS")]
+    pub shutdown_grace: Option<u64>,
+    /// Append a line per transfer to FILE in the xferlog format of wu-ftpd and vsftpd, for
+    /// the tools that read it. SIGHUP reopens it (log rotation).
+    #[arg(long, value_name = "FILE")]
+    pub xferlog: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (sessions, transfers, bytes, logins,
+    /// data connections, bytes per user).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
+    /// Log line format [default: text]. RUST_LOG sets the level (e.g. RUST_LOG=warn, or
+    /// RUST_LOG=debug for every command and reply).
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// Log every command and reply (RUST_LOG=debug).
+    #[arg(short, long)]
+    #[serde(default)]
+    pub verbose: bool,
+}
+
+/// The options SIGHUP cannot change in a running server.
+const FIXED: &str = "listen, metrics, log-format and verbose";
+
+impl ServeArgs {
+    /// The command line's options over those of the `--config` file, if there is one.
+    pub fn resolve(&self) -> anyhow::Result<ServeArgs> {
+        match &self.config {
+            Some(path) => Ok(self.over(load(path)?)),
+            None => Ok(self.clone()),
+        }
+    }
+
+    /// These options where given, `file`'s elsewhere. A flag set in either is set.
+    fn over(&self, file: ServeArgs) -> ServeArgs {
+        ServeArgs {
+            config: self.config.clone(),
+            root: self.root.clone().or(file.root),
+            listen: self.listen.or(file.listen),
+            users: self.users.clone().or(file.users),
+            anonymous: self.anonymous || file.anonymous,
+            anonymous_write: self.anonymous_write || file.anonymous_write,
+            passive_ports: self.passive_ports.or(file.passive_ports),
+            public_address: self.public_address.or(file.public_address),
+            tls_cert: self.tls_cert.clone().or(file.tls_cert),
+            tls_key: self.tls_key.clone().or(file.tls_key),
+            max_per_ip: self.max_per_ip.or(file.max_per_ip),
+            max_connections: self.max_connections.or(file.max_connections),
+            login_timeout: self.login_timeout.or(file.login_timeout),
+            idle_timeout: self.idle_timeout.or(file.idle_timeout),
+            shutdown_grace: self.shutdown_grace.or(file.shutdown_grace),
+            xferlog: self.xferlog.clone().or(file.xferlog),
+            metrics: self.metrics.or(file.metrics),
+            log_format: self.log_format.or(file.log_format),
+            verbose: self.verbose || file.verbose,
+        }
+    }
+
+    pub fn listen(&self) -> SocketAddr {
+        self.listen
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 2121)))
+    }
+
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace.unwrap_or(30))
+    }
+
+    /// What a reload would change that only a restart can, named for the warning.
+    pub fn fixed_changes(&self, new: &ServeArgs) -> Option<&'static str> {
+        let same = self.listen == new.listen
+            && self.metrics == new.metrics
+            && self.log_format == new.log_format
+            && self.verbose == new.verbose;
+        (!same).then_some(FIXED)
+    }
+
+    /// Who may log in, for the startup line.
+    pub fn who(&self, config: &Config) -> &'static str {
+        match (config.anonymous, self.users.is_some()) {
+            (Some(Perm::ReadWrite), false) => "anonymous read-write",
+            (Some(Perm::ReadWrite), true) => "accounts, plus anonymous read-write",
+            (Some(Perm::ReadOnly), false) => "anonymous read-only",
+            (Some(Perm::ReadOnly), true) => "accounts, plus anonymous read-only",
+            (None, _) => "accounts only",
+        }
+    }
+
+    /// The server's configuration. What lives across reloads (failed logins, the checksum
+    /// cache, the metrics) comes from `running`, if the server already runs.
+    pub fn config(&self, running: Option<&Config>) -> anyhow::Result<Config> {
+        let root = self.root.clone().unwrap_or_else(|| PathBuf::from("."));
+        let root = root
+            .canonicalize()
+            .with_context(|| format!("cannot serve {}: no such directory", root.display()))?;
+        if !root.is_dir() {
+            bail!("cannot serve {}: not a directory", root.display());
+        }
+        let mut config = Config::new(root);
+        if let Some(old) = running {
+            config.logins = old.logins.clone();
+            config.checksums = old.checksums.clone();
+            config.metrics = old.metrics.clone();
+        }
+        if let Some(path) = &self.users {
+            config.users = Users::load(path)?;
+            if config.users.is_empty() {
+                bail!(
+                    "{} has no accounts; add one with braid passwd",
+                    path.display()
+                );
+            }
+        }
+        if self.users.is_some() && self.anonymous_write && !self.anonymous {
+            bail!(
+                "--anonymous-write with --users would also let anyone log in anonymously and \
+                 write; add --anonymous (anonymous = true in a config file) to mean that, or \
+                 drop --anonymous-write"
+            );
+        }
+        let anonymous = self.users.is_none() || self.anonymous || self.anonymous_write;
+        config.anonymous = match (anonymous, self.anonymous_write) {
+            (false, _) => None,
+            (true, false) => Some(Perm::ReadOnly),
+            (true, true) => Some(Perm::ReadWrite),
+        };
+        config.passive_ports = self.passive_ports;
+        config.public_address = self.public_address;
+        config.tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(tls::server_config(cert, key)?),
+            (None, None) => None,
+            _ => bail!("--tls-cert and --tls-key go together: give both, or neither"),
+        };
+        if let Some(n) = self.max_per_ip {
+            config.max_per_ip = n.max(1);
+        }
+        if let Some(n) = self.max_connections {
+            config.max_connections = n.max(1);
+        }
+        if let Some(s) = self.login_timeout {
+            config.login_timeout = Duration::from_secs(s);
+        }
+        if let Some(s) = self.idle_timeout {
+            config.idle_timeout = Duration::from_secs(s);
+        }
+        config.xferlog = match &self.xferlog {
+            Some(path) => Some(Arc::new(super::xferlog::XferLog::open(path)?)),
+            None => None,
+        };
+        Ok(config)
+    }
+}
+
+/// Reads a `--config` file; relative paths in it are taken from the file's directory.
+pub fn load(path: &Path) -> anyhow::Result<ServeArgs> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the config file {}", path.display()))?;
+    let mut args = parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    for p in [
+        &mut args.root,
+        &mut args.users,
+        &mut args.tls_cert,
+        &mut args.tls_key,
+        &mut args.xferlog,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if p.is_relative() {
+            *p = dir.join(&*p);
+        }
+    }
+    Ok(args)
+}
+
+/// The options in a config file's text; errors name the line and the key.
+pub fn parse(text: &str) -> Result<ServeArgs, String> {
+    toml::from_str(text).map_err(|e| {
+        let at = e
+            .span()
+            .map(|s| {
+                let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
+                format!("line {line}: ")
+            })
+            .unwrap_or_default();
+        format!("{at}{}", e.message())
+    })
+}
+
+pub fn parse_range(s: &str) -> Result<(u16, u16), String> {
+    let (a, b) = s
+        .split_once('-')
+        .ok_or("expected LOW-HIGH, e.g. 50000-50100")?;
+    let lo: u16 = a.trim().parse().map_err(|_| format!("bad port {a:?}"))?;
+    let hi: u16 = b.trim().parse().map_err(|_| format!("bad port {b:?}"))?;
+    if lo == 0 || lo > hi {
+        return Err(format!("{s}: need 1 <= LOW <= HIGH"));
+    }
+    Ok((lo, hi))
+}
+
+fn range<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<(u16, u16)>, D::Error> {
+    let s = String::deserialize(d)?;
+    parse_range(&s).map(Some).map_err(serde::de::Error::custom)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_option_reads_from_the_file() {
+        let args = parse(
+            r#"
+            root = "/srv/ftp"
+            listen = "0.0.0.0:21"
+            users = "users.toml"
+            anonymous = true
+            anonymous-write = true
+            passive-ports = "50000-50100"
+            public-address = "198.18.0.1"
+            tls-cert = "cert.pem"
+            tls-key = "key.pem"
+            max-per-ip = 4
+            max-connections = 500
+            login-timeout = 20
+            idle-timeout = 600
+            shutdown-grace = 5
+            xferlog = "/var/log/xferlog"
+            metrics = "127.0.0.1:9898"
+            log-format = "json"
+            verbose = true
+            "#,
+        )
+        .unwrap();
+        assert_eq!(args.root, Some(PathBuf::from("/srv/ftp")));
+        assert_eq!(args.listen(), "0.0.0.0:21".parse().unwrap());
+        assert_eq!(args.users, Some(PathBuf::from("users.toml")));
+        assert!(args.anonymous && args.anonymous_write && args.verbose);
+        assert_eq!(args.passive_ports, Some((50000, 50100)));
+        assert_eq!(args.public_address, Some(Ipv4Addr::new(198, 18, 0, 1)));
+        assert_eq!(args.tls_cert, Some(PathBuf::from("cert.pem")));
+        assert_eq!(args.tls_key, Some(PathBuf::from("key.pem")));
+        assert_eq!(args.max_per_ip, Some(4));
+        assert_eq!(args.max_connections, Some(500));
+        assert_eq!(args.login_timeout, Some(20));
+        assert_eq!(args.idle_timeout, Some(600));
+        assert_eq!(args.shutdown_grace(), Duration::from_secs(5));
+        assert_eq!(args.xferlog, Some(PathBuf::from("/var/log/xferlog")));
+        assert_eq!(args.metrics, Some("127.0.0.1:9898".parse().unwrap()));
+        assert_eq!(args.log_format, Some(LogFormat::Json));
+    }
+
+    #[test]
+    fn errors_name_the_line_and_the_key() {
+        let e = parse("root = \"/srv\"\n\nlisten-on = \"0.0.0.0:21\"\n").unwrap_err();
+        assert!(e.starts_with("line 3: ") && e.contains("listen-on"), "{e}");
+        let e = parse("max-per-ip = \"four\"\n").unwrap_err();
+        assert!(e.starts_with("line 1: "), "{e}");
+        let e = parse("anonymous = true\npassive-ports = \"9-1\"\n").unwrap_err();
+        assert!(
+            e.starts_with("line 2: ") && e.contains("LOW <= HIGH"),
+            "{e}"
+        );
+        // The command line's own option has no place in the file.
+        let e = parse("config = \"other.toml\"\n").unwrap_err();
+        assert!(e.starts_with("line 1: ") && e.contains("config"), "{e}");
+    }
+
+    #[test]
+    fn the_command_line_wins_over_the_file() {
+        let file = parse("max-per-ip = 4\nidle-timeout = 60\nanonymous = true\n").unwrap();
+        let cli = ServeArgs {
+            max_per_ip: Some(8),
+            ..ServeArgs::default()
+        };
+        let both = cli.over(file);
+        assert_eq!(both.max_per_ip, Some(8));
+        assert_eq!(both.idle_timeout, Some(60));
+        assert!(both.anonymous);
+        assert_eq!(both.listen(), DEFAULT_LISTEN.parse().unwrap());
+    }
+
+    #[test]
+    fn relative_paths_in_the_file_are_from_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("braid.toml");
+        std::fs::write(&path, "root = \"files\"\nusers = \"/etc/braid/users\"\n").unwrap();
+        let args = load(&path).unwrap();
+        assert_eq!(args.root, Some(dir.path().join("files")));
+        assert_eq!(args.users, Some(PathBuf::from("/etc/braid/users")));
+        let e = load(&dir.path().join("missing.toml")).unwrap_err();
+        assert!(format!("{e:#}").contains("missing.toml"), "{e:#}");
+    }
+}
