@@ -125,11 +125,13 @@ fn curl_lists_gets_puts_resumes_renames_deletes() {
     assert!(ok, "{err}");
     assert!(!root.join("renamed.bin").exists());
     // A missing file is curl's "file not found" (exit 78).
-    let status = Command::new("curl")
+    let out = Command::new("curl")
         .args(["-sS", &format!("{base}/nope"), "-o", "/dev/null"])
-        .status()
+        .output()
         .unwrap();
-    assert_eq!(status.code(), Some(78));
+    assert_eq!(out.status.code(), Some(78));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("does not exist"), "{said}");
 }
 
 /// Behind NAT: `--public-address` goes into the 227 reply, and curl, which connects to the
