@@ -384,9 +384,9 @@ async fn login(io: &mut Io, session: &mut Session, user: String, password: Strin
         checked.flatten()
     };
     let granted = match checked {
-        Some((perm, root_path)) => match Root::open(&root_path) {
+        Some((perm, root_path)) => match config.open_root(&root_path) {
             Ok(root) => {
-                io.root = Some(Arc::new(root));
+                io.root = Some(root);
                 io.anonymous_id = anonymous_id;
                 if !anonymous {
                     logins.failures().succeeded(&user);

@@ -16,7 +16,7 @@ use crate::users::Users;
 use braid_proto::session::Perm;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -61,6 +61,11 @@ pub struct Config {
     pub xferlog: Option<Arc<xferlog::XferLog>>,
     /// Counts for `--metrics`, kept whether or not they are served.
     pub metrics: Arc<metrics::Metrics>,
+    /// Root directories open now, shared by the sessions logged in to them: one descriptor
+    /// per directory instead of one per session (10,000 idle sessions hit the usual limit of
+    /// 20,000 open files at two each). A reload starts afresh, so a replaced directory is
+    /// opened again.
+    roots: Arc<Mutex<HashMap<PathBuf, std::sync::Weak<crate::fsroot::Root>>>>,
 }
 
 /// A file version: device, inode, size, modification and change times (s, ns).
@@ -126,7 +131,20 @@ impl Config {
             tls: None,
             xferlog: None,
             metrics: Arc::default(),
+            roots: Arc::default(),
         }
+    }
+
+    /// `path` opened as a session's root, or the one already open for other sessions.
+    pub(crate) fn open_root(&self, path: &Path) -> std::io::Result<Arc<crate::fsroot::Root>> {
+        let mut roots = self.roots.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(root) = roots.get(path).and_then(std::sync::Weak::upgrade) {
+            return Ok(root);
+        }
+        roots.retain(|_, r| r.strong_count() > 0);
+        let root = Arc::new(crate::fsroot::Root::open(path)?);
+        roots.insert(path.to_path_buf(), Arc::downgrade(&root));
+        Ok(root)
     }
 }
 

@@ -369,3 +369,27 @@ fn the_sample_config_starts_a_server() {
     assert!(lists_as(&server, "anonymous", "x"));
     assert_eq!(metric(&scrape(&server), "braid_sessions"), Some(0.0));
 }
+
+/// Sessions logged in to the same root share its descriptor: a session costs the server one
+/// descriptor (its control connection), so 10,000 idle sessions fit under the usual limit of
+/// 20,000 open files (bench/idle_sessions.py). They took two each.
+#[test]
+fn sessions_share_their_root_directory() {
+    let top = tempdir();
+    let server = Server::start(top.path(), &["--max-per-ip", "32"]);
+    let open = || {
+        std::fs::read_dir(format!("/proc/{}/fd", server.pid()))
+            .unwrap()
+            .count()
+    };
+    let before = open();
+    let sessions: Vec<Raw> = (0..20)
+        .map(|_| Raw::login(server.addr, "anonymous", "x"))
+        .collect();
+    let grown = open() - before;
+    assert!(
+        (20..30).contains(&grown),
+        "{grown} descriptors for 20 sessions"
+    );
+    drop(sessions);
+}
