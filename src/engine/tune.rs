@@ -1035,7 +1035,8 @@ mod tests {
 
     /// A path in numbers: each connection's window allows `window` bytes in flight; the
     /// bottleneck carries `capacity` bytes/s behind a drop-tail queue of `queue` bytes.
-    #[derive(Clone, Copy)]
+    /// Zero ramp, start-up and swing, unknown congestion controls unless a test says.
+    #[derive(Clone, Copy, Default)]
     struct Path {
         capacity: f64,
         window: f64,
@@ -1252,10 +1253,7 @@ mod tests {
             window: 24_000.0,
             base: Duration::from_millis(590),
             queue: 64_000.0,
-            ramp: Duration::ZERO,
-            startup: Duration::ZERO,
-            swing: Duration::ZERO,
-            ccs: None,
+            ..Path::default()
         }
     }
 
@@ -1307,10 +1305,7 @@ mod tests {
             window: 4e6,
             base: Duration::from_millis(20),
             queue: 250_000.0,
-            ramp: Duration::ZERO,
-            startup: Duration::ZERO,
-            swing: Duration::ZERO,
-            ccs: None,
+            ..Path::default()
         };
         let counts = simulate(&mut auto(), path, BIG, 60.0, 64);
         let n = settles(&counts);
@@ -1328,9 +1323,7 @@ mod tests {
             base: Duration::from_millis(300),
             queue: 400_000.0,
             ramp: Duration::from_secs(3),
-            startup: Duration::ZERO,
-            swing: Duration::ZERO,
-            ccs: None,
+            ..Path::default()
         };
         let counts = simulate(&mut auto(), path, BIG, 120.0, 64);
         assert!(counts.iter().all(|&c| c <= 8), "{counts:?}");
@@ -1345,10 +1338,7 @@ mod tests {
             window: 64_000.0,
             base: Duration::from_millis(100),
             queue: 30_000.0,
-            ramp: Duration::ZERO,
-            startup: Duration::ZERO,
-            swing: Duration::ZERO,
-            ccs: None,
+            ..Path::default()
         };
         let counts = simulate(&mut auto(), path, BIG, 120.0, 64);
         let n = settles(&counts);
@@ -1369,10 +1359,7 @@ mod tests {
             window: 1.25e6,
             base: Duration::from_millis(150),
             queue: 3.75e6,
-            ramp: Duration::ZERO,
-            startup: Duration::ZERO,
-            swing: Duration::ZERO,
-            ccs: None,
+            ..Path::default()
         };
         assert!(path.with(6).1 > path.with(4).1, "the model: 6 queue more");
         let counts = simulate(&mut auto(), path, BIG, 120.0, 64);
@@ -1394,10 +1381,8 @@ mod tests {
             window: 2.5e6,
             base: Duration::from_millis(150),
             queue: 3.75e6,
-            ramp: Duration::ZERO,
             startup: Duration::from_millis(1300),
-            swing: Duration::ZERO,
-            ccs: None,
+            ..Path::default()
         };
         assert!(path.with(4).2 > 0.04, "the model: 4 lose");
         let counts = simulate(&mut auto(), path, BIG, 60.0, 64);
@@ -1413,10 +1398,7 @@ mod tests {
             window: 2.5e6,
             base: Duration::from_millis(150),
             queue: 3.75e6,
-            ramp: Duration::ZERO,
-            startup: Duration::ZERO,
-            swing: Duration::ZERO,
-            ccs: None,
+            ..Path::default()
         };
         let counts = simulate(&mut auto(), path, BIG, 120.0, 64);
         let n = settles(&counts);
@@ -1457,13 +1439,11 @@ mod tests {
             window: 4e6,
             base: Duration::from_millis(20),
             queue: 125_000.0,
-            ramp: Duration::ZERO,
-            startup: Duration::ZERO,
-            swing: Duration::ZERO,
             ccs: Some(Ccs {
                 cubic_queue: 125_000.0,
                 ..Ccs::default()
             }),
+            ..Path::default()
         };
         let (_, cc, notes) = run_trial(dsl, false);
         assert_eq!(cc, name("bbr"));
@@ -1642,10 +1622,8 @@ mod tests {
             window: 4e6,
             base: Duration::from_millis(20),
             queue: 5_000.0,
-            ramp: Duration::ZERO,
-            startup: Duration::ZERO,
             swing: Duration::from_millis(40),
-            ccs: None,
+            ..Path::default()
         };
         let mut a = auto();
         simulate(&mut a, dsl, BIG, 60.0, 64);
