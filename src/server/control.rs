@@ -353,9 +353,7 @@ impl Drop for Waiting {
 
 async fn login(io: &mut Io, session: &mut Session, user: String, password: String) -> Action {
     let config = io.config.clone();
-    let anonymous = braid_proto::session::ANONYMOUS_NAMES
-        .iter()
-        .any(|a| a.eq_ignore_ascii_case(&user));
+    let anonymous = braid_proto::session::is_anonymous(&user);
     let ip = canonical_ip(io.peer.ip());
     let logins = &config.logins;
     let anonymous_id = anonymous.then(|| password.clone());

@@ -9,8 +9,7 @@ use crate::engine;
 use braid_proto::checksum;
 use braid_proto::retr_opts::RetrOpts;
 use braid_proto::session::{
-    ANONYMOUS_NAMES, DataEndpoint, Expected, FsError, Session, Transfer, TransferKind,
-    TransferOutcome,
+    DataEndpoint, Expected, FsError, Session, Transfer, TransferKind, TransferOutcome,
 };
 use braid_proto::{Command, Reply};
 use std::sync::Arc;
@@ -22,15 +21,11 @@ use tokio::time::{Instant, timeout, timeout_at};
 /// How often a running transfer's bytes and connections reach the metrics.
 const COUNT_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Data connections a transfer has open now.
+/// Data connections a transfer has open now: a stream-mode one never joins `moving`.
 fn open_connections(t: &Transfer, moving: &engine::transfer::Transfer) -> usize {
     match t.block {
         None => 1,
-        Some(_) => moving
-            .links()
-            .iter()
-            .filter(|l| l.state() == engine::transfer::LinkState::Open)
-            .count(),
+        Some(_) => moving.open(),
     }
 }
 
@@ -107,10 +102,9 @@ pub(super) async fn transfer(
         }
     };
     let is_upload = matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_));
-    // Files, not listings, count for the metrics and the xferlog (as in vsftpd's).
-    let user = session
-        .user()
-        .filter(|u| !ANONYMOUS_NAMES.iter().any(|a| a.eq_ignore_ascii_case(u)));
+    // Files, not listings, count for the metrics and the xferlog (as in vsftpd's). An
+    // anonymous session is one whose password was kept as its id.
+    let user = session.user().filter(|_| io.anonymous_id.is_none());
     let mut live = match t.kind {
         TransferKind::List(..) => None,
         _ => Some(io.config.metrics.transfer(is_upload, user)),

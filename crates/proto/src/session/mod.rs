@@ -458,7 +458,7 @@ impl Session {
         if let Login::LoggedIn { .. } = self.login {
             return Action::Reply(Reply::new(530, "Cannot change to another user."));
         }
-        let anonymous = ANONYMOUS_NAMES.iter().any(|a| a.eq_ignore_ascii_case(name));
+        let anonymous = is_anonymous(name);
         if anonymous && self.config.anonymous.is_none() {
             self.login = Login::AwaitUser;
             return Action::Reply(Reply::new(

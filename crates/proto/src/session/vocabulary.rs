@@ -27,8 +27,12 @@ pub struct SessionConfig {
     pub tls: bool,
 }
 
-/// Names accepted for anonymous login (RFC 1635).
-pub const ANONYMOUS_NAMES: [&str; 2] = ["anonymous", "ftp"];
+/// Whether `name` asks for anonymous login (RFC 1635: `anonymous` or `ftp`, any case).
+pub fn is_anonymous(name: &str) -> bool {
+    ["anonymous", "ftp"]
+        .iter()
+        .any(|a| a.eq_ignore_ascii_case(name))
+}
 
 /// Where the next data connection comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
