@@ -43,8 +43,8 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Metrics {
-        let mut registry = Registry::with_prefix("braid");
         let m = Metrics {
+            registry: Registry::with_prefix("braid"),
             sessions: Gauge::default(),
             in_progress: Family::default(),
             bytes: Family::default(),
@@ -52,8 +52,8 @@ impl Default for Metrics {
             login_failures: Counter::default(),
             data_connections: Gauge::default(),
             user_bytes: Family::default(),
-            registry: Registry::default(),
         };
+        let mut registry = m.registry;
         registry.register("sessions", "Control connections open", m.sessions.clone());
         registry.register(
             "transfers_in_progress",
@@ -102,17 +102,20 @@ impl Metrics {
         self.login_failures.inc();
     }
 
-    /// Counts a transfer as running until [`Live::end`] or drop.
+    /// Counts a transfer as running until its [`Live`] is dropped.
     pub fn transfer(self: &Arc<Self>, upload: bool, user: Option<&str>) -> Live {
         let direction = if upload { "upload" } else { "download" };
-        self.in_progress.get_or_create(&Way { direction }).inc();
+        let way = Way { direction };
+        self.in_progress.get_or_create(&way).inc();
         Live {
             metrics: self.clone(),
-            direction,
-            user: user.unwrap_or("anonymous").to_string(),
+            user: UserWay {
+                user: user.unwrap_or("anonymous").to_string(),
+                direction,
+            },
+            way,
             bytes: 0,
             connections: 0,
-            ended: false,
         }
     }
 
@@ -134,15 +137,14 @@ impl Drop for SessionGuard {
     }
 }
 
-/// One running transfer's share of the counts.
+/// One running transfer's share of the counts; dropping it ends the transfer's.
 pub struct Live {
     metrics: Arc<Metrics>,
-    direction: &'static str,
-    user: String,
+    way: Way,
+    user: UserWay,
     /// What has been counted so far.
     bytes: u64,
     connections: i64,
-    ended: bool,
 }
 
 impl Live {
@@ -150,17 +152,10 @@ impl Live {
     pub fn update(&mut self, bytes: u64, connections: usize) {
         let more = bytes.saturating_sub(self.bytes);
         if more > 0 {
-            let m = &self.metrics;
-            m.bytes
-                .get_or_create(&Way {
-                    direction: self.direction,
-                })
-                .inc_by(more);
-            m.user_bytes
-                .get_or_create(&UserWay {
-                    user: self.user.clone(),
-                    direction: self.direction,
-                })
+            self.metrics.bytes.get_or_create(&self.way).inc_by(more);
+            self.metrics
+                .user_bytes
+                .get_or_create(&self.user)
                 .inc_by(more);
             self.bytes = bytes;
         }
@@ -171,35 +166,21 @@ impl Live {
         self.connections = connections;
     }
 
+    /// The transfer ended with `bytes` moved; `outcome` is how.
     pub fn end(mut self, bytes: u64, outcome: &'static str) {
         self.update(bytes, 0);
-        self.metrics
-            .transfers
-            .get_or_create(&Ended {
-                direction: self.direction,
-                outcome,
-            })
-            .inc();
-        self.finish();
-    }
-
-    fn finish(&mut self) {
-        if !self.ended {
-            self.ended = true;
-            self.update(self.bytes, 0);
-            self.metrics
-                .in_progress
-                .get_or_create(&Way {
-                    direction: self.direction,
-                })
-                .dec();
-        }
+        let ended = Ended {
+            direction: self.way.direction,
+            outcome,
+        };
+        self.metrics.transfers.get_or_create(&ended).inc();
     }
 }
 
 impl Drop for Live {
     fn drop(&mut self) {
-        self.finish();
+        self.update(self.bytes, 0);
+        self.metrics.in_progress.get_or_create(&self.way).dec();
     }
 }
 

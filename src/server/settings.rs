@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:2121";
+/// Where the server listens unless told (the --listen help says it too).
+const DEFAULT_LISTEN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 2121);
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
@@ -141,8 +142,7 @@ impl ServeArgs {
     }
 
     pub fn listen(&self) -> SocketAddr {
-        self.listen
-            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 2121)))
+        self.listen.unwrap_or(DEFAULT_LISTEN)
     }
 
     pub fn shutdown_grace(&self) -> Duration {
@@ -362,7 +362,7 @@ mod tests {
         assert_eq!(both.max_per_ip, Some(8));
         assert_eq!(both.idle_timeout, Some(60));
         assert!(both.anonymous);
-        assert_eq!(both.listen(), DEFAULT_LISTEN.parse().unwrap());
+        assert_eq!(both.listen(), "127.0.0.1:2121".parse().unwrap());
     }
 
     #[test]
