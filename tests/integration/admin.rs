@@ -173,7 +173,10 @@ fn json_log_lines_describe_transfers_and_refusals() {
     assert_eq!(transfer["path"], "/f.bin");
     assert_eq!(transfer["direction"], "download");
     assert_eq!(transfer["mode"], "E");
-    assert_eq!(transfer["data_connections"], 3);
+    // The connections the transfer used: on a busy machine the first of the three can carry
+    // all 3 MiB before the server takes the others from its backlog.
+    let used = transfer["data_connections"].as_u64().unwrap();
+    assert!((1..=3).contains(&used), "{transfer}");
     assert_eq!(transfer["outcome"], "complete");
     assert_eq!(transfer["user"], "anonymous");
     assert!(transfer["peer"].as_str().unwrap().starts_with("127.0.0.1:"));
