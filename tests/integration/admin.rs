@@ -51,12 +51,26 @@ fn a_config_file_sets_the_server_up_and_a_mistake_names_its_line() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(std::fs::read(files.join("up.txt")).unwrap(), b"up\n");
     // max-per-ip = 1 from the file: a second connection from this address is turned away.
-    let _first = Raw::connect(server.addr);
-    let mut reply = String::new();
-    use std::io::BufRead;
-    std::io::BufReader::new(std::net::TcpStream::connect(server.addr).unwrap())
-        .read_line(&mut reply)
-        .unwrap();
+    // The first may have to wait until the server has seen the upload's session end.
+    let greeting = || {
+        let mut reply = String::new();
+        use std::io::BufRead;
+        let stream = std::net::TcpStream::connect(server.addr).unwrap();
+        std::io::BufReader::new(stream.try_clone().unwrap())
+            .read_line(&mut reply)
+            .unwrap();
+        (stream, reply)
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let _first = loop {
+        let (stream, reply) = greeting();
+        if reply.starts_with("220 ") {
+            break stream;
+        }
+        assert!(Instant::now() < deadline, "never admitted: {reply}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (_, reply) = greeting();
     assert!(
         reply.starts_with("421 ") && reply.contains("limit 1"),
         "{reply}"
