@@ -209,8 +209,9 @@ fn parse_block_size(s: &str) -> Result<u64, String> {
 #[derive(Args, Debug)]
 struct TlsArgs {
     /// Encrypt the session: AUTH TLS before login (so the password never travels in clear) and
-    /// TLS on the data connection (PROT P). The transfer then uses one stream-mode connection:
-    /// MODE E's parallel connections are not encrypted yet. Fails if the server has no TLS.
+    /// TLS on every data connection (PROT P). With a braid server, each of the parallel
+    /// connections is TLS, resumes the control connection's session and proves it belongs to
+    /// it; other servers get one stream-mode TLS connection. Fails if the server has no TLS.
     #[arg(long)]
     tls: bool,
     /// Trust the certificates in this PEM file (e.g. a self-signed server's) instead of the

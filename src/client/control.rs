@@ -4,6 +4,7 @@ use super::error::{ClientError, Result};
 use super::url::Target;
 use super::wire::Wire;
 use crate::engine::hooks::Tell;
+use crate::engine::tls::{Binding, DataConn, DataTls, SecureError};
 use braid_proto::client::{BlockPeer, ClientSession, Direction, Failure, Op, Outcome};
 use braid_proto::ranges::RangeSet;
 use braid_proto::{Command, Reply, ReplyParser};
@@ -28,11 +29,11 @@ pub struct Control {
     /// Replies read ahead by [`Control::poll`], not yet handed out.
     pending: VecDeque<Reply>,
     /// After AUTH TLS: how data connections are protected too.
-    tls: Option<(Arc<rustls::ClientConfig>, String)>,
+    tls: Option<Protection>,
     /// Who logged in, for error messages.
     user: String,
     /// MODE E data connections the last transfer left open (the session knows which way).
-    data: Vec<TcpStream>,
+    data: Vec<DataConn>,
     /// Pipelined ops begun ahead whose outcomes are read before the next op's (each with
     /// what to call it in an error).
     deferred: VecDeque<Option<String>>,
@@ -43,6 +44,14 @@ pub struct Control {
     /// read with the transfer's end.
     checksum_after: Option<(String, String)>,
     early_checksum: Option<(String, String, Option<String>)>,
+}
+
+/// What AUTH TLS set up: the settings and name the server's certificate was checked with,
+/// and the session's binding for MODE E data connections.
+struct Protection {
+    config: Arc<rustls::ClientConfig>,
+    host: String,
+    binding: Option<Binding>,
 }
 
 impl Control {
@@ -471,14 +480,14 @@ impl Control {
 
     /// Keeps the data connections a MODE E transfer left open (EOD without CLOSE) for the
     /// next transfer this way.
-    pub fn keep_data_connections(&mut self, direction: Direction, socks: Vec<TcpStream>) {
+    pub fn keep_data_connections(&mut self, direction: Direction, socks: Vec<DataConn>) {
         self.session
             .set_cached((!socks.is_empty()).then_some(direction));
         self.data = socks;
     }
 
     /// The data connections kept by [`Control::keep_data_connections`].
-    pub fn take_data_connections(&mut self) -> Vec<TcpStream> {
+    pub fn take_data_connections(&mut self) -> Vec<DataConn> {
         self.session.set_cached(None);
         std::mem::take(&mut self.data)
     }
@@ -651,16 +660,54 @@ impl Control {
             .try_clone()
             .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
         self.stream = Wire::tls(sock, config, host)?;
-        self.tls = Some((config.clone(), host.to_string()));
+        let binding = match &self.stream {
+            Wire::Tls(s) => Binding::of(&s.conn).ok(),
+            Wire::Clear(_) => None,
+        };
+        self.tls = Some(Protection {
+            config: config.clone(),
+            host: host.to_string(),
+            binding,
+        });
         self.run(Op::Protect).map(drop)
     }
 
     /// A data connection as this session protects it: TLS after `start_tls`.
     pub fn protect(&self, sock: TcpStream) -> Result<Wire> {
         match &self.tls {
-            Some((config, host)) => Wire::tls(sock, config, host),
+            Some(p) => Wire::tls(sock, &p.config, &p.host),
             None => Ok(Wire::Clear(sock)),
         }
+    }
+
+    /// How MODE E data connections are protected: TLS bound to this control session, after
+    /// `start_tls` and with a server that does it (`BRAID 3`).
+    pub fn data_tls(&self) -> Option<DataTls> {
+        let p = self.tls.as_ref()?;
+        Some(DataTls::Client {
+            config: p.config.clone(),
+            name: rustls::pki_types::ServerName::try_from(p.host.clone()).ok()?,
+            binding: p.binding?,
+        })
+    }
+
+    /// A data connection's failed TLS set-up as a sentence with the fix.
+    pub fn data_tls_failed(&self, e: &SecureError) -> String {
+        let host = self.tls.as_ref().map_or("the server", |p| p.host.as_str());
+        match e {
+            SecureError::Handshake(io) => {
+                format!(
+                    "data connection: {}",
+                    super::wire::handshake_failed(host, io)
+                )
+            }
+            e => format!("data connection to {host}: {e}"),
+        }
+    }
+
+    /// Whether the server runs TLS on MODE E data connections under PROT P.
+    pub fn private_blocks(&self) -> bool {
+        self.session.features().private_blocks()
     }
 
     pub fn uses_tls(&self) -> bool {

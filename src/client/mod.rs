@@ -6,6 +6,7 @@ pub mod error;
 mod interrupt;
 mod parallel;
 mod records;
+mod tickets;
 mod trust;
 pub mod url;
 mod wire;
@@ -106,6 +107,10 @@ pub struct Summary {
     pub decisions: Vec<crate::engine::hooks::Note>,
     /// Data connections this transfer opened (0 when it reused those of the one before).
     pub new_data_connections: u32,
+    /// MODE E under TLS: the data connections' handshakes, full and resumed (a resumed one
+    /// skips the certificate exchange).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_handshakes: Option<crate::engine::transfer::Handshakes>,
 }
 
 impl Summary {
@@ -525,7 +530,7 @@ fn note_stream_mode(opts: &Options) {
     }
     if opts.tls.is_some() {
         eprintln!(
-            "braid: TLS: using one stream-mode connection (MODE E data connections are not encrypted yet)"
+            "braid: TLS: using one stream-mode connection (the server does not protect MODE E data connections: FEAT has no BRAID 3)"
         );
     } else {
         eprintln!(
@@ -565,6 +570,7 @@ fn summary(
         congestion: None,
         decisions: Vec::new(),
         new_data_connections: 1,
+        tls_handshakes: None,
     }
 }
 

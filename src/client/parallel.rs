@@ -41,7 +41,9 @@ impl Peer {
     /// moves its data over one stream-mode connection, which is.
     pub fn of(c: &Control) -> Option<Peer> {
         match c.block_peer()? {
-            _ if c.uses_tls() => None,
+            // Under TLS only a braid server that protects MODE E connections too; others get
+            // one TLS stream-mode connection (GridFTP servers protect data with GSI).
+            _ if c.uses_tls() && !c.private_blocks() => None,
             BlockPeer::Braid { .. } => Some(Peer::Braid),
             BlockPeer::GridFtp => Some(Peer::GridFtp),
         }
@@ -163,13 +165,14 @@ pub fn get(
                 let socks = c.take_data_connections();
                 c.start_transfer(&retr)?;
                 reused = true;
-                Joins::cached(socks, STALL)
+                Joins::cached(socks, STALL).protected(c.data_tls())
             }
             Peer::Braid => {
                 let addr = c.passive_addr()?;
                 c.restart_ranges(&have)?;
                 let socks = open_and_start(c, &retr, addr, n, opts.buffer, elastic)?;
                 plan.joins(socks, addr, opts.buffer, &mut steering, transfer.waker())
+                    .protected(c.data_tls())
             }
             Peer::GridFtp => {
                 let listener = c.active_listener()?;
@@ -292,6 +295,8 @@ fn extended(
     checksum: Option<String>,
     reused: bool,
 ) -> Summary {
+    let h = transfer.handshakes();
+    s.tls_handshakes = (h.full + h.resumed > 0).then_some(h);
     s.new_data_connections = if reused {
         0
     } else {
@@ -656,12 +661,12 @@ pub fn put(
     let stor = Command::Stor(target.path.clone());
     // The last upload of this session left its data connections open: no PASV, no connecting.
     let reused = peer == Peer::Braid && c.session().can_reuse(Direction::Upload);
-    let (socks, addr) = if reused {
+    let (kept, addr) = if reused {
         c.restart_ranges(&have)?;
         c.reset_stored(have.clone());
-        let socks = c.take_data_connections();
+        let kept = c.take_data_connections();
         c.start_transfer(&stor)?;
-        (socks, None)
+        (kept, None)
     } else {
         let addr = c.passive_addr()?;
         c.restart_ranges(&have)?;
@@ -670,11 +675,11 @@ pub fn put(
     };
     // Connect before waiting for 150: the Globus server sends it only once data connections
     // have arrived; a braid server accepts them from its backlog after sending it.
-    let socks = match addr.map(|addr| open_and_start(c, &stor, addr, n, opts.buffer, elastic)) {
-        None => Ok(socks),
+    let fresh = match addr.map(|addr| open_and_start(c, &stor, addr, n, opts.buffer, elastic)) {
+        None => Ok(Vec::new()),
         Some(r) => r,
     };
-    let socks = match socks {
+    let fresh = match fresh {
         Err(ClientError::Remote { reply, .. }) if !have.is_empty() => {
             eprintln!(
                 "braid: the server cannot continue the earlier upload ({reply}); sending the whole file"
@@ -693,7 +698,7 @@ pub fn put(
             record.remove();
             return Err(e);
         }
-        Ok(socks) => socks,
+        Ok(fresh) => fresh,
     };
     let resumed_from = have.len();
     let started = Instant::now();
@@ -706,9 +711,10 @@ pub fn put(
     let mut steering = Steering::new(plan.policy(), pacer, true, Some(todo.len()));
     steering.prime(&transfer);
     let joins = match addr {
-        Some(addr) => plan.joins(socks, addr, opts.buffer, &mut steering, transfer.waker()),
-        None => Joins::cached(socks, STALL),
-    };
+        Some(addr) => plan.joins(fresh, addr, opts.buffer, &mut steering, transfer.waker()),
+        None => Joins::cached(kept, STALL),
+    }
+    .protected(c.data_tls());
     // In a batch the connections stay open for the next upload (EOD without CLOSE).
     let keep = opts.keep_connections && peer == Peer::Braid;
     let bar = progress_bar(opts, Some(len), resumed_from);
@@ -864,6 +870,10 @@ fn data_phase_failed(
             what: local_what.into(),
             cause,
         };
+    }
+    if let EngineError::Tls(e) = e {
+        send_abort(c);
+        return ClientError::Tls(c.data_tls_failed(&e));
     }
     // The server's refusal is the cause (a full disk, say); what this side saw of it, a
     // connection it closed, comes second.

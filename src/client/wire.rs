@@ -122,11 +122,20 @@ pub fn client_config(ca: Option<&Path>) -> anyhow::Result<Arc<rustls::ClientConf
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
+    // A ticket for each MODE E data connection, so that they resume the control connection's
+    // session rather than each checking the certificate again.
+    let mut config = config;
+    config.resumption =
+        rustls::client::Resumption::store(Arc::new(super::tickets::Tickets::default()));
+    config.send_ticket_request = Some(rustls::client::TicketRequest {
+        new_session_count: crate::engine::tls::TICKETS,
+        resumption_count: 1,
+    });
     Ok(Arc::new(config))
 }
 
 /// A failed TLS handshake as a sentence: what happened, and what to do about it.
-fn handshake_failed(host: &str, e: &std::io::Error) -> String {
+pub(super) fn handshake_failed(host: &str, e: &std::io::Error) -> String {
     let fix = match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
         Some(rustls::Error::InvalidCertificate(_)) => {
             "the server's certificate is not trusted here: if it is self-signed or from a private CA, \

@@ -14,6 +14,7 @@
 //! - [`stream`]: stream mode's copy loops (one connection, ASCII conversion, TLS), for client
 //!   and server; binary files in clear go by [`file_send`], which picks `sendfile` or a copy
 //!   by where the peer is.
+//! - [`tls`]: TLS on MODE E data connections (PROT P), each bound to the control session.
 //! - [`stats`]: per-connection samples (bytes, rate, `TCP_INFO`) taken off the data path.
 //! - [`hooks`]: the **policy** (open and close connections, resize buffers) and the **pacer**
 //!   (cap the rate of the whole transfer), and the steering that applies them.
@@ -28,6 +29,7 @@ pub mod send;
 pub mod sink;
 pub mod stats;
 pub mod stream;
+pub mod tls;
 pub mod transfer;
 pub mod tune;
 
@@ -62,6 +64,8 @@ pub enum EngineError {
     },
     #[error("local file: {0}")]
     Local(#[source] std::io::Error),
+    #[error("data connection: {0}")]
+    Tls(#[source] tls::SecureError),
     #[error("could not set up the data connections: {0}")]
     Setup(String),
     #[error("transfer aborted")]

@@ -3,13 +3,14 @@
 //! Connections may join until then (the sender connects, or this side opens more).
 
 use super::sink::Sink;
+use super::tls::{DataConn, refused};
 use super::transfer::{Joins, Link, LinkState, Transfer, join_loop};
 use super::{EngineError, FirstError, PIECE};
 use braid_proto::block::{BlockError, Completion, Connection, HEADER_LEN, Header, Next};
 use braid_proto::checksum::ChunkSum;
 use braid_proto::ranges::RangeSet;
 use std::io::Read;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// without CLOSE, and the listener it may connect to again.
 #[derive(Debug, Default)]
 pub struct Kept {
-    pub socks: Vec<TcpStream>,
+    pub socks: Vec<DataConn>,
     pub listener: Option<TcpListener>,
 }
 
@@ -166,15 +167,28 @@ pub fn receive(
         accept,
         incoming,
         stall,
+        tls,
     } = joins;
+    let tls = tls.as_deref();
     std::thread::scope(|scope| {
-        let spawn = |sock: TcpStream, reused: bool| {
-            let link = match transfer.join(&sock) {
+        let spawn = |sock: DataConn, reused: bool| {
+            let link = match transfer.join(sock.tcp()) {
                 Ok(l) => l,
                 Err(e) => return fail(EngineError::Setup(format!("data connection: {e}"))),
             };
             let (fail, kept) = (&fail, &kept);
             scope.spawn(move || {
+                let from = sock.tcp().peer_addr().ok();
+                let sock = match transfer.secure(tls, sock) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        transfer.end(&link, LinkState::Unused);
+                        if let Some(tls) = tls {
+                            refused(tls, e, from, fail);
+                        }
+                        return;
+                    }
+                };
                 let got = receive_conn(transfer, &link, sock, reused, sink, limit, shared);
                 shared.lock().release(link.id);
                 match got {
@@ -209,7 +223,7 @@ pub fn receive(
             stall,
             transfer,
             || shared.complete(),
-            |s| spawn(s, false),
+            |s| spawn(DataConn::Clear(s), false),
         );
         if let Err(e) = joined {
             fail(e);
@@ -246,7 +260,7 @@ pub fn receive(
 /// How a receiving connection's part ended.
 enum Ended {
     /// EOD without CLOSE: the connection may carry the session's next transfer.
-    Kept(TcpStream),
+    Kept(DataConn),
     /// EOD with CLOSE.
     Closed,
     /// Closed before its first header: a cached connection the sender let go, or one that
@@ -258,7 +272,7 @@ enum Ended {
 fn receive_conn(
     transfer: &Transfer,
     link: &Link,
-    mut sock: TcpStream,
+    mut sock: DataConn,
     reused: bool,
     sink: &Sink,
     limit: Option<u64>,
@@ -407,7 +421,7 @@ enum Repeat {
 }
 
 /// Reads one header; false if the connection ended cleanly before its first byte.
-fn read_header(sock: &mut TcpStream, raw: &mut [u8; HEADER_LEN]) -> std::io::Result<bool> {
+fn read_header(sock: &mut impl Read, raw: &mut [u8; HEADER_LEN]) -> std::io::Result<bool> {
     let mut got = 0;
     while got < HEADER_LEN {
         match sock.read(&mut raw[got..]) {

@@ -6,6 +6,7 @@
 
 use super::file_send::FileSender;
 use super::roster::{Leave, Roster};
+use super::tls::{DataConn, refused};
 use super::transfer::{Joins, Link, LinkState, Transfer, join_loop};
 use super::{EngineError, FirstError, PIECE};
 use braid_proto::block::Header;
@@ -41,7 +42,7 @@ impl Source<'_> {
 pub struct Sent {
     pub per_conn: Vec<u64>,
     pub sum: Option<ChunkSum>,
-    pub kept: Vec<TcpStream>,
+    pub kept: Vec<DataConn>,
 }
 
 /// How to send.
@@ -160,34 +161,66 @@ pub fn send(
     };
     let first_error = FirstError::default();
     let fail = |e: EngineError| first_error.fail(e, transfer.abort());
-    let results: Mutex<Vec<(ChunkSum, Option<TcpStream>)>> = Mutex::new(Vec::new());
+    let results: Mutex<Vec<(ChunkSum, Option<DataConn>)>> = Mutex::new(Vec::new());
     let Joins {
         open,
         reused,
         accept,
         incoming,
         stall,
+        tls,
     } = joins;
+    let tls = tls.as_deref();
     std::thread::scope(|scope| {
-        let spawn = |sock: TcpStream, link: Arc<Link>| {
-            let (state, results, fail) = (&state, &results, &fail);
-            scope.spawn(move || match state.run(&link, sock, reused) {
-                Ok(r) => results.lock().unwrap_or_else(|p| p.into_inner()).push(r),
-                Err(e) => fail(e),
-            });
+        let (state, results, fail) = (&state, &results, &fail);
+        let finish = move |r: Result<Leaving, EngineError>| match r {
+            Ok(r) => results.lock().unwrap_or_else(|p| p.into_inner()).push(r),
+            Err(e) => fail(e),
         };
         // Every connection open at the start is counted before any thread can finish, so the
-        // EOF count of a fixed set is its size, as GridFTP receivers expect.
+        // EOF count of a fixed set is its size, as GridFTP receivers expect. Under TLS each
+        // is secured on its own thread: a handshake costs a round trip or two.
         let mut admitted = Vec::new();
-        for sock in open {
-            match state.admit(&sock) {
-                Some(link) => admitted.push((sock, link)),
+        for conn in open {
+            match state.admit(conn.tcp()) {
+                Some(link) => admitted.push((conn, link)),
                 None => fail(EngineError::Setup("cannot track a data connection".into())),
             }
         }
-        for (sock, link) in admitted {
-            spawn(sock, link);
+        for (conn, link) in admitted {
+            scope.spawn(move || {
+                finish(
+                    transfer
+                        .secure(tls, conn)
+                        .map_err(EngineError::Tls)
+                        .and_then(|conn| state.run(&link, conn, reused)),
+                )
+            });
         }
+        let run = move |conn: DataConn, link: Arc<Link>| finish(state.run(&link, conn, false));
+        // Under TLS, one that joins later is secured on its own thread (one that stalls its
+        // handshake holds up nobody) and counted in only then: a stranger that fails to prove
+        // it belongs to the session leaves no trace in the EOF count.
+        let join = |sock: TcpStream| match tls {
+            None => {
+                if let Some(link) = state.admit(&sock) {
+                    scope.spawn(move || run(DataConn::Clear(sock), link));
+                }
+            }
+            Some(tls) => {
+                let from = sock.peer_addr().ok();
+                scope.spawn(
+                    move || match transfer.secure(Some(tls), DataConn::Clear(sock)) {
+                        Ok(conn) => {
+                            if let Some(link) = state.admit(conn.tcp()) {
+                                run(conn, link)
+                            }
+                        }
+                        Err(e) => refused(tls, e, from, fail),
+                    },
+                );
+            }
+        };
         if accept.is_some() || incoming.is_some() {
             let joined = join_loop(
                 accept.as_ref(),
@@ -195,10 +228,7 @@ pub fn send(
                 stall,
                 transfer,
                 || state.finished(),
-                |sock| match state.admit(&sock) {
-                    Some(link) => spawn(sock, link),
-                    None => drop(sock),
-                },
+                join,
             );
             if let Err(e) = joined {
                 fail(e);
@@ -247,7 +277,7 @@ struct State<'a> {
 
 /// What a connection thread leaves behind: its share of the checksum, and the socket when it
 /// is kept for the next transfer.
-type Leaving = (ChunkSum, Option<TcpStream>);
+type Leaving = (ChunkSum, Option<DataConn>);
 
 /// How a connection's part in the transfer ends.
 enum Exit {
@@ -365,24 +395,24 @@ impl State<'_> {
         Ok(())
     }
 
-    fn run(&self, link: &Link, mut sock: TcpStream, reused: bool) -> Result<Leaving, EngineError> {
+    fn run(&self, link: &Link, mut sock: DataConn, reused: bool) -> Result<Leaving, EngineError> {
         let conn = link.id;
         let net = |source| EngineError::Net { conn, source };
         let elastic = self.transfer.elastic();
-        let mut out = FileSender::for_socket(&sock);
+        let mut out = FileSender::for_socket(sock.tcp());
         let mut sum = ChunkSum::new();
         let mut unsent = UnsentCap::default();
         // Elastic: every block this connection carried, to send again if it breaks.
         let mut carried: Vec<(u64, u64)> = Vec::new();
         let exit = loop {
             if elastic
-                && (link.retiring() || peer_half_closed(&sock))
+                && (link.retiring() || peer_half_closed(sock.tcp()))
                 && let Some(exit) = self.retire()
             {
                 break exit;
             }
             let rate = self.transfer.rate(link);
-            unsent.follow(&sock, rate);
+            unsent.follow(sock.tcp(), rate);
             let Some((offset, len, fresh)) = self.next_block(rate) else {
                 match self.idle() {
                     Some(exit) => break exit,
@@ -436,7 +466,7 @@ impl State<'_> {
             sock.write_all(&end.keeping_connection().encode())
         } else {
             sock.write_all(&end.encode())
-                .and_then(|()| sock.shutdown(std::net::Shutdown::Write))
+                .and_then(|()| sock.tcp().shutdown(std::net::Shutdown::Write))
         };
         if let Err(e) = wrote {
             // A cached connection the receiver dropped while idle carried nothing: no loss.
@@ -455,7 +485,7 @@ impl State<'_> {
     fn send_block(
         &self,
         link: &Link,
-        sock: &mut TcpStream,
+        sock: &mut DataConn,
         out: &mut FileSender,
         mut sum: Option<&mut ChunkSum>,
         offset: u64,
@@ -463,12 +493,17 @@ impl State<'_> {
     ) -> Result<(), EngineError> {
         let conn = link.id;
         let net = |source| EngineError::Net { conn, source };
-        let header = send_more(sock, &Header::data(offset, len).encode());
-        match self.source {
-            Source::File { file, .. } if sum.is_none() => {
+        let header = Header::data(offset, len).encode();
+        let header = match &mut *sock {
+            DataConn::Clear(tcp) => send_more(tcp, &header),
+            tls => tls.write_all(&header),
+        };
+        match (self.source, &*sock) {
+            // In clear, file data goes without passing through here; TLS must encrypt it.
+            (Source::File { file, .. }, DataConn::Clear(tcp)) if sum.is_none() => {
                 header.map_err(net)?;
                 let reached = out
-                    .send(sock, file, offset, offset + len, |_| {})
+                    .send(tcp, file, offset, offset + len, |_| {})
                     .map_err(net)?;
                 if reached < offset + len {
                     return Err(EngineError::Local(std::io::Error::other(

@@ -11,6 +11,7 @@
 //! leaves it out of the EOF count; the receiver drops it and ignores blocks it already holds.
 //! Other transfers keep GridFTP's rules: a fixed set, and one broken connection fails the lot.
 
+use super::tls::{DataConn, DataTls, SecureError};
 use super::{Abort, EngineError, set_buffer};
 use braid_proto::retr_opts::CcName;
 use std::net::{IpAddr, TcpListener, TcpStream};
@@ -166,6 +167,15 @@ pub struct Transfer {
     abort: Abort,
     /// None only if the system refused an eventfd: the join loop then polls.
     waker: Option<Waker>,
+    /// TLS handshakes on data connections: full, and resumed from a ticket.
+    handshakes: [AtomicUsize; 2],
+}
+
+/// A transfer's TLS handshakes on its data connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Handshakes {
+    pub full: usize,
+    pub resumed: usize,
 }
 
 impl Transfer {
@@ -181,6 +191,31 @@ impl Transfer {
             confirmed: Mutex::new(braid_proto::ranges::RangeSet::new()),
             abort: Abort::new(),
             waker: Waker::new().ok(),
+            handshakes: Default::default(),
+        }
+    }
+
+    /// Runs `tls`'s handshake on a connection not yet secured, and counts it. A connection
+    /// kept from an earlier transfer is already secured (or in clear, without `tls`).
+    pub(super) fn secure(
+        &self,
+        tls: Option<&DataTls>,
+        conn: DataConn,
+    ) -> Result<DataConn, SecureError> {
+        let conn = match (tls, conn) {
+            (Some(tls), DataConn::Clear(sock)) => tls.secure(sock)?,
+            (_, conn) => return Ok(conn),
+        };
+        let resumed = conn.resumed() == Some(true);
+        self.handshakes[usize::from(resumed)].fetch_add(1, Ordering::Relaxed);
+        Ok(conn)
+    }
+
+    /// The TLS handshakes of this transfer's data connections so far.
+    pub fn handshakes(&self) -> Handshakes {
+        Handshakes {
+            full: self.handshakes[0].load(Ordering::Relaxed),
+            resumed: self.handshakes[1].load(Ordering::Relaxed),
         }
     }
 
@@ -389,7 +424,7 @@ impl Transfer {
 /// Where a transfer's data connections come from.
 pub struct Joins {
     /// Already connected: this side opened them, or an earlier transfer left them open.
-    pub open: Vec<TcpStream>,
+    pub open: Vec<DataConn>,
     /// `open` carried an earlier transfer: one that closes before its first header has just
     /// left the cache, which is no error.
     pub reused: bool,
@@ -399,6 +434,8 @@ pub struct Joins {
     pub incoming: Option<Receiver<TcpStream>>,
     /// How long the transfer may go without a byte moving or a connection joining.
     pub stall: Duration,
+    /// PROT P: TLS on every connection, bound to the control session.
+    pub tls: Option<Arc<DataTls>>,
 }
 
 /// A listener the peer opens data connections to. Connections from any host but `peer` are
@@ -416,29 +453,36 @@ pub struct Accept {
 impl Joins {
     pub fn fixed(open: Vec<TcpStream>, stall: Duration) -> Joins {
         Joins {
-            open,
+            open: open.into_iter().map(DataConn::Clear).collect(),
             reused: false,
             accept: None,
             incoming: None,
             stall,
+            tls: None,
         }
     }
 
     /// The connections an earlier transfer left open (GridFTP data-channel caching).
-    pub fn cached(open: Vec<TcpStream>, stall: Duration) -> Joins {
+    pub fn cached(open: Vec<DataConn>, stall: Duration) -> Joins {
         Joins {
+            open,
             reused: true,
-            ..Joins::fixed(open, stall)
+            ..Joins::fixed(Vec::new(), stall)
         }
     }
 
     pub fn accept(accept: Accept, stall: Duration) -> Joins {
         Joins {
-            open: Vec::new(),
-            reused: false,
             accept: Some(accept),
-            incoming: None,
-            stall,
+            ..Joins::fixed(Vec::new(), stall)
+        }
+    }
+
+    /// The same connections, under TLS.
+    pub fn protected(self, tls: Option<DataTls>) -> Joins {
+        Joins {
+            tls: tls.map(Arc::new),
+            ..self
         }
     }
 }

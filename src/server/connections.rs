@@ -4,6 +4,7 @@
 use super::control::Io;
 use super::data::{self, BlockConns};
 use crate::engine;
+use crate::engine::tls::{DataConn, DataTls};
 use crate::engine::transfer::{Accept, Joins};
 use braid_proto::session::{BlockMode, DataEndpoint, Direction, Transfer, canonical_ip};
 use std::net::{IpAddr, SocketAddr};
@@ -72,6 +73,7 @@ impl Io {
                 accept,
                 incoming: None,
                 stall: self.config.idle_timeout,
+                tls: self.data_tls(t).map(Arc::new),
             };
             return Ok(BlockConns::Receive(
                 conns,
@@ -80,22 +82,30 @@ impl Io {
         }
         if let Some(kept) = cached {
             let joins = Joins::cached(kept.socks, self.config.idle_timeout);
-            return Ok(BlockConns::Send(joins));
+            return Ok(BlockConns::Send(joins.protected(self.data_tls(t))));
         }
         let n = b.parallelism.max(1) as usize;
         let want = canonical_ip(self.peer.ip());
         let socks = match &t.endpoint {
             // Elastic: start on the first connection and take the others as they come, for as
-            // long as there are blocks to send.
+            // long as there are blocks to send. Under TLS the first comes the same way: it
+            // counts only once it proves it belongs to this session.
             DataEndpoint::Passive(_) if b.elastic => {
                 let listener = self.passive.take().ok_or("no passive listener")?;
-                let first = accept_from(&listener, want, deadline).await?;
-                let first = self.blocking(first, t.buffer)?;
+                let tls = self.data_tls(t);
+                let first = match tls {
+                    Some(_) => None,
+                    None => Some(accept_from(&listener, want, deadline).await?),
+                };
                 let listener = listener.into_std().map_err(|e| e.to_string())?;
                 let mut joins =
                     Joins::accept(self.accept(listener, t.buffer), self.config.idle_timeout);
-                joins.open.push(first);
-                return Ok(BlockConns::Send(joins));
+                if let Some(first) = first {
+                    joins
+                        .open
+                        .push(DataConn::Clear(self.blocking(first, t.buffer)?));
+                }
+                return Ok(BlockConns::Send(joins.protected(tls)));
             }
             DataEndpoint::Passive(_) => {
                 let listener = self.passive.take().ok_or("no passive listener")?;
@@ -117,10 +127,19 @@ impl Io {
             .into_iter()
             .map(|s| self.blocking(s, t.buffer))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(BlockConns::Send(Joins::fixed(
-            socks,
-            self.config.idle_timeout,
-        )))
+        let joins = Joins::fixed(socks, self.config.idle_timeout);
+        Ok(BlockConns::Send(joins.protected(self.data_tls(t))))
+    }
+
+    /// PROT P: how this transfer's MODE E data connections are secured. Only a TLS session
+    /// has a binding, and only a braid client asks for MODE E under PROT P (GridFTP clients
+    /// protect data with DCAU and GSI, which braid does not speak).
+    fn data_tls(&self, t: &Transfer) -> Option<DataTls> {
+        let config = self.config.tls.clone().filter(|_| t.private)?;
+        Some(DataTls::Server {
+            config,
+            binding: self.binding?,
+        })
     }
 
     /// Where the client opens (more) data connections of a MODE E transfer.

@@ -5,6 +5,7 @@
 
 use super::{Config, Shutdown};
 use crate::engine;
+use crate::engine::tls::Binding;
 use crate::fsroot::Root;
 use braid_proto::line::{LineBuffer, LineError};
 use braid_proto::session::{
@@ -137,7 +138,7 @@ impl Conn {
         &mut self,
         config: Arc<rustls::ServerConfig>,
         limit: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<Binding, String> {
         let Channel::Clear { rd, wr } = std::mem::replace(&mut self.channel, Channel::Closed)
         else {
             return Err("the control connection is not in clear".into());
@@ -150,9 +151,10 @@ impl Conn {
             .await
             .map_err(|_| "TLS handshake timed out".to_string())?
             .map_err(|e| format!("TLS handshake failed: {e}"))?;
+        let binding = Binding::of(tls.get_ref().1).map_err(|e| format!("TLS exporter: {e}"))?;
         let (rd, wr) = tokio::io::split(tls);
         self.channel = Channel::Tls { rd, wr };
-        Ok(())
+        Ok(binding)
     }
 }
 
@@ -169,6 +171,8 @@ pub(super) struct Io {
     /// What an anonymous user gave as password (by custom an e-mail address), which the
     /// xferlog records as the user.
     pub(super) anonymous_id: Option<String>,
+    /// After AUTH TLS: what this session's TLS data connections must prove.
+    pub(super) binding: Option<Binding>,
 }
 
 pub(super) async fn serve(
@@ -201,6 +205,7 @@ pub(super) async fn serve(
         passive: None,
         cached: None,
         anonymous_id: None,
+        binding: None,
     };
     let mut session = Session::new(
         SessionConfig {
@@ -316,7 +321,8 @@ pub(super) async fn serve(
             Action::StartTls(r) => match (&config.tls, conn.send(&r).await) {
                 (Some(tls), Ok(())) => {
                     match conn.start_tls(tls.clone(), config.login_timeout).await {
-                        Ok(()) => {
+                        Ok(binding) => {
+                            io.binding = Some(binding);
                             tracing::info!(%peer, "control connection now uses TLS");
                             true
                         }

@@ -97,7 +97,8 @@ buf = io.BytesIO()
 ftp.retrbinary("RETR f.bin", buf.write)
 ftp.storbinary("STOR py.bin", io.BytesIO(buf.getvalue()))
 assert ftp.size("py.bin") == len(buf.getvalue())
-# MODE E data connections are not encrypted yet: refused, never sent in clear.
+# MODE E under PROT P is for braid clients, whose data connections prove their session:
+# refused to others (not left to hang, never sent in clear).
 assert ftp.sendcmd("MODE E").startswith("200")
 try:
     ftp.retrbinary("RETR f.bin", buf.write)
@@ -171,16 +172,53 @@ fn braid_gets_puts_and_lists_over_tls() {
     let url = |p: &str| format!("ftp://alice@{}/{p}", server.addr);
     let dest = top.path().join("got.bin");
     let d = dest.to_str().unwrap();
+    // Braid to braid: MODE E, every data connection TLS, resumed from the control
+    // connection's session, and the whole-file checksum compared.
     let (code, out, err) = braid(
-        &["get", &url("f.bin"), d, "--tls-ca", &cert, "--json"],
+        &[
+            "get",
+            &url("f.bin"),
+            d,
+            "--tls-ca",
+            &cert,
+            "-n",
+            "4",
+            "--json",
+        ],
         &env,
     );
     assert_eq!(code, 0, "{err}");
     assert!(std::fs::read(&dest).unwrap() == content, "download differs");
-    assert_eq!(json(&out)["mode"], "stream", "{out}");
-    let (code, _, err) = braid(&["put", d, &url("up.bin"), "--tls-ca", &cert], &env);
+    let s = json(&out);
+    assert_eq!(s["mode"], "extended-block", "{out}");
+    assert!(
+        s["checksum"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("XXH3")),
+        "{out}"
+    );
+    let secured = s["connections"].as_array().unwrap().len() as u64;
+    assert_eq!(s["tls_handshakes"]["resumed"], secured, "{out}");
+    assert_eq!(s["tls_handshakes"]["full"], 0, "{out}");
+    let (code, out, err) = braid(
+        &[
+            "put",
+            d,
+            &url("up.bin"),
+            "--tls-ca",
+            &cert,
+            "-n",
+            "4",
+            "--json",
+        ],
+        &env,
+    );
     assert_eq!(code, 0, "{err}");
     assert!(std::fs::read(root.join("up.bin")).unwrap() == content);
+    let s = json(&out);
+    assert_eq!(s["mode"], "extended-block", "{out}");
+    assert!(s["checksum"].is_string(), "{out}");
+    assert!(s["tls_handshakes"]["resumed"].as_u64() > Some(0), "{out}");
     let (code, out, err) = braid(&["ls", &url(""), "--tls-ca", &cert, "-v"], &env);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("up.bin"), "{out}");
@@ -254,4 +292,66 @@ fn a_self_signed_openssl_certificate_given_with_tls_ca_is_accepted() {
         "a certificate for another name was accepted: {err}"
     );
     assert!(!dest.exists());
+}
+
+/// A TLS download in MODE E stopped with Ctrl-C resumes over TLS and fetches only what is
+/// missing.
+#[test]
+fn a_tls_parallel_download_resumes() {
+    use crate::util::{braid, finish_child, json, signal_process};
+    use rustix::process::Signal;
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let content = random_bytes(8 << 20, 84);
+    std::fs::write(root.join("f.bin"), &content).unwrap();
+    let (server, cert) = start(top.path(), &root);
+    let url = format!("ftp://alice@{}/f.bin", server.addr);
+    let dest = top.path().join("got.bin");
+    let d = dest.to_str().unwrap();
+    // Paced by the server at 2 MB/s, so the Ctrl-C comes while the data moves.
+    let args = [
+        "get",
+        &url,
+        d,
+        "--tls-ca",
+        &cert,
+        "-n",
+        "2",
+        "--max-rate",
+        "2MB",
+        "-q",
+    ];
+    let child = crate::util::braid_command(top.path())
+        .args(args)
+        .env("BRAID_PASSWORD", "s3cret")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let part = top.path().join("got.bin.part");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::fs::metadata(&part).map_or(true, |m| m.len() < 3 << 20) {
+        assert!(std::time::Instant::now() < deadline, "nothing arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal_process(child.id(), Signal::INT);
+    let (code, err) = finish_child(child, Duration::from_secs(30));
+    assert_eq!(code, Some(7), "{err}");
+    let (code, out, err) = braid(
+        &["get", &url, d, "--tls-ca", &cert, "--resume", "--json"],
+        &[("BRAID_PASSWORD", "s3cret")],
+    );
+    assert_eq!(code, 0, "{err}");
+    let s = json(&out);
+    let (kept, fetched) = (
+        s["resumed_from"].as_u64().unwrap(),
+        s["bytes"].as_u64().unwrap(),
+    );
+    assert!(kept > 0, "nothing was kept: {out}");
+    assert_eq!(kept + fetched, content.len() as u64, "{out}");
+    assert_eq!(s["mode"], "extended-block", "{out}");
+    assert!(
+        std::fs::read(&dest).unwrap() == content,
+        "the resumed file differs"
+    );
 }

@@ -59,6 +59,12 @@ impl Features {
         })
     }
 
+    /// A braid server that runs TLS on MODE E data connections under PROT P (`BRAID 3`);
+    /// older ones would run them in clear.
+    pub fn private_blocks(&self) -> bool {
+        self.version("BRAID").unwrap_or(0) >= 3
+    }
+
     /// The kind of MODE E peer, if any.
     pub fn block_peer(&self) -> Option<BlockPeer> {
         if self.has("BRAID") {

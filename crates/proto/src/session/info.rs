@@ -29,7 +29,9 @@ impl Session {
             format!(" CKSM {};MD5;ADLER32;", crate::checksum::NAME),
             // 1: MODE E RETR over PASV/EPSV (the client opens the connections) and SCKS *.
             // 2: OPTS BRAID ELASTIC (connections join and leave mid-transfer) and MaxRate.
-            " BRAID 2".into(),
+            // 3: under PROT P, MODE E data connections are TLS too, each bound to the
+            // control session (the client proves it first on each connection).
+            " BRAID 3".into(),
             " SIZE".into(),
             " SPAS".into(),
             " SPOR".into(),

@@ -315,10 +315,12 @@ impl Session {
         };
         let block = if self.extended {
             let upload = direction == Direction::FromClient;
-            if self.protection.data {
+            // Private MODE E connections must each prove they belong to this session, which
+            // only a braid client knows to do: others would hang in the handshake.
+            if self.protection.data && !self.elastic {
                 return Action::Reply(Reply::new(
                     536,
-                    "MODE E data connections cannot be protected yet; send PROT C, or MODE S.",
+                    "MODE E under PROT P needs a braid client (OPTS BRAID ELASTIC); send PROT C, or MODE S.",
                 ));
             }
             if self.ascii && !matches!(kind, TransferKind::List(..)) {
@@ -416,7 +418,12 @@ impl Session {
         }
         match level {
             'C' | 'P' => {
-                self.protection.data = level == 'P';
+                let private = level == 'P';
+                // Open MODE E connections were set up the other way: they go.
+                if private != self.protection.data {
+                    self.cached = None;
+                }
+                self.protection.data = private;
                 Action::Reply(Reply::new(200, format!("PROT {level} accepted.")))
             }
             _ => Action::Reply(Reply::new(
@@ -773,11 +780,16 @@ mod tests {
         s.handle(Command::Pasv);
         s.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
         assert!(transfer(s.handle(Command::Retr("a".into()))).private);
-        // MODE E data connections are not encrypted yet: refused rather than sent in clear.
+        // MODE E data connections are TLS too, each bound to this session (the I/O side
+        // checks), which only a braid client can do.
         s.handle(Command::Mode(Mode::Extended));
         s.handle(Command::Pasv);
         s.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
         assert_eq!(code(s.handle(Command::Retr("a".into()))), 536);
+        assert_eq!(code(s.handle(Command::Opts("BRAID ELASTIC".into()))), 200);
+        s.handle(Command::Pasv);
+        s.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
+        assert!(transfer(s.handle(Command::Retr("a".into()))).private);
         assert_eq!(code(s.handle(Command::Prot('C'))), 200);
         s.handle(Command::Pasv);
         s.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));

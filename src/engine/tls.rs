@@ -1,0 +1,468 @@
+//! TLS on MODE E data connections (PROT P between braid peers, FEAT `BRAID 3`).
+//!
+//! Each data connection is a TLS session of its own; the FTP client is always the TLS client
+//! (RFC 4217), whichever side connected. Two things make many of them cheap and safe:
+//! - **Resumption.** The server hands out stateless tickets and the client asks for enough of
+//!   them on the control connection (RFC 9149) that N data connections resume instead of
+//!   each doing a full handshake with certificate checks.
+//! - **Binding.** A stranger who reaches the data port (even from the client's address) must
+//!   not join the transfer. The client's first bytes on a data connection are a value derived
+//!   from both the control session's keys and this connection's (two TLS exporters), which
+//!   only the two ends of that control connection can compute. The server drops a connection
+//!   that does not prove it, and the transfer goes on without it.
+//!
+//! Once set up, the block protocol runs inside TLS unchanged. Its EOD/EOF blocks say where the
+//! data ends, authenticated like the rest, so no close_notify is needed (and a connection kept
+//! for the next transfer must not send one).
+
+use std::io::{BufReader, IoSlice, Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Bytes of the control session's binding value and of a data connection's proof.
+pub const BINDING_LEN: usize = 32;
+
+/// RFC 5705 exporter labels; unregistered ones must begin with "EXPERIMENTAL".
+const CONTROL_LABEL: &[u8] = b"EXPERIMENTAL braid control session";
+const PROOF_LABEL: &[u8] = b"EXPERIMENTAL braid data connection";
+
+/// How long a data connection's handshake and proof may take: a stranger that connects and
+/// says nothing holds a thread only this long.
+const HANDSHAKE_TIME: Duration = Duration::from_secs(20);
+
+/// Bytes read from the socket at a time under TLS: rustls asks for 4 KiB per read, which on
+/// a fast connection would cost a syscall per 4 KiB.
+const READ_AHEAD: usize = 0;
+
+/// Tickets the client asks for on the control connection (RFC 9149): one per data connection
+/// it is likely to open at once; more open with full handshakes.
+pub const TICKETS: u8 = 16;
+
+/// The control session's secret that data connections prove they know.
+#[derive(Clone, Copy)]
+pub struct Binding([u8; BINDING_LEN]);
+
+impl std::fmt::Debug for Binding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Binding(..)")
+    }
+}
+
+impl Binding {
+    /// The binding of a control connection whose handshake is complete.
+    pub fn of<D>(control: &rustls::ConnectionCommon<D>) -> Result<Binding, rustls::Error> {
+        control
+            .export_keying_material([0u8; BINDING_LEN], CONTROL_LABEL, None)
+            .map(Binding)
+    }
+
+    /// What the client sends on a data connection: this binding, mixed with the connection's
+    /// own keys so the value is worth nothing anywhere else.
+    fn proof<D>(
+        &self,
+        data: &rustls::ConnectionCommon<D>,
+    ) -> Result<[u8; BINDING_LEN], rustls::Error> {
+        data.export_keying_material([0u8; BINDING_LEN], PROOF_LABEL, Some(&self.0))
+    }
+}
+
+/// How a transfer's data connections are protected: which side of TLS this is, and the
+/// control session they belong to.
+#[derive(Debug, Clone)]
+pub enum DataTls {
+    /// This side is the FTP server: it expects each connection to prove its binding.
+    Server {
+        config: Arc<rustls::ServerConfig>,
+        binding: Binding,
+    },
+    /// This side is the FTP client: it checks the server (as on the control connection)
+    /// and proves the binding.
+    Client {
+        config: Arc<rustls::ClientConfig>,
+        name: rustls::pki_types::ServerName<'static>,
+        binding: Binding,
+    },
+}
+
+/// Why a data connection could not be secured.
+#[derive(Debug, thiserror::Error)]
+pub enum SecureError {
+    #[error("TLS handshake failed: {0}")]
+    Handshake(#[source] std::io::Error),
+    #[error("TLS setup: {0}")]
+    Setup(#[source] rustls::Error),
+    #[error("it did not prove that it belongs to this session")]
+    NotBound,
+}
+
+impl DataTls {
+    /// Runs the handshake and the binding proof on a fresh connection.
+    pub fn secure(&self, sock: TcpStream) -> Result<DataConn, SecureError> {
+        let before = sock.read_timeout().ok().flatten();
+        let limit = before.map_or(HANDSHAKE_TIME, |b| b.min(HANDSHAKE_TIME));
+        let _ = sock.set_read_timeout(Some(limit));
+        let restore = |s: &TcpStream| {
+            let _ = s.set_read_timeout(before);
+        };
+        let sock = Buffered(BufReader::with_capacity(READ_AHEAD, sock));
+        match self {
+            DataTls::Client {
+                config,
+                name,
+                binding,
+            } => {
+                let conn = rustls::ClientConnection::new(config.clone(), name.clone())
+                    .map_err(SecureError::Setup)?;
+                let mut s = rustls::StreamOwned::new(conn, sock);
+                handshake(&mut s.conn, &mut s.sock)?;
+                let proof = binding.proof(&s.conn).map_err(SecureError::Setup)?;
+                s.write_all(&proof).map_err(SecureError::Handshake)?;
+                restore(s.sock.tcp());
+                Ok(DataConn::Client(Box::new(s)))
+            }
+            DataTls::Server { config, binding } => {
+                let conn =
+                    rustls::ServerConnection::new(config.clone()).map_err(SecureError::Setup)?;
+                let mut s = rustls::StreamOwned::new(conn, sock);
+                handshake(&mut s.conn, &mut s.sock)?;
+                let want = binding.proof(&s.conn).map_err(SecureError::Setup)?;
+                let mut got = [0u8; BINDING_LEN];
+                s.read_exact(&mut got).map_err(|_| SecureError::NotBound)?;
+                // Compared in constant time: the value is a secret.
+                let differ = want.iter().zip(&got).fold(0u8, |d, (a, b)| d | (a ^ b));
+                if differ != 0 {
+                    return Err(SecureError::NotBound);
+                }
+                restore(s.sock.tcp());
+                Ok(DataConn::Server(Box::new(s)))
+            }
+        }
+    }
+}
+
+/// A connection that joined and could not be secured. On the server it is a stranger (or a
+/// client's connection that broke): it is dropped and the transfer goes on, to fail by its
+/// stall timer if nothing else comes. On the client it is the server failing TLS, which fails
+/// the transfer.
+pub(super) fn refused(
+    tls: &DataTls,
+    e: SecureError,
+    from: Option<std::net::SocketAddr>,
+    fail: impl Fn(super::EngineError),
+) {
+    match tls {
+        DataTls::Server { .. } => {
+            let from = from.map_or_else(|| "?".into(), |a| a.to_string());
+            tracing::warn!(%from, "refused a data connection: {e}");
+        }
+        DataTls::Client { .. } => fail(super::EngineError::Tls(e)),
+    }
+}
+
+fn handshake<D>(
+    conn: &mut rustls::ConnectionCommon<D>,
+    sock: &mut Buffered,
+) -> Result<(), SecureError> {
+    while conn.is_handshaking() {
+        conn.complete_io(sock).map_err(SecureError::Handshake)?;
+    }
+    Ok(())
+}
+
+/// A TCP connection that reads ahead in large pieces (writes go straight through).
+pub struct Buffered(BufReader<TcpStream>);
+
+impl Buffered {
+    pub fn tcp(&self) -> &TcpStream {
+        self.0.get_ref()
+    }
+}
+
+impl Read for Buffered {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl Write for Buffered {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.get_mut().write(buf)
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+        self.0.get_mut().write_vectored(bufs)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// One data connection of a MODE E transfer, in clear or through TLS.
+pub enum DataConn {
+    Clear(TcpStream),
+    Client(Box<rustls::StreamOwned<rustls::ClientConnection, Buffered>>),
+    Server(Box<rustls::StreamOwned<rustls::ServerConnection, Buffered>>),
+}
+
+impl std::fmt::Debug for DataConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.is_clear() { "clear" } else { "TLS" };
+        write!(f, "DataConn({kind}, {:?})", self.tcp())
+    }
+}
+
+impl DataConn {
+    /// The TCP connection underneath: socket options, polling, shutdown.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            DataConn::Clear(s) => s,
+            DataConn::Client(s) => s.sock.tcp(),
+            DataConn::Server(s) => s.sock.tcp(),
+        }
+    }
+
+    /// Whether the bytes pass in clear (and may go by `sendfile`).
+    pub fn is_clear(&self) -> bool {
+        matches!(self, DataConn::Clear(_))
+    }
+
+    /// Whether its TLS session was resumed (no certificate exchanged); None in clear.
+    pub fn resumed(&self) -> Option<bool> {
+        let kind = match self {
+            DataConn::Clear(_) => return None,
+            DataConn::Client(s) => s.conn.handshake_kind(),
+            DataConn::Server(s) => s.conn.handshake_kind(),
+        };
+        Some(kind == Some(rustls::HandshakeKind::Resumed))
+    }
+}
+
+impl Read for DataConn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let r = match self {
+            DataConn::Clear(s) => return s.read(buf),
+            DataConn::Client(s) => s.read(buf),
+            DataConn::Server(s) => s.read(buf),
+        };
+        match r {
+            // Closed without close_notify: the block protocol says whether that was early.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(0),
+            r => r,
+        }
+    }
+}
+
+impl Write for DataConn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            DataConn::Clear(s) => s.write(buf),
+            DataConn::Client(s) => s.write(buf),
+            DataConn::Server(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            DataConn::Clear(s) => s.flush(),
+            DataConn::Client(s) => s.flush(),
+            DataConn::Server(s) => s.flush(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Data connections against real TLS sessions on loopback, with the server's and the
+    //! client's own TLS settings (`braid serve --tls-cert`, `braid get --tls-ca`).
+    use super::*;
+    use crate::engine::receive::{Progress, Shared, receive};
+    use crate::engine::send::{Options, Source, send};
+    use crate::engine::sink::Sink;
+    use crate::engine::transfer::{Accept, Joins, Transfer};
+    use braid_proto::ranges::RangeSet;
+    use std::net::TcpListener;
+    use std::sync::atomic::AtomicU64;
+
+    struct Pki {
+        server: Arc<rustls::ServerConfig>,
+        client: Arc<rustls::ClientConfig>,
+        _dir: tempfile::TempDir,
+    }
+
+    fn pki() -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+        Pki {
+            server: crate::server::tls::server_config(&cert, &key).unwrap(),
+            client: crate::client::tls_config(Some(&cert)).unwrap(),
+            _dir: dir,
+        }
+    }
+
+    fn name() -> rustls::pki_types::ServerName<'static> {
+        rustls::pki_types::ServerName::try_from("localhost").unwrap()
+    }
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        (c, l.accept().unwrap().0)
+    }
+
+    /// A control connection's handshake, as AUTH TLS runs it: both ends' bindings. The
+    /// client reads a byte after it, as it reads replies, which takes in the tickets.
+    fn control(pki: &Pki) -> (Binding, Binding) {
+        let (c, s) = pair();
+        let server = pki.server.clone();
+        let serving = std::thread::spawn(move || {
+            let mut s = rustls::StreamOwned::new(rustls::ServerConnection::new(server).unwrap(), s);
+            s.write_all(b"!").unwrap();
+            Binding::of(&s.conn).unwrap()
+        });
+        let conn = rustls::ClientConnection::new(pki.client.clone(), name()).unwrap();
+        let mut c = rustls::StreamOwned::new(conn, c);
+        let mut byte = [0u8];
+        c.read_exact(&mut byte).unwrap();
+        (Binding::of(&c.conn).unwrap(), serving.join().unwrap())
+    }
+
+    fn client(pki: &Pki, binding: Binding) -> DataTls {
+        DataTls::Client {
+            config: pki.client.clone(),
+            name: name(),
+            binding,
+        }
+    }
+
+    #[test]
+    fn a_data_connection_resumes_its_control_session_and_proves_it_belongs() {
+        let pki = pki();
+        let (mine, theirs) = control(&pki);
+        assert_eq!(mine.0, theirs.0, "the two ends derive the same binding");
+        // More connections than rustls's own cache keeps tickets for (8): all resume.
+        for _ in 0..12 {
+            let (c, s) = pair();
+            let tls = DataTls::Server {
+                config: pki.server.clone(),
+                binding: theirs,
+            };
+            let serving = std::thread::spawn(move || {
+                let mut conn = tls.secure(s).unwrap();
+                let mut got = [0u8; 5];
+                conn.read_exact(&mut got).unwrap();
+                (got, conn.resumed())
+            });
+            let mut conn = client(&pki, mine).secure(c).unwrap();
+            conn.write_all(b"hello").unwrap();
+            assert_eq!(conn.resumed(), Some(true));
+            let (got, resumed) = serving.join().unwrap();
+            assert_eq!(&got, b"hello");
+            assert_eq!(resumed, Some(true));
+        }
+    }
+
+    #[test]
+    fn a_connection_from_another_session_or_in_clear_is_refused() {
+        let pki = pki();
+        let (_, theirs) = control(&pki);
+        let (other, _) = control(&pki);
+        let server = || DataTls::Server {
+            config: pki.server.clone(),
+            binding: theirs,
+        };
+        // A valid TLS client of the same server, but of another control session.
+        let (c, s) = pair();
+        let stranger = client(&pki, other);
+        let joined = std::thread::spawn(move || stranger.secure(c).map(drop));
+        assert!(matches!(server().secure(s), Err(SecureError::NotBound)));
+        assert!(joined.join().unwrap().is_ok(), "its own side cannot tell");
+        // No TLS at all.
+        let (mut c, s) = pair();
+        c.write_all(b"EOD and some bytes, in clear\r\n").unwrap();
+        assert!(matches!(server().secure(s), Err(SecureError::Handshake(_))));
+    }
+
+    #[test]
+    fn a_stranger_on_the_data_port_is_dropped_and_the_transfer_completes() {
+        let pki = pki();
+        let (mine, theirs) = control(&pki);
+        let (other, _) = control(&pki);
+        let data: Vec<u8> = (0..3 << 20)
+            .map(|i: u32| (i * 7 + i / 4093) as u8)
+            .collect();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sending = Transfer::new(true);
+        let joins = Joins::accept(
+            Accept {
+                listener,
+                peer: addr.ip(),
+                max: 8,
+                buffer: None,
+                timeout: Some(Duration::from_secs(30)),
+            },
+            Duration::from_secs(30),
+        )
+        .protected(Some(DataTls::Server {
+            config: pki.server.clone(),
+            binding: theirs,
+        }));
+        let todo: RangeSet = [(0, data.len() as u64)].into_iter().collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("got");
+        std::thread::scope(|s| {
+            let sent = s.spawn(|| {
+                let options = Options {
+                    block: 256 << 10,
+                    hash: false,
+                    keep: false,
+                };
+                send(
+                    &sending,
+                    Source::Memory(&data),
+                    &todo,
+                    joins,
+                    options,
+                    &AtomicU64::new(0),
+                )
+            });
+            // The stranger comes first, through TLS, and then tries its luck with a block.
+            let mut stranger = client(&pki, other)
+                .secure(TcpStream::connect(addr).unwrap())
+                .unwrap();
+            let _ = stranger.write_all(&braid_proto::block::Header::eof(1).encode());
+            let receiving = Transfer::new(true);
+            let conns = [
+                TcpStream::connect(addr).unwrap(),
+                TcpStream::connect(addr).unwrap(),
+            ];
+            let joins = Joins::fixed(conns.into(), Duration::from_secs(30))
+                .protected(Some(client(&pki, mine)));
+            let file = std::fs::File::create(&path).unwrap();
+            let shared = Shared::new(Progress::holding(RangeSet::new()), Default::default());
+            let got = receive(
+                &receiving,
+                joins,
+                &Sink::File(file),
+                Some(data.len() as u64),
+                &shared,
+            );
+            assert!(got.is_ok(), "{got:?}");
+            assert_eq!(receiving.handshakes().resumed, 2);
+            assert!(sent.join().unwrap().is_ok());
+        });
+        assert!(std::fs::read(&path).unwrap() == data, "the file differs");
+        assert_eq!(
+            sending.handshakes().resumed,
+            2,
+            "only connections that proved count"
+        );
+        // The first may carry it all before the second is counted in; never a third.
+        assert!(sending.links().len() <= 2, "the stranger joined");
+    }
+}
