@@ -209,16 +209,20 @@ pub fn send(
             }
             Some(tls) => {
                 let from = sock.peer_addr().ok();
-                scope.spawn(
-                    move || match transfer.secure(Some(tls), DataConn::Clear(sock)) {
+                // Counted from now, so the listener's limit holds while it handshakes.
+                let pending = transfer.handshaking();
+                scope.spawn(move || {
+                    let secured = transfer.secure(Some(tls), DataConn::Clear(sock));
+                    drop(pending);
+                    match secured {
                         Ok(conn) => {
                             if let Some(link) = state.admit(conn.tcp()) {
                                 run(conn, link)
                             }
                         }
                         Err(e) => refused(tls, e, from, fail),
-                    },
-                );
+                    }
+                });
             }
         };
         if accept.is_some() || incoming.is_some() {

@@ -169,6 +169,18 @@ pub struct Transfer {
     waker: Option<Waker>,
     /// TLS handshakes on data connections: full, and resumed from a ticket.
     handshakes: [AtomicUsize; 2],
+    /// Connections in their TLS handshake, not yet counted in: they count towards the most
+    /// connections a listener takes, so that a peer cannot pile up handshaking threads.
+    handshaking: AtomicUsize,
+}
+
+/// A connection in its handshake, counted until dropped.
+pub(super) struct Handshaking<'a>(&'a Transfer);
+
+impl Drop for Handshaking<'_> {
+    fn drop(&mut self) {
+        self.0.handshaking.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A transfer's TLS handshakes on its data connections.
@@ -192,6 +204,7 @@ impl Transfer {
             abort: Abort::new(),
             waker: Waker::new().ok(),
             handshakes: Default::default(),
+            handshaking: AtomicUsize::new(0),
         }
     }
 
@@ -209,6 +222,12 @@ impl Transfer {
         let resumed = conn.resumed() == Some(true);
         self.handshakes[usize::from(resumed)].fetch_add(1, Ordering::Relaxed);
         Ok(conn)
+    }
+
+    /// Counts a connection that is not yet counted in as handshaking, until the guard goes.
+    pub(super) fn handshaking(&self) -> Handshaking<'_> {
+        self.handshaking.fetch_add(1, Ordering::AcqRel);
+        Handshaking(self)
     }
 
     /// The TLS handshakes of this transfer's data connections so far.
@@ -532,7 +551,9 @@ pub(super) fn join_loop(
                 Ok((sock, from)) => {
                     if braid_proto::session::canonical_ip(from.ip()) != a.peer {
                         tracing::warn!(%from, "refused data connection from a host other than the client");
-                    } else if transfer.links().len() >= a.max {
+                    } else if transfer.links().len() + transfer.handshaking.load(Ordering::Acquire)
+                        >= a.max
+                    {
                         tracing::warn!(%from, max = a.max, "refused data connection beyond the limit");
                     } else {
                         let _ = sock.set_nonblocking(false);
