@@ -659,10 +659,10 @@ impl Control {
         let sock = sock
             .try_clone()
             .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
-        self.stream = Wire::tls(sock, config, host)?;
+        self.stream = super::wire::tls(sock, config, host)?;
         let binding = match &self.stream {
-            Wire::Tls(s) => Binding::of(&s.conn).ok(),
-            Wire::Clear(_) => None,
+            Wire::Client(s) => Binding::of(&s.conn).ok(),
+            _ => None,
         };
         self.tls = Some(Protection {
             config: config.clone(),
@@ -675,7 +675,7 @@ impl Control {
     /// A data connection as this session protects it: TLS after `start_tls`.
     pub fn protect(&self, sock: TcpStream) -> Result<Wire> {
         match &self.tls {
-            Some(p) => Wire::tls(sock, &p.config, &p.host),
+            Some(p) => super::wire::tls(sock, &p.config, &p.host),
             None => Ok(Wire::Clear(sock)),
         }
     }

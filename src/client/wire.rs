@@ -2,79 +2,24 @@
 //! the same way.
 
 use super::error::{ClientError, Result};
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
 
-pub enum Wire {
-    Clear(TcpStream),
-    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
-}
+/// The client's connections are the engine's: in clear, or TLS as the client.
+pub use crate::engine::tls::DataConn as Wire;
 
-impl Wire {
-    /// The TCP connection underneath, for socket options and shutdown.
-    pub fn tcp(&self) -> &TcpStream {
-        match self {
-            Wire::Clear(s) => s,
-            Wire::Tls(s) => &s.sock,
-        }
-    }
-
-    /// Starts TLS on `sock`, checking the server's certificate against `host`.
-    pub fn tls(sock: TcpStream, config: &Arc<rustls::ClientConfig>, host: &str) -> Result<Wire> {
-        let name = rustls::pki_types::ServerName::try_from(host.to_string())
-            .map_err(|e| ClientError::Usage(format!("{host} cannot be checked by TLS: {e}")))?;
-        let conn = rustls::ClientConnection::new(config.clone(), name)
-            .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
-        let mut s = rustls::StreamOwned::new(conn, sock);
-        // Handshake now, so a certificate problem is reported as such.
-        while s.conn.is_handshaking() {
-            s.conn
-                .complete_io(&mut s.sock)
-                .map_err(|e| ClientError::Tls(handshake_failed(host, &e)))?;
-        }
-        Ok(Wire::Tls(Box::new(s)))
-    }
-
-    /// Ends the data written: close_notify under TLS, then FIN.
-    pub fn finish(&mut self) {
-        if let Wire::Tls(s) = self {
-            s.conn.send_close_notify();
-            let _ = s.flush();
-        }
-        let _ = self.tcp().shutdown(std::net::Shutdown::Write);
-    }
-}
-
-impl Read for Wire {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Wire::Clear(s) => s.read(buf),
-            Wire::Tls(s) => match s.read(buf) {
-                // A server that closes without close_notify: the end of the data, as curl
-                // and lftp also take it (FTP's own replies say whether it was complete).
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(0),
-                r => r,
-            },
-        }
-    }
-}
-
-impl Write for Wire {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Wire::Clear(s) => s.write(buf),
-            Wire::Tls(s) => s.write(buf),
-        }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Wire::Clear(s) => s.flush(),
-            Wire::Tls(s) => s.flush(),
-        }
-    }
+/// Starts TLS on `sock`, checking the server's certificate against `host`. The handshake runs
+/// now, so a certificate problem is reported as such.
+pub fn tls(sock: TcpStream, config: &Arc<rustls::ClientConfig>, host: &str) -> Result<Wire> {
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| ClientError::Usage(format!("{host} cannot be checked by TLS: {e}")))?;
+    let conn = rustls::ClientConnection::new(config.clone(), name)
+        .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
+    let mut s = rustls::StreamOwned::new(conn, sock);
+    crate::engine::tls::handshake(&mut s.conn, &mut s.sock)
+        .map_err(|e| ClientError::Tls(handshake_failed(host, &e)))?;
+    Ok(Wire::Client(Box::new(s)))
 }
 
 /// The TLS settings `--tls` uses: the certificates in `ca` (PEM) if given, else the system's.

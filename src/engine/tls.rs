@@ -15,7 +15,7 @@
 //! data ends, authenticated like the rest, so no close_notify is needed (and a connection kept
 //! for the next transfer must not send one).
 
-use std::io::{BufReader, IoSlice, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,10 +30,6 @@ const PROOF_LABEL: &[u8] = b"EXPERIMENTAL braid data connection";
 /// How long a data connection's handshake and proof may take: a stranger that connects and
 /// says nothing holds a thread only this long.
 const HANDSHAKE_TIME: Duration = Duration::from_secs(20);
-
-/// Bytes read from the socket at a time under TLS: rustls asks for 4 KiB per read, which on
-/// a fast connection would cost a syscall per 4 KiB.
-const READ_AHEAD: usize = 0;
 
 /// Tickets the client asks for on the control connection (RFC 9149): one per data connection
 /// it is likely to open at once; more open with full handshakes.
@@ -105,7 +101,6 @@ impl DataTls {
         let restore = |s: &TcpStream| {
             let _ = s.set_read_timeout(before);
         };
-        let sock = Buffered(BufReader::with_capacity(READ_AHEAD, sock));
         match self {
             DataTls::Client {
                 config,
@@ -115,17 +110,17 @@ impl DataTls {
                 let conn = rustls::ClientConnection::new(config.clone(), name.clone())
                     .map_err(SecureError::Setup)?;
                 let mut s = rustls::StreamOwned::new(conn, sock);
-                handshake(&mut s.conn, &mut s.sock)?;
+                handshake(&mut s.conn, &mut s.sock).map_err(SecureError::Handshake)?;
                 let proof = binding.proof(&s.conn).map_err(SecureError::Setup)?;
                 s.write_all(&proof).map_err(SecureError::Handshake)?;
-                restore(s.sock.tcp());
+                restore(&s.sock);
                 Ok(DataConn::Client(Box::new(s)))
             }
             DataTls::Server { config, binding } => {
                 let conn =
                     rustls::ServerConnection::new(config.clone()).map_err(SecureError::Setup)?;
                 let mut s = rustls::StreamOwned::new(conn, sock);
-                handshake(&mut s.conn, &mut s.sock)?;
+                handshake(&mut s.conn, &mut s.sock).map_err(SecureError::Handshake)?;
                 let want = binding.proof(&s.conn).map_err(SecureError::Setup)?;
                 let mut got = [0u8; BINDING_LEN];
                 s.read_exact(&mut got).map_err(|_| SecureError::NotBound)?;
@@ -134,7 +129,7 @@ impl DataTls {
                 if differ != 0 {
                     return Err(SecureError::NotBound);
                 }
-                restore(s.sock.tcp());
+                restore(&s.sock);
                 Ok(DataConn::Server(Box::new(s)))
             }
         }
@@ -160,50 +155,23 @@ pub(super) fn refused(
     }
 }
 
-fn handshake<D>(
+/// Runs a TLS handshake to its end (the client's control connection uses it too).
+pub fn handshake<D>(
     conn: &mut rustls::ConnectionCommon<D>,
-    sock: &mut Buffered,
-) -> Result<(), SecureError> {
+    sock: &mut TcpStream,
+) -> std::io::Result<()> {
     while conn.is_handshaking() {
-        conn.complete_io(sock).map_err(SecureError::Handshake)?;
+        conn.complete_io(sock)?;
     }
     Ok(())
 }
 
-/// A TCP connection that reads ahead in large pieces (writes go straight through).
-pub struct Buffered(BufReader<TcpStream>);
-
-impl Buffered {
-    pub fn tcp(&self) -> &TcpStream {
-        self.0.get_ref()
-    }
-}
-
-impl Read for Buffered {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.0.read(buf)
-    }
-}
-
-impl Write for Buffered {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.get_mut().write(buf)
-    }
-
-    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
-        self.0.get_mut().write_vectored(bufs)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// One data connection of a MODE E transfer, in clear or through TLS.
+/// A connection in clear or through TLS, read and written the same way: MODE E data
+/// connections on both sides, and the client's control and stream-mode data connections.
 pub enum DataConn {
     Clear(TcpStream),
-    Client(Box<rustls::StreamOwned<rustls::ClientConnection, Buffered>>),
-    Server(Box<rustls::StreamOwned<rustls::ServerConnection, Buffered>>),
+    Client(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+    Server(Box<rustls::StreamOwned<rustls::ServerConnection, TcpStream>>),
 }
 
 impl std::fmt::Debug for DataConn {
@@ -218,14 +186,31 @@ impl DataConn {
     pub fn tcp(&self) -> &TcpStream {
         match self {
             DataConn::Clear(s) => s,
-            DataConn::Client(s) => s.sock.tcp(),
-            DataConn::Server(s) => s.sock.tcp(),
+            DataConn::Client(s) => &s.sock,
+            DataConn::Server(s) => &s.sock,
         }
     }
 
     /// Whether the bytes pass in clear (and may go by `sendfile`).
     pub fn is_clear(&self) -> bool {
         matches!(self, DataConn::Clear(_))
+    }
+
+    /// Ends the data written: close_notify under TLS, then FIN. (MODE E connections end
+    /// with their EOD block instead; a kept one must not send close_notify.)
+    pub fn finish(&mut self) {
+        match self {
+            DataConn::Clear(_) => {}
+            DataConn::Client(s) => {
+                s.conn.send_close_notify();
+                let _ = s.flush();
+            }
+            DataConn::Server(s) => {
+                s.conn.send_close_notify();
+                let _ = s.flush();
+            }
+        }
+        let _ = self.tcp().shutdown(std::net::Shutdown::Write);
     }
 
     /// Whether its TLS session was resumed (no certificate exchanged); None in clear.
@@ -247,7 +232,8 @@ impl Read for DataConn {
             DataConn::Server(s) => s.read(buf),
         };
         match r {
-            // Closed without close_notify: the block protocol says whether that was early.
+            // Closed without close_notify: the end of the data, as curl and lftp also take it
+            // (the block protocol, or FTP's replies, say whether it was early).
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(0),
             r => r,
         }
