@@ -6,13 +6,18 @@ and for auto the time until the transfer first reached 90 % of its final rate.
 
     cargo build --release && sudo python3 bench/tuning.py \\
         [--scenario satellite-t1-24k,satellite-t1,dsl-1m-bloat,lan-100m,lfn-200m] \\
-        [--streams auto,1,2,4,8,16] [--direction get,put] [--repeat 3] [--seconds 60]
+        [--streams auto,1,2,4,8,16] [--direction get,put] [--repeat 3] [--seconds 60] \\
+        [--security clear,tls]
 
 Scenarios are `braid lab scenarios` names, plus:
 - `satellite-t1-24k`: satellite-t1 with tcp_rmem/tcp_wmem capped at 48 KiB in both lab hosts,
   which gives XFTP's 1998 hosts their ~24 KB advertised window; braid may not raise it.
 - `lfn-200m`: lfn-500m's delay and loss at 200 Mbit/s, which the relay carries cleanly on two
   cores (at 500 Mbit/s it drops packets at its TUN devices under load).
+
+`--security tls` runs the same cells with TLS on the control and every data connection (a
+certificate for 198.18.0.2 is made with openssl), to check that parallel streams bring the
+same gain encrypted as in clear.
 
 The file lasts about `--seconds` at the payload rate. Cells run in an interleaved order (each
 repetition goes through every cell, shuffled with a fixed seed), so drift on a shared machine
@@ -47,19 +52,36 @@ SCENARIOS = {
 }
 
 
-def run(braid, scenario, direction, streams, work, seconds, name):
+def certificate(work):
+    """A self-signed certificate for the lab's server address, made once per sweep."""
+    cert, key = os.path.join(work, "cert.pem"), os.path.join(work, "key.pem")
+    if not os.path.exists(cert):
+        subprocess.run(
+            ["openssl", "req", "-x509", "-nodes", "-newkey", "ec", "-pkeyopt",
+             "ec_paramgen_curve:prime256v1", "-keyout", key, "-out", cert, "-days", "1",
+             "-subj", "/CN=198.18.0.2", "-addext", "subjectAltName=IP:198.18.0.2"],
+            check=True, capture_output=True)
+    return cert, key
+
+
+def run(braid, scenario, direction, streams, security, work, seconds, name):
     link, prefix, rate = SCENARIOS[scenario]
+    server_tls = client_tls = ""
+    if security == "tls":
+        cert, key = certificate(work)
+        server_tls = f" --tls-cert {cert} --tls-key {key}"
+        client_tls = f" --tls-ca {cert}"
     payload = rate * PAYLOAD / 8
     size = int(payload * seconds)
     src = os.path.join(work, "root", f"f{size}.bin")
     if not os.path.exists(src):
         random_file(src, size)
-    serve = f"{braid} serve --root {work}/root --listen 198.18.0.2:2121 --anonymous-write"
+    serve = f"{braid} serve --root {work}/root --listen 198.18.0.2:2121 --anonymous-write{server_tls}"
     if direction == "get":
-        client = f"{braid} get ftp://198.18.0.2:2121/f{size}.bin /dev/null -n {streams} --json -q"
+        client = f"{braid} get ftp://198.18.0.2:2121/f{size}.bin /dev/null -n {streams} --json -q{client_tls}"
     else:
         client = (f"env XDG_STATE_HOME={work}/state {braid} put {src} "
-                  f"ftp://198.18.0.2:2121/up/u{size}.bin -n {streams} --json -q")
+                  f"ftp://198.18.0.2:2121/up/u{size}.bin -n {streams} --json -q{client_tls}")
     wrap = lambda cmd: f"sh -c \"{prefix}; exec {cmd}\"" if prefix else cmd
     timeout = int(seconds * 6 + 120)
     out = subprocess.run(
@@ -115,6 +137,7 @@ def main():
     ap.add_argument("--scenario", default="satellite-t1-24k,satellite-t1,dsl-1m-bloat,lan-100m,lfn-200m")
     ap.add_argument("--streams", default="auto,1,2,4,8,16")
     ap.add_argument("--direction", default="get,put")
+    ap.add_argument("--security", default="clear", help="clear, tls or clear,tls")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--braid", default=os.path.join(ROOT, "target", "release", "braid"))
@@ -126,8 +149,11 @@ def main():
     for s in scenarios:
         if s not in SCENARIOS:
             sys.exit(f"unknown scenario {s}; known: {', '.join(SCENARIOS)}")
-    cells = [(s, d, n) for s in scenarios for d in args.direction.split(",")
-             for n in args.streams.split(",")]
+    securities = args.security.split(",")
+    if not set(securities) <= {"clear", "tls"}:
+        sys.exit(f"--security takes clear, tls or both, not {args.security}")
+    cells = [(s, d, n, t) for s in scenarios for d in args.direction.split(",")
+             for n in args.streams.split(",") for t in securities]
     rng = random.Random(1)
     work = tempfile.mkdtemp(prefix="braid-tuning-")
     os.makedirs(os.path.join(work, "root", "up"))
@@ -143,7 +169,8 @@ def main():
                 for cell in order:
                     r = run(args.braid, *cell, work, args.seconds, name)
                     done += 1
-                    r.update(scenario=cell[0], direction=cell[1], streams_asked=cell[2], rep=rep)
+                    r.update(scenario=cell[0], direction=cell[1], streams_asked=cell[2],
+                             security=cell[3], rep=rep)
                     log.write(json.dumps(r) + "\n")
                     log.flush()
                     print(f"[{done}/{total}] {cell}: "
@@ -156,8 +183,8 @@ def main():
         print("interrupted: the table has what was measured", file=sys.stderr)
     finally:
         subprocess.run(["rm", "-rf", work])
-    print("| scenario | direction | -n | goodput / payload rate (median) | runs | streams used | congestion control | queue drops (median) | time to 90 % (s) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| scenario | direction | -n | security | goodput / payload rate (median) | runs | streams used | congestion control | queue drops (median) | time to 90 % (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for cell in cells:
         rs = results[cell]
         if not rs:
@@ -169,7 +196,7 @@ def main():
         drops = statistics.median(r["drops"] for r in rs)
         t90 = [r["t90"] for r in rs if r["t90"] is not None]
         t90 = f"{statistics.median(t90):.0f}" if t90 else "-"
-        print(f"| {cell[0]} | {cell[1]} | {cell[2]} | {frac:.3f} | {runs} | {used} | {ccs} | {drops:.0f} | {t90} |")
+        print(f"| {cell[0]} | {cell[1]} | {cell[2]} | {cell[3]} | {frac:.3f} | {runs} | {used} | {ccs} | {drops:.0f} | {t90} |")
 
 
 if __name__ == "__main__":

@@ -344,11 +344,22 @@ impl Transfer {
         self.open.load(Ordering::Acquire)
     }
 
-    /// The rate a connection has moved payload at since it joined, bytes/s; None in its
-    /// first 100 ms, before it means much.
+    /// The rate a connection moves payload at, bytes/s: at most its share of the pace, since
+    /// the kernel holds it to that; else what it has written since it joined, None in its
+    /// first 100 ms, before that means much. Written is not sent: a fresh socket's buffer
+    /// takes megabytes at once, so without the pace a paced connection would look fast and
+    /// queue seconds of data that a change of pace or a retirement must then wait out.
     pub fn rate(&self, link: &Link) -> Option<f64> {
         let age = self.started.elapsed().saturating_sub(link.joined);
-        (age >= Duration::from_millis(100)).then(|| link.bytes() as f64 / age.as_secs_f64())
+        let written =
+            (age >= Duration::from_millis(100)).then(|| link.bytes() as f64 / age.as_secs_f64());
+        let share = self
+            .pacing()
+            .map(|total| total as f64 / self.open().max(1) as f64);
+        match (written, share) {
+            (Some(w), Some(s)) => Some(w.min(s)),
+            (w, s) => w.or(s),
+        }
     }
 
     /// Records what the receiver has stored, from its range markers.
@@ -603,4 +614,45 @@ pub(super) fn join_loop(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connected() -> (TcpStream, TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let near = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        (near, listener.accept().unwrap().0)
+    }
+
+    /// A paced connection's rate is its share of the pace from the start, not the speed at
+    /// which its empty socket buffer swallows the first megabytes.
+    #[test]
+    fn a_paced_connection_moves_at_most_its_share_of_the_pace() {
+        let t = Transfer::new(true);
+        let (a, _a) = connected();
+        let first = t.join(&a).unwrap();
+        assert_eq!(
+            t.rate(&first),
+            None,
+            "unpaced, and too young to have a rate"
+        );
+        t.set_pacing(Some(2_000_000));
+        assert_eq!(t.rate(&first), Some(2e6));
+        let (b, _b) = connected();
+        let second = t.join(&b).unwrap();
+        assert_eq!(t.rate(&first), Some(1e6));
+        assert_eq!(t.rate(&second), Some(1e6));
+        // Written fast into the socket buffer: still no faster than the pace lets it leave.
+        second.add_bytes(50_000_000);
+        std::thread::sleep(Duration::from_millis(110));
+        assert_eq!(t.rate(&second), Some(1e6));
+        t.set_pacing(None);
+        assert!(
+            t.rate(&second).is_some_and(|r| r > 1e8),
+            "unpaced: as written"
+        );
+        assert_eq!(t.rate(&first), Some(0.0));
+    }
 }
