@@ -184,7 +184,7 @@ pub fn receive(
                     Err(e) => {
                         transfer.end(&link, LinkState::Unused);
                         if let Some(tls) = tls {
-                            refused(tls, e, from, fail);
+                            refused(tls, e, from, transfer.elastic(), fail);
                         }
                         return;
                     }

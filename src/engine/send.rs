@@ -220,7 +220,7 @@ pub fn send(
                                 run(conn, link)
                             }
                         }
-                        Err(e) => refused(tls, e, from, fail),
+                        Err(e) => refused(tls, e, from, transfer.elastic(), fail),
                     }
                 });
             }

@@ -95,6 +95,10 @@ pub enum SecureError {
 impl DataTls {
     /// Runs the handshake and the binding proof on a fresh connection.
     pub fn secure(&self, sock: TcpStream) -> Result<DataConn, SecureError> {
+        // Each write is a whole record (or many), never a byte at a time, and Nagle would
+        // hold a small record (a block's header, a small file's only block) behind the
+        // peer's delayed ACK of the one before: 40 ms per transfer.
+        let _ = sock.set_nodelay(true);
         let before = sock.read_timeout().ok().flatten();
         let limit = before.map_or(HANDSHAKE_TIME, |b| b.min(HANDSHAKE_TIME));
         let _ = sock.set_read_timeout(Some(limit));
@@ -136,20 +140,39 @@ impl DataTls {
     }
 }
 
+impl SecureError {
+    /// The connection closed or was reset during the handshake, as opposed to TLS failing
+    /// (a certificate, a protocol error) or the peer not answering.
+    pub fn is_connection_loss(&self) -> bool {
+        use std::io::ErrorKind::*;
+        matches!(self, SecureError::Handshake(e) if matches!(
+            e.kind(),
+            ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | NotConnected
+        ))
+    }
+}
+
 /// A connection that joined and could not be secured. On the server it is a stranger (or a
 /// client's connection that broke): it is dropped and the transfer goes on, to fail by its
-/// stall timer if nothing else comes. On the client it is the server failing TLS, which fails
-/// the transfer.
+/// stall timer if nothing else comes. On the client, a connection of an elastic transfer
+/// that closed during its handshake is one the transfer no longer needed (a small file all
+/// sent on another, or one this side shut once all had arrived), as a clear one closed
+/// before its first block is; any other failure is the server failing TLS, which fails the
+/// transfer.
 pub(super) fn refused(
     tls: &DataTls,
     e: SecureError,
     from: Option<std::net::SocketAddr>,
+    elastic: bool,
     fail: impl Fn(super::EngineError),
 ) {
     match tls {
         DataTls::Server { .. } => {
             let from = from.map_or_else(|| "?".into(), |a| a.to_string());
             tracing::warn!(%from, "refused a data connection: {e}");
+        }
+        DataTls::Client { .. } if elastic && e.is_connection_loss() => {
+            tracing::debug!("a data connection closed during its TLS handshake: {e}");
         }
         DataTls::Client { .. } => fail(super::EngineError::Tls(e)),
     }
@@ -346,6 +369,8 @@ mod tests {
             let mut conn = client(&pki, mine).secure(c).unwrap();
             conn.write_all(b"hello").unwrap();
             assert_eq!(conn.resumed(), Some(true));
+            // Small records (a block header) go out at once, not behind a delayed ACK.
+            assert!(conn.tcp().nodelay().unwrap());
             let (got, resumed) = serving.join().unwrap();
             assert_eq!(&got, b"hello");
             assert_eq!(resumed, Some(true));
@@ -398,25 +423,10 @@ mod tests {
             config: pki.server.clone(),
             binding: theirs,
         }));
-        let todo: RangeSet = [(0, data.len() as u64)].into_iter().collect();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("got");
         std::thread::scope(|s| {
-            let sent = s.spawn(|| {
-                let options = Options {
-                    block: 256 << 10,
-                    hash: false,
-                    keep: false,
-                };
-                send(
-                    &sending,
-                    Source::Memory(&data),
-                    &todo,
-                    joins,
-                    options,
-                    &AtomicU64::new(0),
-                )
-            });
+            let sent = s.spawn(|| send_all(&sending, &data, joins));
             // The stranger comes first, through TLS, and then tries its luck with a block.
             let mut stranger = client(&pki, other)
                 .secure(TcpStream::connect(addr).unwrap())
@@ -429,15 +439,7 @@ mod tests {
             ];
             let joins = Joins::fixed(conns.into(), Duration::from_secs(30))
                 .protected(Some(client(&pki, mine)));
-            let file = std::fs::File::create(&path).unwrap();
-            let shared = Shared::new(Progress::holding(RangeSet::new()), Default::default());
-            let got = receive(
-                &receiving,
-                joins,
-                &Sink::File(file),
-                Some(data.len() as u64),
-                &shared,
-            );
+            let got = receive_all(&receiving, joins, &path, data.len());
             assert!(got.is_ok(), "{got:?}");
             assert_eq!(receiving.handshakes().resumed, 2);
             assert!(sent.join().unwrap().is_ok());
@@ -450,5 +452,83 @@ mod tests {
         );
         // The first may carry it all before the second is counted in; never a third.
         assert!(sending.links().len() <= 2, "the stranger joined");
+    }
+
+    /// Receives a file of `len` bytes into `path` over what `joins` brings.
+    fn receive_all(
+        receiving: &Transfer,
+        joins: Joins,
+        path: &std::path::Path,
+        len: usize,
+    ) -> Result<crate::engine::receive::Kept, crate::engine::EngineError> {
+        let shared = Shared::new(Progress::holding(RangeSet::new()), Default::default());
+        let file = std::fs::File::create(path).unwrap();
+        receive(
+            receiving,
+            joins,
+            &Sink::File(file),
+            Some(len as u64),
+            &shared,
+        )
+    }
+
+    /// Sends all of `data` in 256 KiB blocks over what `joins` brings.
+    fn send_all(
+        sending: &Transfer,
+        data: &[u8],
+        joins: Joins,
+    ) -> Result<crate::engine::send::Sent, crate::engine::EngineError> {
+        let options = Options {
+            block: 256 << 10,
+            hash: false,
+            keep: false,
+        };
+        let todo: RangeSet = [(0, data.len() as u64)].into_iter().collect();
+        send(
+            sending,
+            Source::Memory(data),
+            &todo,
+            joins,
+            options,
+            &AtomicU64::new(0),
+        )
+    }
+
+    /// A server that needs fewer connections than the client opened (a small file all sent
+    /// on one) closes the others, also mid-handshake: the transfer completes.
+    #[test]
+    fn a_data_connection_the_server_closes_during_its_handshake_is_not_an_error() {
+        let pki = pki();
+        let (mine, theirs) = control(&pki);
+        let data = vec![7u8; 5000];
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns = [
+            TcpStream::connect(addr).unwrap(),
+            TcpStream::connect(addr).unwrap(),
+        ];
+        let (used, _) = listener.accept().unwrap();
+        drop(listener.accept().unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("got");
+        std::thread::scope(|s| {
+            let sent = s.spawn(|| {
+                let joins = Joins::fixed(vec![used], Duration::from_secs(30)).protected(Some(
+                    DataTls::Server {
+                        config: pki.server.clone(),
+                        binding: theirs,
+                    },
+                ));
+                send_all(&Transfer::new(true), &data, joins)
+            });
+            let receiving = Transfer::new(true);
+            let joins = Joins::fixed(conns.into(), Duration::from_secs(30))
+                .protected(Some(client(&pki, mine)));
+            let got = receive_all(&receiving, joins, &path, data.len());
+            assert!(got.is_ok(), "{got:?}");
+            assert!(sent.join().unwrap().is_ok());
+            assert_eq!(receiving.handshakes().resumed, 1);
+        });
+        assert!(std::fs::read(&path).unwrap() == data, "the file differs");
     }
 }

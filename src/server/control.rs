@@ -110,8 +110,8 @@ impl Conn {
         }
     }
 
+    /// Sends a reply; one that refuses the command is logged.
     pub(super) async fn send(&mut self, r: &Reply) -> std::io::Result<()> {
-        tracing::debug!("> {r}");
         if r.code >= 400 {
             tracing::info!(
                 peer = %self.peer,
@@ -122,6 +122,13 @@ impl Conn {
                 "refused"
             );
         }
+        self.send_unlogged(r).await
+    }
+
+    /// Sends a reply that needs no line of its own in the log: the end of a transfer, which
+    /// the transfer's line already reports with its outcome.
+    pub(super) async fn send_unlogged(&mut self, r: &Reply) -> std::io::Result<()> {
+        tracing::debug!("> {r}");
         match &mut self.channel {
             Channel::Clear { wr, .. } => wr.write_all(&r.to_bytes()).await,
             Channel::Tls { wr, .. } => {
@@ -218,6 +225,7 @@ pub(super) async fn serve(
     );
     let _counted = config.metrics.session();
     tracing::info!(%peer, "connected");
+    let connected = Instant::now();
     let ip = canonical_ip(peer.ip());
     let waiting = config.logins.waiting().enter(ip, config.max_connections);
     if let Err(why) = waiting {
@@ -342,7 +350,12 @@ pub(super) async fn serve(
             io.cached = None;
         }
     }
-    tracing::info!(%peer, "disconnected");
+    tracing::info!(
+        %peer,
+        user = conn.user.as_deref().unwrap_or("-"),
+        seconds = (connected.elapsed().as_secs_f64() * 1e3).round() / 1e3,
+        "disconnected"
+    );
 }
 
 /// A connection's place among those waiting to log in.

@@ -306,8 +306,9 @@ pub(super) async fn transfer(
     if let Some(state) = &received {
         send_markers(conn, &progress, state).await;
     }
+    // The transfer's line above reports how it ended; a 426 after ABOR is no refusal.
     for r in session.transfer_done(&t, outcome) {
-        if conn.send(&r).await.is_err() {
+        if conn.send_unlogged(&r).await.is_err() {
             return false;
         }
     }

@@ -1,4 +1,4 @@
-//! Reading pcap and pcapng files frame by frame, in a fixed-size buffer, so memory does not
+//! Reading pcap and pcapng files frame by frame, in a bounded buffer, so memory does not
 //! grow with the capture.
 
 use pcap_parser::pcapng::Block;
@@ -21,12 +21,18 @@ pub enum End {
     Damaged(String),
 }
 
+/// The buffer a capture is read through at first: packets are at most a snap length
+/// (usually 256 KiB, often far less), so most captures never need more.
+const FIRST_BUFFER: usize = 64 << 10;
+/// The most the buffer grows to, for a block that does not fit: a bound on what a damaged
+/// length field can make the reader allocate.
 const BUFFER: usize = 1 << 20;
 
 /// Calls `each` for every frame of the capture in `input`. Errors only when the input is not
 /// a capture at all; damage later on ends the reading with [`End::Damaged`].
 pub fn read(input: impl Read + Send, mut each: impl FnMut(Frame)) -> Result<End, String> {
-    let mut reader = pcap_parser::create_reader(BUFFER, input).map_err(|e| match e {
+    let mut capacity = FIRST_BUFFER;
+    let mut reader = pcap_parser::create_reader(capacity, input).map_err(|e| match e {
         PcapError::Eof => "the file is empty".to_string(),
         PcapError::HeaderNotRecognized => "not a pcap or pcapng file".to_string(),
         e => format!("cannot read the capture header: {e:?}"),
@@ -105,12 +111,86 @@ pub fn read(input: impl Read + Send, mut each: impl FnMut(Frame)) -> Result<End,
                     "the capture ends in the middle of a packet".into(),
                 ));
             }
+            Err(PcapError::BufferTooSmall) if capacity < BUFFER => {
+                capacity = (capacity * 4).min(BUFFER);
+                reader.grow(capacity);
+                if reader.refill().is_err() {
+                    return Ok(End::Damaged("cannot read further".into()));
+                }
+            }
             Err(PcapError::BufferTooSmall) => {
                 return Ok(End::Damaged(format!(
                     "a block is larger than {BUFFER} bytes"
                 )));
             }
             Err(e) => return Ok(End::Damaged(format!("malformed data: {e:?}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pcap(frames: &[usize]) -> Vec<u8> {
+        let mut f = 0xa1b2c3d4u32.to_le_bytes().to_vec();
+        f.extend_from_slice(&[2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        f.extend_from_slice(&(1u32 << 20).to_le_bytes());
+        f.extend_from_slice(&101u32.to_le_bytes());
+        for &len in frames {
+            f.extend_from_slice(&[0; 8]);
+            f.extend_from_slice(&(len as u32).to_le_bytes());
+            f.extend_from_slice(&(len as u32).to_le_bytes());
+            f.extend(std::iter::repeat_n(0x45u8, len));
+        }
+        f
+    }
+
+    fn pcapng(frames: &[usize]) -> Vec<u8> {
+        fn block(kind: u32, body: &[u8]) -> Vec<u8> {
+            let len = (12 + body.len().div_ceil(4) * 4) as u32;
+            let mut b = kind.to_le_bytes().to_vec();
+            b.extend_from_slice(&len.to_le_bytes());
+            b.extend_from_slice(body);
+            b.resize(len as usize - 4, 0);
+            b.extend_from_slice(&len.to_le_bytes());
+            b
+        }
+        let mut shb = 0x1A2B_3C4Du32.to_le_bytes().to_vec();
+        shb.extend_from_slice(&[1, 0, 0, 0]);
+        shb.extend_from_slice(&(-1i64).to_le_bytes());
+        let mut f = block(0x0A0D_0D0A, &shb);
+        f.extend(block(1, &[101, 0, 0, 0, 0, 0, 0, 0]));
+        for &len in frames {
+            let mut epb = vec![0; 12];
+            epb.extend_from_slice(&(len as u32).to_le_bytes());
+            epb.extend_from_slice(&(len as u32).to_le_bytes());
+            epb.extend(std::iter::repeat_n(0x45u8, len));
+            f.extend(block(6, &epb));
+        }
+        f
+    }
+
+    fn lengths(file: &[u8]) -> (Vec<usize>, End) {
+        let mut seen = Vec::new();
+        let end = read(file, |f| seen.push(f.data.len())).unwrap();
+        (seen, end)
+    }
+
+    /// The buffer starts small and grows for a frame that does not fit, up to its bound.
+    #[test]
+    fn frames_larger_than_the_first_buffer_are_read_and_oversized_ones_reported() {
+        let sizes = [100, 100_000, 60, 300_000, 1000];
+        for file in [pcap(&sizes), pcapng(&sizes)] {
+            assert_eq!(lengths(&file), (sizes.to_vec(), End::Complete));
+        }
+        for file in [pcap(&[100, 2 << 20, 100]), pcapng(&[100, 2 << 20, 100])] {
+            let (seen, end) = lengths(&file);
+            assert_eq!(seen, [100]);
+            assert!(
+                matches!(&end, End::Damaged(why) if why.contains("larger than")),
+                "{end:?}"
+            );
         }
     }
 }

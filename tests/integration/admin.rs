@@ -203,6 +203,17 @@ fn json_log_lines_describe_transfers_and_refusals() {
         .unwrap_or_else(|| panic!("no refused RETR: {lines:?}"));
     assert_eq!(refused["code"], 550, "{refused}");
     assert!(refused["reply"].as_str().unwrap().contains("missing.bin"));
+    // Each session's end says whose it was and how long it lasted.
+    let ends: Vec<_> = lines
+        .iter()
+        .filter(|l| l["message"] == "disconnected")
+        .collect();
+    assert_eq!(ends.len(), 2, "{lines:?}");
+    for end in ends {
+        assert_eq!(end["user"], "anonymous", "{end}");
+        let secs = end["seconds"].as_f64().unwrap();
+        assert!(secs > 0.0 && secs < 60.0, "{end}");
+    }
 }
 
 #[test]
