@@ -226,8 +226,9 @@ impl Analysis {
 fn on_segment(this: &mut Direction, other: &Direction, t: Nanos, s: &Segment) -> bool {
     this.packets += 1;
     this.wire_bytes += u64::from(s.wire_len);
-    this.first.get_or_insert(t);
-    this.last = t;
+    // Capture times may go backwards (clock steps, interfaces merged out of order).
+    this.first = Some(this.first.map_or(t, |f| f.min(t)));
+    this.last = this.last.max(t);
     if s.truncated {
         this.truncated += 1;
     }
@@ -256,7 +257,8 @@ fn on_segment(this: &mut Direction, other: &Direction, t: Nanos, s: &Segment) ->
         this.data_packets += 1;
         this.data_bytes += u64::from(s.data_len);
         let t0 = this.first.unwrap_or(t);
-        this.fit.add(secs(t - t0), this.data_bytes as f64);
+        this.fit
+            .add(secs(t.saturating_sub(t0)), this.data_bytes as f64);
     }
     if len == 0 {
         return false;
@@ -424,6 +426,19 @@ mod tests {
 
     const A: &str = "10.0.0.1:5000";
     const B: &str = "10.0.0.2:21";
+
+    /// Found by the fuzz target: a segment stamped before the first one of its direction.
+    #[test]
+    fn capture_times_that_go_backwards_are_taken_as_they_come() {
+        let mut an = Analysis::new();
+        an.add(5_000_000, &seg(A, B, 1, None, 100));
+        an.add(2_000_000, &seg(A, B, 101, None, 100));
+        an.add(3_000_000, &seg(B, A, 1, Some(201), 0));
+        let r = an.report();
+        let a2b = &r[0].a2b;
+        assert_eq!(a2b.data_bytes, 200);
+        assert_eq!((a2b.first_s, a2b.last_s), (Some(0.002), Some(0.005)));
+    }
 
     #[test]
     fn retransmissions_rtt_and_windows() {
