@@ -11,6 +11,7 @@ mod globus;
 mod lab;
 mod lftp;
 mod parallel;
+mod proftpd;
 mod safety;
 mod scripted;
 mod tls;

@@ -1,0 +1,122 @@
+//! braid's client against ProFTPD, which scripts/test unpacks under target/interop/ (Debian's
+//! package would replace vsftpd as the system's FTP server). ProFTPD sends a transfer's 226
+//! only once the client has closed its side of the data connection, or after its lingering
+//! timeout: a client that waits for the 226 first stalls for that timeout on every file.
+
+use crate::util::{Daemon, braid_command, random_bytes, run, tempdir};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Longer than any test here may take, so that a client that waits for it fails the test
+/// by its deadline rather than passing slowly.
+const LINGER_SECONDS: u64 = 300;
+
+fn proftpd() -> PathBuf {
+    let program =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/interop/proftpd/usr/sbin/proftpd");
+    assert!(
+        program.exists(),
+        "this test needs ProFTPD unpacked at {}: run ./scripts/test, which does it",
+        program.display()
+    );
+    program
+}
+
+/// ProFTPD on a free port, serving `top/root` to anonymous users, `pub/` writable.
+fn start(top: &Path) -> Daemon {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test needs root: ProFTPD starts as root and drops to nobody"
+    );
+    let program = proftpd();
+    let modules = program.parent().unwrap().join("../lib/proftpd");
+    let root = top.join("root");
+    std::fs::create_dir_all(root.join("pub")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(root.join("pub"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    Daemon::start("proftpd", |port| {
+        let conf = top.join("proftpd.conf");
+        let t = top.display();
+        std::fs::write(
+            &conf,
+            format!(
+                "ServerName test\nServerType standalone\nDefaultServer on\nPort {port}\n\
+                 DefaultAddress 127.0.0.1\nUseIPv6 off\nUser nobody\nGroup nogroup\n\
+                 PidFile {t}/proftpd.pid\nScoreboardFile {t}/proftpd.scoreboard\n\
+                 DelayTable none\nWtmpLog off\nUseFtpUsers off\nUseReverseDNS off\nTimeoutLinger {LINGER_SECONDS}\n\
+                 ModulePath {}\n\
+                 <Anonymous {}>\n  User nobody\n  Group nogroup\n  UserAlias anonymous nobody\n\
+                 RequireValidShell off\n  Umask 022\n  <Directory pub>\n    <Limit WRITE>\n\
+                 AllowAll\n    </Limit>\n  </Directory>\n</Anonymous>\n",
+                modules.display(),
+                root.display()
+            ),
+        )
+        .unwrap();
+        let mut c = Command::new(&program);
+        c.args(["-n", "-q", "-c"]).arg(&conf);
+        c
+    })
+}
+
+/// Runs braid with `args`; it must succeed well before ProFTPD's lingering timeout.
+fn braid_ok(home: &Path, args: &[&str]) -> String {
+    let (ok, out, err) = run(braid_command(home).args(args), Duration::from_secs(60));
+    assert!(
+        ok,
+        "braid {args:?} failed or waited for the lingering close: {err}"
+    );
+    out
+}
+
+#[test]
+fn braid_client_against_proftpd_does_not_wait_for_the_lingering_close() {
+    let top = tempdir();
+    let server = start(top.path());
+    let root = top.path().join("root");
+    let content = random_bytes(5 << 20, 91);
+    std::fs::write(root.join("f.bin"), &content).unwrap();
+    let base = format!("ftp://127.0.0.1:{}", server.port);
+    let got = top.path().join("got.bin");
+    let home = top.path();
+    braid_ok(
+        home,
+        &["get", &format!("{base}/f.bin"), got.to_str().unwrap(), "-q"],
+    );
+    assert!(std::fs::read(&got).unwrap() == content, "download differs");
+    let listing = braid_ok(home, &["ls", &format!("{base}/")]);
+    assert!(listing.contains("f.bin"), "{listing}");
+    braid_ok(
+        home,
+        &[
+            "put",
+            got.to_str().unwrap(),
+            &format!("{base}/pub/up.bin"),
+            "-q",
+        ],
+    );
+    assert!(
+        std::fs::read(root.join("pub/up.bin")).unwrap() == content,
+        "upload differs"
+    );
+    // A partial download resumes from where it stopped.
+    std::fs::remove_file(&got).unwrap();
+    std::fs::write(top.path().join("got.bin.part"), &content[..1_000_000]).unwrap();
+    let out = braid_ok(
+        home,
+        &[
+            "get",
+            &format!("{base}/f.bin"),
+            got.to_str().unwrap(),
+            "--resume",
+            "--json",
+        ],
+    );
+    assert!(out.contains("\"resumed_from\":1000000"), "{out}");
+    assert!(
+        std::fs::read(&got).unwrap() == content,
+        "resumed download differs"
+    );
+}
