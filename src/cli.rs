@@ -137,12 +137,14 @@ enum Cmd {
 }
 
 /// How a transfer uses the network. These apply when the server offers MODE E (a braid or
-/// GridFTP server); against a plain FTP server braid uses one stream-mode connection.
+/// GridFTP server); against a plain FTP server only -n does, for downloads.
 #[derive(Args, Debug)]
 struct TransferArgs {
-    /// Parallel data connections, used when the server offers MODE E (braid, GridFTP servers);
-    /// a plain FTP server gets one connection. More help on long or lossy paths, where one TCP
-    /// connection cannot fill the link. "auto": against a braid server, braid starts with 4
+    /// Parallel data connections, used when the server offers MODE E (braid, GridFTP servers).
+    /// Against a plain FTP server, `get -n N` (a number) downloads N ranges of the file at once,
+    /// each on a session of its own with REST (as lftp's pget -n), for files of 2 MiB or more;
+    /// "auto" and uploads use one connection there. More help on long or lossy paths, where one
+    /// TCP connection cannot fill the link. "auto": against a braid server, braid starts with 4
     /// and adds or removes connections while the data moves, keeping a count only while it
     /// adds goodput without adding loss or queueing delay (-v shows each decision, --json
     /// lists them); against a GridFTP server, whose count is fixed per transfer, it uses 4.

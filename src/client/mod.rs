@@ -6,6 +6,7 @@ pub mod error;
 mod interrupt;
 mod parallel;
 mod records;
+mod segments;
 mod tickets;
 mod trust;
 pub mod url;
@@ -72,7 +73,8 @@ pub struct Summary {
     pub seconds: f64,
     pub bytes_per_second: f64,
     /// Transfer mode used: `stream` is plain FTP over one data connection,
-    /// `extended-block` is MODE E over `streams` connections.
+    /// `stream-segmented` is plain FTP with a range of the file on each of `streams`
+    /// sessions, `extended-block` is MODE E over `streams` connections.
     pub mode: &'static str,
     /// Most data connections open at the same time (a small file may finish before all the
     /// asked-for connections have joined).
@@ -384,6 +386,16 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
     match parallel::Peer::of(c) {
         Some(peer) => return parallel::get(c, peer, target, dest, size, opts),
         None => note_stream_mode(opts),
+    }
+    // `-n N` against a server without MODE E: N ranges, each on a session of its own. A
+    // partial with a record of its ranges (it may have holes) resumes the same way.
+    if let (Dest::File(path), Some(size)) = (dest, size) {
+        let n = opts.streams.unwrap_or(1) as usize;
+        let holes = opts.resume && records::sidecar_path(&part_path(path)).exists();
+        let worth = n > 1 && size >= 2 * segments::MIN_SEGMENT && c.has_feature("REST");
+        if worth || holes {
+            return segments::get(c, target, path, size, n, opts);
+        }
     }
     let (mut out, part, offset): (Box<dyn Write>, Option<PartFile>, u64) = match dest {
         Dest::Stdout => (Box::new(std::io::stdout().lock()), None, 0),

@@ -101,6 +101,23 @@ fn braid_client_against_proftpd_does_not_wait_for_the_lingering_close() {
         std::fs::read(root.join("pub/up.bin")).unwrap() == content,
         "upload differs"
     );
+    // Four ranges on four sessions, each stopped with ABOR at its end but the last.
+    let out = braid_ok(
+        home,
+        &[
+            "get",
+            &format!("{base}/f.bin"),
+            got.to_str().unwrap(),
+            "-n",
+            "4",
+            "--json",
+        ],
+    );
+    assert!(out.contains("\"mode\":\"stream-segmented\""), "{out}");
+    assert!(
+        std::fs::read(&got).unwrap() == content,
+        "segmented download differs"
+    );
     // A partial download resumes from where it stopped.
     std::fs::remove_file(&got).unwrap();
     std::fs::write(top.path().join("got.bin.part"), &content[..1_000_000]).unwrap();

@@ -180,6 +180,11 @@ impl Daemon {
 }
 
 impl Daemon {
+    /// The daemon's process, which leads its process group.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Stops or continues the daemon with every session process it forked.
     pub fn signal(&self, signal: rustix::process::Signal) {
         signal_group(self.child.id(), signal);

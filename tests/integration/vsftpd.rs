@@ -323,3 +323,121 @@ fn xferlog_lines_read_as_vsftpds() {
         );
     }
 }
+
+/// A segmented download (`get URL DEST` and `args`) from vsftpd holding each session to
+/// 4 MB/s, of a 24 MiB file, once the client's record names a stored range: every range is
+/// then under way (1.5 s or more each). Returns vsftpd, the file, the URL and the client.
+fn slow_segmented_get(
+    top: &std::path::Path,
+    seed: u64,
+    args: &[&str],
+) -> (Daemon, Vec<u8>, String, std::process::Child) {
+    use std::time::{Duration, Instant};
+    let vs = start_vsftpd_with(top, "anon_max_rate=4000000\n");
+    let content = random_bytes(24 << 20, seed);
+    std::fs::write(top.join("root/pub/src.bin"), &content).unwrap();
+    let url = format!("ftp://127.0.0.1:{}/pub/src.bin", vs.port);
+    let dest = top.join("got.bin");
+    let child = crate::util::braid_command(top)
+        .args(["get", &url, dest.to_str().unwrap()])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sidecar = top.join("got.bin.part.braid");
+    let records_a_range = || {
+        std::fs::read(&sidecar)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|v| v["ranges"].as_str().is_some_and(|r| !r.is_empty()))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !records_a_range() {
+        assert!(Instant::now() < deadline, "nothing arrived");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (vs, content, url, child)
+}
+
+/// A daemon's descendants: vsftpd's session processes (they leave its process group).
+fn session_processes(leader: u32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // After the command's closing parenthesis: state, then the parent's pid.
+            let ppid = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![leader as i32];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(parents.iter().filter(|p| p.1 == parent).map(|p| p.0));
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// `-n 4` against a server without MODE E: four ranges, each on its own session with REST,
+/// byte-identical; one session killed mid-way leaves the rest of its range to a new one.
+#[test]
+fn segmented_download_from_vsftpd_survives_a_killed_session() {
+    use crate::util::{json, wait_timeout};
+    use std::time::Duration;
+    let top = tempdir();
+    let (vs, content, _, mut child) = slow_segmented_get(top.path(), 63, &["-n", "4", "--json"]);
+    let sessions = session_processes(vs.pid());
+    assert!(!sessions.is_empty(), "no vsftpd session to kill");
+    let victim = *sessions.iter().max().unwrap();
+    let _ = rustix::process::kill_process(
+        rustix::process::Pid::from_raw(victim).unwrap(),
+        rustix::process::Signal::KILL,
+    );
+    let status = wait_timeout(&mut child, Duration::from_secs(60)).expect("the download hung");
+    let out = std::io::read_to_string(child.stdout.take().unwrap()).unwrap();
+    let err = std::io::read_to_string(child.stderr.take().unwrap()).unwrap();
+    assert!(status.success(), "{err}");
+    let s = json(&out);
+    assert_eq!(s["mode"], "stream-segmented", "{out}");
+    assert_eq!(s["streams"], 4, "{out}");
+    // Four ranges, and the killed session's rest on a fifth connection.
+    assert!(s["new_data_connections"].as_u64() > Some(4), "{out}");
+    let dest = top.path().join("got.bin");
+    assert!(std::fs::read(&dest).unwrap() == content, "the file differs");
+    assert!(
+        !top.path().join("got.bin.part.braid").exists(),
+        "the record outlived the download"
+    );
+}
+
+/// A segmented download stopped by Ctrl-C leaves a partial with holes and its record;
+/// `--resume` (with any -n) fetches exactly the holes.
+#[test]
+fn an_interrupted_segmented_download_resumes_only_its_holes() {
+    use crate::util::{finish_child, resume_get, signal_process};
+    use rustix::process::Signal;
+    use std::time::Duration;
+    let top = tempdir();
+    let (_vs, content, url, child) = slow_segmented_get(top.path(), 64, &["-n", "3", "-q"]);
+    signal_process(child.id(), Signal::INT);
+    let (code, err) = finish_child(child, Duration::from_secs(30));
+    assert_eq!(code, Some(7), "{err}");
+    let record = std::fs::read_to_string(top.path().join("got.bin.part.braid")).unwrap();
+    assert!(record.contains(','), "three ranges leave holes: {record}");
+    let dest = top.path().join("got.bin");
+    let kept = resume_get(&url, &dest, content.len());
+    assert!(kept > 0, "nothing was kept");
+    assert!(std::fs::read(&dest).unwrap() == content, "the file differs");
+}

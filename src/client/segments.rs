@@ -1,0 +1,365 @@
+//! Segmented downloads from servers without MODE E (vsftpd, pure-ftpd, most of the internet),
+//! as lftp's `pget -n` and aria2's `-x` do: the missing bytes are cut into ranges, each
+//! fetched on a session of its own with REST and RETR, whose data connection is closed (and
+//! the transfer aborted) once its range has arrived. What is stored is recorded in the same
+//! sidecar as a MODE E download, so `--resume` fetches only the holes.
+
+use super::control::Control;
+use super::error::{ClientError, Result};
+use super::interrupt::{self, Interrupt, send_abort, supervise};
+use super::records::{load_sidecar, remove_sidecar, save_sidecar, sidecar_path};
+use super::{Options, PartFile, Summary, Target, local_err, part_path, session, summary};
+use crate::engine::Abort;
+use crate::engine::receive::Progress;
+use braid_proto::Command;
+use braid_proto::ranges::RangeSet;
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// No segment smaller than this, but where a hole is smaller: below it a session's login and
+/// REST cost more than its share of the bytes.
+pub const MIN_SEGMENT: u64 = 1 << 20;
+
+/// Attempts at one segment (a connection that breaks mid-way leaves the rest of its range to
+/// the next attempt, on whichever session takes it).
+const ATTEMPTS: u32 = 3;
+
+/// Cuts the holes of a `size`-byte file into at most `n` ranges of about equal length, at
+/// least [`MIN_SEGMENT`] each (a smaller hole is one range), in file order.
+pub fn plan(missing: &RangeSet, n: usize) -> Vec<(u64, u64)> {
+    let total = missing.len();
+    if total == 0 {
+        return Vec::new();
+    }
+    let share = total.div_ceil(n.max(1) as u64).max(MIN_SEGMENT);
+    let mut out = Vec::new();
+    for (start, end) in missing.iter() {
+        let pieces = (end - start).div_ceil(share).max(1);
+        let step = (end - start).div_ceil(pieces);
+        let mut at = start;
+        while at < end {
+            let stop = (at + step).min(end);
+            out.push((at, stop));
+            at = stop;
+        }
+    }
+    out
+}
+
+/// What the worker threads share.
+struct Shared<'a> {
+    target: &'a Target,
+    opts: &'a Options,
+    file: &'a File,
+    size: u64,
+    /// Ranges to fetch, with the attempts each has had.
+    queue: Mutex<VecDeque<(u64, u64, u32)>>,
+    stored: Mutex<RangeSet>,
+    bytes: AtomicU64,
+    /// Data connections opened: one per range, and one per attempt after a break.
+    opened: AtomicU64,
+    abort: Abort,
+    /// The first failure that ends the download (a segment out of attempts, a local error).
+    failed: Mutex<Option<ClientError>>,
+}
+
+impl Shared<'_> {
+    fn take(&self) -> Option<(u64, u64, u32)> {
+        if self.abort.is_aborted() || self.failed().is_some() {
+            return None;
+        }
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+    }
+
+    fn failed(&self) -> std::sync::MutexGuard<'_, Option<ClientError>> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn fail(&self, e: ClientError) {
+        self.failed().get_or_insert(e);
+        self.abort.abort();
+    }
+
+    fn progress(&self) -> Progress {
+        Progress::holding(
+            self.stored
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
+    }
+}
+
+/// Downloads `target` (`size` bytes, known from SIZE) into `dest` over up to `n` sessions,
+/// the first of which is `c`.
+pub fn get(
+    c: &mut Control,
+    target: &Target,
+    dest: &Path,
+    size: u64,
+    n: usize,
+    opts: &Options,
+) -> Result<Summary> {
+    let remote = target.path.as_str();
+    let part = part_path(dest);
+    let sidecar = sidecar_path(&part);
+    let have = if opts.resume {
+        held(&part, &sidecar, remote, size)
+    } else {
+        RangeSet::new()
+    };
+    let file = OpenOptions::new()
+        .write(true)
+        .read(true)
+        .create(true)
+        .truncate(!opts.resume)
+        .open(&part)
+        .map_err(local_err(format!("cannot write {}", part.display())))?;
+    let resumed_from = have.len();
+    let missing = have.missing(size);
+    let segments = plan(&missing, n);
+    let started = Instant::now();
+    let shared = Shared {
+        target,
+        opts,
+        file: &file,
+        size,
+        queue: Mutex::new(segments.iter().map(|&(s, e)| (s, e, 0)).collect()),
+        stored: Mutex::new(have),
+        bytes: AtomicU64::new(0),
+        opened: AtomicU64::new(0),
+        abort: Abort::new(),
+        failed: Mutex::new(None),
+    };
+    let save = |p: &Progress| save_sidecar(&sidecar, remote, size, p);
+    save(&shared.progress());
+    let sessions = n.min(segments.len()).max(1);
+    let bar = super::progress_bar(opts, Some(size), resumed_from);
+    let interrupt = Interrupt::install();
+    let mut last_save = Instant::now();
+    supervise(
+        &shared.abort,
+        &interrupt,
+        || {
+            std::thread::scope(|scope| {
+                for _ in 1..sessions {
+                    scope.spawn(|| match session(target, opts, None) {
+                        Ok(mut extra) => {
+                            work(&mut extra, &shared);
+                            extra.quit();
+                        }
+                        // One session fewer (a server's per-client limit, 421): the others
+                        // take its ranges.
+                        Err(e) => tracing::info!("a segment's session could not start: {e}"),
+                    });
+                }
+                work(c, &shared);
+            })
+        },
+        || {
+            bar.set_position(resumed_from + shared.bytes.load(Ordering::Relaxed));
+            if last_save.elapsed() > Duration::from_secs(1) {
+                save(&shared.progress());
+                last_save = Instant::now();
+            }
+        },
+    );
+    bar.finish_and_clear();
+    let got = shared.progress();
+    let received = shared.bytes.load(Ordering::Relaxed);
+    let opened = shared.opened.load(Ordering::Relaxed) as u32;
+    let partial = Some(part.display().to_string());
+    if !got.ranges.covers(0, size) {
+        save(&got);
+        if interrupt.hit() {
+            return Err(interrupt::stopped(c, received, "", partial));
+        }
+        let why = match shared.failed().take() {
+            Some(e) => e.to_string(),
+            None => format!("bytes {} never arrived", got.ranges.missing(size)),
+        };
+        return Err(ClientError::Interrupted {
+            bytes: received,
+            why,
+            partial,
+        });
+    }
+    let local = PartFile {
+        final_path: dest.to_path_buf(),
+        part,
+        file,
+    }
+    .commit(Some(size))?;
+    remove_sidecar(&sidecar);
+    let mut s = summary(
+        "get",
+        target,
+        local,
+        received,
+        Some(size),
+        resumed_from,
+        started,
+    );
+    s.streams = sessions as u32;
+    s.new_data_connections = opened;
+    s.mode = "stream-segmented";
+    Ok(s)
+}
+
+/// What a partial download holds: its sidecar's ranges, or (a stream-mode partial, which has
+/// none) its bytes from the start.
+fn held(part: &Path, sidecar: &Path, remote: &str, size: u64) -> RangeSet {
+    if let Some(p) = load_sidecar(sidecar, remote, Some(size)) {
+        return p.ranges;
+    }
+    let len = std::fs::metadata(part).map_or(0, |m| m.len()).min(size);
+    [(0, len)].into_iter().collect()
+}
+
+/// Fetches ranges on `c` until none are left or the download ends.
+fn work(c: &mut Control, shared: &Shared) {
+    while let Some((start, end, tries)) = shared.take() {
+        match fetch(c, shared, start, end) {
+            Ok(()) => {}
+            Err(Fetch::Local(e)) => return shared.fail(e),
+            Err(Fetch::Broken(_)) if shared.abort.is_aborted() => return,
+            Err(Fetch::Broken(e)) => {
+                let done = shared
+                    .stored
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .overlap(start, end);
+                let rest = (start + done, end);
+                if tries + 1 >= ATTEMPTS {
+                    return shared.fail(e);
+                }
+                tracing::info!("range {start}-{end} broke ({e}); its rest goes out again");
+                shared
+                    .queue
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_back((rest.0, rest.1, tries + 1));
+                // The session may be what broke: start a new one.
+                match session(shared.target, shared.opts, None) {
+                    Ok(fresh) => *c = fresh,
+                    Err(_) => return,
+                }
+            }
+        }
+    }
+}
+
+enum Fetch {
+    /// Writing here failed: no other attempt can do better.
+    Local(ClientError),
+    /// The connection or the server failed: another attempt may succeed.
+    Broken(ClientError),
+}
+
+/// Fetches `start..end` on `c`: REST, RETR, the range's bytes written at their offsets as
+/// they come, then (unless the range ends the file) the data connection closed and the
+/// transfer aborted.
+fn fetch(c: &mut Control, shared: &Shared, start: u64, end: u64) -> std::result::Result<(), Fetch> {
+    let retr = Command::Retr(shared.target.path.clone());
+    let data = c.open_data().map_err(Fetch::Broken)?;
+    shared.opened.fetch_add(1, Ordering::Relaxed);
+    if start > 0 {
+        c.restart_at(start).map_err(Fetch::Broken)?;
+    }
+    c.start_transfer(&retr).map_err(Fetch::Broken)?;
+    let mut data = c.protect(data).map_err(Fetch::Broken)?;
+    if let Ok(dup) = data.tcp().try_clone() {
+        shared.abort.register_handle(Arc::new(dup));
+    }
+    let mut buf = vec![0u8; 256 << 10];
+    let mut at = start;
+    while at < end {
+        let want = ((end - at) as usize).min(buf.len());
+        let n = match data.read(&mut buf[..want]) {
+            Ok(0) => {
+                return Err(Fetch::Broken(ClientError::Interrupted {
+                    bytes: at - start,
+                    why: format!("the data connection closed at byte {at}, before {end}"),
+                    partial: None,
+                }));
+            }
+            Ok(n) => n,
+            Err(e) => {
+                return Err(Fetch::Broken(ClientError::Interrupted {
+                    bytes: at - start,
+                    why: format!("data connection: {e}"),
+                    partial: None,
+                }));
+            }
+        };
+        shared
+            .file
+            .write_all_at(&buf[..n], at)
+            .map_err(|e| Fetch::Local(local_err("cannot write the download")(e)))?;
+        shared
+            .stored
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(at, at + n as u64);
+        shared.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        at += n as u64;
+    }
+    if end == shared.size {
+        // The file's last range: the server ends it, and says so.
+        let mut rest = [0u8; 1];
+        let _ = data.read(&mut rest);
+        data.finish();
+        drop(data);
+        c.finish_transfer(&retr).map_err(Fetch::Broken)?;
+    } else {
+        // The server would send on to the end of the file: stop it.
+        let _ = data.tcp().shutdown(std::net::Shutdown::Both);
+        drop(data);
+        send_abort(c);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(r: &[(u64, u64)]) -> RangeSet {
+        r.iter().copied().collect()
+    }
+
+    #[test]
+    fn the_holes_are_cut_into_about_n_ranges_of_at_least_the_minimum() {
+        let mib = MIN_SEGMENT;
+        // A whole file: n equal ranges that tile it.
+        assert_eq!(
+            plan(&set(&[(0, 8 * mib)]), 4),
+            [
+                (0, 2 * mib),
+                (2 * mib, 4 * mib),
+                (4 * mib, 6 * mib),
+                (6 * mib, 8 * mib)
+            ]
+        );
+        // Never below the minimum: 3 MiB in 8 wanted ranges makes 3.
+        assert_eq!(plan(&set(&[(0, 3 * mib)]), 8).len(), 3);
+        // Holes are never bridged, and a small hole is one range.
+        let holes = set(&[(100, 200), (4 * mib, 8 * mib)]);
+        let p = plan(&holes, 4);
+        assert_eq!(p[0], (100, 200));
+        assert_eq!(p.iter().map(|(s, e)| e - s).sum::<u64>(), holes.len());
+        assert!(p.iter().all(|&(s, e)| holes.covers(s, e)));
+        assert!(plan(&RangeSet::new(), 4).is_empty());
+        // One session: one range per hole.
+        assert_eq!(plan(&holes, 1), [(100, 200), (4 * mib, 8 * mib)]);
+    }
+}
