@@ -113,7 +113,7 @@ pub fn get(
     let part = part_path(dest);
     let sidecar = sidecar_path(&part);
     let have = if opts.resume {
-        held(&part, &sidecar, remote, size)
+        held(&part, &sidecar, remote, size)?
     } else {
         RangeSet::new()
     };
@@ -216,13 +216,19 @@ pub fn get(
 }
 
 /// What a partial download holds: its sidecar's ranges, or (a stream-mode partial, which has
-/// none) its bytes from the start.
-fn held(part: &Path, sidecar: &Path, remote: &str, size: u64) -> RangeSet {
+/// none) its bytes from the start, which must not be more than the file has.
+fn held(part: &Path, sidecar: &Path, remote: &str, size: u64) -> Result<RangeSet> {
     if let Some(p) = load_sidecar(sidecar, remote, Some(size)) {
-        return p.ranges;
+        return Ok(p.ranges);
     }
-    let len = std::fs::metadata(part).map_or(0, |m| m.len()).min(size);
-    [(0, len)].into_iter().collect()
+    let len = std::fs::metadata(part).map_or(0, |m| m.len());
+    if len > size {
+        return Err(ClientError::Integrity(format!(
+            "{} holds {len} bytes but the remote file has only {size}; it is not a partial copy of it. Remove it to start over",
+            part.display()
+        )));
+    }
+    Ok([(0, len)].into_iter().collect())
 }
 
 /// Fetches ranges on `c` until none are left or the download ends.

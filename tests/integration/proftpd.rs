@@ -136,4 +136,24 @@ fn braid_client_against_proftpd_does_not_wait_for_the_lingering_close() {
         std::fs::read(&got).unwrap() == content,
         "resumed download differs"
     );
+    // A partial longer than the file is no partial of it, in ranges as in one stream.
+    let longer = top.path().join("long.bin");
+    std::fs::write(
+        top.path().join("long.bin.part"),
+        vec![0u8; content.len() + 1],
+    )
+    .unwrap();
+    let (_, _, err) = run(
+        braid_command(home).args([
+            "get",
+            &format!("{base}/f.bin"),
+            longer.to_str().unwrap(),
+            "-n",
+            "4",
+            "--resume",
+        ]),
+        Duration::from_secs(60),
+    );
+    assert!(err.contains("not a partial copy"), "{err}");
+    assert!(!longer.exists());
 }
