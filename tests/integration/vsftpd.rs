@@ -227,6 +227,24 @@ fn braid_client_against_vsftpd_over_tls() {
     assert!(std::fs::read(&dest).unwrap() == content);
     let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(summary["mode"], "stream");
+    // In ranges: each session its own TLS login, each data connection resuming its own.
+    std::fs::remove_file(&dest).unwrap();
+    let (code, out, err) = braid(
+        &[
+            "get",
+            "--tls-ca",
+            ca,
+            &format!("{base}/pub/src.bin"),
+            dest.to_str().unwrap(),
+            "-n",
+            "2",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read(&dest).unwrap() == content);
+    assert!(out.contains("\"mode\":\"stream-segmented\""), "{out}");
     let (code, _, err) = braid(
         &[
             "put",
