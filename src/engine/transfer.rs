@@ -509,6 +509,11 @@ impl Joins {
     }
 
     /// The same connections, under TLS.
+    /// Whether its connections are secured with TLS (their data then passes through memory).
+    pub fn is_protected(&self) -> bool {
+        self.tls.is_some()
+    }
+
     pub fn protected(self, tls: Option<DataTls>) -> Joins {
         Joins {
             tls: tls.map(Arc::new),

@@ -73,6 +73,7 @@ pub fn upload_state(have: &RangeSet, progress: Arc<AtomicU64>) -> Arc<engine::re
 }
 
 /// Runs a MODE E transfer. `have`: ranges the receiver already holds (REST ranges).
+/// `sums`: where a checksum computed while sending the whole file is kept for CKSM.
 pub fn run_blocks(
     job: Job,
     conns: BlockConns,
@@ -80,6 +81,7 @@ pub fn run_blocks(
     block: u64,
     progress: Arc<AtomicU64>,
     transfer: &Transfer,
+    sums: &super::ChecksumCache,
 ) -> Result<Finished, DataError> {
     let engine = |e: EngineError| match e {
         EngineError::Local(e) => DataError::Local(io_to_fs(&e)),
@@ -94,8 +96,19 @@ pub fn run_blocks(
                 .len();
             let todo = have.missing(size);
             let source = engine::send::Source::File { file: &file, size };
-            let sent = engine::send::send(transfer, source, &todo, socks, keep(block), &progress)
+            // Under TLS every byte passes through memory to be encrypted, so hashing it on
+            // the way costs next to nothing and spares CKSM a second read of the whole file.
+            let before = super::ChecksumCache::version(&file).ok();
+            let hash = socks.is_protected() && have.is_empty() && before.is_some();
+            let options = engine::send::Options {
+                hash,
+                ..keep(block)
+            };
+            let sent = engine::send::send(transfer, source, &todo, socks, options, &progress)
                 .map_err(engine)?;
+            if let (Some(sum), Some(before), true) = (&sent.sum, before, hash) {
+                sums.remember(&file, before, sum.finish(size));
+            }
             Ok(Finished {
                 bytes: todo.len(),
                 upload: None,

@@ -69,7 +69,7 @@ pub struct Config {
 }
 
 /// A file version: device, inode, size, modification and change times (s, ns).
-type FileVersion = (u64, u64, u64, i64, i64, i64, i64);
+pub type FileVersion = (u64, u64, u64, i64, i64, i64, i64);
 
 /// Checksums by file version: a file served again unchanged is not read again for CKSM.
 /// Bounded; cleared when full.
@@ -82,9 +82,21 @@ impl ChecksumCache {
     const MAX: usize = 4096;
 
     pub fn xxh3(&self, file: &std::fs::File, len: u64) -> std::io::Result<u128> {
+        let key = Self::version(file)?;
+        let cached = self.lock().get(&key).copied();
+        if let Some(sum) = cached.filter(|_| key.2 == len) {
+            return Ok(sum);
+        }
+        let sum = crate::sums::xxh3(file, len)?;
+        self.insert(key, sum);
+        Ok(sum)
+    }
+
+    /// The file's version now: taken before it is read, and compared after.
+    pub fn version(file: &std::fs::File) -> std::io::Result<FileVersion> {
         use std::os::unix::fs::MetadataExt;
         let m = file.metadata()?;
-        let key = (
+        Ok((
             m.dev(),
             m.ino(),
             m.size(),
@@ -92,18 +104,23 @@ impl ChecksumCache {
             m.mtime_nsec(),
             m.ctime(),
             m.ctime_nsec(),
-        );
-        let cached = self.lock().get(&key).copied();
-        if let Some(sum) = cached.filter(|_| m.size() == len) {
-            return Ok(sum);
+        ))
+    }
+
+    /// Keeps a checksum computed while the whole file was sent (`before`: its version then),
+    /// if the file is still that version: CKSM after the transfer then reads nothing.
+    pub fn remember(&self, file: &std::fs::File, before: FileVersion, sum: u128) {
+        if Self::version(file).is_ok_and(|now| now == before) {
+            self.insert(before, sum);
         }
-        let sum = crate::sums::xxh3(file, len)?;
+    }
+
+    fn insert(&self, key: FileVersion, sum: u128) {
         let mut map = self.lock();
         if map.len() >= Self::MAX {
             map.clear();
         }
         map.insert(key, sum);
-        Ok(sum)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<FileVersion, u128>> {

@@ -85,8 +85,9 @@ pub(super) async fn transfer(
             let (progress, moving) = (progress.clone(), moving.clone());
             let have = b.have.clone();
             let block = b.block_size.unwrap_or(engine::DEFAULT_BLOCK);
+            let sums = io.config.checksums.clone();
             tokio::task::spawn_blocking(move || {
-                data::run_blocks(job, conns, &have, block, progress, &moving)
+                data::run_blocks(job, conns, &have, block, progress, &moving, &sums)
             })
         }),
     };
