@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Segmented downloads from a plain FTP server across an emulated link: vsftpd in the lab's
+# `right` host serves one file; from `left`, in turn for ROUNDS rounds, `braid get -n 1`,
+# `braid get -n N` (ranges on N sessions) and `lftp pget -n N` fetch it into files. Prints
+# seconds per run and MB/s. Needs root, vsftpd and lftp.
+#     sudo bench/segmented.sh [ROUNDS] [SIZE_MIB] [N] [LAB ARGS...]
+#     sudo bench/segmented.sh 2 256 8 --scenario lfn-500m --rate 200mbit --queue 3750000B
+set -euo pipefail
+rounds=${1:-2}
+size=${2:-256}
+n=${3:-8}
+shift 3 || true
+lab=("$@")
+[ "${#lab[@]}" -gt 0 ] || lab=(--scenario lfn-500m --rate 200mbit --queue 3750000B)
+here="$(cd "$(dirname "$0")/.." && pwd)"
+braid="$here/target/release/braid"
+[ -x "$braid" ] || { echo "build first: cargo build --release" >&2; exit 2; }
+vsftpd=$(command -v vsftpd || echo /usr/sbin/vsftpd)
+[ -x "$vsftpd" ] && command -v lftp >/dev/null || { echo "needs vsftpd and lftp" >&2; exit 2; }
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+chmod 755 "$dir"
+mkdir -p "$dir/root" "$dir/empty"
+head -c "$((size << 20))" /dev/urandom > "$dir/root/f.bin"
+cat > "$dir/vsftpd.conf" <<EOF
+listen=YES
+listen_ipv6=NO
+listen_address=198.18.0.2
+listen_port=2121
+background=NO
+anonymous_enable=YES
+local_enable=NO
+anon_root=$dir/root
+no_anon_password=YES
+seccomp_sandbox=NO
+run_as_launching_user=YES
+pasv_enable=YES
+secure_chroot_dir=$dir/empty
+xferlog_enable=NO
+EOF
+cat > "$dir/client.sh" <<EOF
+#!/bin/sh
+url=ftp://198.18.0.2:2121/f.bin
+t() { s=\$(date +%s.%N); "\$@" >/dev/null 2>&1 || echo "FAILED: \$*"; e=\$(date +%s.%N); awk "BEGIN { printf \\"%.2f\\", \$e - \$s }"; }
+for r in \$(seq $rounds); do
+  a=\$(t $braid get -q -n 1 "\$url" $dir/one.bin)
+  rm -f $dir/one.bin
+  b=\$(t $braid get -q -n $n "\$url" $dir/got.bin)
+  rm -f $dir/got.bin
+  c=\$(t lftp -e "set net:max-retries 1; pget -n $n \$url -o $dir/lftp.bin; quit")
+  rm -f $dir/lftp.bin
+  echo "round \$r: braid -n 1 \$a s, braid -n $n \$b s, lftp pget -n $n \$c s ($size MiB)"
+done
+EOF
+chmod +x "$dir/client.sh"
+"$braid" lab run --name "seg$$" "${lab[@]}" --timeout 1800 \
+    --server "$vsftpd $dir/vsftpd.conf" --client "$dir/client.sh" 2>&1 |
+    grep -E "^round|FAILED|error" || true
