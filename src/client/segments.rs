@@ -52,6 +52,24 @@ pub fn plan(missing: &RangeSet, n: usize) -> Vec<(u64, u64)> {
     out
 }
 
+/// A range being fetched: how far it has come, and where it now ends (a session that found
+/// nothing left to take moves the end back and takes the second half).
+struct Running {
+    at: AtomicU64,
+    end: AtomicU64,
+}
+
+/// Which running range to split, and where: the one with the most left, in two halves of at
+/// least [`MIN_SEGMENT`]; None when none has that much left. `ranges`: (at, end) of each.
+pub fn split(ranges: &[(u64, u64)]) -> Option<(usize, u64)> {
+    let (i, &(at, end)) = ranges
+        .iter()
+        .enumerate()
+        .max_by_key(|(_, (at, end))| end.saturating_sub(*at))?;
+    let left = end.saturating_sub(at);
+    (left >= 2 * MIN_SEGMENT).then(|| (i, at + left / 2))
+}
+
 /// What the worker threads share.
 struct Shared<'a> {
     target: &'a Target,
@@ -60,6 +78,7 @@ struct Shared<'a> {
     size: u64,
     /// Ranges to fetch, with the attempts each has had.
     queue: Mutex<VecDeque<(u64, u64, u32)>>,
+    running: Mutex<Vec<Arc<Running>>>,
     stored: Mutex<RangeSet>,
     bytes: AtomicU64,
     /// Data connections opened: one per range, and one per attempt after a break.
@@ -74,10 +93,26 @@ impl Shared<'_> {
         if self.abort.is_aborted() || self.failed().is_some() {
             return None;
         }
-        self.queue
+        let queued = self
+            .queue
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .pop_front()
+            .pop_front();
+        queued.or_else(|| self.steal())
+    }
+
+    /// With nothing queued, the second half of the running range with the most left: its
+    /// session stops at the middle, so all sessions keep moving data to the end instead of
+    /// the last range finishing alone.
+    fn steal(&self) -> Option<(u64, u64, u32)> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let now: Vec<(u64, u64)> = running
+            .iter()
+            .map(|r| (r.at.load(Ordering::Acquire), r.end.load(Ordering::Acquire)))
+            .collect();
+        let (i, middle) = split(&now)?;
+        let end = running[i].end.swap(middle, Ordering::AcqRel);
+        Some((middle, end, 0))
     }
 
     fn failed(&self) -> std::sync::MutexGuard<'_, Option<ClientError>> {
@@ -134,6 +169,7 @@ pub fn get(
         file: &file,
         size,
         queue: Mutex::new(segments.iter().map(|&(s, e)| (s, e, 0)).collect()),
+        running: Mutex::new(Vec::new()),
         stored: Mutex::new(have),
         bytes: AtomicU64::new(0),
         opened: AtomicU64::new(0),
@@ -234,7 +270,20 @@ fn held(part: &Path, sidecar: &Path, remote: &str, size: u64) -> Result<RangeSet
 /// Fetches ranges on `c` until none are left or the download ends.
 fn work(c: &mut Control, shared: &Shared) {
     while let Some((start, end, tries)) = shared.take() {
-        match fetch(c, shared, start, end) {
+        let range = Arc::new(Running {
+            at: AtomicU64::new(start),
+            end: AtomicU64::new(end),
+        });
+        let mut running = shared.running.lock().unwrap_or_else(|p| p.into_inner());
+        running.push(range.clone());
+        drop(running);
+        let fetched = fetch(c, shared, &range);
+        let mut running = shared.running.lock().unwrap_or_else(|p| p.into_inner());
+        running.retain(|r| !Arc::ptr_eq(r, &range));
+        drop(running);
+        // Where it ends now (another session may have taken its second half).
+        let end = range.end.load(Ordering::Acquire);
+        match fetched {
             Ok(()) => {}
             Err(Fetch::Local(e)) => return shared.fail(e),
             Err(Fetch::Broken(_)) if shared.abort.is_aborted() => return,
@@ -271,10 +320,11 @@ enum Fetch {
     Broken(ClientError),
 }
 
-/// Fetches `start..end` on `c`: REST, RETR, the range's bytes written at their offsets as
-/// they come, then (unless the range ends the file) the data connection closed and the
-/// transfer aborted.
-fn fetch(c: &mut Control, shared: &Shared, start: u64, end: u64) -> std::result::Result<(), Fetch> {
+/// Fetches `range` on `c`: REST, RETR, the range's bytes written at their offsets as they
+/// come, up to where it ends (which may move back meanwhile), then (unless the range ends the
+/// file) the data connection closed and the transfer aborted.
+fn fetch(c: &mut Control, shared: &Shared, range: &Running) -> std::result::Result<(), Fetch> {
+    let start = range.at.load(Ordering::Acquire);
     let retr = Command::Retr(shared.target.path.clone());
     let data = c.open_data().map_err(Fetch::Broken)?;
     shared.opened.fetch_add(1, Ordering::Relaxed);
@@ -288,13 +338,17 @@ fn fetch(c: &mut Control, shared: &Shared, start: u64, end: u64) -> std::result:
     }
     let mut buf = vec![0u8; 256 << 10];
     let mut at = start;
-    while at < end {
-        let want = ((end - at) as usize).min(buf.len());
+    let end = |r: &Running| r.end.load(Ordering::Acquire);
+    while at < end(range) {
+        let want = ((end(range) - at) as usize).min(buf.len());
         let n = match data.read(&mut buf[..want]) {
             Ok(0) => {
                 return Err(Fetch::Broken(ClientError::Interrupted {
                     bytes: at - start,
-                    why: format!("the data connection closed at byte {at}, before {end}"),
+                    why: format!(
+                        "the data connection closed at byte {at}, before {}",
+                        end(range)
+                    ),
                     partial: None,
                 }));
             }
@@ -307,19 +361,23 @@ fn fetch(c: &mut Control, shared: &Shared, start: u64, end: u64) -> std::result:
                 }));
             }
         };
+        // Past where the range now ends, another session fetches the same bytes: writing
+        // them twice would be harmless, but they are not this range's to count.
+        let keep = (n as u64).min(end(range).saturating_sub(at)) as usize;
         shared
             .file
-            .write_all_at(&buf[..n], at)
+            .write_all_at(&buf[..keep], at)
             .map_err(|e| Fetch::Local(local_err("cannot write the download")(e)))?;
         shared
             .stored
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(at, at + n as u64);
-        shared.bytes.fetch_add(n as u64, Ordering::Relaxed);
+            .insert(at, at + keep as u64);
+        shared.bytes.fetch_add(keep as u64, Ordering::Relaxed);
         at += n as u64;
+        range.at.store(at, Ordering::Release);
     }
-    if end == shared.size {
+    if end(range) == shared.size {
         // The file's last range: the server ends it, and says so.
         let mut rest = [0u8; 1];
         let _ = data.read(&mut rest);
@@ -341,6 +399,19 @@ mod tests {
 
     fn set(r: &[(u64, u64)]) -> RangeSet {
         r.iter().copied().collect()
+    }
+
+    #[test]
+    fn an_idle_session_takes_the_second_half_of_the_range_with_most_left() {
+        let mib = MIN_SEGMENT;
+        assert_eq!(
+            split(&[(0, 3 * mib), (4 * mib, 10 * mib), (12 * mib, 13 * mib)]),
+            Some((1, 7 * mib))
+        );
+        // Halves below the minimum are not worth a session's login and slow start.
+        assert_eq!(split(&[(0, 2 * mib - 1)]), None);
+        assert_eq!(split(&[(5, 5)]), None);
+        assert_eq!(split(&[]), None);
     }
 
     #[test]
