@@ -77,6 +77,7 @@ enum Cmd {
     Put {
         /// The files to upload. Several share one session: one login, and in MODE E one
         /// file's data connections carry the next; the URL then names a directory (ends in /).
+        /// `-` uploads standard input (alone, over one connection; the URL names the file).
         #[arg(required = true, value_name = "FILE")]
         files: Vec<PathBuf>,
         /// ftp://[user[:password]@]host[:port]/path

@@ -588,10 +588,117 @@ fn summary(
 
 /// Uploads one file. A URL ending in `/` names a directory: the file keeps its name.
 pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
+    if local == Path::new("-") {
+        if target.path.is_empty() || target.path.ends_with('/') {
+            return Err(ClientError::Usage(format!(
+                "standard input has no name: give the remote file's, e.g. {}data.bin",
+                display_url(target)
+            )));
+        }
+        if opts.resume {
+            return Err(ClientError::Usage(
+                "--resume cannot continue standard input (what was sent is gone from it)".into(),
+            ));
+        }
+    }
     let mut c = session(target, opts, None)?;
-    let s = put_on(&mut c, local, target, opts)?;
+    let s = if local == Path::new("-") {
+        put_stdin(&mut c, target, opts)?
+    } else {
+        put_on(&mut c, local, target, opts)?
+    };
     c.quit();
     Ok(s)
+}
+
+/// `braid put - URL`: standard input, of a length nobody knows beforehand, over one
+/// stream-mode connection; a braid server's checksum of what it stored is compared with the
+/// one of what was read.
+fn put_stdin(c: &mut Control, target: &Target, opts: &Options) -> Result<Summary> {
+    let started = Instant::now();
+    let stor = Command::Stor(target.path.clone());
+    let data = c.open_data()?;
+    c.start_transfer(&stor)?;
+    let mut data = c.protect(data)?;
+    let tcp = data
+        .tcp()
+        .try_clone()
+        .map_err(local_err("data connection"))?;
+    let bar = progress_bar(opts, None, 0);
+    let mut sum = braid_proto::checksum::ChunkSum::new();
+    let (r, stopped) = interrupt::on_one_connection(&tcp, || {
+        copy_hashing(&mut std::io::stdin().lock(), &mut data, &mut sum, &bar)
+    });
+    bar.finish_and_clear();
+    if stopped {
+        drop(data);
+        let n = r.unwrap_or_else(|(n, _)| n);
+        return Err(interrupt::stopped(c, n, "", None));
+    }
+    let sent = r.map_err(|(n, e)| ClientError::Interrupted {
+        bytes: n,
+        why: e.to_string(),
+        partial: None,
+    })?;
+    data.finish();
+    let mut sink = [0u8; 64];
+    let _ = data.read(&mut sink);
+    drop(data);
+    c.finish_transfer(&stor)?;
+    let mut s = summary("put", target, "-".into(), sent, Some(sent), 0, started);
+    if c.has_feature("BRAID") {
+        let local = braid_proto::checksum::hex(sum.finish(sent));
+        let ours = "standard input hashes to";
+        s.checksum = parallel::compare_with_server(
+            c,
+            braid_proto::checksum::NAME,
+            &target.path,
+            &local,
+            ours,
+            "",
+        )?;
+    }
+    Ok(s)
+}
+
+/// Copies `input` to `out` to its end in whole buffers (so the checksum's chunks line up),
+/// folding it into `sum`; the bytes copied, or how far it got and why it stopped.
+fn copy_hashing(
+    input: &mut impl Read,
+    out: &mut impl Write,
+    sum: &mut braid_proto::checksum::ChunkSum,
+    bar: &ProgressBar,
+) -> std::result::Result<u64, (u64, std::io::Error)> {
+    let mut buf = vec![0u8; BUF];
+    let mut at = 0u64;
+    loop {
+        let mut filled = 0;
+        while filled < buf.len() {
+            match input.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let e = std::io::Error::new(e.kind(), format!("standard input: {e}"));
+                    return Err((at, e));
+                }
+            }
+        }
+        let last = filled < buf.len();
+        // Whole buffers are whole chunks; only the last may be short.
+        let _ = sum.add(at, &buf[..filled], last);
+        out.write_all(&buf[..filled]).map_err(|e| {
+            (
+                at,
+                std::io::Error::new(e.kind(), format!("data connection: {e}")),
+            )
+        })?;
+        at += filled as u64;
+        bar.set_position(at);
+        if last {
+            return Ok(at);
+        }
+    }
 }
 
 /// Uploads many files into one directory on one server in one session: one login, the
@@ -608,6 +715,11 @@ pub fn put_batch(
             "{}: with several files the URL names a directory and ends with /",
             display_url(dir)
         )));
+    }
+    if locals.iter().any(|l| l == Path::new("-")) {
+        return Err(ClientError::Usage(
+            "standard input (-) is uploaded alone: braid put - ftp://host/path/name".into(),
+        ));
     }
     let mut batch = Batch::start("put-batch");
     let mut c = session(dir, opts, None)?;

@@ -564,7 +564,7 @@ fn verify(
 /// Compares `local` with the server's CKSM of the whole file: `ALG hex` when they agree,
 /// None when the server offers no such checksum, an integrity error (saying what `ours` is)
 /// when they differ.
-fn compare_with_server(
+pub(super) fn compare_with_server(
     c: &mut Control,
     alg: &str,
     path: &str,

@@ -597,3 +597,51 @@ fn demo_verifies_and_reports_a_rate() {
     assert!(out.contains("verified: 8388608 bytes identical"), "{out}");
     assert!(out.contains("MiB/s") || out.contains("GiB/s"), "{out}");
 }
+
+/// `braid put -` uploads standard input: a braid server's checksum of what it stored is
+/// checked against what was read; without a file name in the URL, or with --resume, it is
+/// refused before connecting.
+#[test]
+fn put_dash_uploads_standard_input() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    // Not a whole number of the checksum's 64 KiB chunks, and more than one buffer.
+    let content = random_bytes((3 << 20) + 12345, 77);
+    let mut child = crate::util::braid_command(top.path())
+        .args(["put", "-", &server.url("in.bin"), "--json"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let feed = {
+        let content = content.clone();
+        std::thread::spawn(move || stdin.write_all(&content))
+    };
+    let out = child.wait_with_output().unwrap();
+    feed.join().unwrap().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let s = json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(s["bytes"], content.len(), "{s}");
+    assert!(
+        s["checksum"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("XXH3 ")),
+        "{s}"
+    );
+    assert!(std::fs::read(root.join("in.bin")).unwrap() == content);
+    for (args, why) in [
+        (vec!["put", "-", &server.url("")], "no name"),
+        (
+            vec!["put", "-", &server.url("x.bin"), "--resume"],
+            "--resume",
+        ),
+    ] {
+        let (code, _, err) = braid(&args, &[]);
+        assert_eq!(code, 2, "{why}: {err}");
+    }
+}
