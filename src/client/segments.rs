@@ -220,6 +220,8 @@ pub fn get(
             return Err(interrupt::stopped(c, received, "", partial));
         }
         let why = match shared.failed().take() {
+            // A local failure (a full disk) keeps its own exit code; what arrived is kept.
+            Some(e @ ClientError::Local { .. }) => return Err(e),
             Some(e) => e.to_string(),
             None => format!("bytes {} never arrived", got.ranges.missing(size)),
         };
