@@ -967,10 +967,12 @@ pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
                 });
             }
         } else {
+            // LIST: shown as it came, with what its usual forms say in --json.
+            let parsed = braid_proto::listing::parse_list(line);
             entries.push(ListEntry {
-                name: line.to_string(),
-                kind: None,
-                size: None,
+                name: parsed.as_ref().map_or(line, |p| &p.name).to_string(),
+                kind: parsed.as_ref().and_then(|p| p.kind.clone()),
+                size: parsed.as_ref().and_then(|p| p.size),
                 modify: None,
                 raw: Some(line.to_string()),
             });

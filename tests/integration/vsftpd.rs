@@ -96,6 +96,23 @@ fn braid_client_against_vsftpd() {
     let (code, out, err) = braid(&["ls", &format!("{base}/pub/")], &[]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("src.bin") && out.contains("up.bin"), "{out}");
+    // --json reads LIST's lines: names, kinds and sizes.
+    std::fs::create_dir(root.join("pub/sub dir")).unwrap();
+    let (code, out, err) = braid(&["ls", "--json", &format!("{base}/pub/")], &[]);
+    assert_eq!(code, 0, "{err}");
+    let entries = crate::util::json(&out);
+    let find = |name: &str| {
+        entries
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {out}"))
+            .clone()
+    };
+    assert_eq!(find("src.bin")["type"], "file");
+    assert_eq!(find("src.bin")["size"], content.len());
+    assert_eq!(find("sub dir")["type"], "dir");
     let (code, _, err) = braid(
         &[
             "get",

@@ -128,9 +128,119 @@ pub fn parse_mlsx(line: &str) -> Option<MlsxLine> {
     Some(out)
 }
 
+/// Parses a LIST line as Unix `ls -l` (most servers) or DOS/IIS (`11-24-26  11:33AM  <DIR>
+/// name`) writes it: name, kind (`file`, `dir`, `symlink`, `other`) and size; no time (LIST
+/// leaves out the year of recent files). None for a line that is neither (`total 12`).
+pub fn parse_list(line: &str) -> Option<MlsxLine> {
+    let words: Vec<(usize, &str)> = line
+        .split_whitespace()
+        .map(|w| (w.as_ptr() as usize - line.as_ptr() as usize, w))
+        .collect();
+    let rest = |i: usize| {
+        words
+            .get(i)
+            .map(|&(at, _)| line[at..].trim_end_matches(['\r', '\n']))
+    };
+    let digits = |w: &str| !w.is_empty() && w.bytes().all(|b| b.is_ascii_digit());
+    let entry = |name: &str, kind: &str, size: Option<u64>| {
+        (!name.is_empty()).then(|| MlsxLine {
+            name: name.to_string(),
+            kind: Some(kind.to_string()),
+            size,
+            modify: None,
+        })
+    };
+    let first = words.first()?.1;
+    // DOS: date, time, <DIR> or size, name.
+    if first.len() >= 8 && first.as_bytes().get(2) == Some(&b'-') && words.len() >= 4 {
+        let (what, name) = (words[2].1, rest(3)?);
+        return match what {
+            "<DIR>" => entry(name, "dir", None),
+            w if digits(w) => entry(name, "file", w.parse().ok()),
+            _ => None,
+        };
+    }
+    // Unix: mode, links, owner, [group,] size, month, day, time or year, name.
+    const MONTHS: [&str; 12] = [
+        "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+    ];
+    if first.len() < 10 || !"-dlbcps".contains(first.chars().next()?) {
+        return None;
+    }
+    let month = (3..words.len().saturating_sub(3)).find(|&i| {
+        MONTHS.contains(&words[i].1.to_ascii_lowercase().as_str())
+            && digits(words[i - 1].1)
+            && digits(words[i + 1].1)
+            && (words[i + 2].1.contains(':') || digits(words[i + 2].1))
+    })?;
+    let size = words[month - 1].1.parse().ok();
+    let name = rest(month + 3)?;
+    match first.as_bytes()[0] {
+        b'-' => entry(name, "file", size),
+        b'd' => entry(name, "dir", None),
+        b'l' => entry(name.split(" -> ").next().unwrap_or(name), "symlink", None),
+        _ => entry(name, "other", None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn list_lines_of_unix_and_dos_servers_parse() {
+        let p = |l: &str| parse_list(l).map(|m| (m.name, m.kind.unwrap_or_default(), m.size));
+        let f = |n: &str, k: &str, s: Option<u64>| Some((n.to_string(), k.to_string(), s));
+        // vsftpd, ProFTPD, braid serve's own LIST, and a server without a group column.
+        assert_eq!(
+            p("-rw-r--r--    1 0        0        20000000 Nov 24 11:33 f.bin"),
+            f("f.bin", "file", Some(20_000_000))
+        );
+        assert_eq!(
+            p("drwxr-xr-x   2 ftp      ftp          4096 Nov 22  2026 a dir"),
+            f("a dir", "dir", None)
+        );
+        assert_eq!(
+            p("lrwxrwxrwx 1 owner 11 Jan  1 00:00 up -> ../../etc"),
+            f("up", "symlink", None)
+        );
+        assert_eq!(
+            p("-rw-r--r--   1 ftp      ftp              1234 Nov 22 09:36 a file.txt\r"),
+            f("a file.txt", "file", Some(1234))
+        );
+        // A name that looks like a date stays whole.
+        assert_eq!(
+            p("-rw-r--r-- 1 u g 5 Mar 3 2020 Dec 1 10:00 x"),
+            f("Dec 1 10:00 x", "file", Some(5))
+        );
+        // IIS in DOS style.
+        assert_eq!(
+            p("11-24-26  11:33AM       <DIR>          pub"),
+            f("pub", "dir", None)
+        );
+        assert_eq!(
+            p("11-24-26  11:33AM             20000000 f b.bin"),
+            f("f b.bin", "file", Some(20_000_000))
+        );
+        for junk in ["total 12", "", "drwx", "-rw-r--r-- 1 u g x Nov 1 10:00 y"] {
+            assert_eq!(p(junk), None, "{junk}");
+        }
+        // The line braid serve writes reads back as what it describes.
+        let e = Entry {
+            name: "x y".into(),
+            kind: EntryKind::File,
+            size: 1234,
+            mtime: 1_795_340_180,
+            mode: 0o644,
+            nlink: 1,
+            dev: 1,
+            ino: 42,
+        };
+        assert_eq!(
+            p(&list_line(&e, 1_795_340_180)),
+            f("x y", "file", Some(1234))
+        );
+    }
 
     fn entry(name: &str, kind: EntryKind) -> Entry {
         Entry {
