@@ -43,6 +43,16 @@ pub mod fuzzing {
     /// Replies from a hostile server: the parser, the markers read out of replies, and what
     /// parses must write out to bytes that parse back the same.
     pub fn reply_parser(data: &[u8]) {
+        // The same bytes as a listing a hostile server sends (MLSD or LIST lines).
+        for line in String::from_utf8_lossy(data).lines() {
+            let _ = crate::listing::parse_mlsx(line);
+            if let Some(l) = crate::listing::parse_list(line) {
+                assert!(
+                    !l.name.is_empty() && line.contains(&l.name),
+                    "{line:?}: {l:?}"
+                );
+            }
+        }
         let mut parser = crate::reply::ReplyParser::new();
         parser.feed(data);
         while let Ok(Some(r)) = parser.next_reply() {
@@ -149,7 +159,10 @@ mod fuzz_properties {
     proptest! {
         #[test]
         fn replies_a_hostile_server_might_send(
-            lines in proptest::collection::vec("[0-9]{3}[ -][ -~]{0,30}|[ -~]{0,12}", 0..8),
+            lines in proptest::collection::vec(
+                "[0-9]{3}[ -][ -~]{0,30}|[ -~]{0,12}|[-dl][rwx-]{9} [0-9] [a-z ]{1,9}[0-9]{1,4} (Jan|Nov) [0-9]{1,2} [0-9:]{4,5} [ -~]{0,12}",
+                0..8,
+            ),
         ) {
             crate::fuzzing::reply_parser((lines.join("\r\n") + "\r\n").as_bytes());
         }
