@@ -83,6 +83,8 @@ struct Shared<'a> {
     bytes: AtomicU64,
     /// Data connections opened: one per range, and one per attempt after a break.
     opened: AtomicU64,
+    /// Sessions that logged in (the server may refuse some: 421, a per-client limit).
+    sessions: AtomicU64,
     abort: Abort,
     /// The first failure that ends the download (a segment out of attempts, a local error).
     failed: Mutex<Option<ClientError>>,
@@ -173,6 +175,7 @@ pub fn get(
         stored: Mutex::new(have),
         bytes: AtomicU64::new(0),
         opened: AtomicU64::new(0),
+        sessions: AtomicU64::new(1),
         abort: Abort::new(),
         failed: Mutex::new(None),
     };
@@ -190,6 +193,7 @@ pub fn get(
                 for _ in 1..sessions {
                     scope.spawn(|| match session(target, opts, None) {
                         Ok(mut extra) => {
+                            shared.sessions.fetch_add(1, Ordering::Relaxed);
                             work(&mut extra, &shared);
                             extra.quit();
                         }
@@ -213,6 +217,7 @@ pub fn get(
     let got = shared.progress();
     let received = shared.bytes.load(Ordering::Relaxed);
     let opened = shared.opened.load(Ordering::Relaxed) as u32;
+    let logged_in = shared.sessions.load(Ordering::Relaxed) as u32;
     let partial = Some(part.display().to_string());
     if !got.ranges.covers(0, size) {
         save(&got);
@@ -247,7 +252,7 @@ pub fn get(
         resumed_from,
         started,
     );
-    s.streams = sessions as u32;
+    s.streams = logged_in;
     s.new_data_connections = opened;
     s.mode = "stream-segmented";
     Ok(s)

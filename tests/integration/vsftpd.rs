@@ -476,3 +476,24 @@ fn an_interrupted_segmented_download_resumes_only_its_holes() {
     assert!(kept > 0, "nothing was kept");
     assert!(std::fs::read(&dest).unwrap() == content, "the file differs");
 }
+
+/// A server that allows two sessions per client refuses the other two of `-n 4` (421): the
+/// ranges go to the two it allows, and the download completes.
+#[test]
+fn segmented_download_backs_off_to_the_sessions_the_server_allows() {
+    let top = tempdir();
+    let vs = start_vsftpd_with(top.path(), "max_per_ip=2\n");
+    let content = random_bytes(8 << 20, 65);
+    std::fs::write(top.path().join("root/pub/src.bin"), &content).unwrap();
+    let url = format!("ftp://127.0.0.1:{}/pub/src.bin", vs.port);
+    let dest = top.path().join("got.bin");
+    let (code, out, err) = braid(
+        &["get", &url, dest.to_str().unwrap(), "-n", "4", "--json"],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let s = crate::util::json(&out);
+    assert_eq!(s["mode"], "stream-segmented", "{out}");
+    assert_eq!(s["streams"], 2, "{out}");
+    assert!(std::fs::read(&dest).unwrap() == content, "the file differs");
+}
