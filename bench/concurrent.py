@@ -29,7 +29,7 @@ import threading
 import time
 import urllib.request
 
-from loopback import children_cpu, proc_cpu, random_file
+from loopback import certificate, children_cpu, proc_cpu, random_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BRAID = os.path.join(HERE, "..", "target", "release", "braid")
@@ -128,12 +128,7 @@ def main():
     try:
         root = os.path.join(work, "root")
         os.makedirs(os.path.join(root, "up"))
-        cert, key = os.path.join(work, "cert.pem"), os.path.join(work, "key.pem")
-        subprocess.run(
-            ["openssl", "req", "-x509", "-nodes", "-newkey", "ec", "-pkeyopt",
-             "ec_paramgen_curve:prime256v1", "-keyout", key, "-out", cert, "-days", "1",
-             "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
-            check=True, capture_output=True)
+        cert, key = certificate(work, "localhost")
         rng = random.Random(7)
         sizes = sizes_for(args.clients, rng)
         for size in sorted(set(sizes)):

@@ -66,6 +66,20 @@ def random_file(path, size):
             left -= n
 
 
+def certificate(work, host):
+    """A self-signed certificate (and key) for `host`, a name or an IPv4 address, in `work`:
+    made once, with openssl, as admins make them."""
+    cert, key = os.path.join(work, "cert.pem"), os.path.join(work, "key.pem")
+    if not os.path.exists(cert):
+        san = f"IP:{host}" if host.replace(".", "").isdigit() else f"DNS:{host}"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-nodes", "-newkey", "ec", "-pkeyopt",
+             "ec_paramgen_curve:prime256v1", "-keyout", key, "-out", cert, "-days", "1",
+             "-subj", f"/CN={host}", "-addext", f"subjectAltName={san}"],
+            check=True, capture_output=True)
+    return cert, key
+
+
 def program(name):
     for d in ("/usr/sbin", "/sbin"):
         p = os.path.join(d, name)

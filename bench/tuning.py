@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 
-from loopback import random_file
+from loopback import certificate, random_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,23 +52,11 @@ SCENARIOS = {
 }
 
 
-def certificate(work):
-    """A self-signed certificate for the lab's server address, made once per sweep."""
-    cert, key = os.path.join(work, "cert.pem"), os.path.join(work, "key.pem")
-    if not os.path.exists(cert):
-        subprocess.run(
-            ["openssl", "req", "-x509", "-nodes", "-newkey", "ec", "-pkeyopt",
-             "ec_paramgen_curve:prime256v1", "-keyout", key, "-out", cert, "-days", "1",
-             "-subj", "/CN=198.18.0.2", "-addext", "subjectAltName=IP:198.18.0.2"],
-            check=True, capture_output=True)
-    return cert, key
-
-
 def run(braid, scenario, direction, streams, security, work, seconds, name):
     link, prefix, rate = SCENARIOS[scenario]
     server_tls = client_tls = ""
     if security == "tls":
-        cert, key = certificate(work)
+        cert, key = certificate(work, "198.18.0.2")
         server_tls = f" --tls-cert {cert} --tls-key {key}"
         client_tls = f" --tls-ca {cert}"
     payload = rate * PAYLOAD / 8

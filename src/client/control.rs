@@ -672,6 +672,17 @@ impl Control {
         self.run(Op::Protect).map(drop)
     }
 
+    /// Starts a stream-mode transfer: a passive data connection, REST `offset` when it is
+    /// not 0, `cmd` (RETR, STOR) and its 125/150, then TLS on the connection under PROT P.
+    pub fn stream_transfer(&mut self, cmd: &Command, offset: u64) -> Result<Wire> {
+        let data = self.open_data()?;
+        if offset > 0 {
+            self.restart_at(offset)?;
+        }
+        self.start_transfer(cmd)?;
+        self.protect(data)
+    }
+
     /// A data connection as this session protects it: TLS after `start_tls`.
     pub fn protect(&self, sock: TcpStream) -> Result<Wire> {
         match &self.tls {

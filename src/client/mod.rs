@@ -417,10 +417,7 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
             if let Some(s) = size
                 && have > s
             {
-                return Err(ClientError::Integrity(format!(
-                    "{} holds {have} bytes but the remote file has only {s}; it is not a partial copy of it. Remove it to start over",
-                    part.display()
-                )));
+                return Err(not_a_partial(&part, have, s));
             }
             let writer = file
                 .try_clone()
@@ -446,12 +443,7 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
     let already_complete = offset > 0 && size == Some(offset);
     if !already_complete {
         let retr = Command::Retr(target.path.clone());
-        let data = c.open_data()?;
-        if offset > 0 {
-            c.restart_at(offset)?;
-        }
-        c.start_transfer(&retr)?;
-        let mut data = c.protect(data)?;
+        let mut data = c.stream_transfer(&retr, offset)?;
         let tcp = data
             .tcp()
             .try_clone()
@@ -522,6 +514,14 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
         size.or(Some(total)),
         offset,
         started,
+    ))
+}
+
+/// A partial download longer than the remote file cannot be part of it.
+fn not_a_partial(part: &Path, have: u64, size: u64) -> ClientError {
+    ClientError::Integrity(format!(
+        "{} holds {have} bytes but the remote file has only {size}; it is not a partial copy of it. Remove it to start over",
+        part.display()
     ))
 }
 
@@ -617,9 +617,7 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
 fn put_stdin(c: &mut Control, target: &Target, opts: &Options) -> Result<Summary> {
     let started = Instant::now();
     let stor = Command::Stor(target.path.clone());
-    let data = c.open_data()?;
-    c.start_transfer(&stor)?;
-    let mut data = c.protect(data)?;
+    let mut data = c.stream_transfer(&stor, 0)?;
     let tcp = data
         .tcp()
         .try_clone()
@@ -640,10 +638,7 @@ fn put_stdin(c: &mut Control, target: &Target, opts: &Options) -> Result<Summary
         why: e.to_string(),
         partial: None,
     })?;
-    data.finish();
-    let mut sink = [0u8; 64];
-    let _ = data.read(&mut sink);
-    drop(data);
+    end_upload(data);
     c.finish_transfer(&stor)?;
     let mut s = summary("put", target, "-".into(), sent, Some(sent), 0, started);
     if c.has_feature("BRAID") {
@@ -810,12 +805,7 @@ fn put_on(c: &mut Control, local: &Path, target: &Target, opts: &Options) -> Res
     if checked {
         c.expect(&parallel::whole_file_checksum(&file, len)?, &[200])?;
     }
-    let data = c.open_data()?;
-    if offset > 0 {
-        c.restart_at(offset)?;
-    }
-    c.start_transfer(&stor)?;
-    let mut data = c.protect(data)?;
+    let mut data = c.stream_transfer(&stor, offset)?;
     let tcp = data
         .tcp()
         .try_clone()
@@ -837,11 +827,7 @@ fn put_on(c: &mut Control, local: &Path, target: &Target, opts: &Options) -> Res
         why: format!("data connection: {e}"),
         partial: None,
     })?;
-    data.finish();
-    // Wait for the server to close its side, so the 226 describes the whole file.
-    let mut sink = [0u8; 64];
-    let _ = data.read(&mut sink);
-    drop(data);
+    end_upload(data);
     c.finish_transfer(&stor).map_err(|e| match e {
         ClientError::Remote { reply, .. } => ClientError::Interrupted {
             bytes: sent,
@@ -862,6 +848,14 @@ fn put_on(c: &mut Control, local: &Path, target: &Target, opts: &Options) -> Res
         offset,
         started,
     ))
+}
+
+/// Ends a stream-mode upload's data (close_notify under TLS, then FIN) and waits for the
+/// server to close its side, so that the 226 describes the whole file.
+fn end_upload(mut data: Wire) {
+    data.finish();
+    let mut sink = [0u8; 64];
+    let _ = data.read(&mut sink);
 }
 
 /// Sends `[offset, len)` of a file on a clear connection (`sendfile` to another host).

@@ -266,10 +266,7 @@ fn held(part: &Path, sidecar: &Path, remote: &str, size: u64) -> Result<RangeSet
     }
     let len = std::fs::metadata(part).map_or(0, |m| m.len());
     if len > size {
-        return Err(ClientError::Integrity(format!(
-            "{} holds {len} bytes but the remote file has only {size}; it is not a partial copy of it. Remove it to start over",
-            part.display()
-        )));
+        return Err(super::not_a_partial(part, len, size));
     }
     Ok([(0, len)].into_iter().collect())
 }
@@ -333,13 +330,8 @@ enum Fetch {
 fn fetch(c: &mut Control, shared: &Shared, range: &Running) -> std::result::Result<(), Fetch> {
     let start = range.at.load(Ordering::Acquire);
     let retr = Command::Retr(shared.target.path.clone());
-    let data = c.open_data().map_err(Fetch::Broken)?;
+    let mut data = c.stream_transfer(&retr, start).map_err(Fetch::Broken)?;
     shared.opened.fetch_add(1, Ordering::Relaxed);
-    if start > 0 {
-        c.restart_at(start).map_err(Fetch::Broken)?;
-    }
-    c.start_transfer(&retr).map_err(Fetch::Broken)?;
-    let mut data = c.protect(data).map_err(Fetch::Broken)?;
     if let Ok(dup) = data.tcp().try_clone() {
         shared.abort.register_handle(Arc::new(dup));
     }

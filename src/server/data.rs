@@ -98,15 +98,16 @@ pub fn run_blocks(
             let source = engine::send::Source::File { file: &file, size };
             // Under TLS every byte passes through memory to be encrypted, so hashing it on
             // the way costs next to nothing and spares CKSM a second read of the whole file.
-            let before = super::ChecksumCache::version(&file).ok();
-            let hash = socks.is_protected() && have.is_empty() && before.is_some();
+            let before = (socks.is_protected() && have.is_empty())
+                .then(|| super::ChecksumCache::version(&file).ok())
+                .flatten();
             let options = engine::send::Options {
-                hash,
+                hash: before.is_some(),
                 ..keep(block)
             };
             let sent = engine::send::send(transfer, source, &todo, socks, options, &progress)
                 .map_err(engine)?;
-            if let (Some(sum), Some(before), true) = (&sent.sum, before, hash) {
+            if let (Some(sum), Some(before)) = (&sent.sum, before) {
                 sums.remember(&file, before, sum.finish(size));
             }
             Ok(Finished {

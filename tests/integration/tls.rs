@@ -328,20 +328,7 @@ fn a_tls_parallel_download_resumes() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // The client records what it holds in the sidecar every second: once that names a
-    // stored range, the Ctrl-C certainly leaves something to resume from.
-    let sidecar = top.path().join("got.bin.part.braid");
-    let holds = || {
-        std::fs::read(&sidecar)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .is_some_and(|v| v["ranges"].as_str().is_some_and(|r| !r.is_empty()))
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !holds() {
-        assert!(std::time::Instant::now() < deadline, "nothing arrived");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    crate::util::wait_for_recorded_range(&top.path().join("got.bin.part.braid"));
     signal_process(child.id(), Signal::INT);
     let (code, first) = finish_child(child, Duration::from_secs(30));
     assert_eq!(code, Some(7), "{first}");

@@ -498,3 +498,20 @@ pub fn openssl_certificate(dir: &Path, stem: &str, names: &str) -> (String, Stri
     assert!(ok, "openssl req: {err}");
     (c.display().to_string(), k.display().to_string())
 }
+
+/// Waits (30 s at most) until a download's record (`DEST.part.braid`, saved every second)
+/// names a stored range: from then on, an interrupted download certainly leaves something
+/// to resume from.
+pub fn wait_for_recorded_range(sidecar: &Path) {
+    let holds = || {
+        std::fs::read(sidecar)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|v| v["ranges"].as_str().is_some_and(|r| !r.is_empty()))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !holds() {
+        assert!(std::time::Instant::now() < deadline, "nothing arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

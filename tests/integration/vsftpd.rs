@@ -229,39 +229,25 @@ fn braid_client_against_vsftpd_over_tls() {
     let base = format!("ftp://127.0.0.1:{}", vs.port);
     let ca = cert.as_str();
     let dest = top.path().join("got.bin");
-    let (code, out, err) = braid(
-        &[
+    // One connection, then ranges: each session its own TLS login, each data connection
+    // resuming its own session.
+    for (extra, mode) in [(&[][..], "stream"), (&["-n", "2"][..], "stream-segmented")] {
+        let _ = std::fs::remove_file(&dest);
+        let url = format!("{base}/pub/src.bin");
+        let mut args = vec![
             "get",
             "--tls-ca",
             ca,
-            &format!("{base}/pub/src.bin"),
+            &url,
             dest.to_str().unwrap(),
             "--json",
-        ],
-        &[],
-    );
-    assert_eq!(code, 0, "{err}");
-    assert!(std::fs::read(&dest).unwrap() == content);
-    let summary: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!(summary["mode"], "stream");
-    // In ranges: each session its own TLS login, each data connection resuming its own.
-    std::fs::remove_file(&dest).unwrap();
-    let (code, out, err) = braid(
-        &[
-            "get",
-            "--tls-ca",
-            ca,
-            &format!("{base}/pub/src.bin"),
-            dest.to_str().unwrap(),
-            "-n",
-            "2",
-            "--json",
-        ],
-        &[],
-    );
-    assert_eq!(code, 0, "{err}");
-    assert!(std::fs::read(&dest).unwrap() == content);
-    assert!(out.contains("\"mode\":\"stream-segmented\""), "{out}");
+        ];
+        args.extend(extra);
+        let (code, out, err) = braid(&args, &[]);
+        assert_eq!(code, 0, "{err}");
+        assert!(std::fs::read(&dest).unwrap() == content);
+        assert_eq!(crate::util::json(&out)["mode"], mode, "{out}");
+    }
     let (code, _, err) = braid(
         &[
             "put",
@@ -367,7 +353,6 @@ fn slow_segmented_get(
     seed: u64,
     args: &[&str],
 ) -> (Daemon, Vec<u8>, String, std::process::Child) {
-    use std::time::{Duration, Instant};
     let vs = start_vsftpd_with(top, "anon_max_rate=4000000\n");
     let content = random_bytes(24 << 20, seed);
     std::fs::write(top.join("root/pub/src.bin"), &content).unwrap();
@@ -380,18 +365,7 @@ fn slow_segmented_get(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let sidecar = top.join("got.bin.part.braid");
-    let records_a_range = || {
-        std::fs::read(&sidecar)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .is_some_and(|v| v["ranges"].as_str().is_some_and(|r| !r.is_empty()))
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !records_a_range() {
-        assert!(Instant::now() < deadline, "nothing arrived");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::util::wait_for_recorded_range(&top.join("got.bin.part.braid"));
     (vs, content, url, child)
 }
 

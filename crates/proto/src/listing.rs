@@ -226,16 +226,7 @@ mod tests {
             assert_eq!(p(junk), None, "{junk}");
         }
         // The line braid serve writes reads back as what it describes.
-        let e = Entry {
-            name: "x y".into(),
-            kind: EntryKind::File,
-            size: 1234,
-            mtime: 1_795_340_180,
-            mode: 0o644,
-            nlink: 1,
-            dev: 1,
-            ino: 42,
-        };
+        let e = entry("x y", EntryKind::File);
         assert_eq!(
             p(&list_line(&e, 1_795_340_180)),
             f("x y", "file", Some(1234))
