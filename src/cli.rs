@@ -26,6 +26,8 @@ Exit codes:
   8  integrity check failed (size or checksum mismatch)
   9  protocol error (not an FTP server, or a reply that makes no sense)
   10 TLS failed (handshake refused, certificate not trusted)
+  11 some files of a recursive transfer (-r) failed; the others were moved, and the
+     summary lists each failure with its cause
 
 Credentials: ftp://user:password@host/path, or the password from BRAID_PASSWORD, or a
 ~/.netrc entry for the host (login and password). Without a user, braid logs in anonymously.";
@@ -65,6 +67,8 @@ enum Cmd {
         #[arg(long)]
         resume: bool,
         #[command(flatten)]
+        tree: TreeArgs,
+        #[command(flatten)]
         transfer: TransferArgs,
         #[command(flatten)]
         out: OutputArgs,
@@ -85,6 +89,8 @@ enum Cmd {
         /// Continue an interrupted upload from the size the server already holds.
         #[arg(long)]
         resume: bool,
+        #[command(flatten)]
+        tree: TreeArgs,
         #[command(flatten)]
         transfer: TransferArgs,
         #[command(flatten)]
@@ -135,6 +141,32 @@ enum Cmd {
         #[arg(long, default_value = "256MiB", value_parser = parse_size)]
         size: u64,
     },
+}
+
+/// Whole directories.
+#[derive(Args, Debug)]
+struct TreeArgs {
+    /// Copy directories with everything in them: each source (a directory or a file) lands
+    /// under its own name in the destination directory, DEST/NAME (get) or URL/NAME (put),
+    /// which is created if missing, so running the same command again finds the same files
+    /// (the server's top directory has no name: its contents go into DEST). Directories are walked with MLSD (LIST on servers without it),
+    /// created on the other side, and keep their modification times on download. Symbolic
+    /// links are skipped and listed, never followed; names that are unsafe here (.., /,
+    /// control characters, or equal but for case on a filesystem that ignores case) are
+    /// refused. A file that fails does not stop the others: the summary lists it and the exit
+    /// code is 11.
+    #[arg(short = 'r', long)]
+    recursive: bool,
+    /// With -r: skip files whose destination has the same size and is not older, and continue
+    /// partial downloads, so a re-run after an interruption moves only what is missing.
+    #[arg(long, requires = "recursive")]
+    update: bool,
+    /// With -r: files in flight at once, each on a session (login) of its own; large files
+    /// still get their -n connections each. Lower it for servers that limit sessions per
+    /// client (a refused session leaves its files to the others).
+    #[arg(short = 'j', long, default_value_t = 4, value_name = "N", requires = "recursive",
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    concurrency: u16,
 }
 
 /// How a transfer uses the network. These apply when the server offers MODE E (a braid or
@@ -311,6 +343,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             args,
             input,
             resume,
+            tree,
             transfer,
             out,
             tls,
@@ -318,6 +351,16 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             let (urls, dest) = get_args(args, input.as_deref())?;
             let opts = options(&out, resume, Some(&transfer), &tls)?;
             let sources = url::CredentialSources::from_env();
+            if tree.recursive {
+                let targets = urls
+                    .iter()
+                    .map(|u| url::parse(u, &sources))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let pairs = get_tree_tops(targets, dest.as_deref())?;
+                let s =
+                    client::tree::get_tree(&pairs, &opts, tree.options(), |s| per_file(s, &out))?;
+                return report_tree(&s, &out);
+            }
             if let [url] = urls.as_slice() {
                 let target = url::parse(url, &sources)?;
                 let dest = client::resolve_dest(dest.as_deref(), &target.path)?;
@@ -344,12 +387,19 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             files,
             url,
             resume,
+            tree,
             transfer,
             out,
             tls,
         } => {
             let target = url::parse(&url, &url::CredentialSources::from_env())?;
             let opts = options(&out, resume, Some(&transfer), &tls)?;
+            if tree.recursive {
+                let pairs = put_tree_tops(&files, &target)?;
+                let s =
+                    client::tree::put_tree(&pairs, &opts, tree.options(), |s| per_file(s, &out))?;
+                return report_tree(&s, &out);
+            }
             if let [file] = files.as_slice() {
                 let summary = client::put(file, &target, &opts)?;
                 return report(&summary, &out, false);
@@ -462,6 +512,130 @@ fn report_batch(batch: &client::Batch, out: &OutputArgs) -> anyhow::Result<u8> {
         );
     }
     Ok(exit::OK)
+}
+
+impl TreeArgs {
+    fn options(&self) -> client::tree::TreeOptions {
+        client::tree::TreeOptions {
+            concurrency: self.concurrency.into(),
+            update: self.update,
+        }
+    }
+}
+
+/// Where each source of `get -r` goes: DEST/NAME (default: NAME here); the server's top
+/// directory, which has no name, into DEST itself.
+fn get_tree_tops(
+    targets: Vec<url::Target>,
+    dest: Option<&str>,
+) -> anyhow::Result<Vec<(url::Target, PathBuf)>> {
+    use client::error::ClientError::Usage;
+    if matches!(dest, Some("-" | "/dev/null")) {
+        return Err(Usage(
+            "-r needs a directory to write into, not standard output or /dev/null".into(),
+        )
+        .into());
+    }
+    let dest = PathBuf::from(dest.unwrap_or("."));
+    targets
+        .into_iter()
+        .map(|t| {
+            let name = t
+                .path
+                .trim_end_matches('/')
+                .rsplit('/')
+                .next()
+                .unwrap_or("");
+            if name.is_empty() {
+                return Ok((t, dest.clone()));
+            }
+            if let Some(why) = client::names::unsafe_name(name) {
+                let url = client::display_url(&t);
+                return Err(Usage(format!("{url}: the source's name is {why}")).into());
+            }
+            let top = dest.join(name);
+            Ok((t, top))
+        })
+        .collect()
+}
+
+/// Where each source of `put -r` goes: URL/NAME, the URL naming a directory (with or without
+/// its final /).
+fn put_tree_tops(
+    files: &[PathBuf],
+    target: &url::Target,
+) -> anyhow::Result<Vec<(PathBuf, url::Target)>> {
+    use client::error::ClientError::Usage;
+    files
+        .iter()
+        .map(|f| {
+            if f == Path::new("-") {
+                return Err(Usage(
+                    "-r cannot read standard input (-): put it alone, without -r".into(),
+                )
+                .into());
+            }
+            let full =
+                std::fs::canonicalize(f).with_context(|| format!("cannot read {}", f.display()))?;
+            let name = full.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+                Usage(format!(
+                    "{} has no name to give it on the server",
+                    f.display()
+                ))
+            })?;
+            let mut top = target.clone();
+            if !(top.path.is_empty() || top.path.ends_with('/')) {
+                top.path.push('/');
+            }
+            top.path.push_str(name);
+            Ok((f.clone(), top))
+        })
+        .collect()
+}
+
+/// The end of a tree transfer: its summary (a JSON line, or text with every failure), and the
+/// exit code that says whether every file made it.
+fn report_tree(s: &client::tree::TreeSummary, out: &OutputArgs) -> anyhow::Result<u8> {
+    if out.json {
+        println!("{}", serde_json::to_string(s)?);
+        return Ok(s.exit_code());
+    }
+    if !out.quiet {
+        eprintln!(
+            "braid: {} files, {} in {:.2} s ({}/s){}, {} director{}, {} session(s){}",
+            s.files,
+            client::human_bytes(s.bytes as f64),
+            s.seconds,
+            client::human_bytes(s.bytes_per_second),
+            if s.up_to_date > 0 {
+                format!(", {} already up to date", s.up_to_date)
+            } else {
+                String::new()
+            },
+            s.directories,
+            if s.directories == 1 { "y" } else { "ies" },
+            s.sessions,
+            if s.interrupted {
+                "; stopped by Ctrl-C: run again with --update to move the rest"
+            } else {
+                ""
+            },
+        );
+        for k in &s.skipped {
+            eprintln!("braid: skipped {}: {}", k.path, k.why);
+        }
+    }
+    for f in &s.failed {
+        eprintln!("braid: failed {}: {}", f.path, f.error);
+    }
+    if !s.failed.is_empty() {
+        eprintln!(
+            "braid: {} of {} failed",
+            s.failed.len(),
+            s.failed.len() as u64 + s.files + s.up_to_date
+        );
+    }
+    Ok(s.exit_code())
 }
 
 /// Splits `get`'s arguments into URLs and a destination: the last argument is the

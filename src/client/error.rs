@@ -15,6 +15,8 @@ pub mod exit {
     pub const INTEGRITY: u8 = 8;
     pub const PROTOCOL: u8 = 9;
     pub const TLS: u8 = 10;
+    /// A recursive transfer ended, but some files did not make it (its summary lists them).
+    pub const SOME_FAILED: u8 = 11;
 }
 
 /// What went wrong, in words that say what to do about it.

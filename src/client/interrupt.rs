@@ -20,13 +20,12 @@ pub struct Interrupt {
 impl Interrupt {
     pub fn install() -> Interrupt {
         use signal_hook::consts::{SIGINT, SIGTERM};
-        for id in EXIT_ON_SIGNAL
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-        {
+        let mut between = BETWEEN_PHASES.lock().unwrap_or_else(|e| e.into_inner());
+        between.active += 1;
+        for id in between.exit_ids.drain(..) {
             signal_hook::low_level::unregister(id);
         }
+        drop(between);
         let flag = Arc::new(AtomicBool::new(false));
         let mut ids = Vec::new();
         for sig in [SIGINT, SIGTERM] {
@@ -53,33 +52,49 @@ impl Drop for Interrupt {
             signal_hook::low_level::unregister(id);
         }
         // signal-hook keeps its handler installed, which would now swallow Ctrl-C (and only
-        // interrupt system calls): make it exit as it did before the data phase.
+        // interrupt system calls): make it exit as it did before the data phase, unless
+        // another handler still runs (a tree transfer's, around its files' own).
+        let mut between = BETWEEN_PHASES.lock().unwrap_or_else(|e| e.into_inner());
+        between.active = between.active.saturating_sub(1);
+        if between.active > 0 {
+            return;
+        }
         let exit = Arc::new(AtomicBool::new(true));
-        let mut restored = EXIT_ON_SIGNAL.lock().unwrap_or_else(|e| e.into_inner());
         for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
             if let Ok(id) = signal_hook::flag::register_conditional_shutdown(sig, 130, exit.clone())
             {
-                restored.push(id);
+                between.exit_ids.push(id);
             }
         }
     }
 }
 
-/// The "exit at once" actions that stand in for the default signal action between data
-/// phases; the next data phase removes them.
-static EXIT_ON_SIGNAL: std::sync::Mutex<Vec<signal_hook::SigId>> =
-    std::sync::Mutex::new(Vec::new());
+/// How many Ctrl-C handlers are installed, and the "exit at once" actions that stand in for
+/// the default signal action when none is; the next handler removes them.
+struct Between {
+    active: usize,
+    exit_ids: Vec<signal_hook::SigId>,
+}
 
-/// Tells the server with ABOR that this side gave the transfer up (Ctrl-C, a local error)
-/// and reads its replies (426 then 226, or 225).
+static BETWEEN_PHASES: std::sync::Mutex<Between> = std::sync::Mutex::new(Between {
+    active: 0,
+    exit_ids: Vec::new(),
+});
+
+/// Tells the server with ABOR that this side gave the transfer up (Ctrl-C, a local error, a
+/// segment's end) and reads the replies to the transfer and to ABOR. Servers answer these
+/// differently, and the same server differently by timing (426 then 226; or 226 for a
+/// transfer that had just ended, then 225), so a NOOP follows: everything before its 200
+/// belongs to the transfer and the abort, and the next command gets its own reply.
 pub fn send_abort(c: &mut Control) {
-    if c.send(&Command::Abor).is_err() {
+    if c.send(&Command::Abor).is_err() || c.send(&Command::Noop).is_err() {
         return;
     }
-    for _ in 0..3 {
+    for _ in 0..6 {
         match c.reply() {
-            Ok(r) if r.code == 426 || r.is_preliminary() => continue,
-            _ => return,
+            Ok(r) if r.code == 200 => return,
+            Ok(_) => continue,
+            Err(_) => return,
         }
     }
 }

@@ -4,10 +4,12 @@
 mod control;
 pub mod error;
 mod interrupt;
+pub mod names;
 mod parallel;
 mod records;
 mod segments;
 mod tickets;
+pub mod tree;
 mod trust;
 pub mod url;
 mod wire;
@@ -924,27 +926,31 @@ pub struct ListEntry {
 /// Lists a directory: MLSD when the server has it (exact sizes and UTC times), LIST otherwise.
 pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
     let mut c = session(target, opts, None)?;
-    let path = if target.path.is_empty() {
-        None
-    } else {
-        Some(target.path.clone())
-    };
+    let entries = list_dir(&mut c, &target.path)?;
+    c.quit();
+    Ok(entries)
+}
+
+/// Lists `path` (the login directory when empty) on an open session: MLSD, or LIST on
+/// servers without it, whose lines are kept as they came (`raw`) beside what their usual forms
+/// say. The directory's own `.` and `..` entries are left out.
+fn list_dir(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
+    let path = (!path.is_empty()).then(|| path.to_string());
     let mlsd = Command::Mlsd(path.clone());
     let data = c.open_data()?;
     c.send_transfer(&mlsd)?;
     let (text, machine) = match c.transfer_started(&mlsd) {
-        Ok(_) => (read_all(c.protect(data)?, &mut c, &mlsd)?, true),
-        // No MLSD (RFC 3659): LIST, whose lines are shown as they come.
+        Ok(_) => (read_all(c.protect(data)?, c, &mlsd)?, true),
+        // No MLSD (RFC 3659).
         Err(ClientError::Remote { reply, .. }) if matches!(reply.code, 500 | 501 | 502 | 504) => {
             drop(data);
             let list = Command::List(path);
             let data = c.open_data()?;
             c.start_transfer(&list)?;
-            (read_all(c.protect(data)?, &mut c, &list)?, false)
+            (read_all(c.protect(data)?, c, &list)?, false)
         }
         Err(e) => return Err(e),
     };
-    c.quit();
     let mut entries = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         if machine {
@@ -961,8 +967,12 @@ pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
                 });
             }
         } else {
-            // LIST: shown as it came, with what its usual forms say in --json.
             let parsed = braid_proto::listing::parse_list(line);
+            if parsed.as_ref().is_some_and(|p| {
+                p.kind.as_deref() == Some("dir") && matches!(p.name.as_str(), "." | "..")
+            }) {
+                continue;
+            }
             entries.push(ListEntry {
                 name: parsed.as_ref().map_or(line, |p| &p.name).to_string(),
                 kind: parsed.as_ref().and_then(|p| p.kind.clone()),

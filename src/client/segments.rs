@@ -307,14 +307,34 @@ fn work(c: &mut Control, shared: &Shared) {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .push_back((rest.0, rest.1, tries + 1));
-                // The session may be what broke: start a new one.
-                match session(shared.target, shared.opts, None) {
-                    Ok(fresh) => *c = fresh,
-                    Err(_) => return,
+                // The session may be what broke: start a new one, in the old one's place (a
+                // server that allows this client N sessions still counts the old one until
+                // it has gone: 421 meanwhile).
+                let _ = c.socket().shutdown(std::net::Shutdown::Both);
+                match fresh_session(shared) {
+                    Some(fresh) => *c = fresh,
+                    None => return,
                 }
             }
         }
     }
+}
+
+/// A new session for a worker whose session broke, with a few tries spaced out while the
+/// server lets the old one go; None (the worker stops, its ranges go to the others) when
+/// there is no point.
+fn fresh_session(shared: &Shared) -> Option<Control> {
+    for wait in [100, 400, 1600] {
+        std::thread::sleep(Duration::from_millis(wait));
+        if shared.abort.is_aborted() {
+            return None;
+        }
+        match session(shared.target, shared.opts, None) {
+            Ok(c) => return Some(c),
+            Err(e) => tracing::info!("a new session for a broken range failed: {e}"),
+        }
+    }
+    None
 }
 
 enum Fetch {
@@ -332,9 +352,7 @@ fn fetch(c: &mut Control, shared: &Shared, range: &Running) -> std::result::Resu
     let retr = Command::Retr(shared.target.path.clone());
     let mut data = c.stream_transfer(&retr, start).map_err(Fetch::Broken)?;
     shared.opened.fetch_add(1, Ordering::Relaxed);
-    if let Ok(dup) = data.tcp().try_clone() {
-        shared.abort.register_handle(Arc::new(dup));
-    }
+    let tracked = Tracked::new(&shared.abort, data.tcp());
     let mut buf = vec![0u8; 256 << 10];
     let mut at = start;
     let end = |r: &Running| r.end.load(Ordering::Acquire);
@@ -384,12 +402,40 @@ fn fetch(c: &mut Control, shared: &Shared, range: &Running) -> std::result::Resu
         drop(data);
         c.finish_transfer(&retr).map_err(Fetch::Broken)?;
     } else {
-        // The server would send on to the end of the file: stop it.
+        // The server would send on to the end of the file: stop it. Closed for good (no
+        // duplicate left open), the connection is reset, which ends a server's blocked send
+        // even where it reads ABOR only between transfers (vsftpd under TLS).
         let _ = data.tcp().shutdown(std::net::Shutdown::Both);
         drop(data);
+        drop(tracked);
         send_abort(c);
     }
     Ok(())
+}
+
+/// A range's data connection, known to the download's [`Abort`] (Ctrl-C closes it) while the
+/// range runs, and no longer once it ends.
+struct Tracked<'a> {
+    abort: &'a Abort,
+    sock: Option<Arc<std::net::TcpStream>>,
+}
+
+impl<'a> Tracked<'a> {
+    fn new(abort: &'a Abort, sock: &std::net::TcpStream) -> Tracked<'a> {
+        let sock = sock.try_clone().ok().map(Arc::new);
+        if let Some(s) = &sock {
+            abort.register_handle(s.clone());
+        }
+        Tracked { abort, sock }
+    }
+}
+
+impl Drop for Tracked<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.sock.take() {
+            self.abort.forget(&s);
+        }
+    }
 }
 
 #[cfg(test)]

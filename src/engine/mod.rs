@@ -125,6 +125,16 @@ impl Abort {
             .push(sock);
     }
 
+    /// Stops tracking a connection registered with [`Abort::register_handle`], dropping the
+    /// duplicate: a connection closed on purpose must really close (a peer still sending is
+    /// then reset, not left blocked on a socket that nobody reads).
+    pub fn forget(&self, sock: &Arc<TcpStream>) {
+        self.socks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|s| !Arc::ptr_eq(s, sock));
+    }
+
     pub fn abort(&self) {
         self.aborted.store(true, Ordering::SeqCst);
         let socks = self.socks.lock().unwrap_or_else(|p| p.into_inner());

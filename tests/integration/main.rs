@@ -16,5 +16,6 @@ mod safety;
 mod scripted;
 mod tls;
 mod trace;
+mod tree;
 mod util;
 mod vsftpd;

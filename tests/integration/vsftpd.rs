@@ -3,7 +3,7 @@ use crate::util::{Daemon, braid, random_bytes, sbin, tempdir};
 use std::process::Command;
 
 /// A vsftpd serving `top/root` anonymously, with uploads into `root/pub`.
-fn start_vsftpd(top: &std::path::Path) -> Daemon {
+pub fn start_vsftpd(top: &std::path::Path) -> Daemon {
     start_vsftpd_with(top, "")
 }
 

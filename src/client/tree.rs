@@ -1,0 +1,740 @@
+//! `get -r` and `put -r`: a whole tree on a few sessions. One session walks the tree (MLSD, or
+//! LIST on servers without it, on the remote side), creating directories as it goes; then
+//! `concurrency` sessions take the files from one queue, each file moving as `get`/`put` would
+//! move it (MODE E with its data connections kept across files, or stream mode). A file that
+//! fails is listed with why and the others go on; symbolic links are skipped and listed, never
+//! followed, on either side.
+
+use super::control::Control;
+use super::error::{ClientError, Result, exit};
+use super::interrupt::Interrupt;
+use super::names::{case_collisions, unsafe_name, up_to_date};
+use super::{
+    Dest, ListEntry, Options, Summary, Target, display_url, get_on, list_dir, put_on,
+    refuse_read_only, session,
+};
+use braid_proto::Command;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::VecDeque;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+/// Deeper than this is a loop a server made up (or a tree nobody should mirror blindly).
+const MAX_DEPTH: usize = 64;
+
+/// Sessions in a row a worker may fail to open or lose before it leaves its files to others.
+const SESSION_ATTEMPTS: u32 = 3;
+
+/// How a tree transfer runs.
+#[derive(Debug, Clone, Copy)]
+pub struct TreeOptions {
+    /// Files in flight at once, each on a session of its own.
+    pub concurrency: usize,
+    /// Skip files whose destination has the same size and is not older; continue partials.
+    pub update: bool,
+}
+
+/// What a tree transfer did (`--json`: the last line, after one line per file moved).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TreeSummary {
+    pub op: &'static str,
+    /// Files moved.
+    pub files: u64,
+    /// Files `--update` found already there.
+    pub up_to_date: u64,
+    /// Directories created or found (the tops included).
+    pub directories: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub bytes_per_second: f64,
+    /// Sessions opened (logins).
+    pub sessions: u32,
+    /// Files (or directories) that did not make it, and why.
+    pub failed: Vec<Failure>,
+    /// What was left out on purpose: symbolic links and other non-files.
+    pub skipped: Vec<Skip>,
+    /// Ctrl-C stopped it: what had not started is neither done nor failed.
+    pub interrupted: bool,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Failure {
+    pub path: String,
+    pub error: String,
+    /// The exit code this failure would have given a single-file transfer.
+    pub exit_code: u8,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Skip {
+    pub path: String,
+    pub why: String,
+}
+
+impl TreeSummary {
+    fn new(op: &'static str) -> TreeSummary {
+        TreeSummary {
+            op,
+            files: 0,
+            up_to_date: 0,
+            directories: 0,
+            bytes: 0,
+            seconds: 0.0,
+            bytes_per_second: 0.0,
+            sessions: 0,
+            failed: Vec::new(),
+            skipped: Vec::new(),
+            interrupted: false,
+        }
+    }
+
+    fn fail(&mut self, path: impl Into<String>, e: &ClientError) {
+        self.failed.push(Failure {
+            path: path.into(),
+            error: e.to_string(),
+            exit_code: e.exit_code(),
+        });
+    }
+
+    fn refuse(&mut self, path: impl Into<String>, why: &str) {
+        self.failed.push(Failure {
+            path: path.into(),
+            error: format!("refused {why}"),
+            exit_code: exit::PROTOCOL,
+        });
+    }
+
+    fn skip(&mut self, path: impl Into<String>, why: impl Into<String>) {
+        self.skipped.push(Skip {
+            path: path.into(),
+            why: why.into(),
+        });
+    }
+
+    /// The exit code: 0 when every file made it, 7 after Ctrl-C, else 11.
+    pub fn exit_code(&self) -> u8 {
+        if self.interrupted {
+            exit::INTERRUPTED
+        } else if self.failed.is_empty() {
+            exit::OK
+        } else {
+            exit::SOME_FAILED
+        }
+    }
+}
+
+/// One file to move: its path on the server and here, and what the source side says of it.
+#[derive(Debug, Clone)]
+struct Job {
+    remote: String,
+    local: PathBuf,
+    size: Option<u64>,
+    mtime: Option<i64>,
+}
+
+/// Downloads trees (or single files) from one server: each `(source, top)` pair puts the
+/// source directory's contents into `top`, which is created if missing.
+pub fn get_tree(
+    sources: &[(Target, PathBuf)],
+    opts: &Options,
+    tree: TreeOptions,
+    done: impl Fn(&Summary) + Sync,
+) -> Result<TreeSummary> {
+    let started = Instant::now();
+    let first = one_server(sources.iter().map(|(t, _)| t))?;
+    let mut out = TreeSummary::new("get-tree");
+    let mut c = session(first, opts, None)?;
+    out.sessions = 1;
+    let mut jobs = Vec::new();
+    let mut dir_times = Vec::new();
+    for (source, top) in sources {
+        let is_file = !source.path.is_empty()
+            && !source.path.ends_with('/')
+            && c.size(&source.path)?.code == 213;
+        if is_file {
+            jobs.push(Job {
+                remote: source.path.clone(),
+                local: top.clone(),
+                size: None,
+                mtime: None,
+            });
+            continue;
+        }
+        walk_remote(&mut c, source, top, &mut jobs, &mut dir_times, &mut out);
+    }
+    let file_opts = Options {
+        progress: false,
+        resume: opts.resume || tree.update,
+        ..opts.clone()
+    };
+    let mdtm = c.has_feature("MDTM");
+    let work = Work::new(jobs, opts, "get");
+    work.run(c, first, &file_opts, tree, &mut out, |c, job, o| {
+        let dest = Dest::File(job.local.clone());
+        let mut mtime = job.mtime;
+        if mtime.is_none() && mdtm {
+            mtime = remote_mtime(c, &job.remote);
+        }
+        if tree.update
+            && let Ok(m) = std::fs::metadata(&job.local)
+            && let Some(size) = job.size
+            && up_to_date((size, mtime), (m.len(), unix_seconds(&m)))
+        {
+            return Ok(None);
+        }
+        refuse_read_only(&dest)?;
+        let target = Target {
+            path: job.remote.clone(),
+            ..first.clone()
+        };
+        let s = get_on(c, &target, &dest, o)?;
+        if let Some(m) = mtime {
+            set_mtime(&job.local, m);
+        }
+        done(&s);
+        Ok(Some(s))
+    });
+    // Deepest first: setting a directory's time is undone by writing into it.
+    for (dir, mtime) in dir_times.iter().rev() {
+        set_mtime(dir, *mtime);
+    }
+    Ok(out.finished(started))
+}
+
+/// Uploads local trees (or single files) to one server: each `(source, top)` pair puts the
+/// source directory's contents into the remote directory `top`, which is created if missing.
+pub fn put_tree(
+    sources: &[(PathBuf, Target)],
+    opts: &Options,
+    tree: TreeOptions,
+    done: impl Fn(&Summary) + Sync,
+) -> Result<TreeSummary> {
+    let started = Instant::now();
+    let first = one_server(sources.iter().map(|(_, t)| t))?;
+    let mut out = TreeSummary::new("put-tree");
+    let mut c = session(first, opts, None)?;
+    out.sessions = 1;
+    let mut jobs = Vec::new();
+    for (source, top) in sources {
+        let meta = std::fs::symlink_metadata(source).map_err(|e| ClientError::Local {
+            what: format!("cannot read {}", source.display()),
+            cause: e,
+        })?;
+        if meta.is_file() {
+            jobs.push(Job {
+                remote: top.path.clone(),
+                local: source.clone(),
+                size: Some(meta.len()),
+                mtime: None,
+            });
+        } else if meta.is_dir() {
+            walk_local(&mut c, source, &top.path, tree.update, &mut jobs, &mut out);
+        } else {
+            out.skip(source.display().to_string(), kind_of(&meta));
+        }
+    }
+    let file_opts = Options {
+        progress: false,
+        resume: false,
+        keep_connections: true,
+        ..opts.clone()
+    };
+    let work = Work::new(jobs, opts, "put");
+    work.run(c, first, &file_opts, tree, &mut out, |c, job, o| {
+        let target = Target {
+            path: job.remote.clone(),
+            ..first.clone()
+        };
+        let s = put_on(c, &job.local, &target, o)?;
+        done(&s);
+        Ok(Some(s))
+    });
+    Ok(out.finished(started))
+}
+
+impl TreeSummary {
+    fn finished(mut self, started: Instant) -> TreeSummary {
+        self.seconds = started.elapsed().as_secs_f64();
+        self.bytes_per_second = self.bytes as f64 / self.seconds.max(1e-9);
+        self
+    }
+}
+
+/// All sources on one server (one login serves them all); the first of them.
+fn one_server<'a>(mut targets: impl Iterator<Item = &'a Target>) -> Result<&'a Target> {
+    let first = targets
+        .next()
+        .ok_or_else(|| ClientError::Usage("nothing to transfer".into()))?;
+    for t in targets {
+        if (&t.host, t.port, &t.user) != (&first.host, first.port, &first.user) {
+            return Err(ClientError::Usage(format!(
+                "{} is on another server than {}: one recursive transfer is one server",
+                display_url(t),
+                display_url(first)
+            )));
+        }
+    }
+    Ok(first)
+}
+
+/// Walks a remote directory breadth first, creating its local copy's directories and
+/// collecting its files; every entry is checked before its name reaches a path.
+fn walk_remote(
+    c: &mut Control,
+    source: &Target,
+    top: &Path,
+    jobs: &mut Vec<Job>,
+    dir_times: &mut Vec<(PathBuf, i64)>,
+    out: &mut TreeSummary,
+) {
+    let mut dirs = VecDeque::from([(source.path.clone(), top.to_path_buf(), 0usize)]);
+    while let Some((remote, local, depth)) = dirs.pop_front() {
+        if let Err(e) = local_dir(&local) {
+            out.fail(local.display().to_string(), &e);
+            continue;
+        }
+        out.directories += 1;
+        let entries = match list_dir(c, &remote) {
+            Ok(e) => e,
+            Err(e) => {
+                out.fail(shown(&remote), &e);
+                continue;
+            }
+        };
+        let folded = case_insensitive(&local);
+        let collide: Vec<String> = if folded {
+            case_collisions(entries.iter().map(|e| e.name.as_str()))
+                .into_iter()
+                .map(String::from)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let base = if remote.is_empty() || remote.ends_with('/') {
+            remote.clone()
+        } else {
+            format!("{remote}/")
+        };
+        for e in entries {
+            let path = format!("{base}{}", e.name);
+            if let Some(why) = unsafe_name(&e.name) {
+                out.refuse(shown(&path), why);
+                continue;
+            }
+            if collide.contains(&e.name) {
+                out.refuse(
+                    shown(&path),
+                    "a name that differs from another in this directory only by case, on a local filesystem that ignores case",
+                );
+                continue;
+            }
+            match e.kind.as_deref() {
+                Some("file") => jobs.push(Job {
+                    remote: path,
+                    local: local.join(&e.name),
+                    size: e.size,
+                    mtime: e.modify,
+                }),
+                Some("dir") if depth + 1 >= MAX_DEPTH => out.refuse(
+                    shown(&path),
+                    &format!("a directory deeper than {MAX_DEPTH} levels (a loop?)"),
+                ),
+                Some("dir") => {
+                    if let Some(m) = e.modify {
+                        dir_times.push((local.join(&e.name), m));
+                    }
+                    dirs.push_back((path, local.join(&e.name), depth + 1));
+                }
+                kind => out.skip(shown(&path), remote_kind(kind, &e)),
+            }
+        }
+    }
+}
+
+/// Walks a local directory breadth first, creating the remote directories and collecting the
+/// files; symbolic links are listed, not followed. With `update`, each remote directory is
+/// listed so that files already there can be left out.
+fn walk_local(
+    c: &mut Control,
+    source: &Path,
+    top: &str,
+    update: bool,
+    jobs: &mut Vec<Job>,
+    out: &mut TreeSummary,
+) {
+    let top = top.trim_end_matches('/');
+    // The top's parents first, as `mkdir -p` would.
+    for (at, _) in top.match_indices('/').filter(|&(at, _)| at > 0) {
+        let _ = c.cmd(&Command::Mkd(top[..at].to_string()));
+    }
+    let mut dirs = VecDeque::from([(source.to_path_buf(), top.to_string())]);
+    while let Some((local, remote)) = dirs.pop_front() {
+        if !remote.is_empty() {
+            // A directory that exists already is refused (550 or 521) and is fine; one that
+            // cannot be made shows in its files' failures.
+            let _ = c.cmd(&Command::Mkd(remote.clone()));
+        }
+        out.directories += 1;
+        let there: Vec<ListEntry> = if update {
+            list_dir(c, &remote).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let mut entries: Vec<_> = match std::fs::read_dir(&local) {
+            Ok(rd) => rd.filter_map(|e| e.ok()).collect(),
+            Err(e) => {
+                out.fail(
+                    local.display().to_string(),
+                    &ClientError::Local {
+                        what: format!("cannot read directory {}", local.display()),
+                        cause: e,
+                    },
+                );
+                continue;
+            }
+        };
+        entries.sort_by_key(|e| e.file_name());
+        let base = if remote.is_empty() {
+            String::new()
+        } else {
+            format!("{remote}/")
+        };
+        for e in entries {
+            let path = e.path();
+            let shown_local = path.display().to_string();
+            let Some(name) = e.file_name().to_str().map(String::from) else {
+                out.refuse(shown_local, "a name that is not UTF-8 (FTP paths here are)");
+                continue;
+            };
+            if let Some(why) = unsafe_name(&name) {
+                out.refuse(shown_local, why);
+                continue;
+            }
+            let meta = match std::fs::symlink_metadata(&path) {
+                Ok(m) => m,
+                // Gone since the directory was read.
+                Err(cause) => {
+                    let what = format!("cannot read {shown_local}");
+                    out.fail(shown_local, &ClientError::Local { what, cause });
+                    continue;
+                }
+            };
+            if meta.is_dir() {
+                dirs.push_back((path, format!("{base}{name}")));
+            } else if meta.is_file() {
+                let on_server = there.iter().find(|t| t.name == name);
+                if let Some(t) = on_server
+                    && let Some(size) = t.size
+                    && up_to_date(
+                        (meta.len(), Some(unix_seconds(&meta))),
+                        (size, t.modify.unwrap_or(i64::MAX)),
+                    )
+                {
+                    out.up_to_date += 1;
+                    continue;
+                }
+                jobs.push(Job {
+                    remote: format!("{base}{name}"),
+                    local: path,
+                    size: Some(meta.len()),
+                    mtime: None,
+                });
+            } else {
+                out.skip(shown_local, kind_of(&meta));
+            }
+        }
+    }
+}
+
+/// The queue of files and the sessions that take from it.
+struct Work {
+    jobs: Mutex<VecDeque<Job>>,
+    total: usize,
+    bar: ProgressBar,
+    op: &'static str,
+}
+
+/// What one file came to.
+enum Moved {
+    /// The bytes it moved.
+    Done(u64),
+    UpToDate,
+    Failed(String, ClientError),
+}
+
+impl Work {
+    fn new(jobs: Vec<Job>, opts: &Options, op: &'static str) -> Work {
+        let total = jobs.len();
+        let bytes: u64 = jobs.iter().filter_map(|j| j.size).sum();
+        let bar = if opts.progress && std::io::stderr().is_terminal() {
+            let bar = ProgressBar::new(bytes);
+            let style = ProgressStyle::with_template(
+                "{msg:>14} {bytes:>10}/{total_bytes:10} [{wide_bar}] {binary_bytes_per_sec:>12} ETA {eta:>4}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+            bar.set_style(style.progress_chars("=> "));
+            bar.set_message(format!("0/{total} files"));
+            bar
+        } else {
+            ProgressBar::hidden()
+        };
+        Work {
+            jobs: Mutex::new(jobs.into()),
+            total,
+            bar,
+            op,
+        }
+    }
+
+    fn next(&self) -> Option<Job> {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
+    }
+
+    fn put_back(&self, job: Job) {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_front(job);
+    }
+
+    /// Runs the queue on `concurrency` sessions (the walker's among them) and adds what each
+    /// file came to into `out`.
+    fn run(
+        self,
+        walker: Control,
+        target: &Target,
+        opts: &Options,
+        tree: TreeOptions,
+        out: &mut TreeSummary,
+        one: impl Fn(&mut Control, &Job, &Options) -> Result<Option<Summary>> + Sync,
+    ) {
+        let interrupt = Interrupt::install();
+        let logins = AtomicU32::new(0);
+        let results = Mutex::new(Vec::new());
+        let workers = tree.concurrency.clamp(1, self.total.max(1));
+        let walker = Mutex::new(Some(walker));
+        let last_error = Mutex::new(None::<String>);
+        std::thread::scope(|scope| {
+            for w in 0..workers {
+                let (work, one, results, logins, interrupt, walker, last_error) = (
+                    &self,
+                    &one,
+                    &results,
+                    &logins,
+                    &interrupt,
+                    &walker,
+                    &last_error,
+                );
+                scope.spawn(move || {
+                    let mut c = if w == 0 {
+                        walker.lock().unwrap_or_else(|e| e.into_inner()).take()
+                    } else {
+                        None
+                    };
+                    let mut failures = 0;
+                    while !interrupt.hit() {
+                        let Some(job) = work.next() else { break };
+                        if c.is_none() {
+                            match session(target, opts, None) {
+                                Ok(s) => {
+                                    logins.fetch_add(1, Ordering::Relaxed);
+                                    c = Some(s);
+                                }
+                                Err(e) => {
+                                    // The file waits for this or another session.
+                                    work.put_back(job);
+                                    *last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+                                        Some(e.to_string());
+                                    failures += 1;
+                                    if failures >= SESSION_ATTEMPTS {
+                                        break;
+                                    }
+                                    std::thread::sleep(Duration::from_millis(200 << failures));
+                                    continue;
+                                }
+                            }
+                        }
+                        let Some(session) = c.as_mut() else { break };
+                        let moved = match one(session, &job, opts) {
+                            Ok(Some(s)) => {
+                                failures = 0;
+                                Moved::Done(s.bytes)
+                            }
+                            Ok(None) => Moved::UpToDate,
+                            Err(e) => {
+                                if breaks_session(&e) {
+                                    c = None;
+                                    failures += 1;
+                                }
+                                let path = match work.op {
+                                    "get" => shown(&job.remote),
+                                    _ => job.local.display().to_string(),
+                                };
+                                Moved::Failed(path, e)
+                            }
+                        };
+                        work.tick(&job, &moved, results);
+                        results
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(moved);
+                    }
+                    if let Some(s) = c {
+                        s.quit();
+                    }
+                });
+            }
+        });
+        self.bar.finish_and_clear();
+        out.sessions += logins.into_inner();
+        for moved in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            match moved {
+                Moved::Done(bytes) => {
+                    out.files += 1;
+                    out.bytes += bytes;
+                }
+                Moved::UpToDate => out.up_to_date += 1,
+                Moved::Failed(path, e) => out.fail(path, &e),
+            }
+        }
+        out.interrupted = interrupt.hit();
+        let left = self.jobs.into_inner().unwrap_or_else(|e| e.into_inner());
+        if !out.interrupted {
+            let why = last_error
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or_else(|| "no session could be opened".into());
+            for job in left {
+                let path = match self.op {
+                    "get" => shown(&job.remote),
+                    _ => job.local.display().to_string(),
+                };
+                out.fail(
+                    path,
+                    &ClientError::Protocol(format!(
+                        "not transferred: every session failed ({why})"
+                    )),
+                );
+            }
+        }
+    }
+
+    fn tick(&self, job: &Job, moved: &Moved, results: &Mutex<Vec<Moved>>) {
+        let moved_bytes = match moved {
+            Moved::Done(bytes) => *bytes,
+            _ => 0,
+        };
+        self.bar.inc(job.size.unwrap_or(moved_bytes));
+        let n = results.lock().unwrap_or_else(|e| e.into_inner()).len() + 1;
+        self.bar.set_message(format!("{n}/{} files", self.total));
+    }
+}
+
+/// Whether an error leaves the session unusable for the next file: a file the server refused
+/// or a local write that failed does not; a broken connection or a confused dialogue does.
+fn breaks_session(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Connect { .. }
+            | ClientError::ControlLost(_)
+            | ClientError::Interrupted { .. }
+            | ClientError::Protocol(_)
+            | ClientError::Tls(_)
+    )
+}
+
+/// A remote path as the summary shows it.
+fn shown(remote: &str) -> String {
+    format!("/{}", remote.trim_start_matches('/'))
+}
+
+/// Creates a local directory of the tree (and its parents), refusing to go through a symbolic
+/// link: one planted in the destination would send the files elsewhere.
+fn local_dir(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(m) => Err(ClientError::Local {
+            what: format!("cannot put a directory at {}", path.display()),
+            cause: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "it exists and is {} (not followed): move it away",
+                    kind_of(&m)
+                ),
+            ),
+        }),
+        Err(_) => std::fs::create_dir_all(path).map_err(|cause| ClientError::Local {
+            what: format!("cannot create directory {}", path.display()),
+            cause,
+        }),
+    }
+}
+
+/// Whether a local directory ignores case (vfat, exFAT, ext4 with casefold): found by making a
+/// file and looking for it under another case.
+fn case_insensitive(dir: &Path) -> bool {
+    let name = format!(".braid-case-{}", std::process::id());
+    let probe = dir.join(&name);
+    if std::fs::File::create_new(&probe).is_err() {
+        return false;
+    }
+    let folded = dir.join(name.to_uppercase()).exists();
+    let _ = std::fs::remove_file(&probe);
+    folded
+}
+
+/// Why a remote entry that is neither a file nor a directory is left out.
+fn remote_kind(kind: Option<&str>, e: &ListEntry) -> String {
+    match kind {
+        Some(k) if k.contains("link") => "a symbolic link (not followed)".into(),
+        Some(k) => format!("not a regular file or directory (type {k})"),
+        None => format!(
+            "a listing line braid cannot read: {}",
+            e.raw.as_deref().unwrap_or(&e.name)
+        ),
+    }
+}
+
+fn kind_of(meta: &std::fs::Metadata) -> &'static str {
+    let t = meta.file_type();
+    if t.is_symlink() {
+        "a symbolic link (not followed)"
+    } else if t.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file or directory"
+    }
+}
+
+/// MDTM of a remote file, seconds since the epoch (UTC), if the server says.
+fn remote_mtime(c: &mut Control, path: &str) -> Option<i64> {
+    let r = c.cmd(&Command::Mdtm(path.into())).ok()?;
+    if r.code != 213 {
+        return None;
+    }
+    braid_proto::time::Civil::parse_mdtm(r.text().trim()).map(|c| c.to_unix())
+}
+
+fn unix_seconds(meta: &std::fs::Metadata) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    meta.mtime()
+}
+
+/// Gives a downloaded file or directory the server's modification time; a failure only
+/// loses the time.
+fn set_mtime(path: &Path, unix: i64) {
+    let when = if unix >= 0 {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(unix as u64)
+    } else {
+        SystemTime::UNIX_EPOCH - Duration::from_secs(unix.unsigned_abs())
+    };
+    if let Ok(f) = std::fs::File::open(path) {
+        let _ = f.set_modified(when);
+    }
+}

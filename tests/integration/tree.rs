@@ -1,0 +1,475 @@
+//! `get -r` and `put -r`: whole trees against braid serve, vsftpd and a scripted server that
+//! lists hostile names.
+use crate::util::{Server, braid, json, random_bytes, tempdir};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+/// 2020-01-02 03:04:05 UTC.
+const KNOWN_MTIME: i64 = 1_577_934_245;
+
+/// Every regular file and directory under `top`: a file as its length and a hash of its
+/// bytes, a directory as `dir`, a symbolic link as `link`.
+fn tree_of(top: &Path) -> BTreeMap<String, String> {
+    use std::hash::{Hash, Hasher};
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![top.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let rel = p.strip_prefix(top).unwrap().display().to_string();
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            let what = if meta.is_symlink() {
+                "link".to_string()
+            } else if meta.is_dir() {
+                dirs.push(p);
+                "dir".to_string()
+            } else {
+                let bytes = std::fs::read(&p).unwrap();
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                bytes.hash(&mut h);
+                format!("{} bytes, hash {:016x}", bytes.len(), h.finish())
+            };
+            out.insert(rel, what);
+        }
+    }
+    out
+}
+
+fn set_mtime(p: &Path, unix: i64) {
+    std::fs::File::open(p)
+        .unwrap()
+        .set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(unix as u64))
+        .unwrap();
+}
+
+/// A tree with nested and empty directories, an empty file, unicode names, a file of several
+/// MiB (several MODE E blocks) and a symbolic link that leads out of it.
+fn sample_tree(top: &Path, outside: &Path) {
+    std::fs::create_dir_all(top.join("sub/deeper")).unwrap();
+    std::fs::create_dir_all(top.join("empty")).unwrap();
+    std::fs::write(top.join("big.bin"), random_bytes(3 << 20, 1)).unwrap();
+    std::fs::write(top.join("zero"), b"").unwrap();
+    std::fs::write(top.join("sub/naïve café.txt"), "unicode\n").unwrap();
+    std::fs::write(top.join("sub/deeper/leaf"), random_bytes(5000, 2)).unwrap();
+    std::fs::write(outside.join("secret"), "not part of the tree").unwrap();
+    std::os::unix::fs::symlink(outside.join("secret"), top.join("sub/outside")).unwrap();
+    set_mtime(&top.join("sub/deeper/leaf"), KNOWN_MTIME);
+    set_mtime(&top.join("sub/deeper"), KNOWN_MTIME + 60);
+}
+
+/// What a tree should look like after the transfer: all but the link.
+fn without_links(mut t: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    t.retain(|_, v| v != "link");
+    t
+}
+
+/// The last line of `--json` output: the tree's summary.
+fn tree_summary(out: &str) -> serde_json::Value {
+    json(out.lines().last().unwrap_or_default())
+}
+
+#[test]
+fn a_tree_goes_down_and_up_again_through_braid_serve() {
+    let dir = tempdir();
+    let (served, outside) = (dir.path().join("served"), dir.path().join("outside"));
+    std::fs::create_dir_all(served.join("data")).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    sample_tree(&served.join("data"), &outside);
+    let server = Server::start(&served, &["--anonymous"]);
+    let got = dir.path().join("got");
+    std::fs::create_dir(&got).unwrap();
+
+    // The tree lands in DEST/data.
+    let (code, out, err) = braid(
+        &[
+            "get",
+            "-r",
+            &server.url("data/"),
+            got.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let expected = without_links(tree_of(&served.join("data")));
+    assert_eq!(tree_of(&got.join("data")), expected);
+    let s = tree_summary(&out);
+    assert_eq!(s["files"], 4, "{s}");
+    assert_eq!(s["directories"], 4, "{s}");
+    assert_eq!(s["skipped"][0]["path"], "/data/sub/outside", "{s}");
+    assert!(s["failed"].as_array().unwrap().is_empty(), "{s}");
+    // One JSON line per file before the summary.
+    assert_eq!(out.lines().count(), 5, "{out}");
+    // Modification times come along, for files and directories.
+    let mtime = |p: &str| std::fs::metadata(got.join(p)).unwrap().mtime();
+    assert_eq!(mtime("data/sub/deeper/leaf"), KNOWN_MTIME);
+    assert_eq!(mtime("data/sub/deeper"), KNOWN_MTIME + 60);
+
+    // And up again, into a directory that does not exist yet.
+    let upload_root = dir.path().join("upload");
+    std::fs::create_dir(&upload_root).unwrap();
+    let writable = Server::start(&upload_root, &["--anonymous-write"]);
+    let (code, out, err) = braid(
+        &[
+            "put",
+            "-r",
+            got.join("data").to_str().unwrap(),
+            &writable.url("a/b"),
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(tree_of(&upload_root.join("a/b/data")), expected);
+    assert_eq!(tree_summary(&out)["files"], 4);
+}
+
+#[test]
+fn after_ctrl_c_update_moves_only_what_is_missing() {
+    let dir = tempdir();
+    let served = dir.path().join("served");
+    std::fs::create_dir_all(served.join("t/d")).unwrap();
+    let big = random_bytes(4 << 20, 3);
+    std::fs::write(served.join("t/big.bin"), &big).unwrap();
+    for i in 0..6 {
+        std::fs::write(
+            served.join(format!("t/d/f{i}")),
+            random_bytes(1000 + i, i as u64),
+        )
+        .unwrap();
+    }
+    let server = Server::start(&served, &["--anonymous"]);
+    let into = dir.path().join("copy");
+    let args = |extra: &[&'static str]| {
+        let mut a: Vec<String> = ["get", "-r", "--json", "-n", "2"]
+            .map(String::from)
+            .to_vec();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a.extend([server.url("t/"), into.display().to_string()]);
+        a
+    };
+    let run = |extra: &[&'static str]| {
+        let a = args(extra);
+        braid(&a.iter().map(String::as_str).collect::<Vec<_>>(), &[])
+    };
+    // A run with --update that must succeed: its summary and its output.
+    let update = || {
+        let (code, out, err) = run(&["--update"]);
+        assert_eq!(code, 0, "{err}");
+        (tree_summary(&out), out)
+    };
+    let (code, _, err) = run(&[]);
+    assert_eq!(code, 0, "{err}");
+    let got = into.join("t");
+    assert_eq!(tree_of(&got), tree_of(&served.join("t")));
+
+    // Two files gone; the big one comes first (one session, paced by the server at 1 MB/s)
+    // and Ctrl-C stops it once part of it is stored.
+    std::fs::remove_file(got.join("d/f4")).unwrap();
+    std::fs::remove_file(got.join("big.bin")).unwrap();
+    let child = crate::util::braid_command(dir.path())
+        .args(args(&["--update", "-j", "1", "--max-rate", "1MB"]))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    crate::util::wait_for_recorded_range(&got.join("big.bin.part.braid"));
+    crate::util::signal_process(child.id(), rustix::process::Signal::INT);
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(7), "{stdout}");
+    let s = tree_summary(&stdout);
+    assert_eq!(
+        (s["interrupted"].as_bool(), s["files"].as_u64()),
+        (Some(true), Some(0)),
+        "{s}"
+    );
+
+    // The re-run fetches the rest of the big file and the missing small one, nothing else.
+    let (s, out) = update();
+    assert_eq!(
+        (s["files"].as_u64(), s["up_to_date"].as_u64()),
+        (Some(2), Some(5)),
+        "{s}"
+    );
+    let big_line = out
+        .lines()
+        .map(json)
+        .find(|l| l["local"].as_str().is_some_and(|p| p.ends_with("big.bin")))
+        .unwrap();
+    let kept = big_line["resumed_from"].as_u64().unwrap();
+    assert!(kept > 0, "{big_line}");
+    assert_eq!(
+        s["bytes"].as_u64(),
+        Some(big.len() as u64 - kept + 1004),
+        "{s}"
+    );
+    assert_eq!(tree_of(&got), tree_of(&served.join("t")));
+
+    // A file changed on the server (another size) is fetched again; nothing else is.
+    std::fs::write(served.join("t/d/f0"), b"changed").unwrap();
+    let (s, out) = update();
+    assert_eq!(
+        (s["files"].as_u64(), s["bytes"].as_u64()),
+        (Some(1), Some(7)),
+        "{s}"
+    );
+    assert_eq!(std::fs::read(got.join("d/f0")).unwrap(), b"changed");
+}
+
+#[test]
+fn a_symlink_planted_in_the_destination_is_not_followed() {
+    let dir = tempdir();
+    let served = dir.path().join("served");
+    std::fs::create_dir_all(served.join("t/sub")).unwrap();
+    std::fs::write(served.join("t/sub/f"), b"data").unwrap();
+    std::fs::write(served.join("t/ok"), b"fine").unwrap();
+    let server = Server::start(&served, &["--anonymous"]);
+    let (got, elsewhere) = (dir.path().join("got"), dir.path().join("elsewhere"));
+    std::fs::create_dir_all(got.join("t")).unwrap();
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, got.join("t/sub")).unwrap();
+    let (code, out, err) = braid(
+        &[
+            "get",
+            "-r",
+            &server.url("t/"),
+            got.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 11, "{out}{err}");
+    let s = tree_summary(&out);
+    assert_eq!(s["files"], 1, "{s}");
+    let error = s["failed"][0]["error"].as_str().unwrap();
+    assert!(error.contains("symbolic link (not followed)"), "{error}");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    assert_eq!(std::fs::read(got.join("t/ok")).unwrap(), b"fine");
+}
+
+/// A server that speaks just enough FTP for `get -r` (no MLSD: LIST) and lists `listings`
+/// (directory path → LIST lines); RETR sends `files` (path → bytes) and refuses the rest with
+/// 550. Every command it receives is kept in `seen`.
+struct Scripted {
+    port: u16,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Scripted {
+    fn start(
+        listings: BTreeMap<&'static str, String>,
+        files: BTreeMap<&'static str, Vec<u8>>,
+    ) -> Scripted {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (l, f, s) = (Arc::new(listings), Arc::new(files), seen.clone());
+        // Ends with the test process; each session ends when the client closes it.
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let (l, f, s) = (l.clone(), f.clone(), s.clone());
+                std::thread::spawn(move || Scripted::session(conn, &l, &f, &s));
+            }
+        });
+        Scripted { port, seen }
+    }
+
+    fn session(
+        conn: TcpStream,
+        listings: &BTreeMap<&str, String>,
+        files: &BTreeMap<&str, Vec<u8>>,
+        seen: &Mutex<Vec<String>>,
+    ) {
+        let mut out = conn.try_clone().unwrap();
+        let mut reply = |text: &str| {
+            let _ = out.write_all(text.as_bytes());
+        };
+        reply("220 scripted\r\n");
+        let mut passive: Option<TcpListener> = None;
+        for line in BufReader::new(conn).lines() {
+            let Ok(line) = line else { return };
+            seen.lock().unwrap().push(line.clone());
+            let (verb, arg) = line.split_once(' ').unwrap_or((&line, ""));
+            let data = |passive: &mut Option<TcpListener>| {
+                let (d, _) = passive.take().unwrap().accept().unwrap();
+                d.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                d
+            };
+            match verb {
+                "USER" => reply("331 go on\r\n"),
+                "PASS" => reply("230 in\r\n"),
+                "FEAT" => reply("211-Features:\r\n SIZE\r\n EPSV\r\n REST STREAM\r\n211 End\r\n"),
+                "TYPE" => reply("200 ok\r\n"),
+                "EPSV" => {
+                    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                    reply(&format!(
+                        "229 ok (|||{}|)\r\n",
+                        l.local_addr().unwrap().port()
+                    ));
+                    passive = Some(l);
+                }
+                "SIZE" => match files.get(arg) {
+                    Some(b) => reply(&format!("213 {}\r\n", b.len())),
+                    None => reply("550 no\r\n"),
+                },
+                "LIST" => match listings.get(arg) {
+                    Some(text) => {
+                        reply("150 here\r\n");
+                        let mut d = data(&mut passive);
+                        let _ = d.write_all(text.as_bytes());
+                        drop(d);
+                        reply("226 done\r\n");
+                    }
+                    None => reply("550 no such directory\r\n"),
+                },
+                "RETR" => match files.get(arg) {
+                    Some(b) => {
+                        reply("150 here\r\n");
+                        let mut d = data(&mut passive);
+                        let _ = d.write_all(b);
+                        let _ = d.shutdown(std::net::Shutdown::Write);
+                        let _ = d.read(&mut [0u8; 16]);
+                        reply("226 done\r\n");
+                    }
+                    None => reply("550 gone\r\n"),
+                },
+                "QUIT" => {
+                    reply("221 bye\r\n");
+                    return;
+                }
+                _ => reply("502 not here\r\n"),
+            }
+        }
+    }
+}
+
+#[test]
+fn names_a_hostile_server_lists_are_refused_and_one_failure_does_not_stop_the_rest() {
+    let line = |kind: char, size: usize, name: &str| {
+        format!("{kind}rw-r--r--   1 0  0  {size} Nov 24 11:33 {name}\r\n")
+    };
+    let mut listings = BTreeMap::new();
+    listings.insert(
+        "t/",
+        [
+            line('-', 2, "ok.txt"),
+            line('-', 5, "../escape.txt"),
+            line('-', 5, ".."),
+            line('-', 5, "a/b.txt"),
+            line('-', 5, "ctl\u{1b}[2Jname"),
+            line('-', 4, "gone.txt"),
+            line('l', 11, "link -> /etc/passwd"),
+            line('d', 4096, "sub"),
+            line('d', 4096, ".."),
+        ]
+        .concat(),
+    );
+    listings.insert("t/sub", line('-', 3, "inner"));
+    let mut files = BTreeMap::new();
+    files.insert("t/ok.txt", b"ok".to_vec());
+    files.insert("t/sub/inner", b"in!".to_vec());
+    files.insert("t/../escape.txt", b"owned".to_vec());
+    let server = Scripted::start(listings, files);
+    let dir = tempdir();
+    let into = dir.path().join("deep");
+    let got = into.join("t");
+    let url = format!("ftp://127.0.0.1:{}/t/", server.port);
+    let (code, out, err) = braid(&["get", "-r", &url, into.to_str().unwrap(), "--json"], &[]);
+    assert_eq!(code, 11, "{out}{err}");
+    let s = tree_summary(&out);
+    assert_eq!(s["files"], 2, "{s}");
+    let failed: BTreeMap<String, String> = s["failed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().into(),
+                f["error"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(failed.len(), 5, "{s}");
+    assert!(failed["/t/.."].contains("parent directory"), "{s}");
+    assert!(failed["/t/../escape.txt"].contains("a / in it"), "{s}");
+    assert!(failed["/t/a/b.txt"].contains("a / in it"), "{s}");
+    assert!(
+        failed["/t/ctl\u{1b}[2Jname"].contains("control character"),
+        "{s}"
+    );
+    assert!(failed["/t/gone.txt"].contains("550 gone"), "{s}");
+    assert_eq!(s["skipped"][0]["path"], "/t/link", "{s}");
+    let names: Vec<String> = tree_of(&got).into_keys().collect();
+    assert_eq!(names, ["ok.txt", "sub", "sub/inner"]);
+    assert_eq!(std::fs::read(got.join("sub/inner")).unwrap(), b"in!");
+    assert!(!into.join("escape.txt").exists());
+    let seen = server.seen.lock().unwrap();
+    assert!(
+        !seen
+            .iter()
+            .any(|c| c.contains("escape") || c.contains("b.txt") || c.contains("ctl")),
+        "a refused name reached the server: {seen:?}"
+    );
+}
+
+#[test]
+fn a_tree_goes_up_to_vsftpd_and_down_again() {
+    let top = tempdir();
+    let vs = crate::vsftpd::start_vsftpd(top.path());
+    let (local, outside) = (top.path().join("local"), top.path().join("outside"));
+    std::fs::create_dir_all(&local).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    sample_tree(&local, &outside);
+    let expected = without_links(tree_of(&local));
+    let base = format!("ftp://127.0.0.1:{}", vs.port);
+    let (code, out, err) = braid(
+        &[
+            "put",
+            "-r",
+            local.to_str().unwrap(),
+            &format!("{base}/pub/"),
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let s = tree_summary(&out);
+    assert_eq!(
+        s["skipped"][0]["why"], "a symbolic link (not followed)",
+        "{s}"
+    );
+    assert_eq!(tree_of(&top.path().join("root/pub/local")), expected);
+
+    // Down again (LIST, no MLSD: times from MDTM), with two sessions.
+    let into = top.path().join("got");
+    let got = into.join("local");
+    let (code, out, err) = braid(
+        &[
+            "get",
+            "-r",
+            "-j",
+            "2",
+            &format!("{base}/pub/local/"),
+            into.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(tree_of(&got), expected);
+    assert_eq!(tree_summary(&out)["sessions"], 2);
+    let served = std::fs::metadata(top.path().join("root/pub/local/sub/deeper/leaf")).unwrap();
+    assert_eq!(
+        std::fs::metadata(got.join("sub/deeper/leaf"))
+            .unwrap()
+            .mtime(),
+        served.mtime()
+    );
+}
