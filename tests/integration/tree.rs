@@ -213,7 +213,7 @@ fn after_ctrl_c_update_moves_only_what_is_missing() {
 
     // A file changed on the server (another size) is fetched again; nothing else is.
     std::fs::write(served.join("t/d/f0"), b"changed").unwrap();
-    let (s, out) = update();
+    let (s, _) = update();
     assert_eq!(
         (s["files"].as_u64(), s["bytes"].as_u64()),
         (Some(1), Some(7)),
