@@ -422,6 +422,13 @@ impl Control {
         }
     }
 
+    /// Takes a file's size from a listing (MLSD's exact `size` fact), so that [`Control::size`]
+    /// need not ask: a tree transfer saves a round trip per file. A file that changed since
+    /// is caught by the transfer's own checks (the checksum, the length).
+    pub fn know_size(&mut self, path: &str, size: u64) {
+        self.early_size = Some((path.into(), Reply::new(213, size.to_string())));
+    }
+
     /// Whether FEAT listed a feature whose first word is `name`.
     pub fn has_feature(&self, name: &str) -> bool {
         self.session.features().has(name)

@@ -81,6 +81,9 @@ pub fn get(
         max_rate: pacer.0,
     };
     let elastic = block_mode(c, Direction::Download, retr, opts.buffer)?;
+    // A file of one block has nothing to resume from mid-way: no record of it (a tree of many
+    // small files would otherwise write, rename and delete one per file).
+    let recorded = size.is_none_or(|s| s > plan.block);
     let (sink, part, start) = match dest {
         Dest::Null => (Sink::Discard, None, Progress::holding(RangeSet::new())),
         Dest::Stdout => {
@@ -102,7 +105,7 @@ pub fn get(
             // what it holds. Without one (or for another file) it starts over.
             let resume = if opts.resume {
                 let found = load_sidecar(&sidecar, remote, size);
-                if found.is_none() && part.exists() {
+                if found.is_none() && part.exists() && recorded {
                     eprintln!(
                         "braid: {} has no matching record of what it holds ({}); downloading again",
                         part.display(),
@@ -146,7 +149,7 @@ pub fn get(
     let retr = Command::Retr(target.path.clone());
     let partial_name = part.as_ref().map(|p| p.part.display().to_string());
     let save = |p: &Progress| {
-        if let (Some(part), Some(s)) = (&part, size) {
+        if let (Some(part), Some(s), true) = (&part, size, recorded) {
             save_sidecar(&sidecar_path(&part.part), remote, s, p);
         }
     };

@@ -132,6 +132,8 @@ struct Job {
     remote: String,
     local: PathBuf,
     size: Option<u64>,
+    /// Whether `size` comes from MLSD (exact) rather than a LIST line.
+    exact: bool,
     mtime: Option<i64>,
 }
 
@@ -159,6 +161,7 @@ pub fn get_tree(
                 remote: source.path.clone(),
                 local: top.clone(),
                 size: None,
+                exact: false,
                 mtime: None,
             });
             continue;
@@ -190,6 +193,10 @@ pub fn get_tree(
             path: job.remote.clone(),
             ..first.clone()
         };
+        // MLSD sizes are exact; LIST's are only what a line seemed to say.
+        if let (Some(size), true) = (job.size, job.exact) {
+            c.know_size(&job.remote, size);
+        }
         let s = get_on(c, &target, &dest, o)?;
         if let Some(m) = mtime {
             set_mtime(&job.local, m);
@@ -228,6 +235,7 @@ pub fn put_tree(
                 remote: top.path.clone(),
                 local: source.clone(),
                 size: Some(meta.len()),
+                exact: true,
                 mtime: None,
             });
         } else if meta.is_dir() {
@@ -336,6 +344,7 @@ fn walk_remote(
                     remote: path,
                     local: local.join(&e.name),
                     size: e.size,
+                    exact: e.raw.is_none(),
                     mtime: e.modify,
                 }),
                 Some("dir") if depth + 1 >= MAX_DEPTH => out.refuse(
@@ -440,6 +449,7 @@ fn walk_local(
                     remote: format!("{base}{name}"),
                     local: path,
                     size: Some(meta.len()),
+                    exact: true,
                     mtime: None,
                 });
             } else {

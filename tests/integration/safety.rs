@@ -319,9 +319,11 @@ fn broken_upload_never_appears_under_its_final_name_and_resumes() {
             "150 Opening BINARY mode data connection for /pub/up.bin.\r\n",
         );
         data.write_all(&content[..half]).unwrap();
-        // The client dies: both connections close without a word.
-        drop(data);
+        // The client dies: both connections close without a word, in the order the kernel
+        // closes a dead process's descriptors (ascending: the control connection, opened
+        // first, then the data connection).
         drop(c);
+        drop(data);
     }
     std::thread::sleep(Duration::from_millis(300));
     let root = &server.root;
