@@ -199,11 +199,11 @@ pub fn get(
         let bar = progress_bar(opts, size, resumed_from);
         let interrupt = Interrupt::install();
         let mut last_save = Instant::now();
-        let result = supervise(
-            transfer.abort(),
-            &interrupt,
-            || engine::receive::receive(&transfer, conns, &sink, size, &shared),
-            || {
+        let receive = || engine::receive::receive(&transfer, conns, &sink, size, &shared);
+        // A one-block file is in before a watcher thread (Ctrl-C, progress, tuning) would
+        // have looked once: a tree of small files would start one per file for nothing.
+        let result = if recorded {
+            supervise(transfer.abort(), &interrupt, receive, || {
                 bar.set_position(resumed_from + bytes.load(Ordering::Relaxed));
                 // A braid server reports its sending (113): loss and RTT for the tuning.
                 if elastic
@@ -219,8 +219,10 @@ pub fn get(
                     save(&shared.snapshot());
                     last_save = Instant::now();
                 }
-            },
-        );
+            })
+        } else {
+            receive()
+        };
         bar.finish_and_clear();
         let received = bytes.load(Ordering::Relaxed);
         if interrupt.hit() {
