@@ -88,6 +88,26 @@ def program(name):
     return shutil.which(name)
 
 
+def start_vsftpd(servers, work, root, writable=False):
+    """An anonymous vsftpd serving `root` on a free loopback port (uploads too when
+    `writable`); returns the port. Run by its launching user, it does not chroot: paths in
+    commands are relative to `root` or absolute on this machine."""
+    port = free_port()
+    empty = os.path.join(work, "empty")
+    os.makedirs(empty, exist_ok=True)
+    conf = os.path.join(work, "vsftpd.conf")
+    write = ("write_enable=YES\nanon_upload_enable=YES\nanon_mkdir_write_enable=YES\n"
+             "anon_other_write_enable=YES\nanon_umask=022\n") if writable else ""
+    with open(conf, "w") as f:
+        f.write(f"listen=YES\nlisten_ipv6=NO\nlisten_address=127.0.0.1\nlisten_port={port}\n"
+                f"background=NO\nanonymous_enable=YES\nlocal_enable=NO\nanon_root={root}\n"
+                f"no_anon_password=YES\nseccomp_sandbox=NO\nrun_as_launching_user=YES\n{write}"
+                f"max_clients=0\nmax_per_ip=0\n"
+                f"pasv_enable=YES\npasv_address=127.0.0.1\nsecure_chroot_dir={empty}\n")
+    wait_port(port, servers.start([program("vsftpd"), conf]))
+    return port
+
+
 class Servers:
     """Processes to stop at the end, each in its own process group."""
 
@@ -205,16 +225,7 @@ def main():
 
         vs = program("vsftpd")
         if vs and shutil.which("curl"):
-            port = free_port()
-            empty = os.path.join(work, "empty")
-            os.mkdir(empty)
-            conf = os.path.join(work, "vsftpd.conf")
-            with open(conf, "w") as f:
-                f.write(f"listen=YES\nlisten_ipv6=NO\nlisten_address=127.0.0.1\nlisten_port={port}\n"
-                        f"background=NO\nanonymous_enable=YES\nlocal_enable=NO\nanon_root={srv}\n"
-                        f"no_anon_password=YES\nseccomp_sandbox=NO\nrun_as_launching_user=YES\n"
-                        f"pasv_enable=YES\npasv_address=127.0.0.1\nsecure_chroot_dir={empty}\n")
-            wait_port(port, servers.start([vs, conf]))
+            port = start_vsftpd(servers, work, srv)
             measure("curl <- vsftpd (stream mode)",
                     lambda: timed(["curl", "-sS", "-o", "/dev/null", f"ftp://127.0.0.1:{port}/f.bin"], size))
         else:

@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import time
 
-from loopback import BRAID, Servers, free_port, program, wait_port
+from loopback import BRAID, Servers, free_port, program, start_vsftpd, wait_port
 
 
 def make_tree(top, files, size):
@@ -98,18 +98,7 @@ def main():
             cases += lftp_cases("lftp mirror -P 8 <-> braid serve", braid_port, "up", os.path.join(up, "src"))
             vs = program("vsftpd")
             if vs:
-                port = free_port()
-                empty = os.path.join(work, "empty")
-                os.mkdir(empty)
-                conf = os.path.join(work, "vsftpd.conf")
-                with open(conf, "w") as f:
-                    f.write(f"listen=YES\nlisten_ipv6=NO\nlisten_address=127.0.0.1\nlisten_port={port}\n"
-                            f"background=NO\nanonymous_enable=YES\nlocal_enable=NO\nanon_root={srv}\n"
-                            f"no_anon_password=YES\nseccomp_sandbox=NO\nrun_as_launching_user=YES\n"
-                            f"write_enable=YES\nanon_upload_enable=YES\nanon_mkdir_write_enable=YES\n"
-                            f"anon_other_write_enable=YES\nanon_umask=022\nmax_clients=0\nmax_per_ip=0\n"
-                            f"pasv_enable=YES\npasv_address=127.0.0.1\nsecure_chroot_dir={empty}\n")
-                wait_port(port, servers.start([vs, conf]))
+                port = start_vsftpd(servers, work, srv, writable=True)
                 # Paths relative to the login directory: vsftpd run by its launching user does not chroot.
                 cases += lftp_cases("lftp mirror -P 8 <-> vsftpd", port, "up", os.path.join(up, "src"))
             else:
