@@ -473,3 +473,36 @@ fn a_tree_goes_up_to_vsftpd_and_down_again() {
         served.mtime()
     );
 }
+
+/// A server that allows this client two sessions: `get -r -j 4` backs off from the refused
+/// ones (421) and moves every file on the two it has.
+#[test]
+fn a_tree_from_a_server_that_limits_sessions_arrives_whole() {
+    let top = tempdir();
+    let vs = crate::vsftpd::start_vsftpd_with(top.path(), "max_per_ip=2\n");
+    let served = top.path().join("root/pub/t");
+    std::fs::create_dir_all(served.join("d")).unwrap();
+    for i in 0..12 {
+        let name = format!("{}f{i}", if i % 2 == 0 { "d/" } else { "" });
+        std::fs::write(served.join(name), random_bytes(3000 + i, i as u64)).unwrap();
+    }
+    let into = top.path().join("got");
+    let url = format!("ftp://127.0.0.1:{}/pub/t/", vs.port);
+    let (code, out, err) = braid(
+        &[
+            "get",
+            "-r",
+            "-j",
+            "4",
+            &url,
+            into.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(tree_of(&into.join("t")), tree_of(&served));
+    let s = tree_summary(&out);
+    assert_eq!(s["files"], 12, "{s}");
+    assert!(s["sessions"].as_u64().unwrap() <= 2, "{s}");
+}

@@ -8,7 +8,7 @@ pub fn start_vsftpd(top: &std::path::Path) -> Daemon {
 }
 
 /// As [`start_vsftpd`], with more configuration lines.
-fn start_vsftpd_with(top: &std::path::Path, extra: &str) -> Daemon {
+pub fn start_vsftpd_with(top: &std::path::Path, extra: &str) -> Daemon {
     let program = sbin("vsftpd");
     let root = top.join("root");
     std::fs::create_dir_all(root.join("pub")).unwrap();
