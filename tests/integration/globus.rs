@@ -135,7 +135,7 @@ fn globus_url_copy_reuses_data_connections_across_files() {
 }
 
 /// A globus-gridftp-server serving `home` anonymously.
-fn start_gridftp(home: &std::path::Path) -> Daemon {
+pub fn start_gridftp(home: &std::path::Path) -> Daemon {
     let program = sbin("globus-gridftp-server");
     let user = std::env::var("USER")
         .ok()
