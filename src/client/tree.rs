@@ -153,15 +153,20 @@ pub fn get_tree(
     let mut jobs = Vec::new();
     let mut dir_times = Vec::new();
     for (source, top) in sources {
-        let is_file = !source.path.is_empty()
-            && !source.path.ends_with('/')
-            && c.size(&source.path)?.code == 213;
-        if is_file {
+        // A source that SIZE answers is a file (a directory gets 550).
+        let names_a_file = !source.path.is_empty() && !source.path.ends_with('/');
+        let sized = names_a_file.then(|| c.size(&source.path)).transpose()?;
+        if let Some(r) = sized.filter(|r| r.code == 213) {
+            let parent = top.parent().filter(|p| !p.as_os_str().is_empty());
+            if let Some(Err(e)) = parent.map(local_dir) {
+                out.fail(shown(&source.path), &e);
+                continue;
+            }
             jobs.push(Job {
                 remote: source.path.clone(),
                 local: top.clone(),
-                size: None,
-                exact: false,
+                size: r.text().trim().parse().ok(),
+                exact: true,
                 mtime: None,
             });
             continue;

@@ -110,6 +110,28 @@ fn a_tree_goes_down_and_up_again_through_braid_serve() {
     assert_eq!(mtime("data/sub/deeper/leaf"), KNOWN_MTIME);
     assert_eq!(mtime("data/sub/deeper"), KNOWN_MTIME + 60);
 
+    // Several sources, a file among them, into a directory that does not exist yet.
+    std::fs::write(served.join("single.txt"), b"one file").unwrap();
+    let both = dir.path().join("new/both");
+    let (code, out, err) = braid(
+        &[
+            "get",
+            "-r",
+            &server.url("data/sub/deeper/"),
+            &server.url("single.txt"),
+            both.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(tree_summary(&out)["files"], 2, "{out}");
+    assert_eq!(std::fs::read(both.join("single.txt")).unwrap(), b"one file");
+    assert_eq!(
+        std::fs::read(both.join("deeper/leaf")).unwrap(),
+        std::fs::read(served.join("data/sub/deeper/leaf")).unwrap()
+    );
+
     // And up again, into a directory that does not exist yet.
     let upload_root = dir.path().join("upload");
     std::fs::create_dir(&upload_root).unwrap();
