@@ -32,6 +32,10 @@ const BUFFER: usize = 1 << 20;
 /// a capture at all; damage later on ends the reading with [`End::Damaged`].
 pub fn read(input: impl Read + Send, mut each: impl FnMut(Frame)) -> Result<End, String> {
     let mut capacity = FIRST_BUFFER;
+    let input = Guarded {
+        inner: input,
+        blocks: BlockLengths::default(),
+    };
     let mut reader = pcap_parser::create_reader(capacity, input).map_err(|e| match e {
         PcapError::Eof => "the file is empty".to_string(),
         PcapError::HeaderNotRecognized => "not a pcap or pcapng file".to_string(),
@@ -128,9 +132,166 @@ pub fn read(input: impl Read + Send, mut each: impl FnMut(Frame)) -> Result<End,
     }
 }
 
+/// A capture on its way to pcap-parser, with the length of every pcapng block checked first:
+/// pcap-parser 0.17 subtracts 12 from a block's length without looking (a Process Information
+/// Block of length 4 to 11 overflows; found by the capture_reader fuzz target).
+struct Guarded<R> {
+    inner: R,
+    blocks: BlockLengths,
+}
+
+impl<R: Read> Read for Guarded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.blocks
+            .feed(&buf[..n])
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        Ok(n)
+    }
+}
+
+/// Follows the block structure of a pcapng stream (no I/O): a block starts with its type and
+/// total length (in the byte order its section's header declares), and a length must be at
+/// least 12 and a multiple of 4. A legacy pcap file is not looked into.
+#[derive(Default)]
+struct BlockLengths {
+    /// The first bytes, until they say which format this is.
+    start: Vec<u8>,
+    legacy: bool,
+    big_endian: bool,
+    /// The current block's first bytes (type, length and, in a section header, byte order).
+    header: Vec<u8>,
+    /// Bytes of the current block still to come, once its header is read.
+    left: u64,
+}
+
+const SECTION_HEADER: [u8; 4] = [0x0a, 0x0d, 0x0d, 0x0a];
+
+impl BlockLengths {
+    fn feed(&mut self, mut bytes: &[u8]) -> Result<(), String> {
+        if self.start.len() < 4 {
+            let take = bytes.len().min(4 - self.start.len());
+            self.start.extend_from_slice(&bytes[..take]);
+            if self.start.len() == 4 {
+                self.legacy = self.start != SECTION_HEADER;
+                if !self.legacy {
+                    let start = self.start.clone();
+                    self.blocks(&start)?;
+                }
+            }
+            bytes = &bytes[take..];
+        }
+        if self.legacy || self.start.len() < 4 {
+            return Ok(());
+        }
+        self.blocks(bytes)
+    }
+
+    fn blocks(&mut self, mut bytes: &[u8]) -> Result<(), String> {
+        while !bytes.is_empty() {
+            if self.left > 0 {
+                let skip = (bytes.len() as u64).min(self.left);
+                self.left -= skip;
+                bytes = &bytes[skip as usize..];
+                continue;
+            }
+            // The type first, then as much more as the type says the header has.
+            let need = |h: &[u8]| -> usize {
+                if h.len() >= 4 && h[..4] == SECTION_HEADER {
+                    12
+                } else {
+                    8
+                }
+            };
+            let take = bytes
+                .len()
+                .min(need(&self.header).saturating_sub(self.header.len()));
+            self.header.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            let section = need(&self.header) == 12;
+            if self.header.len() < need(&self.header) {
+                continue;
+            }
+            if section {
+                let magic = [
+                    self.header[8],
+                    self.header[9],
+                    self.header[10],
+                    self.header[11],
+                ];
+                self.big_endian = match magic {
+                    [0x1a, 0x2b, 0x3c, 0x4d] => true,
+                    [0x4d, 0x3c, 0x2b, 0x1a] => false,
+                    _ => return Err("a pcapng section with an unknown byte order".into()),
+                };
+            }
+            let raw = [
+                self.header[4],
+                self.header[5],
+                self.header[6],
+                self.header[7],
+            ];
+            let len = if self.big_endian {
+                u32::from_be_bytes(raw)
+            } else {
+                u32::from_le_bytes(raw)
+            };
+            if len < 12 || len % 4 != 0 {
+                return Err(format!(
+                    "a pcapng block with an impossible length ({len} bytes)"
+                ));
+            }
+            self.left = u64::from(len) - self.header.len() as u64;
+            self.header.clear();
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pcapng_blocks_of_impossible_length_are_refused_before_the_parser() {
+        // A section header (little-endian, 28 bytes) and an interface block of 20 bytes, in
+        // pieces of every size.
+        let mut ng = SECTION_HEADER.to_vec();
+        ng.extend_from_slice(&28u32.to_le_bytes());
+        ng.extend_from_slice(&[0x4d, 0x3c, 0x2b, 0x1a, 1, 0, 0, 0]);
+        ng.extend_from_slice(&[0xff; 8]);
+        ng.extend_from_slice(&28u32.to_le_bytes());
+        ng.extend_from_slice(&1u32.to_le_bytes());
+        ng.extend_from_slice(&20u32.to_le_bytes());
+        ng.extend_from_slice(&[1, 0, 0, 0, 0, 0, 4, 0]);
+        ng.extend_from_slice(&20u32.to_le_bytes());
+        let feed_in = |bytes: &[u8], piece: usize| {
+            let mut b = BlockLengths::default();
+            bytes.chunks(piece).try_for_each(|c| b.feed(c))
+        };
+        for piece in 1..=ng.len() {
+            assert_eq!(feed_in(&ng, piece), Ok(()), "pieces of {piece}");
+        }
+        // The crash the fuzz target found: a Process Information Block (type 0x80000008)
+        // claiming 8 bytes, in a big-endian section.
+        let mut bad = SECTION_HEADER.to_vec();
+        bad.extend_from_slice(&28u32.to_be_bytes());
+        bad.extend_from_slice(&[0x1a, 0x2b, 0x3c, 0x4d, 0, 1, 0, 0]);
+        bad.extend_from_slice(&[0xff; 8]);
+        bad.extend_from_slice(&28u32.to_be_bytes());
+        bad.extend_from_slice(&0x8000_0008u32.to_be_bytes());
+        bad.extend_from_slice(&8u32.to_be_bytes());
+        for piece in [1, 3, 7, bad.len()] {
+            let e = feed_in(&bad, piece).unwrap_err();
+            assert!(e.contains("impossible length (8 bytes)"), "{e}");
+        }
+        // A length that is no multiple of 4, and a legacy pcap file, not looked into.
+        let mut odd = ng[..28].to_vec();
+        odd.extend_from_slice(&1u32.to_le_bytes());
+        odd.extend_from_slice(&21u32.to_le_bytes());
+        assert!(feed_in(&odd, 5).is_err());
+        assert_eq!(feed_in(&[0xd4, 0xc3, 0xb2, 0xa1, 3, 0, 0, 0], 3), Ok(()));
+    }
 
     fn pcap(frames: &[usize]) -> Vec<u8> {
         let mut f = 0xa1b2c3d4u32.to_le_bytes().to_vec();
