@@ -108,6 +108,18 @@ def start_vsftpd(servers, work, root, writable=False):
     return port
 
 
+def start_gridftp(servers, home):
+    """An anonymous globus-gridftp-server (as this user) with `home` as its home directory,
+    on a free loopback port; returns the port."""
+    port = free_port()
+    user = os.environ.get("USER", "root")
+    wait_port(port, servers.start([program("globus-gridftp-server"), "-aa", "-anonymous-user", user,
+                                   "-auth-level", "0", "-p", str(port),
+                                   "-control-interface", "127.0.0.1", "-data-interface", "127.0.0.1",
+                                   "-home-dir", home, "-allow-root", "-log-level", "ERROR"]))
+    return port
+
+
 class Servers:
     """Processes to stop at the end, each in its own process group."""
 
@@ -233,11 +245,7 @@ def main():
 
         gs = program("globus-gridftp-server")
         if gs and shutil.which("globus-url-copy"):
-            port = free_port()
-            user = os.environ.get("USER", "root")
-            wait_port(port, servers.start([gs, "-aa", "-anonymous-user", user, "-auth-level", "0", "-p", str(port),
-                                           "-control-interface", "127.0.0.1", "-data-interface", "127.0.0.1",
-                                           "-home-dir", srv, "-allow-root", "-log-level", "ERROR"]))
+            port = start_gridftp(servers, srv)
             measure("globus-url-copy -p 4 <- globus-gridftp-server",
                     lambda: timed(["globus-url-copy", "-p", "4", f"ftp://127.0.0.1:{port}{src}",
                                    "file:///dev/null"], size))

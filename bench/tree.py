@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import time
 
-from loopback import BRAID, Servers, free_port, program, start_vsftpd, wait_port
+from loopback import BRAID, Servers, program, start_gridftp, start_vsftpd
 
 
 def make_tree(top, files, size):
@@ -108,11 +108,7 @@ def main():
 
         gs = program("globus-gridftp-server")
         if gs and shutil.which("globus-url-copy"):
-            port = free_port()
-            user = os.environ.get("USER", "root")
-            wait_port(port, servers.start([gs, "-aa", "-anonymous-user", user, "-auth-level", "0", "-p", str(port),
-                                           "-control-interface", "127.0.0.1", "-data-interface", "127.0.0.1",
-                                           "-home-dir", srv, "-allow-root", "-log-level", "ERROR"]))
+            port = start_gridftp(servers, srv)
             guc = ["globus-url-copy", "-r", "-cc", "8", "-pp", "-fast", "-cd"]
 
             def g_get():
