@@ -169,6 +169,29 @@ fn session(target: &Target, opts: &Options, size_of: Option<&str>) -> Result<Con
     Ok(c)
 }
 
+/// A further session for a transfer that has one already (a segment's, a tree's worker's):
+/// tried at once, then again after 0.1, 0.4 and 1.6 s, since a server that limits sessions
+/// per client (421) still counts one that has just closed. The last failure when every try
+/// failed; `give_up` (Ctrl-C, an aborted download) stops the tries.
+fn another_session(target: &Target, opts: &Options, give_up: impl Fn() -> bool) -> Result<Control> {
+    let mut last = ClientError::Interrupted {
+        bytes: 0,
+        why: "stopped before a new session started".into(),
+        partial: None,
+    };
+    for wait in [0, 100, 400, 1600] {
+        std::thread::sleep(std::time::Duration::from_millis(wait));
+        if give_up() {
+            break;
+        }
+        match session(target, opts, None) {
+            Ok(c) => return Ok(c),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
 fn progress_bar(opts: &Options, total: Option<u64>, start: u64) -> ProgressBar {
     if !opts.progress || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();

@@ -8,7 +8,9 @@ use super::control::Control;
 use super::error::{ClientError, Result};
 use super::interrupt::{self, Interrupt, send_abort, supervise};
 use super::records::{load_sidecar, remove_sidecar, save_sidecar, sidecar_path};
-use super::{Options, PartFile, Summary, Target, local_err, part_path, session, summary};
+use super::{
+    Options, PartFile, Summary, Target, another_session, local_err, part_path, session, summary,
+};
 use crate::engine::Abort;
 use crate::engine::receive::Progress;
 use braid_proto::Command;
@@ -311,30 +313,13 @@ fn work(c: &mut Control, shared: &Shared) {
                 // server that allows this client N sessions still counts the old one until
                 // it has gone: 421 meanwhile).
                 let _ = c.socket().shutdown(std::net::Shutdown::Both);
-                match fresh_session(shared) {
-                    Some(fresh) => *c = fresh,
-                    None => return,
+                match another_session(shared.target, shared.opts, || shared.abort.is_aborted()) {
+                    Ok(fresh) => *c = fresh,
+                    Err(e) => return tracing::info!("no new session for a broken range: {e}"),
                 }
             }
         }
     }
-}
-
-/// A new session for a worker whose session broke, with a few tries spaced out while the
-/// server lets the old one go; None (the worker stops, its ranges go to the others) when
-/// there is no point.
-fn fresh_session(shared: &Shared) -> Option<Control> {
-    for wait in [100, 400, 1600] {
-        std::thread::sleep(Duration::from_millis(wait));
-        if shared.abort.is_aborted() {
-            return None;
-        }
-        match session(shared.target, shared.opts, None) {
-            Ok(c) => return Some(c),
-            Err(e) => tracing::info!("a new session for a broken range failed: {e}"),
-        }
-    }
-    None
 }
 
 enum Fetch {

@@ -10,8 +10,8 @@ use super::error::{ClientError, Result, exit};
 use super::interrupt::Interrupt;
 use super::names::{case_collisions, unsafe_name, up_to_date};
 use super::{
-    Dest, ListEntry, Options, Summary, Target, display_url, get_on, list_dir, put_on,
-    refuse_read_only, session,
+    Dest, ListEntry, Options, Summary, Target, another_session, display_url, get_on, list_dir,
+    put_on, refuse_read_only, session,
 };
 use braid_proto::Command;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -24,9 +24,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// Deeper than this is a loop a server made up (or a tree nobody should mirror blindly).
 const MAX_DEPTH: usize = 64;
-
-/// Sessions in a row a worker may fail to open or lose before it leaves its files to others.
-const SESSION_ATTEMPTS: u32 = 3;
 
 /// How a tree transfer runs.
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +55,8 @@ pub struct TreeSummary {
     pub skipped: Vec<Skip>,
     /// Ctrl-C stopped it: what had not started is neither done nor failed.
     pub interrupted: bool,
+    #[serde(skip)]
+    started: Instant,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -88,7 +87,14 @@ impl TreeSummary {
             failed: Vec::new(),
             skipped: Vec::new(),
             interrupted: false,
+            started: Instant::now(),
         }
+    }
+
+    fn finished(mut self) -> TreeSummary {
+        self.seconds = self.started.elapsed().as_secs_f64();
+        self.bytes_per_second = self.bytes as f64 / self.seconds.max(1e-9);
+        self
     }
 
     fn fail(&mut self, path: impl Into<String>, e: &ClientError) {
@@ -137,6 +143,17 @@ struct Job {
     mtime: Option<i64>,
 }
 
+impl Job {
+    /// The file as the summary names it: the remote path of a download (`op` "get"), the
+    /// local one of an upload.
+    fn named(&self, op: &str) -> String {
+        match op {
+            "get" => shown(&self.remote),
+            _ => self.local.display().to_string(),
+        }
+    }
+}
+
 /// Downloads trees (or single files) from one server: each `(source, top)` pair puts the
 /// source directory's contents into `top`, which is created if missing.
 pub fn get_tree(
@@ -145,7 +162,6 @@ pub fn get_tree(
     tree: TreeOptions,
     done: impl Fn(&Summary) + Sync,
 ) -> Result<TreeSummary> {
-    let started = Instant::now();
     let first = one_server(sources.iter().map(|(t, _)| t))?;
     let mut out = TreeSummary::new("get-tree");
     let mut c = session(first, opts, None)?;
@@ -213,7 +229,7 @@ pub fn get_tree(
     for (dir, mtime) in dir_times.iter().rev() {
         set_mtime(dir, *mtime);
     }
-    Ok(out.finished(started))
+    Ok(out.finished())
 }
 
 /// Uploads local trees (or single files) to one server: each `(source, top)` pair puts the
@@ -224,7 +240,6 @@ pub fn put_tree(
     tree: TreeOptions,
     done: impl Fn(&Summary) + Sync,
 ) -> Result<TreeSummary> {
-    let started = Instant::now();
     let first = one_server(sources.iter().map(|(_, t)| t))?;
     let mut out = TreeSummary::new("put-tree");
     let mut c = session(first, opts, None)?;
@@ -265,15 +280,7 @@ pub fn put_tree(
         done(&s);
         Ok(Some(s))
     });
-    Ok(out.finished(started))
-}
-
-impl TreeSummary {
-    fn finished(mut self, started: Instant) -> TreeSummary {
-        self.seconds = started.elapsed().as_secs_f64();
-        self.bytes_per_second = self.bytes as f64 / self.seconds.max(1e-9);
-        self
-    }
+    Ok(out.finished())
 }
 
 /// All sources on one server (one login serves them all); the first of them.
@@ -511,6 +518,13 @@ impl Work {
             .pop_front()
     }
 
+    fn is_empty(&self) -> bool {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
     fn put_back(&self, job: Job) {
         self.jobs
             .lock()
@@ -552,53 +566,37 @@ impl Work {
                     } else {
                         None
                     };
-                    let mut failures = 0;
                     while !interrupt.hit() {
                         let Some(job) = work.next() else { break };
-                        if c.is_none() {
-                            match session(target, opts, None) {
+                        let Some(session) = c.as_mut() else {
+                            // The file waits for this session or another's.
+                            work.put_back(job);
+                            // Not when the others have taken every file meanwhile.
+                            let give_up = || interrupt.hit() || work.is_empty();
+                            match another_session(target, opts, give_up) {
                                 Ok(s) => {
                                     logins.fetch_add(1, Ordering::Relaxed);
                                     c = Some(s);
-                                }
-                                Err(e) => {
-                                    // The file waits for this or another session.
-                                    work.put_back(job);
-                                    *last_error.lock().unwrap_or_else(|e| e.into_inner()) =
-                                        Some(e.to_string());
-                                    failures += 1;
-                                    if failures >= SESSION_ATTEMPTS {
-                                        break;
-                                    }
-                                    std::thread::sleep(Duration::from_millis(200 << failures));
                                     continue;
                                 }
+                                Err(e) => {
+                                    *last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+                                        Some(e.to_string());
+                                    break;
+                                }
                             }
-                        }
-                        let Some(session) = c.as_mut() else { break };
+                        };
                         let moved = match one(session, &job, opts) {
-                            Ok(Some(s)) => {
-                                failures = 0;
-                                Moved::Done(s.bytes)
-                            }
+                            Ok(Some(s)) => Moved::Done(s.bytes),
                             Ok(None) => Moved::UpToDate,
                             Err(e) => {
                                 if breaks_session(&e) {
                                     c = None;
-                                    failures += 1;
                                 }
-                                let path = match work.op {
-                                    "get" => shown(&job.remote),
-                                    _ => job.local.display().to_string(),
-                                };
-                                Moved::Failed(path, e)
+                                Moved::Failed(job.named(work.op), e)
                             }
                         };
-                        work.tick(&job, &moved, results);
-                        results
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(moved);
+                        work.record(&job, moved, results);
                     }
                     if let Some(s) = c {
                         s.quit();
@@ -626,12 +624,8 @@ impl Work {
                 .unwrap_or_else(|e| e.into_inner())
                 .unwrap_or_else(|| "no session could be opened".into());
             for job in left {
-                let path = match self.op {
-                    "get" => shown(&job.remote),
-                    _ => job.local.display().to_string(),
-                };
                 out.fail(
-                    path,
+                    job.named(self.op),
                     &ClientError::Protocol(format!(
                         "not transferred: every session failed ({why})"
                     )),
@@ -640,14 +634,17 @@ impl Work {
         }
     }
 
-    fn tick(&self, job: &Job, moved: &Moved, results: &Mutex<Vec<Moved>>) {
-        let moved_bytes = match moved {
-            Moved::Done(bytes) => *bytes,
+    /// Keeps what a file came to, and moves the progress bar on by it.
+    fn record(&self, job: &Job, moved: Moved, results: &Mutex<Vec<Moved>>) {
+        let bytes = match moved {
+            Moved::Done(bytes) => bytes,
             _ => 0,
         };
-        self.bar.inc(job.size.unwrap_or(moved_bytes));
-        let n = results.lock().unwrap_or_else(|e| e.into_inner()).len() + 1;
-        self.bar.set_message(format!("{n}/{} files", self.total));
+        let mut results = results.lock().unwrap_or_else(|e| e.into_inner());
+        results.push(moved);
+        self.bar.inc(job.size.unwrap_or(bytes));
+        self.bar
+            .set_message(format!("{}/{} files", results.len(), self.total));
     }
 }
 

@@ -155,9 +155,10 @@ impl<R: Read> Read for Guarded<R> {
 /// least 12 and a multiple of 4. A legacy pcap file is not looked into.
 #[derive(Default)]
 struct BlockLengths {
-    /// The first bytes, until they say which format this is.
-    start: Vec<u8>,
+    /// The first four bytes were not a pcapng section header: nothing more to check.
     legacy: bool,
+    /// Whether the first four bytes have been seen (and `legacy` says what they were).
+    known: bool,
     big_endian: bool,
     /// The current block's first bytes (type, length and, in a section header, byte order).
     header: Vec<u8>,
@@ -169,26 +170,7 @@ const SECTION_HEADER: [u8; 4] = [0x0a, 0x0d, 0x0d, 0x0a];
 
 impl BlockLengths {
     fn feed(&mut self, mut bytes: &[u8]) -> Result<(), String> {
-        if self.start.len() < 4 {
-            let take = bytes.len().min(4 - self.start.len());
-            self.start.extend_from_slice(&bytes[..take]);
-            if self.start.len() == 4 {
-                self.legacy = self.start != SECTION_HEADER;
-                if !self.legacy {
-                    let start = self.start.clone();
-                    self.blocks(&start)?;
-                }
-            }
-            bytes = &bytes[take..];
-        }
-        if self.legacy || self.start.len() < 4 {
-            return Ok(());
-        }
-        self.blocks(bytes)
-    }
-
-    fn blocks(&mut self, mut bytes: &[u8]) -> Result<(), String> {
-        while !bytes.is_empty() {
+        while !bytes.is_empty() && !self.legacy {
             if self.left > 0 {
                 let skip = (bytes.len() as u64).min(self.left);
                 self.left -= skip;
@@ -208,6 +190,11 @@ impl BlockLengths {
                 .min(need(&self.header).saturating_sub(self.header.len()));
             self.header.extend_from_slice(&bytes[..take]);
             bytes = &bytes[take..];
+            if !self.known && self.header.len() >= 4 {
+                self.known = true;
+                self.legacy = self.header[..4] != SECTION_HEADER;
+                continue;
+            }
             let section = need(&self.header) == 12;
             if self.header.len() < need(&self.header) {
                 continue;
@@ -254,13 +241,18 @@ mod tests {
 
     #[test]
     fn pcapng_blocks_of_impossible_length_are_refused_before_the_parser() {
-        // A section header (little-endian, 28 bytes) and an interface block of 20 bytes, in
-        // pieces of every size.
-        let mut ng = SECTION_HEADER.to_vec();
-        ng.extend_from_slice(&28u32.to_le_bytes());
-        ng.extend_from_slice(&[0x4d, 0x3c, 0x2b, 0x1a, 1, 0, 0, 0]);
-        ng.extend_from_slice(&[0xff; 8]);
-        ng.extend_from_slice(&28u32.to_le_bytes());
+        // 28 bytes: a section header in the given byte order, with its fixed fields only.
+        let section = |word: fn(u32) -> [u8; 4]| {
+            let mut b = SECTION_HEADER.to_vec();
+            b.extend_from_slice(&word(28));
+            b.extend_from_slice(&word(0x1a2b_3c4d));
+            b.extend_from_slice(&[1, 0, 0, 0]);
+            b.extend_from_slice(&[0xff; 8]);
+            b.extend_from_slice(&word(28));
+            b
+        };
+        // A little-endian section and an interface block of 20 bytes, in pieces of every size.
+        let mut ng = section(u32::to_le_bytes);
         ng.extend_from_slice(&1u32.to_le_bytes());
         ng.extend_from_slice(&20u32.to_le_bytes());
         ng.extend_from_slice(&[1, 0, 0, 0, 0, 0, 4, 0]);
@@ -274,11 +266,7 @@ mod tests {
         }
         // The crash the fuzz target found: a Process Information Block (type 0x80000008)
         // claiming 8 bytes, in a big-endian section.
-        let mut bad = SECTION_HEADER.to_vec();
-        bad.extend_from_slice(&28u32.to_be_bytes());
-        bad.extend_from_slice(&[0x1a, 0x2b, 0x3c, 0x4d, 0, 1, 0, 0]);
-        bad.extend_from_slice(&[0xff; 8]);
-        bad.extend_from_slice(&28u32.to_be_bytes());
+        let mut bad = section(u32::to_be_bytes);
         bad.extend_from_slice(&0x8000_0008u32.to_be_bytes());
         bad.extend_from_slice(&8u32.to_be_bytes());
         for piece in [1, 3, 7, bad.len()] {
