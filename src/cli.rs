@@ -126,6 +126,14 @@ enum Cmd {
     /// The link emulator: two network namespaces joined by an emulated link (needs root).
     #[command(subcommand)]
     Lab(Box<crate::lab::LabCmd>),
+    /// Predict throughput and transfer time on a path from the published models (window,
+    /// slow start with N connections, loss, N-stream sharing, echo) and say which limit binds.
+    Model(Box<crate::model::ModelArgs>),
+    /// Measure transfers on the lab's emulated links: a sweep over scenarios, streams,
+    /// buffers, block sizes, directions and tools, each cell repeated in shuffled rounds, with
+    /// ping across the link during every run, statistics, the model's prediction beside each
+    /// cell, and JSON, CSV, Markdown and SVG results (needs root).
+    Bench(Box<crate::bench::BenchArgs>),
     /// Print a shell completion script, e.g. `braid completions bash >
     /// /etc/bash_completion.d/braid` (zsh: into a directory on $fpath as `_braid`).
     Completions { shell: clap_complete::Shell },
@@ -268,7 +276,7 @@ struct OutputArgs {
     verbose: bool,
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
@@ -485,6 +493,8 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Demo { size } => crate::demo::run(size).map(|()| exit::OK),
         Cmd::Lab(cmd) => crate::lab::main(*cmd),
         Cmd::Trace(args) => crate::trace::main(args),
+        Cmd::Model(args) => crate::model::main(*args),
+        Cmd::Bench(args) => crate::bench::main(*args),
     }
 }
 

@@ -3,12 +3,14 @@
 //! Layers: `braid-proto` holds the protocol without I/O; [`fsroot`] confines file access to a
 //! root; [`server`] and [`client`] are the I/O around the protocol; [`cli`] is the command line.
 
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod demo;
 pub mod engine;
 pub mod fsroot;
 pub mod lab;
+pub mod model;
 pub mod server;
 pub mod sums;
 pub mod trace;

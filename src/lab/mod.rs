@@ -173,12 +173,49 @@ fn apply(mut p: Params, o: Overrides) -> Result<Params, String> {
     Ok(p)
 }
 
+/// Overrides that apply to both directions of a scenario (`braid bench`).
+#[derive(Debug, Clone, Default)]
+pub struct BothWays {
+    pub rate: Option<String>,
+    pub delay: Option<String>,
+    pub queue: Option<String>,
+    pub loss: Option<String>,
+}
+
 /// The resolved link.
 pub struct LinkSpec {
     pub scenario: Option<String>,
     pub mtu: u16,
     pub up: Params,
     pub down: Params,
+}
+
+impl LinkSpec {
+    /// Scenario `name` with `o` applied to both directions.
+    pub fn scenario_with(name: &str, o: &BothWays) -> Result<LinkSpec> {
+        let s = scenario::find(name).map_err(anyhow::Error::msg)?;
+        let none = &None;
+        let both = |p: Params| {
+            apply(
+                p,
+                Overrides {
+                    rate: [&o.rate, none],
+                    delay: [&o.delay, none],
+                    queue: [&o.queue, none],
+                    loss: [&o.loss, none],
+                    ber: [none, none],
+                    corrupt: [none, none],
+                },
+            )
+            .map_err(anyhow::Error::msg)
+        };
+        Ok(LinkSpec {
+            scenario: Some(name.to_string()),
+            mtu: s.mtu,
+            up: both(s.up)?,
+            down: both(s.down)?,
+        })
+    }
 }
 
 impl LinkArgs {
@@ -295,10 +332,10 @@ impl Report {
 }
 
 /// A lab with its relay running.
-struct Running {
+pub struct Running {
     lab: hosts::Lab,
     relay: relay::Relay,
-    spec: LinkSpec,
+    pub spec: LinkSpec,
     started: Instant,
 }
 
@@ -313,14 +350,25 @@ impl Running {
             }
             None => None,
         };
-        let lab = hosts::Lab::up(&args.name, spec.mtu)?;
+        Running::up(&args.name, spec, args.seed, log)
+    }
+
+    /// Brings up lab `name` with the link `spec`; everything is removed when the result is
+    /// stopped or dropped.
+    pub fn up(
+        name: &str,
+        spec: LinkSpec,
+        seed: u64,
+        log: Option<relay::PacketLog>,
+    ) -> Result<Running> {
+        let lab = hosts::Lab::up(name, spec.mtu)?;
         let relay = relay::Relay::start(
             lab.devices[0].clone(),
             lab.devices[1].clone(),
             spec.up.clone(),
             spec.down.clone(),
-            args.seed,
-            log.clone(),
+            seed,
+            log,
         );
         Ok(Running {
             lab,
@@ -330,7 +378,19 @@ impl Running {
         })
     }
 
-    fn stop(self) -> Report {
+    /// A command to run in `host` (left or right) of this lab.
+    pub fn command(&self, host: &str, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args([
+            "netns",
+            "exec",
+            &hosts::namespace(&self.lab.name, host),
+            program,
+        ]);
+        c
+    }
+
+    pub fn stop(self) -> Report {
         let seconds = self.started.elapsed().as_secs_f64();
         let drops = self.lab.device_drops();
         let (up, down) = self.relay.stop();

@@ -645,3 +645,50 @@ fn put_dash_uploads_standard_input() {
         assert_eq!(code, 2, "{why}: {err}");
     }
 }
+
+/// `braid model` from a scenario, from options, and with what is missing named.
+#[test]
+fn model_predicts_and_names_the_binding_limit() {
+    // XFTP's satellite T1 with 24 KiB buffers: one stream is window-bound, 16 overflow the
+    // scenario's 96 kB queue.
+    let model = |args: &[&str]| {
+        let mut all = vec!["model", "--json", "--congestion", "cubic"];
+        all.extend_from_slice(args);
+        let (code, out, err) = braid(&all, &[]);
+        assert_eq!(code, 0, "{err}");
+        json(out.trim())
+    };
+    let one = model(&[
+        "--scenario",
+        "satellite-t1",
+        "--buffer",
+        "24KiB",
+        "-n",
+        "1",
+        "--size",
+        "4MB",
+    ]);
+    assert_eq!(one["prediction"]["binding"], "window", "{one}");
+    assert_eq!(one["path"]["rtt"], 0.59);
+    let many = model(&[
+        "--scenario",
+        "satellite-t1",
+        "--buffer",
+        "24KiB",
+        "-n",
+        "16",
+        "--size",
+        "4MB",
+    ]);
+    assert_eq!(many["prediction"]["binding"], "sharing", "{many}");
+    let rate = |v: &serde_json::Value| v["prediction"]["bytes_per_second"].as_f64().unwrap();
+    assert!(rate(&many) > 3.0 * rate(&one));
+    // Loss binds one cubic flow on a long fat path with big buffers.
+    let lossy = model(&[
+        "--rate", "1gbit", "--rtt", "100ms", "--loss", "1e-4", "--window", "64MB", "--size", "10GB",
+    ]);
+    assert_eq!(lossy["prediction"]["binding"], "loss", "{lossy}");
+    let (code, _, err) = braid(&["model", "--rtt", "10ms"], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--rate"), "{err}");
+}

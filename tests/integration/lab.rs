@@ -520,3 +520,81 @@ fn clean_leaves_a_running_lab_of_a_renamed_binary_alone() {
     );
     link.stop();
 }
+
+/// A tiny sweep end to end: 2 cells × 2 repeats on a LAN link, with every output written and
+/// consistent with the runs made.
+#[test]
+fn bench_sweep_writes_json_csv_markdown_and_plots() {
+    require_lab();
+    let name = lab_name("bench");
+    let top = tempdir();
+    let out_dir = top.path().join("results");
+    let mut cmd = crate::util::braid_command(top.path());
+    cmd.args([
+        "bench",
+        "--scenario",
+        "lan-100m",
+        "-n",
+        "1,2",
+        "--direction",
+        "get",
+        "--repeat",
+        "2",
+        "--size",
+        "1MB",
+        "--idle-ping",
+        "1",
+        "--name",
+        &name,
+        "--out",
+    ])
+    .arg(&out_dir);
+    let (ok, stdout, stderr) = crate::util::run(&mut cmd, Duration::from_secs(120));
+    assert_gone(&name);
+    assert!(ok, "braid bench failed:\n{stdout}\n{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap())
+            .unwrap();
+    let cells = report["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 2, "{report}");
+    for (cell, streams) in cells.iter().zip([1, 2]) {
+        assert_eq!(cell["cell"]["streams"], streams);
+        assert_eq!(cell["mbit_s"]["count"], 2, "{cell}");
+        assert_eq!(cell["failures"], 0);
+        // Payload cannot beat the 100 Mbit/s link, and a working transfer moves something.
+        let median = cell["mbit_s"]["median"].as_f64().unwrap();
+        assert!(median > 0.0 && median < 100.0, "{cell}");
+        let model = &cell["model"];
+        assert_eq!(model["binding"], "link", "{cell}");
+        assert!(model["error_percent"].as_f64().is_some());
+        assert!(cell["ping"]["samples"].as_u64().unwrap() > 0, "{cell}");
+    }
+    assert!(report["idle"]["lan-100m"]["p50_ms"].as_f64().unwrap() > 0.0);
+    // One CSV row and one JSON line per run, in the order they ran.
+    let csv = std::fs::read_to_string(out_dir.join("results.csv")).unwrap();
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows.len(), 5, "{csv}");
+    assert!(rows[0].starts_with("scenario,tool,direction,streams"));
+    assert!(
+        rows[1..]
+            .iter()
+            .all(|r| r.starts_with("lan-100m,braid,get,"))
+    );
+    let jsonl = std::fs::read_to_string(out_dir.join("results.jsonl")).unwrap();
+    let repeats: Vec<u64> = jsonl
+        .lines()
+        .map(|l| crate::util::json(l)["run"]["repeat"].as_u64().unwrap())
+        .collect();
+    assert_eq!(repeats, [0, 0, 1, 1], "each round runs every cell once");
+    for svg in ["throughput-lan-100m-get.svg", "latency-lan-100m.svg"] {
+        let text = std::fs::read_to_string(out_dir.join(svg)).unwrap();
+        assert!(text.starts_with("<svg"), "{svg}");
+        assert!(text.contains("Mbit/s") || text.contains("RTT"), "{svg}");
+    }
+    let md = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    assert!(
+        md.contains("| braid | get | 2 | default | default | 2 |"),
+        "{md}"
+    );
+    assert!(stdout.contains("## lan-100m"), "{stdout}");
+}

@@ -1,0 +1,269 @@
+//! The sweep: which cells a benchmark measures, and in what order. Each round visits every
+//! cell of a scenario once, in its own shuffled order, so that drift on a shared machine
+//! (another job starting, the CPU warming) spreads over all cells instead of biasing the
+//! ones measured last. Scenarios run one after the other, each on its own lab link.
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tool {
+    Braid,
+    /// iperf3: TCP with nothing on top, the ceiling for a stream count and buffer.
+    Iperf3,
+}
+
+impl Tool {
+    pub fn parse(s: &str) -> Result<Tool, String> {
+        match s {
+            "braid" => Ok(Tool::Braid),
+            "iperf3" => Ok(Tool::Iperf3),
+            _ => Err(format!("{s:?}: the tools are braid and iperf3")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tool::Braid => "braid",
+            Tool::Iperf3 => "iperf3",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// The client in `left` downloads from the server in `right`.
+    Get,
+    /// The client uploads.
+    Put,
+}
+
+impl Direction {
+    pub fn parse(s: &str) -> Result<Direction, String> {
+        match s {
+            "get" => Ok(Direction::Get),
+            "put" => Ok(Direction::Put),
+            _ => Err(format!("{s:?}: the directions are get and put")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Get => "get",
+            Direction::Put => "put",
+        }
+    }
+}
+
+/// A stream count: a number, or braid's self-tuning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Streams {
+    Fixed(u32),
+    Auto,
+}
+
+impl Streams {
+    pub fn parse(s: &str) -> Result<Streams, String> {
+        if s == "auto" {
+            return Ok(Streams::Auto);
+        }
+        match s.parse::<u32>() {
+            Ok(n @ 1..=64) => Ok(Streams::Fixed(n)),
+            _ => Err(format!("{s:?}: a stream count is 1 to 64 or auto")),
+        }
+    }
+
+    pub fn label(self) -> String {
+        match self {
+            Streams::Fixed(n) => n.to_string(),
+            Streams::Auto => "auto".into(),
+        }
+    }
+}
+
+impl Serialize for Streams {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Streams::Fixed(n) => s.serialize_u32(*n),
+            Streams::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+/// One combination of the swept parameters.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Cell {
+    pub scenario: String,
+    pub tool: Tool,
+    pub direction: Direction,
+    pub streams: Streams,
+    /// Socket buffer set on each data connection; None: the kernel tunes it.
+    pub buffer: Option<u64>,
+    /// braid's block size; None: braid's default.
+    pub block: Option<u64>,
+}
+
+/// The axes of a sweep.
+#[derive(Debug, Clone)]
+pub struct Grid {
+    pub scenarios: Vec<String>,
+    pub tools: Vec<Tool>,
+    pub directions: Vec<Direction>,
+    pub streams: Vec<Streams>,
+    pub buffers: Vec<Option<u64>>,
+    pub blocks: Vec<Option<u64>>,
+}
+
+impl Grid {
+    /// Every combination, scenario by scenario. iperf3 has no blocks and no self-tuning: it
+    /// gets one cell per stream count and buffer.
+    pub fn cells(&self) -> Vec<Cell> {
+        let mut out = Vec::new();
+        for scenario in &self.scenarios {
+            for &tool in &self.tools {
+                for &direction in &self.directions {
+                    for &streams in &self.streams {
+                        if tool == Tool::Iperf3 && streams == Streams::Auto {
+                            continue;
+                        }
+                        for &buffer in &self.buffers {
+                            let blocks: &[Option<u64>] = match tool {
+                                Tool::Braid => &self.blocks,
+                                Tool::Iperf3 => &[None],
+                            };
+                            for &block in blocks {
+                                out.push(Cell {
+                                    scenario: scenario.clone(),
+                                    tool,
+                                    direction,
+                                    streams,
+                                    buffer,
+                                    block,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// One measurement to make: cell `cell` (an index into the cells), its `repeat`th time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Run {
+    pub cell: usize,
+    pub repeat: u32,
+}
+
+/// The order of the runs: the cells of one scenario stay together; within it, `repeats`
+/// rounds, each a shuffle of all its cells (the same seed gives the same order).
+pub fn schedule(cells: &[Cell], repeats: u32, seed: u64) -> Vec<Run> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = Vec::with_capacity(cells.len() * repeats as usize);
+    let mut start = 0;
+    while start < cells.len() {
+        let end = start
+            + cells[start..]
+                .iter()
+                .take_while(|c| c.scenario == cells[start].scenario)
+                .count();
+        for repeat in 0..repeats {
+            let mut round: Vec<usize> = (start..end).collect();
+            round.shuffle(&mut rng);
+            out.extend(round.into_iter().map(|cell| Run { cell, repeat }));
+        }
+        start = end;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grid() -> Grid {
+        Grid {
+            scenarios: vec!["a".into(), "b".into()],
+            tools: vec![Tool::Braid, Tool::Iperf3],
+            directions: vec![Direction::Get, Direction::Put],
+            streams: vec![Streams::Fixed(1), Streams::Fixed(8), Streams::Auto],
+            buffers: vec![None, Some(24 << 10)],
+            blocks: vec![None, Some(1 << 20)],
+        }
+    }
+
+    #[test]
+    fn cells_cover_the_grid() {
+        let cells = grid().cells();
+        // Per scenario: braid 2 directions × 3 counts × 2 buffers × 2 blocks = 24, iperf3
+        // 2 × 2 (no auto) × 2 (no blocks) = 8.
+        assert_eq!(cells.len(), 2 * (24 + 8));
+        assert!(
+            !cells.iter().any(
+                |c| c.tool == Tool::Iperf3 && (c.streams == Streams::Auto || c.block.is_some())
+            )
+        );
+        for (i, a) in cells.iter().enumerate() {
+            assert!(!cells[i + 1..].contains(a), "{a:?} twice");
+        }
+    }
+
+    #[test]
+    fn schedule_interleaves_rounds_and_keeps_scenarios_together() {
+        let cells = grid().cells();
+        let runs = schedule(&cells, 3, 7);
+        assert_eq!(runs.len(), cells.len() * 3);
+        // Every (cell, repeat) once.
+        for c in 0..cells.len() {
+            for r in 0..3 {
+                assert_eq!(
+                    runs.iter()
+                        .filter(|x| **x == Run { cell: c, repeat: r })
+                        .count(),
+                    1
+                );
+            }
+        }
+        // Scenario a's runs all come before b's.
+        let first_b = runs
+            .iter()
+            .position(|r| cells[r.cell].scenario == "b")
+            .unwrap();
+        assert!(
+            runs[first_b..]
+                .iter()
+                .all(|r| cells[r.cell].scenario == "b")
+        );
+        // Within a scenario, round r is complete before round r + 1 begins.
+        let per = first_b / 3;
+        for (i, run) in runs[..first_b].iter().enumerate() {
+            assert_eq!(run.repeat as usize, i / per);
+        }
+        // Rounds are shuffled differently: not the cells' order, not all alike.
+        let round = |r: usize| -> Vec<usize> {
+            runs[r * per..(r + 1) * per]
+                .iter()
+                .map(|x| x.cell)
+                .collect()
+        };
+        assert_ne!(round(0), (0..per).collect::<Vec<_>>());
+        assert!(round(0) != round(1) || round(1) != round(2));
+        // The same seed, the same order; another seed, another.
+        assert_eq!(schedule(&cells, 3, 7), runs);
+        assert_ne!(schedule(&cells, 3, 8), runs);
+    }
+
+    #[test]
+    fn streams_parse() {
+        assert_eq!(Streams::parse("auto"), Ok(Streams::Auto));
+        assert_eq!(Streams::parse("16"), Ok(Streams::Fixed(16)));
+        assert!(Streams::parse("0").is_err());
+        assert!(Streams::parse("65").is_err());
+    }
+}

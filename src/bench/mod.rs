@@ -1,0 +1,372 @@
+//! `braid bench`: sweeps over the lab's links, stream counts, buffers, block sizes,
+//! directions and tools, with ping across the link during every run, statistics per cell, the
+//! model's prediction beside each measurement, and JSON, CSV, Markdown and SVG results.
+
+pub mod grid;
+pub mod measure;
+pub mod report;
+pub mod stats;
+
+use crate::lab::{BothWays, LinkSpec, Running, model::Loss, model::QueueLimit};
+use crate::model::limits::{self, Load, Path as ModelPath, Prediction, Window};
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use grid::{Cell, Direction, Grid, Streams, Tool};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Round trips braid's measured time (from RETR or STOR to the checked end) holds besides the
+/// data: the command and its reply, the data connections' handshakes, the checksum exchange.
+pub const BRAID_OVERHEAD_RTTS: f64 = 2.0;
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Lab scenarios to measure on (`braid lab scenarios`), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "lan-100m")]
+    pub scenario: Vec<String>,
+    /// Override every scenario's link rate (both directions), e.g. 20mbit.
+    #[arg(long)]
+    pub rate: Option<String>,
+    /// Override every scenario's one-way delay (both directions), e.g. 10ms.
+    #[arg(long)]
+    pub delay: Option<String>,
+    /// Override every scenario's queue (both directions), e.g. 100pkt or 96kB.
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// Override every scenario's random loss (both directions), e.g. 1e-4.
+    #[arg(long)]
+    pub loss: Option<String>,
+    /// Stream counts, comma-separated: numbers (1-64) and auto (braid's self-tuning).
+    #[arg(short = 'n', long, value_delimiter = ',', default_value = "1,4",
+          value_parser = Streams::parse)]
+    pub streams: Vec<Streams>,
+    /// Socket buffers per data connection, comma-separated: sizes (24KiB) and default (the
+    /// kernel tunes them).
+    #[arg(long, value_delimiter = ',', default_value = "default", value_parser = size_or_default)]
+    pub buffer: Vec<Option<u64>>,
+    /// braid's block sizes, comma-separated: multiples of 64KiB, and default.
+    #[arg(long, value_delimiter = ',', default_value = "default", value_parser = size_or_default)]
+    pub block_size: Vec<Option<u64>>,
+    /// Directions, comma-separated: get (the client in `left` downloads) and put.
+    #[arg(long, value_delimiter = ',', default_value = "get,put", value_parser = Direction::parse)]
+    pub direction: Vec<Direction>,
+    /// Tools, comma-separated: braid, and iperf3 (plain TCP with the same streams and
+    /// buffers: the ceiling). A tool that is not installed is skipped with a note.
+    #[arg(long, value_delimiter = ',', default_value = "braid", value_parser = Tool::parse)]
+    pub tool: Vec<Tool>,
+    /// Runs of each cell.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub repeat: u32,
+    /// Bytes each run moves, e.g. 4MB.
+    #[arg(long, default_value = "4MB", value_parser = crate::cli::parse_size)]
+    pub size: u64,
+    /// Where results go (created if missing): results.jsonl as runs finish, then report.json,
+    /// results.csv, report.md and SVG plots.
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+    /// Lab name, so that benchmarks can run side by side.
+    #[arg(long, default_value = "bench")]
+    pub name: String,
+    /// Seed for the order of the runs and the link's random loss.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Longest a run may take, seconds; a run stopped there counts as failed.
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Seconds of ping on each idle link before its runs.
+    #[arg(long, default_value_t = 3.0)]
+    pub idle_ping: f64,
+}
+
+fn size_or_default(s: &str) -> Result<Option<u64>, String> {
+    if s == "default" {
+        return Ok(None);
+    }
+    crate::cli::parse_size(s).map(Some)
+}
+
+/// A line above the progress bar, or on stderr when there is no bar (not a terminal).
+fn note(bar: &ProgressBar, line: String) {
+    if bar.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
+
+fn installed(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+}
+
+/// What the model predicts for a cell; None for self-tuned counts (no fixed N to model).
+fn predict(cell: &Cell, spec: &LinkSpec, size: u64) -> Option<Prediction> {
+    let Streams::Fixed(n) = cell.streams else {
+        return None;
+    };
+    // get: data flows right → left, the lab's "down".
+    let (there, back) = match cell.direction {
+        Direction::Get => (&spec.down, &spec.up),
+        Direction::Put => (&spec.up, &spec.down),
+    };
+    let mtu = f64::from(spec.mtu);
+    let loss = match there.loss {
+        Loss::None => 0.0,
+        Loss::Random(p) => p,
+        Loss::Ber(b) => crate::lab::model::per_packet(b, spec.mtu.into()),
+    };
+    let path = ModelPath {
+        rate_bps: there.rate? as f64,
+        rtt: (there.delay + back.delay) as f64 / 1e9,
+        mtu,
+        loss,
+        queue: Some(match there.queue {
+            QueueLimit::Bytes(b) => b as f64,
+            QueueLimit::Packets(p) => p as f64 * mtu,
+        }),
+    };
+    let load = Load {
+        streams: n,
+        window: cell
+            .buffer
+            .map_or_else(crate::model::autotuned, |b| Window::Buffer(b as f64)),
+        size: size as f64,
+        congestion: crate::model::system_congestion(),
+        initial_window: limits::INITIAL_WINDOW,
+        overhead_rtts: match cell.tool {
+            Tool::Braid => BRAID_OVERHEAD_RTTS,
+            Tool::Iperf3 => 0.0,
+        },
+        echo: false,
+    };
+    Some(limits::predict(&path, &load))
+}
+
+/// A file of `size` random-looking bytes (compressible data would flatter nothing here, but
+/// a pattern keeps generation cheap).
+fn make_file(path: &std::path::Path, size: u64) -> Result<()> {
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
+    );
+    let mut block = vec![0u8; 1 << 20];
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for b in block.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
+    }
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+pub fn main(args: BenchArgs) -> Result<u8> {
+    if !rustix::process::geteuid().is_root() {
+        bail!(
+            "braid bench runs on the lab's emulated links, which need root (network namespaces and TUN devices): run it with sudo"
+        );
+    }
+    let braid = std::env::current_exe().context("cannot find braid's own executable")?;
+    let mut tools = args.tool.clone();
+    tools.dedup();
+    if tools.contains(&Tool::Iperf3) && !installed("iperf3") {
+        eprintln!(
+            "braid bench: iperf3 is not installed: its rows are skipped (apt-get install iperf3)"
+        );
+        tools.retain(|t| *t != Tool::Iperf3);
+    }
+    let mut specs = BTreeMap::new();
+    let overrides = BothWays {
+        rate: args.rate.clone(),
+        delay: args.delay.clone(),
+        queue: args.queue.clone(),
+        loss: args.loss.clone(),
+    };
+    for s in &args.scenario {
+        specs.insert(s.clone(), LinkSpec::scenario_with(s, &overrides)?);
+    }
+    let grid = Grid {
+        scenarios: args.scenario.clone(),
+        tools,
+        directions: args.direction.clone(),
+        streams: args.streams.clone(),
+        buffers: args.buffer.clone(),
+        blocks: args.block_size.clone(),
+    };
+    let cells = grid.cells();
+    if cells.is_empty() {
+        bail!("nothing to measure: the grid has no cells");
+    }
+    let runs = grid::schedule(&cells, args.repeat, args.seed);
+    let predictions: Vec<Option<Prediction>> = cells
+        .iter()
+        .map(|c| predict(c, &specs[&c.scenario], args.size))
+        .collect();
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let jsonl_path = args.out.join("results.jsonl");
+    let mut jsonl = std::fs::File::create(&jsonl_path)
+        .with_context(|| format!("cannot create {}", jsonl_path.display()))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(sig, stop.clone());
+    }
+    // Files live in memory where there is a /dev/shm, so that the disk is not measured.
+    let shm = std::path::Path::new("/dev/shm");
+    let tmp = if shm.is_dir() {
+        tempfile::Builder::new()
+            .prefix("braid-bench")
+            .tempdir_in(shm)?
+    } else {
+        tempfile::Builder::new().prefix("braid-bench").tempdir()?
+    };
+    let root = tmp.path().join("root");
+    std::fs::create_dir(&root)?;
+    let file = root.join("bench.bin");
+    make_file(&file, args.size)?;
+
+    let bar = ProgressBar::new(runs.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} runs, {elapsed} spent, about {eta} left  {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let epoch = measure::unix_now();
+    let mut records = Vec::new();
+    let mut idle = BTreeMap::new();
+    let mut i = 0;
+    while i < runs.len() && !stop.load(Ordering::Relaxed) {
+        let scenario = cells[runs[i].cell].scenario.clone();
+        let end = i + runs[i..]
+            .iter()
+            .take_while(|r| cells[r.cell].scenario == scenario)
+            .count();
+        let spec = LinkSpec::scenario_with(&scenario, &overrides)?;
+        bar.set_message(format!("{scenario}: bringing the link up"));
+        let lab = Running::up(&args.name, spec, args.seed, None)?;
+        let uses_iperf3 = runs[i..end]
+            .iter()
+            .any(|r| cells[r.cell].tool == Tool::Iperf3);
+        let servers = measure::start_servers(&lab, &braid, &root, uses_iperf3)?;
+        bar.set_message(format!("{scenario}: ping on the idle link"));
+        let quiet = measure::idle_ping(&lab, args.idle_ping, epoch)?;
+        if let Some(l) = report::Latency::of(&quiet.iter().map(|p| p.1).collect::<Vec<_>>()) {
+            note(
+                &bar,
+                format!(
+                    "{scenario}: idle ping p50 {:.1} ms, p95 {:.1} ms",
+                    l.p50_ms, l.p95_ms
+                ),
+            );
+            idle.insert(scenario.clone(), l);
+        }
+        for run in &runs[i..end] {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let cell = &cells[run.cell];
+            let label = format!(
+                "{scenario} {} {} -n {} buffer {} block {}",
+                cell.tool.name(),
+                cell.direction.name(),
+                cell.streams.label(),
+                cell.buffer.map_or("default".into(), |b| b.to_string()),
+                cell.block.map_or("default".into(), |b| b.to_string()),
+            );
+            bar.set_message(label.clone());
+            let started = measure::unix_now() - epoch;
+            let target = match (cell.tool, cell.direction) {
+                (Tool::Braid, Direction::Get) => "bench.bin".to_string(),
+                _ => file.display().to_string(),
+            };
+            let measured = measure::run(
+                &lab,
+                &braid,
+                cell,
+                &target,
+                args.size,
+                epoch,
+                Duration::from_secs(args.timeout),
+                &stop,
+            );
+            if measured.error.as_deref() == Some("interrupted") {
+                break;
+            }
+            note(
+                &bar,
+                match &measured.error {
+                    None => format!(
+                        "{label}: {:.3} Mbit/s in {:.2} s",
+                        measured.bytes_per_second * 8.0 / 1e6,
+                        measured.seconds
+                    ),
+                    Some(e) => format!("{label}: FAILED: {e}"),
+                },
+            );
+            let record = report::Record {
+                run: *run,
+                cell: cell.clone(),
+                started,
+                measured,
+            };
+            writeln!(jsonl, "{}", serde_json::to_string(&record)?)
+                .context("cannot write results.jsonl")?;
+            records.push(record);
+            bar.inc(1);
+        }
+        drop(servers);
+        let link = lab.stop();
+        if link.up.device_drops + link.down.device_drops > 0 {
+            note(
+                &bar,
+                format!(
+                    "{scenario}: WARNING: the TUN devices dropped {} packets the emulator never saw (the relay fell behind): this scenario's numbers are not trustworthy",
+                    link.up.device_drops + link.down.device_drops
+                ),
+            );
+        }
+        i = end;
+    }
+    bar.finish_and_clear();
+    let interrupted = stop.load(Ordering::Relaxed);
+    let head = report::Head {
+        command,
+        size: args.size,
+        repeats: args.repeat,
+        interrupted,
+    };
+    let rep = report::build(head, &cells, &predictions, idle, &records);
+    let plots = report::write(&args.out, &rep, &records)?;
+    print!("{}", report::markdown(&rep, &[]));
+    eprintln!(
+        "braid bench: {} runs; results in {} (report.md, report.json, results.csv, results.jsonl{})",
+        records.len(),
+        args.out.display(),
+        if plots.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", plots.join(", "))
+        }
+    );
+    let failed = records.iter().any(|r| r.measured.error.is_some());
+    Ok(if interrupted {
+        crate::client::error::exit::INTERRUPTED
+    } else if failed {
+        1
+    } else {
+        0
+    })
+}

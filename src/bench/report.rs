@@ -1,0 +1,660 @@
+//! What a benchmark measured, per cell: statistics, ping inflation, the model's prediction
+//! beside the measurement, correlations with each swept parameter; written as JSON, CSV,
+//! Markdown and SVG.
+
+use super::grid::{Cell, Direction, Run, Streams, Tool};
+use super::measure::Measured;
+use super::stats::{Summary, pearson, percentile};
+use crate::model::limits::{LimitKind, Prediction};
+use anyhow::{Context, Result};
+use plotters::prelude::*;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// One measurement, as results.jsonl keeps it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    pub run: Run,
+    pub cell: Cell,
+    /// Seconds since the benchmark started.
+    pub started: f64,
+    pub measured: Measured,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub samples: usize,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Latency {
+    pub fn of(ms: &[f64]) -> Option<Latency> {
+        let mut v: Vec<f64> = ms.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        Some(Latency {
+            samples: v.len(),
+            p50_ms: percentile(&v, 0.5),
+            p95_ms: percentile(&v, 0.95),
+            max_ms: v[v.len() - 1],
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCheck {
+    pub predicted_mbit_s: f64,
+    pub binding: LimitKind,
+    /// (measured median − predicted) / predicted, percent.
+    pub error_percent: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CellReport {
+    pub cell: Cell,
+    /// Payload throughput, Mbit/s, of the runs that completed.
+    pub mbit_s: Option<Summary>,
+    pub seconds: Option<Summary>,
+    pub failures: usize,
+    pub errors: Vec<String>,
+    /// Ping across the link while this cell ran.
+    pub ping: Option<Latency>,
+    /// Ping p50 and p95 less the idle link's p50, ms.
+    pub inflation_p50_ms: Option<f64>,
+    pub inflation_p95_ms: Option<f64>,
+    pub model: Option<ModelCheck>,
+    /// The limit the sending kernel reported for most of its busy time (uploads).
+    pub kernel_limit: Option<String>,
+    pub retransmits_median: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Correlation {
+    pub scenario: String,
+    pub tool: Tool,
+    /// streams, buffer, block or direction (get 0, put 1).
+    pub parameter: &'static str,
+    pub runs: usize,
+    /// Pearson's r of throughput with the parameter.
+    pub r: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub command: String,
+    pub size: u64,
+    pub repeats: u32,
+    pub interrupted: bool,
+    /// Ping on each scenario's idle link.
+    pub idle: BTreeMap<String, Latency>,
+    pub cells: Vec<CellReport>,
+    pub correlations: Vec<Correlation>,
+}
+
+fn mbit(bytes_per_second: f64) -> f64 {
+    bytes_per_second * 8.0 / 1e6
+}
+
+/// What the whole benchmark was.
+pub struct Head {
+    pub command: String,
+    pub size: u64,
+    pub repeats: u32,
+    pub interrupted: bool,
+}
+
+pub fn build(
+    head: Head,
+    cells: &[Cell],
+    predictions: &[Option<Prediction>],
+    idle: BTreeMap<String, Latency>,
+    records: &[Record],
+) -> Report {
+    let mut out = Vec::new();
+    for (i, cell) in cells.iter().enumerate() {
+        let runs: Vec<&Record> = records.iter().filter(|r| r.run.cell == i).collect();
+        if runs.is_empty() {
+            continue;
+        }
+        let ok: Vec<&Measured> = runs
+            .iter()
+            .map(|r| &r.measured)
+            .filter(|m| m.error.is_none())
+            .collect();
+        let mbit_s = Summary::of(
+            &ok.iter()
+                .map(|m| mbit(m.bytes_per_second))
+                .collect::<Vec<_>>(),
+        );
+        let ping: Vec<f64> = runs
+            .iter()
+            .flat_map(|r| r.measured.ping.iter().map(|p| p.1))
+            .collect();
+        let ping = Latency::of(&ping);
+        let idle_p50 = idle.get(&cell.scenario).map(|l| l.p50_ms);
+        let inflation = |f: fn(&Latency) -> f64| Some(f(ping.as_ref()?) - idle_p50?);
+        let model = predictions[i].as_ref().map(|p| {
+            let predicted = mbit(p.bytes_per_second);
+            ModelCheck {
+                predicted_mbit_s: predicted,
+                binding: p.binding,
+                error_percent: mbit_s
+                    .as_ref()
+                    .map(|s| (s.median - predicted) / predicted * 100.0),
+            }
+        });
+        let mut sender = ok.iter().filter_map(|m| m.sender.as_ref());
+        let kernel_limit = sender.next().map(|first| {
+            let mut total = first.clone();
+            for s in sender {
+                total.busy_ms += s.busy_ms;
+                total.rwnd_limited_ms += s.rwnd_limited_ms;
+                total.sndbuf_limited_ms += s.sndbuf_limited_ms;
+            }
+            total
+                .dominant()
+                .map_or("none (the network)".to_string(), str::to_string)
+        });
+        out.push(CellReport {
+            cell: cell.clone(),
+            mbit_s,
+            seconds: Summary::of(&ok.iter().map(|m| m.seconds).collect::<Vec<_>>()),
+            failures: runs.len() - ok.len(),
+            errors: runs
+                .iter()
+                .filter_map(|r| r.measured.error.clone())
+                .collect(),
+            inflation_p50_ms: inflation(|l| l.p50_ms),
+            inflation_p95_ms: inflation(|l| l.p95_ms),
+            ping,
+            model,
+            kernel_limit,
+            retransmits_median: Summary::of(
+                &ok.iter()
+                    .filter_map(|m| m.retransmits.map(|r| r as f64))
+                    .collect::<Vec<_>>(),
+            )
+            .map(|s| s.median),
+        });
+    }
+    Report {
+        command: head.command,
+        size: head.size,
+        repeats: head.repeats,
+        interrupted: head.interrupted,
+        idle,
+        correlations: correlations(records),
+        cells: out,
+    }
+}
+
+/// Pearson's r of throughput with each numeric parameter that varies, per scenario and
+/// tool (throughputs of different links are not comparable). Runs where the parameter has no
+/// number (auto streams, the default buffer or block) are left out of that parameter's r.
+pub fn correlations(records: &[Record]) -> Vec<Correlation> {
+    type Param = (&'static str, fn(&Cell) -> Option<f64>);
+    let params: [Param; 4] = [
+        ("streams", |c| match c.streams {
+            Streams::Fixed(n) => Some(f64::from(n)),
+            Streams::Auto => None,
+        }),
+        ("buffer", |c| c.buffer.map(|b| b as f64)),
+        ("block", |c| c.block.map(|b| b as f64)),
+        ("direction", |c| {
+            Some(match c.direction {
+                Direction::Get => 0.0,
+                Direction::Put => 1.0,
+            })
+        }),
+    ];
+    let mut groups: BTreeMap<(String, &'static str), Vec<&Record>> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.measured.error.is_none()) {
+        groups
+            .entry((r.cell.scenario.clone(), r.cell.tool.name()))
+            .or_default()
+            .push(r);
+    }
+    let mut out = Vec::new();
+    for ((scenario, _), runs) in groups {
+        for (name, value) in params {
+            let (xs, ys): (Vec<f64>, Vec<f64>) = runs
+                .iter()
+                .filter_map(|r| Some((value(&r.cell)?, r.measured.bytes_per_second)))
+                .unzip();
+            if let Some(r) = pearson(&xs, &ys) {
+                out.push(Correlation {
+                    scenario: scenario.clone(),
+                    tool: runs[0].cell.tool,
+                    parameter: name,
+                    runs: xs.len(),
+                    r,
+                });
+            }
+        }
+    }
+    out
+}
+
+fn size_label(b: Option<u64>) -> String {
+    match b {
+        None => "default".into(),
+        Some(b) if b % (1 << 20) == 0 => format!("{}MiB", b >> 20),
+        Some(b) if b % (1 << 10) == 0 => format!("{}KiB", b >> 10),
+        Some(b) => b.to_string(),
+    }
+}
+
+fn opt(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |v| format!("{v:.digits$}"))
+}
+
+/// One row per run.
+pub fn csv(records: &[Record]) -> String {
+    let mut s = String::from(
+        "scenario,tool,direction,streams,buffer,block,repeat,started_s,bytes,seconds,mbit_s,streams_used,retransmits,ping_p50_ms,ping_p95_ms,error\n",
+    );
+    for r in records {
+        let c = &r.cell;
+        let m = &r.measured;
+        let lat = Latency::of(&m.ping.iter().map(|p| p.1).collect::<Vec<_>>());
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{},{:.3},{},{:.4},{:.4},{},{},{},{},{}",
+            c.scenario,
+            c.tool.name(),
+            c.direction.name(),
+            c.streams.label(),
+            c.buffer.map_or(String::new(), |b| b.to_string()),
+            c.block.map_or(String::new(), |b| b.to_string()),
+            r.run.repeat,
+            r.started,
+            m.bytes,
+            m.seconds,
+            mbit(m.bytes_per_second),
+            m.streams.map_or(String::new(), |s| s.to_string()),
+            m.retransmits.map_or(String::new(), |s| s.to_string()),
+            lat.as_ref()
+                .map_or(String::new(), |l| format!("{:.2}", l.p50_ms)),
+            lat.as_ref()
+                .map_or(String::new(), |l| format!("{:.2}", l.p95_ms)),
+            m.error.as_deref().unwrap_or("").replace([',', '\n'], ";"),
+        );
+    }
+    s
+}
+
+pub fn markdown(r: &Report, plots: &[String]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# braid bench\n\n`{}`\n", r.command);
+    let _ = writeln!(
+        s,
+        "{} bytes per run, {} repeat(s) per cell, cells shuffled within each round.{}\n",
+        r.size,
+        r.repeats,
+        if r.interrupted {
+            " **Interrupted: these are the runs made before Ctrl-C.**"
+        } else {
+            ""
+        }
+    );
+    let scenarios: Vec<&String> = {
+        let mut v: Vec<&String> = r.cells.iter().map(|c| &c.cell.scenario).collect();
+        v.dedup();
+        v
+    };
+    for sc in scenarios {
+        let _ = writeln!(s, "## {sc}\n");
+        if let Some(l) = r.idle.get(sc) {
+            let _ = writeln!(
+                s,
+                "Idle link: ping p50 {:.1} ms, p95 {:.1} ms ({} samples).\n",
+                l.p50_ms, l.p95_ms, l.samples
+            );
+        }
+        s.push_str("| tool | dir | streams | buffer | block | n | min | median | mean | max | std | model (binding) | model error | ping p50 / p95 ms (+ over idle) | sender limit | retransmits |\n");
+        s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for c in r.cells.iter().filter(|c| &c.cell.scenario == sc) {
+            let st = c.mbit_s.as_ref();
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                c.cell.tool.name(),
+                c.cell.direction.name(),
+                c.cell.streams.label(),
+                size_label(c.cell.buffer),
+                size_label(c.cell.block),
+                st.map_or(0, |s| s.count),
+                if c.failures > 0 {
+                    format!(" ({} failed)", c.failures)
+                } else {
+                    String::new()
+                },
+                opt(st.map(|s| s.min), 3),
+                opt(st.map(|s| s.median), 3),
+                opt(st.map(|s| s.mean), 3),
+                opt(st.map(|s| s.max), 3),
+                opt(st.map(|s| s.std), 3),
+                c.model.as_ref().map_or("-".into(), |m| format!(
+                    "{:.3} ({})",
+                    m.predicted_mbit_s,
+                    m.binding.name()
+                )),
+                opt(c.model.as_ref().and_then(|m| m.error_percent), 1)
+                    + if c.model.as_ref().and_then(|m| m.error_percent).is_some() {
+                        "%"
+                    } else {
+                        ""
+                    },
+                c.ping.as_ref().map_or("-".into(), |p| format!(
+                    "{:.1} / {:.1} (+{} / +{})",
+                    p.p50_ms,
+                    p.p95_ms,
+                    opt(c.inflation_p50_ms, 1),
+                    opt(c.inflation_p95_ms, 1)
+                )),
+                c.kernel_limit.as_deref().unwrap_or("-"),
+                opt(c.retransmits_median, 0),
+            );
+        }
+        let corr: Vec<&Correlation> = r
+            .correlations
+            .iter()
+            .filter(|c| &c.scenario == sc)
+            .collect();
+        if !corr.is_empty() {
+            s.push_str("\nCorrelation of throughput with each parameter (Pearson's r over the runs):\n\n| tool | parameter | runs | r |\n|---|---|---|---|\n");
+            for c in corr {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {:.3} |",
+                    c.tool.name(),
+                    c.parameter,
+                    c.runs,
+                    c.r
+                );
+            }
+        }
+        s.push('\n');
+    }
+    let errors: Vec<String> = r
+        .cells
+        .iter()
+        .flat_map(|c| {
+            c.errors.iter().map(move |e| {
+                format!(
+                    "- {} {} -n {}: {e}",
+                    c.cell.scenario,
+                    c.cell.tool.name(),
+                    c.cell.streams.label()
+                )
+            })
+        })
+        .collect();
+    if !errors.is_empty() {
+        let _ = writeln!(s, "## Failed runs\n\n{}\n", errors.join("\n"));
+    }
+    if !plots.is_empty() {
+        s.push_str("## Plots\n\n");
+        for p in plots {
+            let _ = writeln!(s, "- [{p}]({p})");
+        }
+    }
+    s.push_str("\nThroughput is TCP payload in Mbit/s (10^6 bit/s). The model is `braid model` for the cell's link, streams and buffer; its error is the measured median against the prediction.\n");
+    s
+}
+
+/// Throughput against streams, one line per tool, buffer and block size, with mean ± std
+/// error bars and the model's prediction dashed; one file per scenario and direction.
+/// Latency against time, one file per scenario. Returns the files' names.
+pub fn plots(r: &Report, records: &[Record], dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    let mut keys: Vec<(String, Direction)> = r
+        .cells
+        .iter()
+        .map(|c| (c.cell.scenario.clone(), c.cell.direction))
+        .collect();
+    keys.dedup();
+    keys.sort_by(|a, b| (&a.0, a.1.name()).cmp(&(&b.0, b.1.name())));
+    keys.dedup();
+    for (sc, dir_) in keys {
+        let cells: Vec<&CellReport> = r
+            .cells
+            .iter()
+            .filter(|c| c.cell.scenario == sc && c.cell.direction == dir_)
+            .filter(|c| matches!(c.cell.streams, Streams::Fixed(_)) && c.mbit_s.is_some())
+            .collect();
+        if cells.is_empty() {
+            continue;
+        }
+        let name = format!("throughput-{sc}-{}.svg", dir_.name());
+        throughput_plot(&cells, &dir.join(&name), &format!("{sc}, {}", dir_.name()))?;
+        names.push(name);
+    }
+    let mut scenarios: Vec<&String> = records.iter().map(|r| &r.cell.scenario).collect();
+    scenarios.dedup();
+    for sc in scenarios {
+        let name = format!("latency-{sc}.svg");
+        let runs: Vec<&Record> = records.iter().filter(|r| &r.cell.scenario == sc).collect();
+        if runs.iter().all(|r| r.measured.ping.is_empty()) {
+            continue;
+        }
+        latency_plot(&runs, r.idle.get(sc), &dir.join(&name), sc)?;
+        names.push(name);
+    }
+    Ok(names)
+}
+
+fn throughput_plot(cells: &[&CellReport], path: &Path, title: &str) -> Result<()> {
+    let err = |e: DrawingAreaErrorKind<_>| anyhow::anyhow!("cannot draw {}: {e}", path.display());
+    let streams = |c: &CellReport| match c.cell.streams {
+        Streams::Fixed(n) => f64::from(n),
+        Streams::Auto => 0.0,
+    };
+    let x_max = cells.iter().map(|c| streams(c)).fold(1.0, f64::max);
+    let y_max = cells
+        .iter()
+        .flat_map(|c| {
+            let s = c.mbit_s.as_ref().map_or(0.0, |s| s.max.max(s.mean + s.std));
+            let m = c.model.as_ref().map_or(0.0, |m| m.predicted_mbit_s);
+            [s, m]
+        })
+        .fold(0.0, f64::max)
+        .max(1e-3);
+    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{title}: throughput against streams (mean ± std; model dashed)"),
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(35)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.5..x_max + 0.5, 0.0..y_max * 1.1)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("streams")
+        .y_desc("Mbit/s")
+        .draw()
+        .map_err(err)?;
+    let mut lines: BTreeMap<String, Vec<&CellReport>> = BTreeMap::new();
+    for c in cells {
+        let key = format!(
+            "{} buffer {} block {}",
+            c.cell.tool.name(),
+            size_label(c.cell.buffer),
+            size_label(c.cell.block)
+        );
+        lines.entry(key).or_default().push(c);
+    }
+    for (i, (label, mut line)) in lines.into_iter().enumerate() {
+        line.sort_by(|a, b| streams(a).total_cmp(&streams(b)));
+        let color = Palette99::pick(i).to_rgba();
+        let means: Vec<(f64, f64)> = line
+            .iter()
+            .filter_map(|c| Some((streams(c), c.mbit_s.as_ref()?.mean)))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(means.clone(), color.stroke_width(2)))
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
+        chart
+            .draw_series(line.iter().filter_map(|c| {
+                let s = c.mbit_s.as_ref()?;
+                Some(ErrorBar::new_vertical(
+                    streams(c),
+                    s.mean - s.std,
+                    s.mean,
+                    s.mean + s.std,
+                    color.filled(),
+                    8,
+                ))
+            }))
+            .map_err(err)?;
+        let model: Vec<(f64, f64)> = line
+            .iter()
+            .filter_map(|c| Some((streams(c), c.model.as_ref()?.predicted_mbit_s)))
+            .collect();
+        chart
+            .draw_series(DashedLineSeries::new(model, 6, 4, color.stroke_width(1)))
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+fn latency_plot(runs: &[&Record], idle: Option<&Latency>, path: &Path, title: &str) -> Result<()> {
+    let err = |e: DrawingAreaErrorKind<_>| anyhow::anyhow!("cannot draw {}: {e}", path.display());
+    let points: Vec<(f64, f64)> = runs
+        .iter()
+        .flat_map(|r| r.measured.ping.iter().copied())
+        .collect();
+    let t_max = points.iter().map(|p| p.0).fold(1e-3, f64::max);
+    let t_min = points.iter().map(|p| p.0).fold(t_max, f64::min);
+    let y_max = points.iter().map(|p| p.1).fold(1e-3, f64::max);
+    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{title}: ping RTT during the runs (idle p50 dashed)"),
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(35)
+        .y_label_area_size(60)
+        .build_cartesian_2d(t_min..t_max, 0.0..y_max * 1.1)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds since the benchmark started")
+        .y_desc("RTT (ms)")
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(
+            points
+                .iter()
+                .map(|&(t, ms)| Circle::new((t, ms), 2, BLUE.filled())),
+        )
+        .map_err(err)?;
+    if let Some(l) = idle {
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(t_min, l.p50_ms), (t_max, l.p50_ms)],
+                6,
+                4,
+                BLACK.stroke_width(1),
+            ))
+            .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Writes report.json, results.csv, report.md and the plots into `dir`.
+pub fn write(dir: &Path, report: &Report, records: &[Record]) -> Result<Vec<String>> {
+    let plots = plots(report, records, dir)?;
+    let put = |name: &str, text: String| {
+        std::fs::write(dir.join(name), text)
+            .with_context(|| format!("cannot write {}", dir.join(name).display()))
+    };
+    put("report.json", serde_json::to_string_pretty(report)?)?;
+    put("results.csv", csv(records))?;
+    put("report.md", markdown(report, &plots))?;
+    Ok(plots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(streams: u32, buffer: Option<u64>, rate: f64, repeat: u32) -> Record {
+        Record {
+            run: Run {
+                cell: (streams as usize) * 10 + buffer.map_or(0, |_| 1),
+                repeat,
+            },
+            cell: Cell {
+                scenario: "s".into(),
+                tool: Tool::Braid,
+                direction: Direction::Get,
+                streams: Streams::Fixed(streams),
+                buffer,
+                block: None,
+            },
+            started: 0.0,
+            measured: Measured {
+                bytes: 1000,
+                seconds: 1.0,
+                bytes_per_second: rate,
+                ..Measured::default()
+            },
+        }
+    }
+
+    #[test]
+    fn correlation_uses_only_numeric_values_that_vary() {
+        let recs = vec![
+            record(1, None, 100.0, 0),
+            record(2, None, 200.0, 0),
+            record(4, None, 390.0, 0),
+            record(4, Some(65536), 350.0, 0),
+        ];
+        let c = correlations(&recs);
+        // streams varies (4 runs); buffer has one numeric value (left out); block none;
+        // direction does not vary.
+        assert_eq!(c.len(), 1);
+        assert_eq!((c[0].parameter, c[0].runs), ("streams", 4));
+        let xs = [1.0, 2.0, 4.0, 4.0];
+        let ys = [100.0, 200.0, 390.0, 350.0];
+        assert_eq!(c[0].r, pearson(&xs, &ys).unwrap());
+        assert!(c[0].r > 0.9);
+    }
+
+    #[test]
+    fn csv_has_a_row_per_run_and_escapes_errors() {
+        let mut bad = record(1, None, 0.0, 1);
+        bad.measured.error = Some("failed, badly\nreally".into());
+        let text = csv(&[record(1, None, 125_000.0, 0), bad]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        let cols = lines[0].split(',').count();
+        assert!(lines.iter().all(|l| l.split(',').count() == cols));
+        assert!(lines[1].contains(",1.0000,"), "{}", lines[1]);
+        assert!(lines[2].ends_with("failed; badly;really"));
+    }
+}
