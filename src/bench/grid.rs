@@ -8,32 +8,85 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Tool {
     Braid,
     /// iperf3: TCP with nothing on top, the ceiling for a stream count and buffer.
     Iperf3,
+    /// globus-url-copy -p N (MODE E) against globus-gridftp-server.
+    GlobusUrlCopy,
+    /// lftp against vsftpd: `pget -n N` downloads, one-stream uploads.
+    Lftp,
+    /// curl against vsftpd: one stream-mode connection.
+    Curl,
 }
 
 impl Tool {
+    pub const ALL: [Tool; 5] = [
+        Tool::Braid,
+        Tool::Iperf3,
+        Tool::GlobusUrlCopy,
+        Tool::Lftp,
+        Tool::Curl,
+    ];
+
     pub fn parse(s: &str) -> Result<Tool, String> {
-        match s {
-            "braid" => Ok(Tool::Braid),
-            "iperf3" => Ok(Tool::Iperf3),
-            _ => Err(format!("{s:?}: the tools are braid and iperf3")),
-        }
+        Tool::ALL
+            .into_iter()
+            .find(|t| t.name() == s || (s == "globus" && *t == Tool::GlobusUrlCopy))
+            .ok_or_else(|| {
+                format!("{s:?}: the tools are braid, iperf3, globus-url-copy, lftp and curl")
+            })
     }
 
     pub fn name(self) -> &'static str {
         match self {
             Tool::Braid => "braid",
             Tool::Iperf3 => "iperf3",
+            Tool::GlobusUrlCopy => "globus-url-copy",
+            Tool::Lftp => "lftp",
+            Tool::Curl => "curl",
+        }
+    }
+
+    /// The programs the tool needs on this machine: its client and its server.
+    pub fn programs(self) -> &'static [&'static str] {
+        match self {
+            Tool::Braid => &[],
+            Tool::Iperf3 => &["iperf3"],
+            Tool::GlobusUrlCopy => &["globus-url-copy", "globus-gridftp-server"],
+            Tool::Lftp => &["lftp", "vsftpd"],
+            Tool::Curl => &["curl", "vsftpd"],
+        }
+    }
+
+    /// Whether the tool can run a cell: only braid has blocks and self-tuning; curl has one
+    /// stream and no buffer option; lftp uploads over one stream.
+    pub fn supports(
+        self,
+        direction: Direction,
+        streams: Streams,
+        buffer: Option<u64>,
+        block: Option<u64>,
+    ) -> bool {
+        let fixed = matches!(streams, Streams::Fixed(_));
+        match self {
+            Tool::Braid => true,
+            Tool::Iperf3 | Tool::GlobusUrlCopy => fixed && block.is_none(),
+            Tool::Lftp => {
+                block.is_none()
+                    && match direction {
+                        Direction::Get => fixed,
+                        Direction::Put => streams == Streams::Fixed(1),
+                    }
+            }
+            Tool::Curl => streams == Streams::Fixed(1) && buffer.is_none() && block.is_none(),
         }
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     /// The client in `left` downloads from the server in `right`.
@@ -119,31 +172,26 @@ pub struct Grid {
 }
 
 impl Grid {
-    /// Every combination, scenario by scenario. iperf3 has no blocks and no self-tuning: it
-    /// gets one cell per stream count and buffer.
+    /// Every combination, scenario by scenario, that the tool can run (see
+    /// [`Tool::supports`]).
     pub fn cells(&self) -> Vec<Cell> {
         let mut out = Vec::new();
         for scenario in &self.scenarios {
             for &tool in &self.tools {
                 for &direction in &self.directions {
                     for &streams in &self.streams {
-                        if tool == Tool::Iperf3 && streams == Streams::Auto {
-                            continue;
-                        }
                         for &buffer in &self.buffers {
-                            let blocks: &[Option<u64>] = match tool {
-                                Tool::Braid => &self.blocks,
-                                Tool::Iperf3 => &[None],
-                            };
-                            for &block in blocks {
-                                out.push(Cell {
-                                    scenario: scenario.clone(),
-                                    tool,
-                                    direction,
-                                    streams,
-                                    buffer,
-                                    block,
-                                });
+                            for &block in &self.blocks {
+                                if tool.supports(direction, streams, buffer, block) {
+                                    out.push(Cell {
+                                        scenario: scenario.clone(),
+                                        tool,
+                                        direction,
+                                        streams,
+                                        buffer,
+                                        block,
+                                    });
+                                }
                             }
                         }
                     }
@@ -190,7 +238,7 @@ mod tests {
     fn grid() -> Grid {
         Grid {
             scenarios: vec!["a".into(), "b".into()],
-            tools: vec![Tool::Braid, Tool::Iperf3],
+            tools: vec![Tool::Braid, Tool::Iperf3, Tool::Curl, Tool::Lftp],
             directions: vec![Direction::Get, Direction::Put],
             streams: vec![Streams::Fixed(1), Streams::Fixed(8), Streams::Auto],
             buffers: vec![None, Some(24 << 10)],
@@ -202,8 +250,18 @@ mod tests {
     fn cells_cover_the_grid() {
         let cells = grid().cells();
         // Per scenario: braid 2 directions × 3 counts × 2 buffers × 2 blocks = 24, iperf3
-        // 2 × 2 (no auto) × 2 (no blocks) = 8.
-        assert_eq!(cells.len(), 2 * (24 + 8));
+        // 2 × 2 (no auto) × 2 (no blocks) = 8, curl 2 directions × 1 stream × the default
+        // buffer = 2, lftp get 2 counts × 2 buffers + put 1 stream × 2 buffers = 6.
+        assert_eq!(cells.len(), 2 * (24 + 8 + 2 + 6));
+        assert!(
+            cells
+                .iter()
+                .filter(|c| c.tool == Tool::Curl)
+                .all(|c| c.streams == Streams::Fixed(1) && c.buffer.is_none())
+        );
+        assert!(!cells.iter().any(|c| c.tool == Tool::Lftp
+            && c.direction == Direction::Put
+            && c.streams != Streams::Fixed(1)));
         assert!(
             !cells.iter().any(
                 |c| c.tool == Tool::Iperf3 && (c.streams == Streams::Auto || c.block.is_some())
@@ -257,6 +315,15 @@ mod tests {
         // The same seed, the same order; another seed, another.
         assert_eq!(schedule(&cells, 3, 7), runs);
         assert_ne!(schedule(&cells, 3, 8), runs);
+    }
+
+    #[test]
+    fn tools_parse_by_name() {
+        for t in Tool::ALL {
+            assert_eq!(Tool::parse(t.name()), Ok(t));
+        }
+        assert_eq!(Tool::parse("globus"), Ok(Tool::GlobusUrlCopy));
+        assert!(Tool::parse("scp").is_err());
     }
 
     #[test]

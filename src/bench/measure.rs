@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 pub const SERVER: &str = "198.18.0.2";
 pub const FTP_PORT: u16 = 2121;
 pub const IPERF_PORT: u16 = 5201;
+pub const VSFTPD_PORT: u16 = 2122;
+pub const GRIDFTP_PORT: u16 = 2811;
 /// Pings every 200 ms: five samples a second, 84 bytes each, too little to load even the
 /// 14.4 kbit/s link much.
 const PING_INTERVAL: &str = "0.2";
@@ -56,6 +58,8 @@ pub struct Measured {
     pub sender: Option<SenderLimits>,
     /// Ping RTTs during the run: (seconds since the benchmark started, ms).
     pub ping: Vec<(f64, f64)>,
+    /// The whole command by the clock (login and all).
+    pub wall_seconds: f64,
 }
 
 /// A child whose output goes to unnamed temporary files (a pipe nobody reads would stall it).
@@ -119,34 +123,80 @@ fn wait_listening(lab: &Running, port: u16) -> anyhow::Result<()> {
     anyhow::bail!("nothing listens on {SERVER}:{port} after 10 s: the server did not start")
 }
 
-/// braid serve (and iperf3 -s when wanted) in `right`, serving `root` with uploads allowed.
+/// A program by name: on PATH, or in /usr/sbin and /sbin (servers live there and root's
+/// PATH under sudo may lack them).
+pub fn find_program(name: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// The servers the `tools` need, in `right`: braid serve always, iperf3 -s, vsftpd
+/// (anonymous, uploads allowed, `root` as its directory) and globus-gridftp-server.
 pub fn start_servers(
     lab: &Running,
     braid: &std::path::Path,
+    work: &std::path::Path,
     root: &std::path::Path,
-    iperf3: bool,
+    tools: &[Tool],
 ) -> anyhow::Result<Servers> {
     let mut servers = Servers {
         children: Vec::new(),
+    };
+    let mut start = |mut cmd: Command, port: u16| -> anyhow::Result<()> {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        servers.children.push(cmd.spawn()?);
+        wait_listening(lab, port)
     };
     let mut serve = lab.command("right", &braid.to_string_lossy());
     serve
         .args(["serve", "--anonymous-write", "--root"])
         .arg(root)
-        .args(["--listen", &format!("{SERVER}:{FTP_PORT}")])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    servers.children.push(serve.spawn()?);
-    wait_listening(lab, FTP_PORT)?;
-    if iperf3 {
-        let mut s = lab.command("right", "iperf3");
-        s.args(["-s", "-B", SERVER, "-p", &IPERF_PORT.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        servers.children.push(s.spawn()?);
-        wait_listening(lab, IPERF_PORT)?;
+        .args(["--listen", &format!("{SERVER}:{FTP_PORT}")]);
+    start(serve, FTP_PORT)?;
+    let program = |name: &str| {
+        find_program(name).map_or_else(|| name.to_string(), |p| p.display().to_string())
+    };
+    if tools.contains(&Tool::Iperf3) {
+        let mut c = lab.command("right", &program("iperf3"));
+        c.args(["-s", "-B", SERVER, "-p", &IPERF_PORT.to_string()]);
+        start(c, IPERF_PORT)?;
+    }
+    if tools.contains(&Tool::Lftp) || tools.contains(&Tool::Curl) {
+        // Run as its launching user, vsftpd does not chroot: anon_root is where paths start.
+        let empty = work.join("vsftpd-empty");
+        std::fs::create_dir_all(&empty)?;
+        let conf = work.join("vsftpd.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listen=YES\nlisten_ipv6=NO\nlisten_address={SERVER}\nlisten_port={VSFTPD_PORT}\n\
+                 background=NO\nanonymous_enable=YES\nlocal_enable=NO\nanon_root={}\n\
+                 no_anon_password=YES\nseccomp_sandbox=NO\nrun_as_launching_user=YES\n\
+                 write_enable=YES\nanon_upload_enable=YES\nanon_other_write_enable=YES\n\
+                 anon_umask=022\nmax_clients=0\nmax_per_ip=0\npasv_enable=YES\n\
+                 pasv_address={SERVER}\nsecure_chroot_dir={}\n",
+                root.display(),
+                empty.display()
+            ),
+        )?;
+        let mut c = lab.command("right", &program("vsftpd"));
+        c.arg(&conf);
+        start(c, VSFTPD_PORT)?;
+    }
+    if tools.contains(&Tool::GlobusUrlCopy) {
+        let mut c = lab.command("right", &program("globus-gridftp-server"));
+        c.args(["-aa", "-anonymous-user", "root", "-auth-level", "0"])
+            .args(["-p", &GRIDFTP_PORT.to_string()])
+            .args(["-control-interface", SERVER, "-data-interface", SERVER])
+            .arg("-home-dir")
+            .arg(root)
+            .args(["-allow-root", "-log-level", "ERROR"]);
+        start(c, GRIDFTP_PORT)?;
     }
     Ok(servers)
 }
@@ -186,116 +236,240 @@ pub fn idle_ping(lab: &Running, seconds: f64, epoch: f64) -> anyhow::Result<Vec<
     Ok(ping_samples(&out, epoch))
 }
 
-/// The client command for a cell.
-fn client(lab: &Running, braid: &std::path::Path, cell: &Cell, file: &str, size: u64) -> Command {
-    match cell.tool {
-        Tool::Braid => {
-            let mut c = lab.command("left", &braid.to_string_lossy());
-            let url = |name: &str| format!("ftp://{SERVER}:{FTP_PORT}/{name}");
-            match cell.direction {
-                Direction::Get => c.args(["get", "-q", "--json", &url(file), "/dev/null"]),
-                Direction::Put => c.args(["put", "-q", "--json", file, &url("put.bin")]),
-            };
-            c.args(["-n", &cell.streams.label()]);
-            if let Some(b) = cell.buffer {
-                c.args(["--buffer", &b.to_string()]);
+/// Where a run's time comes from.
+enum Timing {
+    /// The tool's own report on stdout, of its data phase.
+    Own,
+    /// The whole command by the clock, less the tool's setup time on this link.
+    Wall,
+}
+
+/// What a benchmark run needs to know.
+pub struct Context<'a> {
+    pub lab: &'a Running,
+    pub braid: &'a std::path::Path,
+    /// The served directory; `bench.bin` (the payload) and `tiny.bin` (1 byte) are in it.
+    pub root: &'a std::path::Path,
+    /// Scratch space for downloads that cannot go to /dev/null.
+    pub work: &'a std::path::Path,
+    pub size: u64,
+    /// The benchmark's start, Unix seconds.
+    pub epoch: f64,
+    pub timeout: Duration,
+    pub stop: &'a AtomicBool,
+}
+
+impl Context<'_> {
+    /// The client command for a cell, moving `name` (a file in the served directory).
+    fn client(&self, cell: &Cell, name: &str) -> (Command, Timing) {
+        let lab = self.lab;
+        let local = self.root.join(name).display().to_string();
+        let streams = match cell.streams {
+            Streams::Fixed(n) => n,
+            Streams::Auto => 1,
+        };
+        match cell.tool {
+            Tool::Braid => {
+                let mut c = lab.command("left", &self.braid.to_string_lossy());
+                let url = |name: &str| format!("ftp://{SERVER}:{FTP_PORT}/{name}");
+                match cell.direction {
+                    Direction::Get => c.args(["get", "-q", "--json", &url(name), "/dev/null"]),
+                    Direction::Put => {
+                        c.args(["put", "-q", "--json", &local, &url("put-braid.bin")])
+                    }
+                };
+                c.args(["-n", &cell.streams.label()]);
+                if let Some(b) = cell.buffer {
+                    c.args(["--buffer", &b.to_string()]);
+                }
+                if let Some(b) = cell.block {
+                    c.args(["--block-size", &b.to_string()]);
+                }
+                (c, Timing::Own)
             }
-            if let Some(b) = cell.block {
-                c.args(["--block-size", &b.to_string()]);
+            Tool::Iperf3 => {
+                let mut c = lab.command("left", "iperf3");
+                c.args(["-c", SERVER, "-p", &IPERF_PORT.to_string(), "-J"]);
+                c.args(["-n", &self.size.to_string(), "-P", &streams.to_string()]);
+                if let Some(b) = cell.buffer {
+                    c.args(["-w", &b.to_string()]);
+                }
+                if cell.direction == Direction::Get {
+                    c.arg("-R");
+                }
+                (c, Timing::Own)
             }
-            c
+            Tool::Curl => {
+                let mut c = lab.command("left", "curl");
+                c.args([
+                    "-sS",
+                    "-w",
+                    "%{size_download} %{size_upload} %{time_pretransfer} %{time_total}",
+                ]);
+                let url = |name: &str| format!("ftp://{SERVER}:{VSFTPD_PORT}/{name}");
+                match cell.direction {
+                    Direction::Get => c.args(["-o", "/dev/null", &url(name)]),
+                    Direction::Put => c.args(["-T", &local, &url("put-curl.bin")]),
+                };
+                (c, Timing::Own)
+            }
+            Tool::Lftp => {
+                let mut script = String::from("set net:max-retries 1; set xfer:clobber on; ");
+                if let Some(b) = cell.buffer {
+                    script += &format!("set net:socket-buffer {b}; ");
+                }
+                let out = self.work.join("lftp.bin").display().to_string();
+                script += &match (cell.direction, streams) {
+                    (Direction::Get, 1) => format!("get {name} -o {out}; quit"),
+                    (Direction::Get, n) => format!("pget -n {n} {name} -o {out}; quit"),
+                    (Direction::Put, _) => format!("put {local} -o put-lftp.bin; quit"),
+                };
+                let mut c = lab.command("left", "lftp");
+                c.args(["-e", &script, &format!("ftp://{SERVER}:{VSFTPD_PORT}")]);
+                (c, Timing::Wall)
+            }
+            Tool::GlobusUrlCopy => {
+                let mut c = lab.command("left", "globus-url-copy");
+                c.args(["-p", &streams.to_string()]);
+                if let Some(b) = cell.buffer {
+                    c.args(["-tcp-bs", &b.to_string()]);
+                }
+                let remote = |path: &str| format!("ftp://{SERVER}:{GRIDFTP_PORT}{path}");
+                match cell.direction {
+                    Direction::Get => c.args([remote(&local), "file:///dev/null".into()]),
+                    Direction::Put => c.args([
+                        format!("file://{local}"),
+                        remote(&self.root.join("put-globus.bin").display().to_string()),
+                    ]),
+                };
+                (c, Timing::Wall)
+            }
         }
-        Tool::Iperf3 => {
-            let mut c = lab.command("left", "iperf3");
-            let n = match cell.streams {
-                Streams::Fixed(n) => n,
-                Streams::Auto => 1,
-            };
-            c.args(["-c", SERVER, "-p", &IPERF_PORT.to_string(), "-J"]);
-            c.args(["-n", &size.to_string(), "-P", &n.to_string()]);
-            if let Some(b) = cell.buffer {
-                c.args(["-w", &b.to_string()]);
-            }
-            if cell.direction == Direction::Get {
-                c.arg("-R");
-            }
-            c
+    }
+
+    /// What a wall-timed tool spends on a 1-byte file in this direction (login, commands,
+    /// connections): the least of two tries. None for tools that time themselves.
+    pub fn setup_seconds(&self, cell: &Cell) -> Option<f64> {
+        if !matches!(self.client(cell, "tiny.bin").1, Timing::Wall) {
+            return None;
         }
+        let once = || {
+            let (m, secs) = self.execute(cell, "tiny.bin", None);
+            m.error.is_none().then_some(secs)
+        };
+        let tries: Vec<f64> = (0..2).filter_map(|_| once()).collect();
+        tries.into_iter().reduce(f64::min)
+    }
+
+    /// Runs `cell` once with ping across the link, moving the payload; `setup` is what a
+    /// wall-timed tool spends besides the data. Stops early when `stop` is set or after the
+    /// timeout.
+    pub fn run(&self, cell: &Cell, setup: Option<f64>) -> Measured {
+        let pinger = ping(self.lab);
+        let (mut m, _) = self.execute(cell, "bench.bin", setup);
+        if let Ok(p) = pinger {
+            let (_, out, _) = p.finish();
+            m.ping = ping_samples(&out, self.epoch);
+        }
+        m
+    }
+
+    /// Runs the client for `name`; the measurement and the command's wall time.
+    fn execute(&self, cell: &Cell, name: &str, setup: Option<f64>) -> (Measured, f64) {
+        let (cmd, timing) = self.client(cell, name);
+        let started = Instant::now();
+        let mut child = match Captured::spawn(cmd) {
+            Ok(c) => c,
+            Err(e) => {
+                let m = Measured {
+                    error: Some(format!("cannot start {}: {e}", cell.tool.name())),
+                    ..Measured::default()
+                };
+                return (m, 0.0);
+            }
+        };
+        let mut why = None;
+        loop {
+            match child.child.try_wait() {
+                Ok(Some(_)) => break,
+                Ok(None) => {}
+                Err(e) => {
+                    why = Some(format!("cannot wait for the client: {e}"));
+                    break;
+                }
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            if started.elapsed() > self.timeout {
+                why = Some(format!("ran longer than {} s", self.timeout.as_secs()));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let wall = started.elapsed().as_secs_f64();
+        let (status, out, err) = child.finish();
+        // Ctrl-C at a terminal reaches the client too, which then fails on its own.
+        if self.stop.load(Ordering::Relaxed) {
+            why = Some("interrupted".into());
+        }
+        let mut m = match why {
+            Some(e) => Measured {
+                error: Some(e),
+                ..Measured::default()
+            },
+            None if !status.is_some_and(|s| s.success()) => Measured {
+                error: Some(format!(
+                    "{} failed ({}): {}",
+                    cell.tool.name(),
+                    status.map_or("killed".into(), |s| s.to_string()),
+                    err.trim().lines().last().unwrap_or("no message")
+                )),
+                ..Measured::default()
+            },
+            None => match (cell.tool, timing) {
+                (Tool::Braid, _) => parse_braid(&out),
+                (Tool::Iperf3, _) => parse_iperf3(&out),
+                (Tool::Curl, _) => parse_curl(&out),
+                (_, _) => {
+                    let seconds = (wall - setup.unwrap_or(0.0)).max(1e-6);
+                    Measured {
+                        bytes: self.size,
+                        seconds,
+                        bytes_per_second: self.size as f64 / seconds,
+                        streams: None,
+                        ..Measured::default()
+                    }
+                }
+            },
+        };
+        m.wall_seconds = wall;
+        (m, wall)
     }
 }
 
-/// Runs `cell` once, moving `size` bytes (`file`: the served file's name for get, the local
-/// path for put). Stops early when `stop` is set or after `timeout`.
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    lab: &Running,
-    braid: &std::path::Path,
-    cell: &Cell,
-    file: &str,
-    size: u64,
-    epoch: f64,
-    timeout: Duration,
-    stop: &AtomicBool,
-) -> Measured {
-    let pinger = ping(lab);
-    let started = Instant::now();
-    let mut m = match Captured::spawn(client(lab, braid, cell, file, size)) {
-        Err(e) => Measured {
-            error: Some(format!("cannot start the client: {e}")),
+/// curl's `-w "%{size_download} %{size_upload} %{time_pretransfer} %{time_total}"`: the time
+/// from the transfer command to the end, as braid times itself.
+pub fn parse_curl(stdout: &str) -> Measured {
+    let v: Vec<f64> = stdout
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    let [down, up, pre, total] = v[..] else {
+        return Measured {
+            error: Some(format!("curl printed {stdout:?}, not its four numbers")),
             ..Measured::default()
-        },
-        Ok(mut child) => {
-            let mut why = None;
-            loop {
-                match child.child.try_wait() {
-                    Ok(Some(_)) => break,
-                    Ok(None) => {}
-                    Err(e) => {
-                        why = Some(format!("cannot wait for the client: {e}"));
-                        break;
-                    }
-                }
-                if stop.load(Ordering::Relaxed) {
-                    why = Some("interrupted".into());
-                    break;
-                }
-                if started.elapsed() > timeout {
-                    why = Some(format!("ran longer than {} s", timeout.as_secs()));
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let (status, out, err) = child.finish();
-            // Ctrl-C at a terminal reaches the client too, which then fails on its own.
-            if stop.load(Ordering::Relaxed) {
-                why = Some("interrupted".into());
-            }
-            match why {
-                Some(e) => Measured {
-                    error: Some(e),
-                    ..Measured::default()
-                },
-                None if !status.is_some_and(|s| s.success()) => Measured {
-                    error: Some(format!(
-                        "{} failed ({}): {}",
-                        cell.tool.name(),
-                        status.map_or("killed".into(), |s| s.to_string()),
-                        err.trim().lines().last().unwrap_or("no message")
-                    )),
-                    ..Measured::default()
-                },
-                None => match cell.tool {
-                    Tool::Braid => parse_braid(&out),
-                    Tool::Iperf3 => parse_iperf3(&out),
-                },
-            }
-        }
+        };
     };
-    if let Ok(p) = pinger {
-        let (_, out, _) = p.finish();
-        m.ping = ping_samples(&out, epoch);
+    let bytes = down.max(up);
+    let seconds = (total - pre).max(1e-6);
+    Measured {
+        bytes: bytes as u64,
+        seconds,
+        bytes_per_second: bytes / seconds,
+        streams: Some(1),
+        ..Measured::default()
     }
-    m
 }
 
 /// The last JSON line of `braid get|put --json`: bytes, seconds, connections, and for
@@ -423,6 +597,17 @@ mod tests {
         );
         assert_eq!(s.dominant(), Some("receive window"));
         assert!(parse_braid("not json").error.is_some());
+    }
+
+    #[test]
+    fn curl_times_from_the_transfer_command() {
+        let m = parse_curl("0 2000000 1.5 3.5");
+        assert_eq!(m.error, None);
+        assert_eq!(
+            (m.bytes, m.seconds, m.bytes_per_second),
+            (2_000_000, 2.0, 1_000_000.0)
+        );
+        assert!(parse_curl("oops").error.is_some());
     }
 
     #[test]

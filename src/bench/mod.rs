@@ -20,9 +20,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// Round trips braid's measured time (from RETR or STOR to the checked end) holds besides the
-/// data: the command and its reply, the data connections' handshakes, the checksum exchange.
-pub const BRAID_OVERHEAD_RTTS: f64 = 2.0;
+/// Round trips a tool's measured time holds besides the data. braid times itself from RETR
+/// or STOR to the checked end: the command and its reply, the data connections' handshakes,
+/// the checksum exchange. curl from the transfer command to its end: the command and the
+/// final reply. lftp and globus-url-copy are timed by the clock less their time for a 1-byte
+/// file, and iperf3 times its data alone.
+pub fn overhead_rtts(tool: Tool) -> f64 {
+    match tool {
+        Tool::Braid => 2.0,
+        Tool::Curl => 1.0,
+        Tool::Iperf3 | Tool::Lftp | Tool::GlobusUrlCopy => 0.0,
+    }
+}
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -55,8 +64,10 @@ pub struct BenchArgs {
     /// Directions, comma-separated: get (the client in `left` downloads) and put.
     #[arg(long, value_delimiter = ',', default_value = "get,put", value_parser = Direction::parse)]
     pub direction: Vec<Direction>,
-    /// Tools, comma-separated: braid, and iperf3 (plain TCP with the same streams and
-    /// buffers: the ceiling). A tool that is not installed is skipped with a note.
+    /// Tools, comma-separated: braid (against braid serve); iperf3 (plain TCP with the same
+    /// streams and buffers: the ceiling); globus-url-copy -p N (against globus-gridftp-server);
+    /// lftp (pget -n N down, one stream up) and curl (one stream), both against vsftpd. Each
+    /// runs the cells it can; a tool that is not installed is skipped with a note.
     #[arg(long, value_delimiter = ',', default_value = "braid", value_parser = Tool::parse)]
     pub tool: Vec<Tool>,
     /// Runs of each cell.
@@ -99,11 +110,6 @@ fn note(bar: &ProgressBar, line: String) {
     }
 }
 
-fn installed(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-}
-
 /// What the model predicts for a cell; None for self-tuned counts (no fixed N to model).
 fn predict(cell: &Cell, spec: &LinkSpec, size: u64) -> Option<Prediction> {
     let Streams::Fixed(n) = cell.streams else {
@@ -138,10 +144,7 @@ fn predict(cell: &Cell, spec: &LinkSpec, size: u64) -> Option<Prediction> {
         size: size as f64,
         congestion: crate::model::system_congestion(),
         initial_window: limits::INITIAL_WINDOW,
-        overhead_rtts: match cell.tool {
-            Tool::Braid => BRAID_OVERHEAD_RTTS,
-            Tool::Iperf3 => 0.0,
-        },
+        overhead_rtts: overhead_rtts(cell.tool),
         echo: false,
     };
     Some(limits::predict(&path, &load))
@@ -179,13 +182,24 @@ pub fn main(args: BenchArgs) -> Result<u8> {
     }
     let braid = std::env::current_exe().context("cannot find braid's own executable")?;
     let mut tools = args.tool.clone();
+    tools.sort();
     tools.dedup();
-    if tools.contains(&Tool::Iperf3) && !installed("iperf3") {
-        eprintln!(
-            "braid bench: iperf3 is not installed: its rows are skipped (apt-get install iperf3)"
-        );
-        tools.retain(|t| *t != Tool::Iperf3);
-    }
+    tools.retain(|t| {
+        let missing: Vec<&str> = t
+            .programs()
+            .iter()
+            .copied()
+            .filter(|p| measure::find_program(p).is_none())
+            .collect();
+        if !missing.is_empty() {
+            eprintln!(
+                "braid bench: {} is skipped: {} not installed",
+                t.name(),
+                missing.join(" and ")
+            );
+        }
+        missing.is_empty()
+    });
     let mut specs = BTreeMap::new();
     let overrides = BothWays {
         rate: args.rate.clone(),
@@ -233,8 +247,8 @@ pub fn main(args: BenchArgs) -> Result<u8> {
     };
     let root = tmp.path().join("root");
     std::fs::create_dir(&root)?;
-    let file = root.join("bench.bin");
-    make_file(&file, args.size)?;
+    make_file(&root.join("bench.bin"), args.size)?;
+    make_file(&root.join("tiny.bin"), 1)?;
 
     let bar = ProgressBar::new(runs.len() as u64);
     bar.set_style(
@@ -247,6 +261,7 @@ pub fn main(args: BenchArgs) -> Result<u8> {
     let epoch = measure::unix_now();
     let mut records = Vec::new();
     let mut idle = BTreeMap::new();
+    let mut setup = BTreeMap::new();
     let mut i = 0;
     while i < runs.len() && !stop.load(Ordering::Relaxed) {
         let scenario = cells[runs[i].cell].scenario.clone();
@@ -257,10 +272,20 @@ pub fn main(args: BenchArgs) -> Result<u8> {
         let spec = LinkSpec::scenario_with(&scenario, &overrides)?;
         bar.set_message(format!("{scenario}: bringing the link up"));
         let lab = Running::up(&args.name, spec, args.seed, None)?;
-        let uses_iperf3 = runs[i..end]
-            .iter()
-            .any(|r| cells[r.cell].tool == Tool::Iperf3);
-        let servers = measure::start_servers(&lab, &braid, &root, uses_iperf3)?;
+        let mut used: Vec<Tool> = runs[i..end].iter().map(|r| cells[r.cell].tool).collect();
+        used.sort();
+        used.dedup();
+        let servers = measure::start_servers(&lab, &braid, tmp.path(), &root, &used)?;
+        let ctx = measure::Context {
+            lab: &lab,
+            braid: &braid,
+            root: &root,
+            work: tmp.path(),
+            size: args.size,
+            epoch,
+            timeout: Duration::from_secs(args.timeout),
+            stop: &stop,
+        };
         bar.set_message(format!("{scenario}: ping on the idle link"));
         let quiet = measure::idle_ping(&lab, args.idle_ping, epoch)?;
         if let Some(l) = report::Latency::of(&quiet.iter().map(|p| p.1).collect::<Vec<_>>()) {
@@ -272,6 +297,36 @@ pub fn main(args: BenchArgs) -> Result<u8> {
                 ),
             );
             idle.insert(scenario.clone(), l);
+        }
+        // Tools timed by the clock: what a 1-byte file costs them, per direction.
+        let mut setups: BTreeMap<(Tool, Direction), Option<f64>> = BTreeMap::new();
+        for run in &runs[i..end] {
+            let c = &cells[run.cell];
+            if setups.contains_key(&(c.tool, c.direction)) || stop.load(Ordering::Relaxed) {
+                continue;
+            }
+            let one = Cell {
+                streams: Streams::Fixed(1),
+                buffer: None,
+                block: None,
+                ..c.clone()
+            };
+            let s = ctx.setup_seconds(&one);
+            if let Some(s) = s {
+                note(
+                    &bar,
+                    format!(
+                        "{scenario}: {} {} spends {s:.2} s on a 1-byte file: taken off its times",
+                        c.tool.name(),
+                        c.direction.name()
+                    ),
+                );
+                setup.insert(
+                    format!("{scenario} {} {}", c.tool.name(), c.direction.name()),
+                    s,
+                );
+            }
+            setups.insert((c.tool, c.direction), s);
         }
         for run in &runs[i..end] {
             if stop.load(Ordering::Relaxed) {
@@ -288,20 +343,8 @@ pub fn main(args: BenchArgs) -> Result<u8> {
             );
             bar.set_message(label.clone());
             let started = measure::unix_now() - epoch;
-            let target = match (cell.tool, cell.direction) {
-                (Tool::Braid, Direction::Get) => "bench.bin".to_string(),
-                _ => file.display().to_string(),
-            };
-            let measured = measure::run(
-                &lab,
-                &braid,
-                cell,
-                &target,
-                args.size,
-                epoch,
-                Duration::from_secs(args.timeout),
-                &stop,
-            );
+            let setup_s = setups.get(&(cell.tool, cell.direction)).copied().flatten();
+            let measured = ctx.run(cell, setup_s);
             if measured.error.as_deref() == Some("interrupted") {
                 break;
             }
@@ -348,7 +391,7 @@ pub fn main(args: BenchArgs) -> Result<u8> {
         repeats: args.repeat,
         interrupted,
     };
-    let rep = report::build(head, &cells, &predictions, idle, &records);
+    let rep = report::build(head, &cells, &predictions, idle, setup, &records);
     let plots = report::write(&args.out, &rep, &records)?;
     print!("{}", report::markdown(&rep, &[]));
     eprintln!(

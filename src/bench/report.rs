@@ -93,6 +93,9 @@ pub struct Report {
     pub interrupted: bool,
     /// Ping on each scenario's idle link.
     pub idle: BTreeMap<String, Latency>,
+    /// "scenario tool direction": seconds a clock-timed tool spent on a 1-byte file there,
+    /// taken off each of its runs.
+    pub setup_seconds: BTreeMap<String, f64>,
     pub cells: Vec<CellReport>,
     pub correlations: Vec<Correlation>,
 }
@@ -114,6 +117,7 @@ pub fn build(
     cells: &[Cell],
     predictions: &[Option<Prediction>],
     idle: BTreeMap<String, Latency>,
+    setup_seconds: BTreeMap<String, f64>,
     records: &[Record],
 ) -> Report {
     let mut out = Vec::new();
@@ -189,6 +193,7 @@ pub fn build(
         repeats: head.repeats,
         interrupted: head.interrupted,
         idle,
+        setup_seconds,
         correlations: correlations(records),
         cells: out,
     }
@@ -227,6 +232,10 @@ pub fn correlations(records: &[Record]) -> Vec<Correlation> {
                 .iter()
                 .filter_map(|r| Some((value(&r.cell)?, r.measured.bytes_per_second)))
                 .unzip();
+            // Two points always lie on a line: r needs three runs to say anything.
+            if xs.len() < 3 {
+                continue;
+            }
             if let Some(r) = pearson(&xs, &ys) {
                 out.push(Correlation {
                     scenario: scenario.clone(),
@@ -315,6 +324,21 @@ pub fn markdown(r: &Report, plots: &[String]) -> String {
                 s,
                 "Idle link: ping p50 {:.1} ms, p95 {:.1} ms ({} samples).\n",
                 l.p50_ms, l.p95_ms, l.samples
+            );
+        }
+        let setups: Vec<String> = r
+            .setup_seconds
+            .iter()
+            .filter_map(|(k, v)| {
+                let rest = k.strip_prefix(sc.as_str())?.trim();
+                Some(format!("{rest} {v:.2} s"))
+            })
+            .collect();
+        if !setups.is_empty() {
+            let _ = writeln!(
+                s,
+                "Timed by the clock less their time for a 1-byte file: {}.\n",
+                setups.join(", ")
             );
         }
         s.push_str("| tool | dir | streams | buffer | block | n | min | median | mean | max | std | model (binding) | model error | ping p50 / p95 ms (+ over idle) | sender limit | retransmits |\n");

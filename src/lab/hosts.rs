@@ -77,6 +77,7 @@ impl Lab {
             let ns = namespace(name, host);
             ip(&["netns", "add", &ns])?;
             lab.created.push(ns.clone());
+            names_in(&ns)?;
             // IPv6 autoconfiguration would send router solicitations and MLD reports over the
             // link: switch IPv6 off before the device exists.
             run(Command::new("ip").args([
@@ -183,6 +184,24 @@ fn tx_dropped(ns: &str) -> Option<u64> {
 }
 
 /// Stops every process inside `ns` (TERM, then KILL after a second), then deletes it.
+/// `ip netns exec` shows a namespace `/etc/netns/NS/hosts` as its `/etc/hosts`: the
+/// machine's entries plus `left` and `right`. Programs that look up the name of an address
+/// they serve (globus-gridftp-server does) then find it here instead of asking a DNS server
+/// the namespace cannot reach.
+fn names_in(ns: &str) -> Result<()> {
+    let dir = PathBuf::from("/etc/netns").join(ns);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+    if !hosts.is_empty() && !hosts.ends_with('\n') {
+        hosts.push('\n');
+    }
+    for h in HOSTS {
+        hosts += &format!("{} {h}\n", address(h));
+    }
+    std::fs::write(dir.join("hosts"), hosts)
+        .with_context(|| format!("cannot write {}/hosts", dir.display()))
+}
+
 fn remove_namespace(ns: &str) {
     let deadline = Instant::now() + Duration::from_secs(1);
     let mut signal = rustix::process::Signal::TERM;
@@ -205,6 +224,7 @@ fn remove_namespace(ns: &str) {
     if let Err(e) = ip(&["netns", "del", ns]) {
         eprintln!("braid lab: cannot remove network namespace {ns}: {e:#}");
     }
+    let _ = std::fs::remove_dir_all(PathBuf::from("/etc/netns").join(ns));
 }
 
 fn namespace_pids(ns: &str) -> Vec<rustix::process::Pid> {

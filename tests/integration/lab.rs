@@ -41,6 +41,10 @@ fn assert_gone(name: &str) {
         !std::path::Path::new("/run/braid-lab").join(name).exists(),
         "the lab's record was left behind"
     );
+    for host in ["left", "right"] {
+        let names = std::path::Path::new("/etc/netns").join(format!("{name}-{host}"));
+        assert!(!names.exists(), "{} was left behind", names.display());
+    }
 }
 
 /// `braid lab link` running in the background; Ctrl-C'd (and waited for) when dropped.
@@ -597,4 +601,87 @@ fn bench_sweep_writes_json_csv_markdown_and_plots() {
         "{md}"
     );
     assert!(stdout.contains("## lan-100m"), "{stdout}");
+}
+
+/// Every tool `braid bench` knows runs in the lab against its server, both directions, and
+/// gets a number; the clock-timed ones have their setup measured.
+#[test]
+fn bench_runs_every_tool_against_its_server() {
+    require_lab();
+    for p in ["iperf3", "globus-url-copy", "lftp", "curl"] {
+        require(p);
+    }
+    let name = lab_name("tools");
+    let top = tempdir();
+    let out_dir = top.path().join("results");
+    let mut cmd = crate::util::braid_command(top.path());
+    cmd.args([
+        "bench",
+        "--scenario",
+        "lan-100m",
+        "-n",
+        "1",
+        "--repeat",
+        "1",
+        "--size",
+        "1MB",
+        "--idle-ping",
+        "0.5",
+        "--tool",
+        "braid,iperf3,globus-url-copy,lftp,curl",
+        "--name",
+        &name,
+        "--out",
+    ])
+    .arg(&out_dir);
+    let (ok, stdout, stderr) = crate::util::run(&mut cmd, Duration::from_secs(180));
+    assert_gone(&name);
+    assert!(ok, "braid bench failed:\n{stdout}\n{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap())
+            .unwrap();
+    let cells = report["cells"].as_array().unwrap();
+    let mut seen: Vec<String> = cells
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {}",
+                c["cell"]["tool"].as_str().unwrap(),
+                c["cell"]["direction"].as_str().unwrap()
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "braid get",
+            "braid put",
+            "curl get",
+            "curl put",
+            "globus-url-copy get",
+            "globus-url-copy put",
+            "iperf3 get",
+            "iperf3 put",
+            "lftp get",
+            "lftp put"
+        ]
+    );
+    for c in cells {
+        assert_eq!(c["failures"], 0, "{c}");
+        let median = c["mbit_s"]["median"].as_f64().unwrap();
+        assert!(median > 0.0, "{c}");
+    }
+    for key in [
+        "lftp get",
+        "lftp put",
+        "globus-url-copy get",
+        "globus-url-copy put",
+    ] {
+        let s = report["setup_seconds"][format!("lan-100m {key}")].as_f64();
+        assert!(
+            s.is_some_and(|s| s > 0.0),
+            "no setup time for {key}: {report}"
+        );
+    }
 }
