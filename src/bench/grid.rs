@@ -158,6 +158,20 @@ pub struct Cell {
     pub buffer: Option<u64>,
     /// braid's block size; None: braid's default.
     pub block: Option<u64>,
+    /// The client runs under `nice -n 19` (seed 000: it changes nothing on the network).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub nice: bool,
+}
+
+impl Cell {
+    /// The tool as a table shows it.
+    pub fn tool_label(&self) -> String {
+        if self.nice {
+            format!("{} (nice 19)", self.tool.name())
+        } else {
+            self.tool.name().to_string()
+        }
+    }
 }
 
 /// The axes of a sweep.
@@ -169,6 +183,8 @@ pub struct Grid {
     pub streams: Vec<Streams>,
     pub buffers: Vec<Option<u64>>,
     pub blocks: Vec<Option<u64>>,
+    /// Without and/or with `nice -n 19` on the client.
+    pub nice: Vec<bool>,
 }
 
 impl Grid {
@@ -182,7 +198,10 @@ impl Grid {
                     for &streams in &self.streams {
                         for &buffer in &self.buffers {
                             for &block in &self.blocks {
-                                if tool.supports(direction, streams, buffer, block) {
+                                if !tool.supports(direction, streams, buffer, block) {
+                                    continue;
+                                }
+                                for &nice in &self.nice {
                                     out.push(Cell {
                                         scenario: scenario.clone(),
                                         tool,
@@ -190,6 +209,7 @@ impl Grid {
                                         streams,
                                         buffer,
                                         block,
+                                        nice,
                                     });
                                 }
                             }
@@ -243,6 +263,7 @@ mod tests {
             streams: vec![Streams::Fixed(1), Streams::Fixed(8), Streams::Auto],
             buffers: vec![None, Some(24 << 10)],
             blocks: vec![None, Some(1 << 20)],
+            nice: vec![false],
         }
     }
 

@@ -214,9 +214,48 @@ pub fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-fn ping(lab: &Running) -> std::io::Result<Captured> {
-    let mut c = lab.command("left", "ping");
-    c.args(["-n", "-D", "-i", PING_INTERVAL, "-W", "30", SERVER]);
+/// Where the clients run and what they reach.
+pub enum Place<'a> {
+    /// In the lab's `left`, against the servers in `right`.
+    Lab(&'a Running),
+    /// On this machine, against a server somewhere else: `get` downloads `get_url`, `put`
+    /// uploads to `put_url`.
+    Remote {
+        host: String,
+        get_url: String,
+        put_url: String,
+        /// The size of the file at `get_url`, when a listing gave it.
+        get_size: Option<u64>,
+    },
+}
+
+impl Place<'_> {
+    fn command(&self, program: &str) -> Command {
+        match self {
+            Place::Lab(lab) => lab.command("left", program),
+            Place::Remote { .. } => Command::new(program),
+        }
+    }
+
+    fn ping_target(&self) -> &str {
+        match self {
+            Place::Lab(_) => SERVER,
+            Place::Remote { host, .. } => host,
+        }
+    }
+}
+
+fn ping(place: &Place) -> std::io::Result<Captured> {
+    let mut c = place.command("ping");
+    c.args([
+        "-n",
+        "-D",
+        "-i",
+        PING_INTERVAL,
+        "-W",
+        "30",
+        place.ping_target(),
+    ]);
     Captured::spawn(c)
 }
 
@@ -229,8 +268,8 @@ fn ping_samples(text: &str, epoch: f64) -> Vec<(f64, f64)> {
 }
 
 /// Ping alone for `seconds`: the idle link's RTT.
-pub fn idle_ping(lab: &Running, seconds: f64, epoch: f64) -> anyhow::Result<Vec<(f64, f64)>> {
-    let p = ping(lab)?;
+pub fn idle_ping(place: &Place, seconds: f64, epoch: f64) -> anyhow::Result<Vec<(f64, f64)>> {
+    let p = ping(place)?;
     std::thread::sleep(Duration::from_secs_f64(seconds));
     let (_, out, _) = p.finish();
     Ok(ping_samples(&out, epoch))
@@ -246,7 +285,7 @@ enum Timing {
 
 /// What a benchmark run needs to know.
 pub struct Context<'a> {
-    pub lab: &'a Running,
+    pub place: Place<'a>,
     pub braid: &'a std::path::Path,
     /// The served directory; `bench.bin` (the payload) and `tiny.bin` (1 byte) are in it.
     pub root: &'a std::path::Path,
@@ -257,12 +296,40 @@ pub struct Context<'a> {
     pub epoch: f64,
     pub timeout: Duration,
     pub stop: &'a AtomicBool,
+    /// Congestion control for braid's and iperf3's sending side.
+    pub congestion: Option<&'a str>,
 }
 
 impl Context<'_> {
     /// The client command for a cell, moving `name` (a file in the served directory).
     fn client(&self, cell: &Cell, name: &str) -> (Command, Timing) {
-        let lab = self.lab;
+        let (mut cmd, timing) = self.bare_client(cell, name);
+        if !cell.nice {
+            return (cmd, timing);
+        }
+        // ip netns exec NS nice -n 19 PROGRAM ARGS...
+        let mut args: Vec<std::ffi::OsString> = cmd.get_args().map(|a| a.to_owned()).collect();
+        args.splice(3..3, ["nice".into(), "-n".into(), "19".into()]);
+        let mut niced = Command::new(cmd.get_program());
+        niced.args(args);
+        cmd = niced;
+        (cmd, timing)
+    }
+
+    fn bare_client(&self, cell: &Cell, name: &str) -> (Command, Timing) {
+        let place = &self.place;
+        let remote = match place {
+            Place::Remote {
+                get_url, put_url, ..
+            } => Some((get_url.as_str(), put_url.as_str())),
+            Place::Lab(_) => None,
+        };
+        // The URL a tool's client uses: the remote one, or its server's in the lab.
+        let url = |port: u16, name: &str, dir: Direction| match (remote, dir) {
+            (Some((get, _)), Direction::Get) => get.to_string(),
+            (Some((_, put)), Direction::Put) => put.to_string(),
+            (None, _) => format!("ftp://{SERVER}:{port}/{name}"),
+        };
         let local = self.root.join(name).display().to_string();
         let streams = match cell.streams {
             Streams::Fixed(n) => n,
@@ -270,13 +337,12 @@ impl Context<'_> {
         };
         match cell.tool {
             Tool::Braid => {
-                let mut c = lab.command("left", &self.braid.to_string_lossy());
-                let url = |name: &str| format!("ftp://{SERVER}:{FTP_PORT}/{name}");
+                let mut c = place.command(&self.braid.to_string_lossy());
+                let get = url(FTP_PORT, name, Direction::Get);
+                let put = url(FTP_PORT, "put-braid.bin", Direction::Put);
                 match cell.direction {
-                    Direction::Get => c.args(["get", "-q", "--json", &url(name), "/dev/null"]),
-                    Direction::Put => {
-                        c.args(["put", "-q", "--json", &local, &url("put-braid.bin")])
-                    }
+                    Direction::Get => c.args(["get", "-q", "--json", &get, "/dev/null"]),
+                    Direction::Put => c.args(["put", "-q", "--json", &local, &put]),
                 };
                 c.args(["-n", &cell.streams.label()]);
                 if let Some(b) = cell.buffer {
@@ -285,10 +351,13 @@ impl Context<'_> {
                 if let Some(b) = cell.block {
                     c.args(["--block-size", &b.to_string()]);
                 }
+                if let Some(cc) = self.congestion {
+                    c.args(["--congestion", cc]);
+                }
                 (c, Timing::Own)
             }
             Tool::Iperf3 => {
-                let mut c = lab.command("left", "iperf3");
+                let mut c = place.command("iperf3");
                 c.args(["-c", SERVER, "-p", &IPERF_PORT.to_string(), "-J"]);
                 c.args(["-n", &self.size.to_string(), "-P", &streams.to_string()]);
                 if let Some(b) = cell.buffer {
@@ -297,19 +366,23 @@ impl Context<'_> {
                 if cell.direction == Direction::Get {
                     c.arg("-R");
                 }
+                if let Some(cc) = self.congestion {
+                    c.args(["-C", cc]);
+                }
                 (c, Timing::Own)
             }
             Tool::Curl => {
-                let mut c = lab.command("left", "curl");
+                let mut c = place.command("curl");
                 c.args([
                     "-sS",
                     "-w",
                     "%{size_download} %{size_upload} %{time_pretransfer} %{time_total}",
                 ]);
-                let url = |name: &str| format!("ftp://{SERVER}:{VSFTPD_PORT}/{name}");
+                let get = url(VSFTPD_PORT, name, Direction::Get);
+                let put = url(VSFTPD_PORT, "put-curl.bin", Direction::Put);
                 match cell.direction {
-                    Direction::Get => c.args(["-o", "/dev/null", &url(name)]),
-                    Direction::Put => c.args(["-T", &local, &url("put-curl.bin")]),
+                    Direction::Get => c.args(["-o", "/dev/null", &get]),
+                    Direction::Put => c.args(["-T", &local, &put]),
                 };
                 (c, Timing::Own)
             }
@@ -319,17 +392,20 @@ impl Context<'_> {
                     script += &format!("set net:socket-buffer {b}; ");
                 }
                 let out = self.work.join("lftp.bin").display().to_string();
+                // Whole URLs, so the same script reaches the lab's vsftpd or a remote server.
+                let get = url(VSFTPD_PORT, name, Direction::Get);
+                let put = url(VSFTPD_PORT, "put-lftp.bin", Direction::Put);
                 script += &match (cell.direction, streams) {
-                    (Direction::Get, 1) => format!("get {name} -o {out}; quit"),
-                    (Direction::Get, n) => format!("pget -n {n} {name} -o {out}; quit"),
-                    (Direction::Put, _) => format!("put {local} -o put-lftp.bin; quit"),
+                    (Direction::Get, 1) => format!("get {get} -o {out}; quit"),
+                    (Direction::Get, n) => format!("pget -n {n} {get} -o {out}; quit"),
+                    (Direction::Put, _) => format!("put {local} -o {put}; quit"),
                 };
-                let mut c = lab.command("left", "lftp");
-                c.args(["-e", &script, &format!("ftp://{SERVER}:{VSFTPD_PORT}")]);
+                let mut c = place.command("lftp");
+                c.args(["-e", &script]);
                 (c, Timing::Wall)
             }
             Tool::GlobusUrlCopy => {
-                let mut c = lab.command("left", "globus-url-copy");
+                let mut c = place.command("globus-url-copy");
                 c.args(["-p", &streams.to_string()]);
                 if let Some(b) = cell.buffer {
                     c.args(["-tcp-bs", &b.to_string()]);
@@ -350,7 +426,10 @@ impl Context<'_> {
     /// What a wall-timed tool spends on a 1-byte file in this direction (login, commands,
     /// connections): the least of two tries. None for tools that time themselves.
     pub fn setup_seconds(&self, cell: &Cell) -> Option<f64> {
-        if !matches!(self.client(cell, "tiny.bin").1, Timing::Wall) {
+        // A remote server has no 1-byte file to fetch.
+        if matches!(self.place, Place::Remote { .. })
+            || !matches!(self.client(cell, "tiny.bin").1, Timing::Wall)
+        {
             return None;
         }
         let once = || {
@@ -365,7 +444,7 @@ impl Context<'_> {
     /// wall-timed tool spends besides the data. Stops early when `stop` is set or after the
     /// timeout.
     pub fn run(&self, cell: &Cell, setup: Option<f64>) -> Measured {
-        let pinger = ping(self.lab);
+        let pinger = ping(&self.place);
         let (mut m, _) = self.execute(cell, "bench.bin", setup);
         if let Ok(p) = pinger {
             let (_, out, _) = p.finish();
@@ -433,10 +512,15 @@ impl Context<'_> {
                 (Tool::Curl, _) => parse_curl(&out),
                 (_, _) => {
                     let seconds = (wall - setup.unwrap_or(0.0)).max(1e-6);
+                    let bytes = match (&self.place, cell.direction) {
+                        (Place::Remote { get_size, .. }, Direction::Get) => get_size.unwrap_or(0),
+                        _ => self.size,
+                    };
                     Measured {
-                        bytes: self.size,
+                        error: (bytes == 0).then(|| "the remote file's size is unknown".into()),
+                        bytes,
                         seconds,
-                        bytes_per_second: self.size as f64 / seconds,
+                        bytes_per_second: bytes as f64 / seconds,
                         streams: None,
                         ..Measured::default()
                     }

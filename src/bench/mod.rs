@@ -2,13 +2,14 @@
 //! directions and tools, with ping across the link during every run, statistics per cell, the
 //! model's prediction beside each measurement, and JSON, CSV, Markdown and SVG results.
 
+pub mod experiments;
 pub mod grid;
 pub mod measure;
 pub mod report;
 pub mod stats;
 
 use crate::lab::{BothWays, LinkSpec, Running, model::Loss, model::QueueLimit};
-use crate::model::limits::{self, Load, Path as ModelPath, Prediction, Window};
+use crate::model::limits::{self, Congestion, Load, Path as ModelPath, Prediction, Window};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use grid::{Cell, Direction, Grid, Streams, Tool};
@@ -35,6 +36,25 @@ pub fn overhead_rtts(tool: Tool) -> f64 {
 
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
+    /// Run a seed's experiment and print its numbers beside braid's: xftp (satellite-t1,
+    /// 24 KB windows, 1-16 streams, 5 MB, as the XFTP paper's figure), bbftp (1/10/20 streams
+    /// × 64/256 KB × both directions on a 160 ms path with loss, mean ± std, as SLAC's
+    /// table), nice (ping during transfers on dsl-1m-bloat with the client at nice 0 and
+    /// 19). It sets the grid; --repeat, --out, --name, --seed and --timeout still apply.
+    #[arg(long, value_parser = experiments::NAMES,
+          conflicts_with_all = ["scenario", "rate", "delay", "queue", "loss", "streams", "buffer",
+                                "block_size", "direction", "tool", "size", "congestion"])]
+    pub experiment: Option<String>,
+    /// Measure a real path instead of the lab: get cells download this file, put cells upload
+    /// the generated --size file as braid-bench-upload.bin into its directory (left there).
+    /// Tools: braid, curl and lftp; no model (the path is unknown); ping goes to its host. No
+    /// root needed.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["experiment", "rate", "delay", "queue", "loss"])]
+    pub url: Option<String>,
+    /// Congestion control of braid's and iperf3's sending side (reno, cubic, bbr) [default:
+    /// the system's; the other tools always use it].
+    #[arg(long, value_parser = Congestion::parse)]
+    pub congestion: Option<Congestion>,
     /// Lab scenarios to measure on (`braid lab scenarios`), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "lan-100m")]
     pub scenario: Vec<String>,
@@ -111,7 +131,12 @@ fn note(bar: &ProgressBar, line: String) {
 }
 
 /// What the model predicts for a cell; None for self-tuned counts (no fixed N to model).
-fn predict(cell: &Cell, spec: &LinkSpec, size: u64) -> Option<Prediction> {
+fn predict(
+    cell: &Cell,
+    spec: &LinkSpec,
+    size: u64,
+    congestion: Option<Congestion>,
+) -> Option<Prediction> {
     let Streams::Fixed(n) = cell.streams else {
         return None;
     };
@@ -142,7 +167,7 @@ fn predict(cell: &Cell, spec: &LinkSpec, size: u64) -> Option<Prediction> {
             .buffer
             .map_or_else(crate::model::autotuned, |b| Window::Buffer(b as f64)),
         size: size as f64,
-        congestion: crate::model::system_congestion(),
+        congestion: congestion.unwrap_or_else(crate::model::system_congestion),
         initial_window: limits::INITIAL_WINDOW,
         overhead_rtts: overhead_rtts(cell.tool),
         echo: false,
@@ -174,8 +199,90 @@ fn make_file(path: &std::path::Path, size: u64) -> Result<()> {
     Ok(())
 }
 
-pub fn main(args: BenchArgs) -> Result<u8> {
-    if !rustix::process::geteuid().is_root() {
+/// A remote server to measure (`--url`).
+struct Remote {
+    /// The "scenario" its cells carry.
+    label: String,
+    host: String,
+    get_url: String,
+    put_url: String,
+    get_size: Option<u64>,
+}
+
+/// The URL's host, the upload's URL beside it, and the file's size from a listing of its
+/// directory (for tools timed by the clock).
+fn remote_target(u: &str) -> Result<Remote> {
+    let parsed = url::Url::parse(u).with_context(|| format!("--url {u}: not a URL"))?;
+    let Some(host) = parsed.host_str().map(str::to_string) else {
+        bail!("--url {u}: no host");
+    };
+    let name = parsed
+        .path_segments()
+        .and_then(|mut s| s.next_back())
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .with_context(|| format!("--url {u}: name a file to download, not a directory"))?;
+    let mut dir = parsed.clone();
+    if let Ok(mut segs) = dir.path_segments_mut() {
+        segs.pop().push("");
+    }
+    let mut put = dir.clone();
+    if let Ok(mut segs) = put.path_segments_mut() {
+        segs.pop().push("braid-bench-upload.bin");
+    }
+    let braid = std::env::current_exe().context("cannot find braid's own executable")?;
+    let listed = std::process::Command::new(braid)
+        .args(["ls", "--json", dir.as_str()])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .ok()
+        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok());
+    let get_size = listed
+        .as_ref()
+        .and_then(|v| v.as_array()?.iter().find(|e| e["name"] == name.as_str())?["size"].as_u64());
+    Ok(Remote {
+        label: format!("remote {host}"),
+        host,
+        get_url: u.to_string(),
+        put_url: put.to_string(),
+        get_size,
+    })
+}
+
+pub fn main(mut args: BenchArgs) -> Result<u8> {
+    let nice = match args.experiment.as_deref().and_then(experiments::plan) {
+        Some(p) => {
+            args.scenario = vec![p.scenario.to_string()];
+            args.delay = p.delay.map(str::to_string);
+            args.loss = p.loss.map(str::to_string);
+            args.streams = p.streams;
+            args.buffer = p.buffers;
+            args.block_size = vec![None];
+            args.direction = p.directions;
+            args.tool = p.tools;
+            args.size = p.size;
+            args.congestion = p.congestion;
+            p.nice
+        }
+        None => vec![false],
+    };
+    let remote = match &args.url {
+        Some(u) => Some(remote_target(u)?),
+        None => None,
+    };
+    if let Some(r) = &remote {
+        args.scenario = vec![r.label.clone()];
+        args.tool.retain(|t| {
+            let ok = matches!(t, Tool::Braid | Tool::Curl | Tool::Lftp);
+            if !ok {
+                eprintln!(
+                    "braid bench: {} is skipped: against --url only braid, curl and lftp run",
+                    t.name()
+                );
+            }
+            ok
+        });
+    } else if !rustix::process::geteuid().is_root() {
         bail!(
             "braid bench runs on the lab's emulated links, which need root (network namespaces and TUN devices): run it with sudo"
         );
@@ -207,8 +314,10 @@ pub fn main(args: BenchArgs) -> Result<u8> {
         queue: args.queue.clone(),
         loss: args.loss.clone(),
     };
-    for s in &args.scenario {
-        specs.insert(s.clone(), LinkSpec::scenario_with(s, &overrides)?);
+    if remote.is_none() {
+        for s in &args.scenario {
+            specs.insert(s.clone(), LinkSpec::scenario_with(s, &overrides)?);
+        }
     }
     let grid = Grid {
         scenarios: args.scenario.clone(),
@@ -217,6 +326,7 @@ pub fn main(args: BenchArgs) -> Result<u8> {
         streams: args.streams.clone(),
         buffers: args.buffer.clone(),
         blocks: args.block_size.clone(),
+        nice,
     };
     let cells = grid.cells();
     if cells.is_empty() {
@@ -225,7 +335,10 @@ pub fn main(args: BenchArgs) -> Result<u8> {
     let runs = grid::schedule(&cells, args.repeat, args.seed);
     let predictions: Vec<Option<Prediction>> = cells
         .iter()
-        .map(|c| predict(c, &specs[&c.scenario], args.size))
+        .map(|c| {
+            let spec = specs.get(&c.scenario)?;
+            predict(c, spec, args.size, args.congestion)
+        })
         .collect();
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
@@ -269,15 +382,31 @@ pub fn main(args: BenchArgs) -> Result<u8> {
             .iter()
             .take_while(|r| cells[r.cell].scenario == scenario)
             .count();
-        let spec = LinkSpec::scenario_with(&scenario, &overrides)?;
-        bar.set_message(format!("{scenario}: bringing the link up"));
-        let lab = Running::up(&args.name, spec, args.seed, None)?;
         let mut used: Vec<Tool> = runs[i..end].iter().map(|r| cells[r.cell].tool).collect();
         used.sort();
         used.dedup();
-        let servers = measure::start_servers(&lab, &braid, tmp.path(), &root, &used)?;
+        let (lab, servers) = match &remote {
+            Some(_) => (None, None),
+            None => {
+                let spec = LinkSpec::scenario_with(&scenario, &overrides)?;
+                bar.set_message(format!("{scenario}: bringing the link up"));
+                let lab = Running::up(&args.name, spec, args.seed, None)?;
+                let servers = measure::start_servers(&lab, &braid, tmp.path(), &root, &used)?;
+                (Some(lab), Some(servers))
+            }
+        };
+        let place = match (&lab, &remote) {
+            (Some(lab), _) => measure::Place::Lab(lab),
+            (None, Some(r)) => measure::Place::Remote {
+                host: r.host.clone(),
+                get_url: r.get_url.clone(),
+                put_url: r.put_url.clone(),
+                get_size: r.get_size,
+            },
+            (None, None) => bail!("neither a lab nor a remote server"),
+        };
         let ctx = measure::Context {
-            lab: &lab,
+            place,
             braid: &braid,
             root: &root,
             work: tmp.path(),
@@ -285,9 +414,10 @@ pub fn main(args: BenchArgs) -> Result<u8> {
             epoch,
             timeout: Duration::from_secs(args.timeout),
             stop: &stop,
+            congestion: args.congestion.map(Congestion::name),
         };
         bar.set_message(format!("{scenario}: ping on the idle link"));
-        let quiet = measure::idle_ping(&lab, args.idle_ping, epoch)?;
+        let quiet = measure::idle_ping(&ctx.place, args.idle_ping, epoch)?;
         if let Some(l) = report::Latency::of(&quiet.iter().map(|p| p.1).collect::<Vec<_>>()) {
             note(
                 &bar,
@@ -335,7 +465,7 @@ pub fn main(args: BenchArgs) -> Result<u8> {
             let cell = &cells[run.cell];
             let label = format!(
                 "{scenario} {} {} -n {} buffer {} block {}",
-                cell.tool.name(),
+                cell.tool_label(),
                 cell.direction.name(),
                 cell.streams.label(),
                 cell.buffer.map_or("default".into(), |b| b.to_string()),
@@ -370,7 +500,12 @@ pub fn main(args: BenchArgs) -> Result<u8> {
             records.push(record);
             bar.inc(1);
         }
+        drop(ctx);
         drop(servers);
+        let Some(lab) = lab else {
+            i = end;
+            continue;
+        };
         let link = lab.stop();
         if link.up.device_drops + link.down.device_drops > 0 {
             note(
@@ -390,6 +525,7 @@ pub fn main(args: BenchArgs) -> Result<u8> {
         size: args.size,
         repeats: args.repeat,
         interrupted,
+        experiment: args.experiment.clone(),
     };
     let rep = report::build(head, &cells, &predictions, idle, setup, &records);
     let plots = report::write(&args.out, &rep, &records)?;

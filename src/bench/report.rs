@@ -88,6 +88,8 @@ pub struct Correlation {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub command: String,
+    /// The seed experiment this was (`--experiment`).
+    pub experiment: Option<String>,
     pub size: u64,
     pub repeats: u32,
     pub interrupted: bool,
@@ -110,6 +112,7 @@ pub struct Head {
     pub size: u64,
     pub repeats: u32,
     pub interrupted: bool,
+    pub experiment: Option<String>,
 }
 
 pub fn build(
@@ -189,6 +192,7 @@ pub fn build(
     }
     Report {
         command: head.command,
+        experiment: head.experiment,
         size: head.size,
         repeats: head.repeats,
         interrupted: head.interrupted,
@@ -276,7 +280,7 @@ pub fn csv(records: &[Record]) -> String {
             s,
             "{},{},{},{},{},{},{},{:.3},{},{:.4},{:.4},{},{},{},{},{}",
             c.scenario,
-            c.tool.name(),
+            c.tool_label(),
             c.direction.name(),
             c.streams.label(),
             c.buffer.map_or(String::new(), |b| b.to_string()),
@@ -348,7 +352,7 @@ pub fn markdown(r: &Report, plots: &[String]) -> String {
             let _ = writeln!(
                 s,
                 "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                c.cell.tool.name(),
+                c.cell.tool_label(),
                 c.cell.direction.name(),
                 c.cell.streams.label(),
                 size_label(c.cell.buffer),
@@ -376,11 +380,13 @@ pub fn markdown(r: &Report, plots: &[String]) -> String {
                         ""
                     },
                 c.ping.as_ref().map_or("-".into(), |p| format!(
-                    "{:.1} / {:.1} (+{} / +{})",
+                    "{:.1} / {:.1} ({} / {})",
                     p.p50_ms,
                     p.p95_ms,
-                    opt(c.inflation_p50_ms, 1),
-                    opt(c.inflation_p95_ms, 1)
+                    c.inflation_p50_ms
+                        .map_or("-".into(), |v| format!("{v:+.1}")),
+                    c.inflation_p95_ms
+                        .map_or("-".into(), |v| format!("{v:+.1}"))
                 )),
                 c.kernel_limit.as_deref().unwrap_or("-"),
                 opt(c.retransmits_median, 0),
@@ -414,7 +420,7 @@ pub fn markdown(r: &Report, plots: &[String]) -> String {
                 format!(
                     "- {} {} -n {}: {e}",
                     c.cell.scenario,
-                    c.cell.tool.name(),
+                    c.cell.tool_label(),
                     c.cell.streams.label()
                 )
             })
@@ -428,6 +434,9 @@ pub fn markdown(r: &Report, plots: &[String]) -> String {
         for p in plots {
             let _ = writeln!(s, "- [{p}]({p})");
         }
+    }
+    if let Some(name) = &r.experiment {
+        s.push_str(&super::experiments::compare(name, r));
     }
     s.push_str("\nThroughput is TCP payload in Mbit/s (10^6 bit/s). The model is `braid model` for the cell's link, streams and buffer; its error is the measured median against the prediction.\n");
     s
@@ -456,14 +465,14 @@ pub fn plots(r: &Report, records: &[Record], dir: &Path) -> Result<Vec<String>> 
         if cells.is_empty() {
             continue;
         }
-        let name = format!("throughput-{sc}-{}.svg", dir_.name());
+        let name = format!("throughput-{}-{}.svg", file_part(&sc), dir_.name());
         throughput_plot(&cells, &dir.join(&name), &format!("{sc}, {}", dir_.name()))?;
         names.push(name);
     }
     let mut scenarios: Vec<&String> = records.iter().map(|r| &r.cell.scenario).collect();
     scenarios.dedup();
     for sc in scenarios {
-        let name = format!("latency-{sc}.svg");
+        let name = format!("latency-{}.svg", file_part(sc));
         let runs: Vec<&Record> = records.iter().filter(|r| &r.cell.scenario == sc).collect();
         if runs.iter().all(|r| r.measured.ping.is_empty()) {
             continue;
@@ -472,6 +481,19 @@ pub fn plots(r: &Report, records: &[Record], dir: &Path) -> Result<Vec<String>> 
         names.push(name);
     }
     Ok(names)
+}
+
+/// A scenario's name as part of a file name ("remote host" → "remote-host").
+fn file_part(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
 }
 
 fn throughput_plot(cells: &[&CellReport], path: &Path, title: &str) -> Result<()> {
@@ -512,7 +534,7 @@ fn throughput_plot(cells: &[&CellReport], path: &Path, title: &str) -> Result<()
     for c in cells {
         let key = format!(
             "{} buffer {} block {}",
-            c.cell.tool.name(),
+            c.cell.tool_label(),
             size_label(c.cell.buffer),
             size_label(c.cell.block)
         );
@@ -639,6 +661,7 @@ mod tests {
                 streams: Streams::Fixed(streams),
                 buffer,
                 block: None,
+                nice: false,
             },
             started: 0.0,
             measured: Measured {

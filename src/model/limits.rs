@@ -41,6 +41,15 @@ impl Congestion {
             _ => Err(format!("{s:?}: the model knows reno, cubic and bbr")),
         }
     }
+
+    /// The kernel's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Congestion::Reno => "reno",
+            Congestion::Cubic => "cubic",
+            Congestion::Bbr => "bbr",
+        }
+    }
 }
 
 /// The network path, one direction.

@@ -692,3 +692,63 @@ fn model_predicts_and_names_the_binding_limit() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--rate"), "{err}");
 }
+
+/// `braid bench --url` measures a server that is not in a lab (here one on loopback), with
+/// no root and no model, and leaves its upload beside the file it downloads.
+#[test]
+fn bench_measures_a_remote_server() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("src.bin"), random_bytes(300_000, 5)).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let out_dir = top.path().join("results");
+    let url = format!("ftp://{}/src.bin", server.addr);
+    let mut cmd = crate::util::braid_command(top.path());
+    cmd.args([
+        "bench",
+        "--url",
+        &url,
+        "--tool",
+        "braid,curl",
+        "-n",
+        "1",
+        "--repeat",
+        "2",
+        "--size",
+        "200KB",
+        "--idle-ping",
+        "0.2",
+        "--out",
+    ])
+    .arg(&out_dir);
+    let (ok, stdout, stderr) = crate::util::run(&mut cmd, Duration::from_secs(60));
+    assert!(ok, "braid bench --url failed:\n{stdout}\n{stderr}");
+    let report = json(&std::fs::read_to_string(out_dir.join("report.json")).unwrap());
+    let cells = report["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 4, "{report}");
+    for c in cells {
+        assert_eq!(c["failures"], 0, "{c}");
+        assert_eq!(c["mbit_s"]["count"], 2, "{c}");
+        assert!(c["model"].is_null(), "no model without a known path: {c}");
+        assert_eq!(c["cell"]["scenario"], "remote 127.0.0.1");
+    }
+    // Downloads moved the served file, uploads the generated one.
+    let rows = std::fs::read_to_string(out_dir.join("results.csv")).unwrap();
+    for row in rows.lines().skip(1) {
+        let bytes = row.split(',').nth(8).unwrap();
+        let expected = if row.contains(",get,") {
+            "300000"
+        } else {
+            "200000"
+        };
+        assert_eq!(bytes, expected, "{row}");
+    }
+    assert_eq!(
+        std::fs::metadata(root.join("braid-bench-upload.bin"))
+            .unwrap()
+            .len(),
+        200_000
+    );
+    assert!(out_dir.join("throughput-remote-127.0.0.1-get.svg").exists());
+}
