@@ -602,6 +602,15 @@ pub fn parse_braid(stdout: &str) -> Measured {
             });
         }
     }
+    // A download: the braid server's own report of its sending.
+    let sender = &v["sender"];
+    if let Some(busy) = sender["busy_ms"].as_f64().filter(|b| *b > 0.0) {
+        m.sender = Some(SenderLimits {
+            busy_ms: busy,
+            rwnd_limited_ms: sender["rwnd_limited_ms"].as_f64().unwrap_or(0.0),
+            sndbuf_limited_ms: sender["sndbuf_limited_ms"].as_f64().unwrap_or(0.0),
+        });
+    }
     if m.seconds <= 0.0 {
         m.error = Some("braid's summary has no duration".into());
     }
@@ -681,6 +690,13 @@ mod tests {
         );
         assert_eq!(s.dominant(), Some("receive window"));
         assert!(parse_braid("not json").error.is_some());
+        // A download carries the server's report instead.
+        let get = r#"{"op":"get","bytes":10,"seconds":1.0,"bytes_per_second":10.0,"streams":1,
+            "sender":{"sent":10,"resent":0,"busy_ms":900,"rwnd_limited_ms":0,"sndbuf_limited_ms":600}}"#
+            .replace('\n', "");
+        let s = parse_braid(&get).sender.unwrap();
+        assert_eq!((s.busy_ms, s.sndbuf_limited_ms), (900.0, 600.0));
+        assert_eq!(s.dominant(), Some("send buffer"));
     }
 
     #[test]

@@ -60,6 +60,19 @@ pub struct Options {
     pub keep_connections: bool,
 }
 
+/// What a braid server said of its sending during a download (`113 Sender`, the last one).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SenderSeen {
+    pub sent: u64,
+    pub resent: u64,
+    /// Its data connections' time with data in flight, summed, ms.
+    pub busy_ms: u64,
+    /// Of that, held back by this side's receive window.
+    pub rwnd_limited_ms: u64,
+    /// Of that, held back by its own send buffer.
+    pub sndbuf_limited_ms: u64,
+}
+
 /// What a finished transfer reports (`--json`).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Summary {
@@ -106,6 +119,9 @@ pub struct Summary {
     /// for an upload, the braid server's report for a download).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub congestion: Option<String>,
+    /// MODE E download from a braid server: its last report on its data connections.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sender: Option<SenderSeen>,
     /// MODE E, `-n auto`: each decision of the self-tuning, with what it measured.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub decisions: Vec<crate::engine::hooks::Note>,
@@ -605,6 +621,7 @@ fn summary(
         tuning: None,
         block_size: None,
         congestion: None,
+        sender: None,
         decisions: Vec::new(),
         new_data_connections: 1,
         tls_handshakes: None,

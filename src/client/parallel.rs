@@ -312,6 +312,13 @@ fn extended(
     s.tuning = Some(plan.tuning());
     s.block_size = Some(plan.block);
     s.congestion = record.congestion.map(|c| c.to_string());
+    s.sender = record.sender.map(|r| crate::client::SenderSeen {
+        sent: r.sent,
+        resent: r.resent,
+        busy_ms: r.busy_ms,
+        rwnd_limited_ms: r.rwnd_limited_ms,
+        sndbuf_limited_ms: r.sndbuf_limited_ms,
+    });
     s.decisions = record.decisions;
     s.per_connection_bytes = transfer.per_link_bytes();
     s.streams = transfer.most_open() as u32;

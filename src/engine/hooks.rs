@@ -360,6 +360,7 @@ impl Steering {
             links,
             decisions: self.notes,
             congestion,
+            sender: self.sender,
         }
     }
 
@@ -383,6 +384,8 @@ pub struct Record {
     /// The sending side's congestion control: this side's sockets', or the sending peer's
     /// last report.
     pub congestion: Option<braid_proto::retr_opts::CcName>,
+    /// The sending peer's last report (downloads from a braid server).
+    pub sender: Option<braid_proto::markers::SenderReport>,
 }
 
 #[cfg(test)]

@@ -1227,6 +1227,7 @@ mod tests {
                     rtt_us,
                     min_rtt_us: path.base.as_micros() as u32,
                     cc: None,
+                    ..Default::default()
                 }),
                 congestion: cc,
             };

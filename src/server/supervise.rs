@@ -360,6 +360,9 @@ fn sender_report(
             .min()
             .unwrap_or(0),
         cc: moving.congestion(),
+        busy_ms: infos.iter().map(|i| i.busy_us).sum::<u64>() / 1000,
+        rwnd_limited_ms: infos.iter().map(|i| i.rwnd_limited_us).sum::<u64>() / 1000,
+        sndbuf_limited_ms: infos.iter().map(|i| i.sndbuf_limited_us).sum::<u64>() / 1000,
     })
 }
 

@@ -50,6 +50,11 @@ pub struct SenderReport {
     pub min_rtt_us: u32,
     /// Their congestion control.
     pub cc: Option<crate::retr_opts::CcName>,
+    /// Time they had data in flight, summed, ms; and of that, the time the receiver's window
+    /// and the sender's buffer held them back (what limits a download, seen from its sender).
+    pub busy_ms: u64,
+    pub rwnd_limited_ms: u64,
+    pub sndbuf_limited_ms: u64,
 }
 
 /// `113 Sender sent=… resent=… rtt_us=… min_rtt_us=… cc=…`: sent by a braid server to a
@@ -59,8 +64,14 @@ pub fn sender_marker(r: &SenderReport) -> Reply {
     Reply::new(
         113,
         format!(
-            "Sender sent={} resent={} rtt_us={} min_rtt_us={}{cc}",
-            r.sent, r.resent, r.rtt_us, r.min_rtt_us
+            "Sender sent={} resent={} rtt_us={} min_rtt_us={} busy_ms={} rwnd_ms={} sndbuf_ms={}{cc}",
+            r.sent,
+            r.resent,
+            r.rtt_us,
+            r.min_rtt_us,
+            r.busy_ms,
+            r.rwnd_limited_ms,
+            r.sndbuf_limited_ms
         ),
     )
 }
@@ -82,6 +93,9 @@ pub fn parse_sender_marker(r: &Reply) -> Option<SenderReport> {
             "rtt_us" => out.rtt_us = v.parse().ok()?,
             "min_rtt_us" => out.min_rtt_us = v.parse().ok()?,
             "cc" => out.cc = crate::retr_opts::CcName::parse(v).ok(),
+            "busy_ms" => out.busy_ms = v.parse().ok()?,
+            "rwnd_ms" => out.rwnd_limited_ms = v.parse().ok()?,
+            "sndbuf_ms" => out.sndbuf_limited_ms = v.parse().ok()?,
             _ => {}
         }
     }
@@ -100,6 +114,9 @@ mod tests {
             rtt_us: 590_123,
             min_rtt_us: 590_000,
             cc: crate::retr_opts::CcName::parse("cubic").ok(),
+            busy_ms: 12_000,
+            rwnd_limited_ms: 7_000,
+            sndbuf_limited_ms: 250,
         };
         let wire = sender_marker(&r).to_bytes();
         let mut p = crate::ReplyParser::new();
