@@ -3,15 +3,17 @@
 //! beside braid's.
 
 use super::grid::{Direction, Streams, Tool};
-use super::report::{CellReport, Report};
+use super::report::{CellReport, Record, Report};
+use super::stats::{Summary, pearson};
 use crate::model::limits::Congestion;
 use std::fmt::Write as _;
 
-pub const NAMES: [&str; 3] = ["xftp", "bbftp", "nice"];
+pub const NAMES: [&str; 4] = ["xftp", "bbftp", "kermit", "nice"];
 
 /// The sweep an experiment runs.
 pub struct Plan {
     pub scenario: &'static str,
+    pub rate: Option<&'static str>,
     pub delay: Option<&'static str>,
     pub loss: Option<&'static str>,
     pub streams: Vec<Streams>,
@@ -21,6 +23,13 @@ pub struct Plan {
     pub nice: Vec<bool>,
     pub size: u64,
     pub congestion: Option<Congestion>,
+    pub kermit: Option<KermitSweep>,
+}
+
+/// Kermit's window and packet lengths, each with streaming on and off.
+pub struct KermitSweep {
+    pub windows: Vec<u32>,
+    pub packets: Vec<u32>,
 }
 
 pub fn plan(name: &str) -> Option<Plan> {
@@ -31,6 +40,7 @@ pub fn plan(name: &str) -> Option<Plan> {
         // advertises 1.2 times it), 5 MB files, throughput against connections.
         "xftp" => Plan {
             scenario: "satellite-t1",
+            rate: None,
             delay: None,
             loss: None,
             streams: n(&[1, 2, 4, 8, 16]),
@@ -40,12 +50,14 @@ pub fn plan(name: &str) -> Option<Plan> {
             nice: vec![false],
             size: 5_000_000,
             congestion: None,
+            kermit: None,
         },
         // bbftp at SLAC (seed 004): 1, 10 and 20 streams × 64 KB and 256 KB windows, both
         // directions, on a transatlantic path: 160 ms, with loss that holds one Reno stream
         // near the paper's 3.2 Mbit/s.
         "bbftp" => Plan {
             scenario: "lan-100m",
+            rate: None,
             delay: Some("80ms"),
             loss: Some("1e-3"),
             streams: n(&[1, 10, 20]),
@@ -55,11 +67,13 @@ pub fn plan(name: &str) -> Option<Plan> {
             nice: vec![false],
             size: 10_000_000,
             congestion: Some(Congestion::Reno),
+            kermit: None,
         },
         // "Why the nice solution may not be so nice" (seed 000): ping during a download and an
         // upload on a slow link with a deep queue, with the client at nice 0 and 19.
         "nice" => Plan {
             scenario: "dsl-1m-bloat",
+            rate: None,
             delay: None,
             loss: None,
             streams: n(&[1, 4]),
@@ -69,6 +83,26 @@ pub fn plan(name: &str) -> Option<Plan> {
             nice: vec![false, true],
             size: 2_000_000,
             congestion: None,
+            kermit: None,
+        },
+        // Kermit streaming (seed 003), its trial 2: a long-distance path of 69 ms and about
+        // 2 Mbit/s, a 1 MB file, window × packet length × streaming, with FTP beside it.
+        "kermit" => Plan {
+            scenario: "lan-100m",
+            rate: Some("2.5mbit"),
+            delay: Some("35ms"),
+            loss: None,
+            streams: n(&[1]),
+            buffers: vec![None],
+            directions: vec![Direction::Get],
+            tools: vec![Tool::Kermit, Tool::Curl, Tool::Braid],
+            nice: vec![false],
+            size: 1_000_000,
+            congestion: None,
+            kermit: Some(KermitSweep {
+                windows: vec![1, 4, 15, 31],
+                packets: vec![1450, 4350, 8700],
+            }),
         },
         _ => return None,
     })
@@ -96,7 +130,7 @@ fn mean_std(c: Option<&CellReport>) -> String {
 }
 
 /// The seed's numbers beside braid's, as Markdown.
-pub fn compare(name: &str, r: &Report) -> String {
+pub fn compare(name: &str, r: &Report, records: &[Record]) -> String {
     let mut s = String::new();
     match name {
         "xftp" => {
@@ -168,6 +202,7 @@ pub fn compare(name: &str, r: &Report) -> String {
                 );
             }
         }
+        "kermit" => kermit(&mut s, records),
         "nice" => {
             s.push_str("## The nice study (seed 000) beside braid\n\nThe paper: over a 14.4 kbit/s modem, ping rose from about 210 ms to about 12 s during an ftp or http download, and `nice` on the client or the server changed nothing. Here: dsl-1m-bloat (1 Mbit/s, 1 s of drop-tail queue), ping every 200 ms during each run, the client at nice 0 and at nice 19.\n\n");
             let idle = r.idle.get("dsl-1m-bloat");
@@ -218,6 +253,115 @@ pub fn compare(name: &str, r: &Report) -> String {
     s
 }
 
+/// Seed 003's trial 2 table: CPS over all runs with streaming on and off and for FTP, and
+/// the correlation of CPS with the window, the packet length and their product.
+fn kermit(s: &mut String, records: &[Record]) {
+    s.push_str("## Kermit streaming (seed 003, trial 2) beside braid\n\nThe paper: NYC to Utah State, socket to socket, 69 ms RTT, a 1 MB file; window 1-31 × packet length 4350-8700, streaming on and off; FTP in the same hours. Here: a 2.5 Mbit/s lab path with 70 ms RTT. CPS is bytes per second.\n\n");
+    let ok = |r: &&Record| r.measured.error.is_none();
+    let cps =
+        |rs: &[&Record]| -> Vec<f64> { rs.iter().map(|r| r.measured.bytes_per_second).collect() };
+    let group = |streaming: bool| -> Vec<&Record> {
+        records
+            .iter()
+            .filter(ok)
+            .filter(|r| r.cell.kermit.is_some_and(|k| k.streaming == streaming))
+            .collect()
+    };
+    let (on, off) = (group(true), group(false));
+    let ftp: Vec<&Record> = records
+        .iter()
+        .filter(ok)
+        .filter(|r| r.cell.tool == Tool::Curl)
+        .collect();
+    let braid: Vec<&Record> = records
+        .iter()
+        .filter(ok)
+        .filter(|r| r.cell.tool == Tool::Braid)
+        .collect();
+    let stats: Vec<Option<Summary>> = [&on, &off, &ftp, &braid]
+        .iter()
+        .map(|g| Summary::of(&cps(g)))
+        .collect();
+    s.push_str("| CPS | streaming | nonstreaming | FTP (curl) | braid | paper: streaming | nonstreaming | FTP |\n|---|---|---|---|---|---|---|---|\n");
+    let paper = [
+        ("Max", ["262144", "262144", "130000"]),
+        ("Min", ["52428", "6026", "50000"]),
+        ("Mean", ["164585", "124784", "74200"]),
+        ("Median", ["149796", "123790", "56000"]),
+        ("Std Dev", ["56181", "70618", "29200"]),
+    ];
+    for (i, (label, p)) in paper.iter().enumerate() {
+        let cell = |st: &Option<Summary>| {
+            st.as_ref().map_or("-".into(), |st| {
+                let v = [st.max, st.min, st.mean, st.median, st.std][i];
+                format!("{v:.0}")
+            })
+        };
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} | {} | {} | {} | {} | {} |",
+            cell(&stats[0]),
+            cell(&stats[1]),
+            cell(&stats[2]),
+            cell(&stats[3]),
+            p[0],
+            p[1],
+            p[2]
+        );
+    }
+    let corr = |g: &[&Record], f: fn(&super::grid::Kermit) -> f64| {
+        let (xs, ys): (Vec<f64>, Vec<f64>) = g
+            .iter()
+            .filter_map(|r| Some((f(&r.cell.kermit?), r.measured.bytes_per_second)))
+            .unzip();
+        pearson(&xs, &ys).map_or("-".into(), |r| format!("{r:.2}"))
+    };
+    s.push_str("\n| correlation of CPS with | streaming | nonstreaming | paper: streaming | nonstreaming |\n|---|---|---|---|---|\n");
+    type Row = (
+        &'static str,
+        fn(&super::grid::Kermit) -> f64,
+        [&'static str; 2],
+    );
+    let rows: [Row; 3] = [
+        ("window size (W)", |k| f64::from(k.window), ["0.34", "0.57"]),
+        (
+            "packet length (P)",
+            |k| f64::from(k.packet),
+            ["-0.05", "0.44"],
+        ),
+        (
+            "W × P",
+            |k| f64::from(k.window) * f64::from(k.packet),
+            ["0.16", "0.69"],
+        ),
+    ];
+    for (label, f, p) in rows {
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} | {} | {} |",
+            corr(&on, f),
+            corr(&off, f),
+            p[0],
+            p[1]
+        );
+    }
+    let both: Vec<&Record> = on.iter().chain(off.iter()).copied().collect();
+    let (xs, ys): (Vec<f64>, Vec<f64>) = both
+        .iter()
+        .filter_map(|r| {
+            Some((
+                if r.cell.kermit?.streaming { 1.0 } else { 0.0 },
+                r.measured.bytes_per_second,
+            ))
+        })
+        .unzip();
+    let _ = writeln!(
+        s,
+        "\nCorrelation of CPS with streaming (0 or 1): {} (the paper: 0.30).",
+        pearson(&xs, &ys).map_or("-".into(), |r| format!("{r:.2}"))
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,6 +381,6 @@ mod tests {
                 }
             }
         }
-        assert!(plan("kermit").is_none());
+        assert!(plan("zmodem").is_none());
     }
 }

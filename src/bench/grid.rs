@@ -20,15 +20,19 @@ pub enum Tool {
     Lftp,
     /// curl against vsftpd: one stream-mode connection.
     Curl,
+    /// C-Kermit client and server, socket to socket (seed 003), with its own window, packet
+    /// length and streaming.
+    Kermit,
 }
 
 impl Tool {
-    pub const ALL: [Tool; 5] = [
+    pub const ALL: [Tool; 6] = [
         Tool::Braid,
         Tool::Iperf3,
         Tool::GlobusUrlCopy,
         Tool::Lftp,
         Tool::Curl,
+        Tool::Kermit,
     ];
 
     pub fn parse(s: &str) -> Result<Tool, String> {
@@ -36,7 +40,9 @@ impl Tool {
             .into_iter()
             .find(|t| t.name() == s || (s == "globus" && *t == Tool::GlobusUrlCopy))
             .ok_or_else(|| {
-                format!("{s:?}: the tools are braid, iperf3, globus-url-copy, lftp and curl")
+                format!(
+                    "{s:?}: the tools are braid, iperf3, globus-url-copy, lftp, curl and kermit"
+                )
             })
     }
 
@@ -47,6 +53,7 @@ impl Tool {
             Tool::GlobusUrlCopy => "globus-url-copy",
             Tool::Lftp => "lftp",
             Tool::Curl => "curl",
+            Tool::Kermit => "kermit",
         }
     }
 
@@ -58,6 +65,7 @@ impl Tool {
             Tool::GlobusUrlCopy => &["globus-url-copy", "globus-gridftp-server"],
             Tool::Lftp => &["lftp", "vsftpd"],
             Tool::Curl => &["curl", "vsftpd"],
+            Tool::Kermit => &["kermit"],
         }
     }
 
@@ -81,7 +89,9 @@ impl Tool {
                         Direction::Put => streams == Streams::Fixed(1),
                     }
             }
-            Tool::Curl => streams == Streams::Fixed(1) && buffer.is_none() && block.is_none(),
+            Tool::Curl | Tool::Kermit => {
+                streams == Streams::Fixed(1) && buffer.is_none() && block.is_none()
+            }
         }
     }
 }
@@ -161,16 +171,37 @@ pub struct Cell {
     /// The client runs under `nice -n 19` (seed 000: it changes nothing on the network).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub nice: bool,
+    /// Kermit's own parameters (kermit cells only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kermit: Option<Kermit>,
+}
+
+/// What Kermit's benchmark varied (seed 003): window slots, packet length, streaming.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Kermit {
+    /// 1-32; ignored while streaming.
+    pub window: u32,
+    /// Bytes, up to 9024.
+    pub packet: u32,
+    pub streaming: bool,
 }
 
 impl Cell {
     /// The tool as a table shows it.
     pub fn tool_label(&self) -> String {
-        if self.nice {
-            format!("{} (nice 19)", self.tool.name())
-        } else {
-            self.tool.name().to_string()
+        let mut s = self.tool.name().to_string();
+        if let Some(k) = self.kermit {
+            s += &format!(
+                " (window {}, packets {}, streaming {})",
+                k.window,
+                k.packet,
+                if k.streaming { "on" } else { "off" }
+            );
         }
+        if self.nice {
+            s += " (nice 19)";
+        }
+        s
     }
 }
 
@@ -185,6 +216,8 @@ pub struct Grid {
     pub blocks: Vec<Option<u64>>,
     /// Without and/or with `nice -n 19` on the client.
     pub nice: Vec<bool>,
+    /// Kermit's settings, each a cell of its own for the kermit tool.
+    pub kermit: Vec<Kermit>,
 }
 
 impl Grid {
@@ -201,16 +234,23 @@ impl Grid {
                                 if !tool.supports(direction, streams, buffer, block) {
                                     continue;
                                 }
+                                let kermit: Vec<Option<Kermit>> = match tool {
+                                    Tool::Kermit => self.kermit.iter().copied().map(Some).collect(),
+                                    _ => vec![None],
+                                };
                                 for &nice in &self.nice {
-                                    out.push(Cell {
-                                        scenario: scenario.clone(),
-                                        tool,
-                                        direction,
-                                        streams,
-                                        buffer,
-                                        block,
-                                        nice,
-                                    });
+                                    for &k in &kermit {
+                                        out.push(Cell {
+                                            scenario: scenario.clone(),
+                                            tool,
+                                            direction,
+                                            streams,
+                                            buffer,
+                                            block,
+                                            nice,
+                                            kermit: k,
+                                        });
+                                    }
                                 }
                             }
                         }
@@ -264,6 +304,7 @@ mod tests {
             buffers: vec![None, Some(24 << 10)],
             blocks: vec![None, Some(1 << 20)],
             nice: vec![false],
+            kermit: Vec::new(),
         }
     }
 

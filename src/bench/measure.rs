@@ -1,7 +1,7 @@
 //! One run of one cell in the lab: the tool's client in `left` against its server in
 //! `right`, with ping across the link the whole time. Reads the tools' own JSON reports.
 
-use super::grid::{Cell, Direction, Streams, Tool};
+use super::grid::{Cell, Direction, Kermit, Streams, Tool};
 use crate::lab::Running;
 use serde::Serialize;
 use std::io::{Read, Seek};
@@ -14,6 +14,8 @@ pub const FTP_PORT: u16 = 2121;
 pub const IPERF_PORT: u16 = 5201;
 pub const VSFTPD_PORT: u16 = 2122;
 pub const GRIDFTP_PORT: u16 = 2811;
+/// Kermit's registered port.
+pub const KERMIT_PORT: u16 = 1649;
 /// Pings every 200 ms: five samples a second, 84 bytes each, too little to load even the
 /// 14.4 kbit/s link much.
 const PING_INTERVAL: &str = "0.2";
@@ -187,6 +189,21 @@ pub fn start_servers(
         let mut c = lab.command("right", &program("vsftpd"));
         c.arg(&conf);
         start(c, VSFTPD_PORT)?;
+    }
+    if tools.contains(&Tool::Kermit) {
+        // A Kermit server takes one connection and ends with the client's FINISH: start it
+        // again after each, accepting packets up to 9024 bytes and 32 window slots (the
+        // client's settings then decide).
+        let mut c = lab.command("right", "sh");
+        c.current_dir(root).args([
+            "-c",
+            &format!(
+                "while :; do {} -Y -q -C 'set host * {KERMIT_PORT} /raw-socket, set file type binary, \
+                 set window 32, set receive packet-length 9024, server' </dev/null; done",
+                program("kermit")
+            ),
+        ]);
+        start(c, KERMIT_PORT)?;
     }
     if tools.contains(&Tool::GlobusUrlCopy) {
         let mut c = lab.command("right", &program("globus-gridftp-server"));
@@ -404,6 +421,30 @@ impl Context<'_> {
                 c.args(["-e", &script]);
                 (c, Timing::Wall)
             }
+            Tool::Kermit => {
+                let k = cell.kermit.unwrap_or(Kermit {
+                    window: 1,
+                    packet: 9024,
+                    streaming: true,
+                });
+                let out = self.work.join("kermit.bin").display().to_string();
+                let transfer = match cell.direction {
+                    Direction::Get => format!("get {name} {out}"),
+                    Direction::Put => format!("send {local} put-kermit.bin"),
+                };
+                let script = format!(
+                    "set host {SERVER} {KERMIT_PORT} /raw-socket, set file type binary, \
+                     set file collision overwrite, set window {}, set receive packet-length {p}, \
+                     set send packet-length {p}, set streaming {}, {transfer}, if fail exit 1, \
+                     finish, exit 0",
+                    k.window,
+                    if k.streaming { "on" } else { "off" },
+                    p = k.packet,
+                );
+                let mut c = place.command("kermit");
+                c.args(["-Y", "-q", "-C", &script]);
+                (c, Timing::Wall)
+            }
             Tool::GlobusUrlCopy => {
                 let mut c = place.command("globus-url-copy");
                 c.args(["-p", &streams.to_string()]);
@@ -455,6 +496,16 @@ impl Context<'_> {
 
     /// Runs the client for `name`; the measurement and the command's wall time.
     fn execute(&self, cell: &Cell, name: &str, setup: Option<f64>) -> (Measured, f64) {
+        // The Kermit server restarts after each client: wait until it listens again.
+        if let (Tool::Kermit, Place::Lab(lab)) = (cell.tool, &self.place)
+            && let Err(e) = wait_listening(lab, KERMIT_PORT)
+        {
+            let m = Measured {
+                error: Some(e.to_string()),
+                ..Measured::default()
+            };
+            return (m, 0.0);
+        }
         let (cmd, timing) = self.client(cell, name);
         let started = Instant::now();
         let mut child = match Captured::spawn(cmd) {

@@ -30,7 +30,7 @@ pub fn overhead_rtts(tool: Tool) -> f64 {
     match tool {
         Tool::Braid => 2.0,
         Tool::Curl => 1.0,
-        Tool::Iperf3 | Tool::Lftp | Tool::GlobusUrlCopy => 0.0,
+        Tool::Iperf3 | Tool::Lftp | Tool::GlobusUrlCopy | Tool::Kermit => 0.0,
     }
 }
 
@@ -51,6 +51,17 @@ pub struct BenchArgs {
     /// root needed.
     #[arg(long, value_name = "URL", conflicts_with_all = ["experiment", "rate", "delay", "queue", "loss"])]
     pub url: Option<String>,
+    /// Kermit's window slots, comma-separated (1-32; streaming ignores them).
+    #[arg(long, value_delimiter = ',', default_value = "15",
+          value_parser = clap::value_parser!(u32).range(1..=32))]
+    pub kermit_window: Vec<u32>,
+    /// Kermit's packet lengths, comma-separated (bytes, up to 9024).
+    #[arg(long, value_delimiter = ',', default_value = "4350",
+          value_parser = clap::value_parser!(u32).range(40..=9024))]
+    pub kermit_packet: Vec<u32>,
+    /// Kermit's streaming, comma-separated: on, off.
+    #[arg(long, value_delimiter = ',', default_value = "on,off", value_parser = on_off)]
+    pub kermit_streaming: Vec<bool>,
     /// Congestion control of braid's and iperf3's sending side (reno, cubic, bbr) [default:
     /// the system's; the other tools always use it].
     #[arg(long, value_parser = Congestion::parse)]
@@ -112,6 +123,31 @@ pub struct BenchArgs {
     /// Seconds of ping on each idle link before its runs.
     #[arg(long, default_value_t = 3.0)]
     pub idle_ping: f64,
+}
+
+/// Every combination of Kermit's window, packet length and streaming.
+fn kermit_cells(args: &BenchArgs) -> Vec<grid::Kermit> {
+    let mut out = Vec::new();
+    for &window in &args.kermit_window {
+        for &packet in &args.kermit_packet {
+            for &streaming in &args.kermit_streaming {
+                out.push(grid::Kermit {
+                    window,
+                    packet,
+                    streaming,
+                });
+            }
+        }
+    }
+    out
+}
+
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?}: on or off")),
+    }
 }
 
 fn size_or_default(s: &str) -> Result<Option<u64>, String> {
@@ -262,6 +298,12 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             args.tool = p.tools;
             args.size = p.size;
             args.congestion = p.congestion;
+            args.rate = p.rate.map(str::to_string);
+            if let Some(k) = p.kermit {
+                args.kermit_window = k.windows;
+                args.kermit_packet = k.packets;
+                args.kermit_streaming = vec![true, false];
+            }
             p.nice
         }
         None => vec![false],
@@ -327,6 +369,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         buffers: args.buffer.clone(),
         blocks: args.block_size.clone(),
         nice,
+        kermit: kermit_cells(&args),
     };
     let cells = grid.cells();
     if cells.is_empty() {
@@ -529,7 +572,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     };
     let rep = report::build(head, &cells, &predictions, idle, setup, &records);
     let plots = report::write(&args.out, &rep, &records)?;
-    print!("{}", report::markdown(&rep, &[]));
+    print!("{}", report::markdown(&rep, &records, &[]));
     eprintln!(
         "braid bench: {} runs; results in {} (report.md, report.json, results.csv, results.jsonl{})",
         records.len(),

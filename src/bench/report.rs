@@ -302,7 +302,7 @@ pub fn csv(records: &[Record]) -> String {
     s
 }
 
-pub fn markdown(r: &Report, plots: &[String]) -> String {
+pub fn markdown(r: &Report, records: &[Record], plots: &[String]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# braid bench\n\n`{}`\n", r.command);
     let _ = writeln!(
@@ -436,7 +436,7 @@ pub fn markdown(r: &Report, plots: &[String]) -> String {
         }
     }
     if let Some(name) = &r.experiment {
-        s.push_str(&super::experiments::compare(name, r));
+        s.push_str(&super::experiments::compare(name, r, records));
     }
     s.push_str("\nThroughput is TCP payload in Mbit/s (10^6 bit/s). The model is `braid model` for the cell's link, streams and buffer; its error is the measured median against the prediction.\n");
     s
@@ -640,7 +640,7 @@ pub fn write(dir: &Path, report: &Report, records: &[Record]) -> Result<Vec<Stri
     };
     put("report.json", serde_json::to_string_pretty(report)?)?;
     put("results.csv", csv(records))?;
-    put("report.md", markdown(report, &plots))?;
+    put("report.md", markdown(report, records, &plots))?;
     Ok(plots)
 }
 
@@ -662,6 +662,7 @@ mod tests {
                 buffer,
                 block: None,
                 nice: false,
+                kermit: None,
             },
             started: 0.0,
             measured: Measured {
