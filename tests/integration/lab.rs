@@ -608,7 +608,7 @@ fn bench_sweep_writes_json_csv_markdown_and_plots() {
 #[test]
 fn bench_runs_every_tool_against_its_server() {
     require_lab();
-    for p in ["iperf3", "globus-url-copy", "lftp", "curl"] {
+    for p in ["iperf3", "globus-url-copy", "lftp", "curl", "kermit"] {
         require(p);
     }
     let name = lab_name("tools");
@@ -628,7 +628,9 @@ fn bench_runs_every_tool_against_its_server() {
         "--idle-ping",
         "0.5",
         "--tool",
-        "braid,iperf3,globus-url-copy,lftp,curl",
+        "braid,iperf3,globus-url-copy,lftp,curl,kermit",
+        "--kermit-streaming",
+        "on",
         "--name",
         &name,
         "--out",
@@ -663,6 +665,8 @@ fn bench_runs_every_tool_against_its_server() {
             "globus-url-copy put",
             "iperf3 get",
             "iperf3 put",
+            "kermit get",
+            "kermit put",
             "lftp get",
             "lftp put"
         ]
