@@ -418,6 +418,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     let mut records = Vec::new();
     let mut idle = BTreeMap::new();
     let mut setup = BTreeMap::new();
+    let mut links = BTreeMap::new();
     let mut i = 0;
     while i < runs.len() && !stop.load(Ordering::Relaxed) {
         let scenario = cells[runs[i].cell].scenario.clone();
@@ -550,6 +551,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             continue;
         };
         let link = lab.stop();
+        links.insert(scenario.clone(), serde_json::to_value(&link)?);
         if link.up.device_drops + link.down.device_drops > 0 {
             note(
                 &bar,
@@ -570,7 +572,8 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         interrupted,
         experiment: args.experiment.clone(),
     };
-    let rep = report::build(head, &cells, &predictions, idle, setup, &records);
+    let mut rep = report::build(head, &cells, &predictions, idle, setup, &records);
+    rep.links = links;
     let plots = report::write(&args.out, &rep, &records)?;
     print!("{}", report::markdown(&rep, &records, &[]));
     eprintln!(

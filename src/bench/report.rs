@@ -98,6 +98,9 @@ pub struct Report {
     /// "scenario tool direction": seconds a clock-timed tool spent on a 1-byte file there,
     /// taken off each of its runs.
     pub setup_seconds: BTreeMap<String, f64>,
+    /// Each scenario's link counters over all its runs (queue drops, losses, longest queueing
+    /// delay per direction), as `braid lab` reports them.
+    pub links: BTreeMap<String, serde_json::Value>,
     pub cells: Vec<CellReport>,
     pub correlations: Vec<Correlation>,
 }
@@ -198,6 +201,7 @@ pub fn build(
         interrupted: head.interrupted,
         idle,
         setup_seconds,
+        links: BTreeMap::new(),
         correlations: correlations(records),
         cells: out,
     }
@@ -329,6 +333,18 @@ pub fn markdown(r: &Report, records: &[Record], plots: &[String]) -> String {
                 "Idle link: ping p50 {:.1} ms, p95 {:.1} ms ({} samples).\n",
                 l.p50_ms, l.p95_ms, l.samples
             );
+        }
+        if let Some(link) = r.links.get(sc) {
+            let side = |d: &str| {
+                let c = &link[d];
+                format!(
+                    "{d}: {} queue drops, {} lost, longest queueing {:.0} ms",
+                    c["queue_drops"],
+                    c["lost"],
+                    c["max_queue_delay_us"].as_f64().unwrap_or(0.0) / 1000.0
+                )
+            };
+            let _ = writeln!(s, "Link over all runs: {}; {}.\n", side("up"), side("down"));
         }
         let setups: Vec<String> = r
             .setup_seconds
