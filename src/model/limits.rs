@@ -150,6 +150,8 @@ pub struct Prediction {
     /// Share of the time BBR spends in ProbeRTT, taken off the steady rate (0 for others).
     pub probe_rtt_share: f64,
     pub steady_bytes_per_second: f64,
+    /// Bytes all streams send before their first losses, on average (infinite without loss).
+    pub before_first_loss: f64,
     /// Round trips spent before the streams' windows reach the steady rate.
     pub slow_start_rounds: u32,
     pub slow_start_seconds: f64,
@@ -238,7 +240,9 @@ pub fn predict(path: &Path, load: &Load) -> Prediction {
         let (rate, why) = match load.congestion {
             Congestion::Reno => {
                 let t0 = rtt + MIN_RTO;
-                let pkts = padhye(rtt, path.loss, 2.0, t0, per_stream / mss);
+                // b = 1: Linux grows the window by the bytes acknowledged (RFC 3465), so
+                // delayed ACKs do not slow congestion avoidance as PFTK's b = 2 assumes.
+                let pkts = padhye(rtt, path.loss, 1.0, t0, per_stream / mss);
                 (
                     f64::from(n) * pkts * mss,
                     format!(
@@ -300,31 +304,47 @@ pub fn predict(path: &Path, load: &Load) -> Prediction {
             why: "Van Jacobson's echo test: 2/3 of the link".to_string(),
         });
     }
-    let (mut binding, bound) = limits.iter().map(|l| (l.kind, l.bytes_per_second)).fold(
-        (LimitKind::Link, f64::INFINITY),
-        |a, b| {
-            if b.1 < a.1 { b } else { a }
-        },
-    );
+    let smallest = |with_loss: bool| {
+        limits
+            .iter()
+            .filter(|l| with_loss || l.kind != LimitKind::Loss)
+            .map(|l| (l.kind, l.bytes_per_second))
+            .fold((LimitKind::Link, f64::INFINITY), |a, b| {
+                if b.1 < a.1 { b } else { a }
+            })
+    };
     let probe_rtt_share = if load.congestion == Congestion::Bbr {
         let hold = BBR_PROBE_RTT_HOLD + rtt;
         hold / (BBR_PROBE_RTT_EVERY + hold)
     } else {
         0.0
     };
+    // Until its first loss a stream is bound by everything but loss; after it, by loss too.
+    let (free_kind, free) = smallest(false);
+    let (bound_kind, bound) = smallest(true);
+    let free = free * (1.0 - probe_rtt_share);
     let steady = bound * (1.0 - probe_rtt_share);
-
-    // Slow start, in rounds of one RTT: every stream starts with its initial window and doubles each
-    // round until the streams together reach the steady rate.
     let size = load.size.max(0.0);
-    let target = steady * rtt;
+    // Cardwell, Savage and Anderson (2000): a stream sends (1 − p)/p packets on average
+    // before its first loss. A short transfer may never get to the loss-bound rate.
+    let before_loss = if bound < smallest(false).1 {
+        f64::from(n) * (1.0 - path.loss) / path.loss * mss
+    } else {
+        f64::INFINITY
+    };
+    let cap = size.min(before_loss);
+
+    // Slow start, in rounds of one RTT: every stream starts with its initial window and
+    // doubles each round until the streams together reach the loss-free rate (or the first
+    // loss comes).
+    let target = free * rtt;
     let mut window = (f64::from(n) * load.initial_window * mss).min(f64::from(n) * per_stream);
     let (mut sent, mut t, mut rounds) = (0.0, 0.0, 0u32);
-    let mut last_out = None;
-    while window < target && rounds < 64 {
-        if size - sent <= window {
-            // The rest leaves in this round, at the link's pace.
-            last_out = Some(t + (size - sent) / link);
+    while window < target && rounds < 64 && sent < cap {
+        if cap - sent <= window {
+            // The rest of this phase leaves in this round, at the link's pace.
+            t += (cap - sent) / link;
+            sent = cap;
             break;
         }
         sent += window;
@@ -333,16 +353,28 @@ pub fn predict(path: &Path, load: &Load) -> Prediction {
         window *= 2.0;
     }
     let slow_start_seconds = t;
-    let leaves = last_out.unwrap_or_else(|| t + (size - sent).max(0.0) / steady);
+    let free_seconds = (cap - sent).max(0.0) / free;
+    let bound_seconds = (size - cap).max(0.0) / steady;
+    let leaves = t + free_seconds + bound_seconds;
     let seconds = load.overhead_rtts * path.rtt + leaves + path.rtt / 2.0;
-    if slow_start_seconds > seconds / 2.0 {
-        binding = LimitKind::SlowStart;
-    }
+    // The limit that holds for the longest part of the transfer.
+    let binding = [
+        (LimitKind::SlowStart, slow_start_seconds),
+        (free_kind, free_seconds),
+        (bound_kind, bound_seconds),
+    ]
+    .into_iter()
+    .fold(
+        (LimitKind::SlowStart, -1.0),
+        |a, b| if b.1 > a.1 { b } else { a },
+    )
+    .0;
     let bytes_per_second = if seconds > 0.0 { size / seconds } else { 0.0 };
     Prediction {
         limits,
         binding,
         probe_rtt_share,
+        before_first_loss: before_loss,
         steady_bytes_per_second: steady,
         slow_start_rounds: rounds,
         slow_start_seconds,
@@ -517,6 +549,50 @@ mod tests {
             8.0 * rate(&cubic, LimitKind::Loss),
             1e-9
         ));
+    }
+
+    #[test]
+    fn loss_binds_only_after_the_first_loss() {
+        // 160 ms, loss 1e-3, Reno, 64 KB windows: each stream sends 999 packets on average
+        // before its first loss (Cardwell et al.), 1.45 MB.
+        let path = Path {
+            rate_bps: 100e6,
+            rtt: 0.16,
+            mtu: 1500.0,
+            loss: 1e-3,
+            queue: None,
+        };
+        let reno = |streams, size| Load {
+            congestion: Congestion::Reno,
+            ..load(streams, 78_643.0, size)
+        };
+        let short = predict(&path, &reno(10, 10e6));
+        assert!(close(short.before_first_loss, 10.0 * 999.0 * 1448.0, 1e-9));
+        // 10 MB over 10 streams ends before the average first loss: the window binds.
+        assert_eq!(short.binding, LimitKind::Window);
+        let lossless = predict(
+            &Path {
+                loss: 0.0,
+                ..path.clone()
+            },
+            &reno(10, 10e6),
+        );
+        assert!(close(short.seconds, lossless.seconds, 1e-9));
+        // 1 GB on one stream is nearly all after it: loss binds, and the rate tends to PFTK's.
+        let long = predict(&path, &reno(1, 1e9));
+        assert_eq!(long.binding, LimitKind::Loss);
+        let pftk = padhye(
+            0.16 + 1500.0 * 8.0 / 100e6,
+            1e-3,
+            1.0,
+            0.36012,
+            78_643.0 / 1448.0,
+        ) * 1448.0;
+        assert!(
+            close(long.bytes_per_second, pftk, 0.01),
+            "{} {pftk}",
+            long.bytes_per_second
+        );
     }
 
     #[test]

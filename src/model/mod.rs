@@ -336,6 +336,12 @@ fn print(r: &Resolved, p: &Prediction) {
             p.probe_rtt_share * 100.0
         );
     }
+    if p.before_first_loss.is_finite() {
+        println!(
+            "first losses: after {:.2} MB on average (Cardwell et al.: (1 − p)/p packets a stream); the loss limit holds from there",
+            p.before_first_loss / 1e6
+        );
+    }
     println!(
         "slow start: {} round(s), {:.2} s",
         p.slow_start_rounds, p.slow_start_seconds

@@ -575,7 +575,9 @@ fn bench_sweep_writes_json_csv_markdown_and_plots() {
     }
     assert!(report["idle"]["lan-100m"]["p50_ms"].as_f64().unwrap() > 0.0);
     // The link carried the runs: four downloads of 1 MB went down.
-    let down = report["links"]["lan-100m"]["down"]["delivered_bytes"].as_u64().unwrap();
+    let down = report["links"]["lan-100m"]["down"]["delivered_bytes"]
+        .as_u64()
+        .unwrap();
     assert!(down > 4_000_000, "{report}");
     // One CSV row and one JSON line per run, in the order they ran.
     let csv = std::fs::read_to_string(out_dir.join("results.csv")).unwrap();
