@@ -405,6 +405,19 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     std::fs::create_dir(&root)?;
     make_file(&root.join("bench.bin"), args.size)?;
     make_file(&root.join("tiny.bin"), 1)?;
+    // Clients and servers run from a copy of this executable: a rebuild during a long
+    // benchmark replaces the file, and later runs would then fail to start.
+    // (Where the copy cannot run, a file system mounted noexec, the original serves.)
+    let braid = {
+        let copy = tmp.path().join("braid");
+        let runs = std::fs::copy(&braid, &copy).is_ok()
+            && std::process::Command::new(&copy)
+                .arg("--version")
+                .stdout(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+        if runs { copy } else { braid }
+    };
 
     let bar = ProgressBar::new(runs.len() as u64);
     bar.set_style(
