@@ -107,6 +107,11 @@ pub struct BenchArgs {
     /// Bytes each run moves, e.g. 4MB.
     #[arg(long, default_value = "4MB", value_parser = crate::cli::parse_size)]
     pub size: u64,
+    /// Instead of --size: give each scenario a payload that takes about this many seconds at
+    /// its link's payload rate (the slower direction), so that one sweep fits links from
+    /// 14.4 kbit/s to 500 Mbit/s.
+    #[arg(long, value_name = "SECONDS", conflicts_with_all = ["size", "url", "experiment"])]
+    pub duration: Option<f64>,
     /// Where results go (created if missing): results.jsonl as runs finish, then report.json,
     /// results.csv, report.md and SVG plots.
     #[arg(long, default_value = "bench-results")]
@@ -140,6 +145,24 @@ fn kermit_cells(args: &BenchArgs) -> Vec<grid::Kermit> {
         }
     }
     out
+}
+
+/// The bytes each run moves on a link: --size, or --duration seconds at its payload rate.
+fn payload_size(args: &BenchArgs, spec: &LinkSpec) -> u64 {
+    let Some(secs) = args.duration else {
+        return args.size;
+    };
+    let rate = |p: &crate::lab::model::Params| {
+        p.rate.map_or(f64::INFINITY, |r| {
+            limits::payload_rate(r as f64, f64::from(spec.mtu))
+        })
+    };
+    let slower = rate(&spec.up).min(rate(&spec.down));
+    if slower.is_finite() {
+        (slower * secs).max(1.0) as u64
+    } else {
+        args.size
+    }
 }
 
 fn on_off(s: &str) -> Result<bool, String> {
@@ -380,7 +403,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         .iter()
         .map(|c| {
             let spec = specs.get(&c.scenario)?;
-            predict(c, spec, args.size, args.congestion)
+            predict(c, spec, payload_size(&args, spec), args.congestion)
         })
         .collect();
     std::fs::create_dir_all(&args.out)
@@ -403,7 +426,8 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     };
     let root = tmp.path().join("root");
     std::fs::create_dir(&root)?;
-    make_file(&root.join("bench.bin"), args.size)?;
+    let mut made = args.size;
+    make_file(&root.join("bench.bin"), made)?;
     make_file(&root.join("tiny.bin"), 1)?;
     // Clients and servers run from a copy of this executable: a rebuild during a long
     // benchmark replaces the file, and later runs would then fail to start.
@@ -442,6 +466,13 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         let mut used: Vec<Tool> = runs[i..end].iter().map(|r| cells[r.cell].tool).collect();
         used.sort();
         used.dedup();
+        let size = specs
+            .get(&scenario)
+            .map_or(args.size, |spec| payload_size(&args, spec));
+        if size != made {
+            make_file(&root.join("bench.bin"), size)?;
+            made = size;
+        }
         let (lab, servers) = match &remote {
             Some(_) => (None, None),
             None => {
@@ -467,7 +498,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             braid: &braid,
             root: &root,
             work: tmp.path(),
-            size: args.size,
+            size,
             epoch,
             timeout: Duration::from_secs(args.timeout),
             stop: &stop,
@@ -584,6 +615,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         repeats: args.repeat,
         interrupted,
         experiment: args.experiment.clone(),
+        duration: args.duration,
     };
     let mut rep = report::build(head, &cells, &predictions, idle, setup, &records);
     rep.links = links;

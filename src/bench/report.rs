@@ -90,6 +90,8 @@ pub struct Report {
     pub command: String,
     /// The seed experiment this was (`--experiment`).
     pub experiment: Option<String>,
+    /// Each scenario's payload was sized to take this long at its link's rate (`--duration`).
+    pub duration: Option<f64>,
     pub size: u64,
     pub repeats: u32,
     pub interrupted: bool,
@@ -116,6 +118,7 @@ pub struct Head {
     pub repeats: u32,
     pub interrupted: bool,
     pub experiment: Option<String>,
+    pub duration: Option<f64>,
 }
 
 pub fn build(
@@ -196,6 +199,7 @@ pub fn build(
     Report {
         command: head.command,
         experiment: head.experiment,
+        duration: head.duration,
         size: head.size,
         repeats: head.repeats,
         interrupted: head.interrupted,
@@ -311,8 +315,10 @@ pub fn markdown(r: &Report, records: &[Record], plots: &[String]) -> String {
     let _ = writeln!(s, "# braid bench\n\n`{}`\n", r.command);
     let _ = writeln!(
         s,
-        "{} bytes per run, {} repeat(s) per cell, cells shuffled within each round.{}\n",
-        r.size,
+        "{} per run, {} repeat(s) per cell, cells shuffled within each round.{}\n",
+        r.duration.map_or(format!("{} bytes", r.size), |d| format!(
+            "A payload of about {d} s at each link's payload rate"
+        )),
         r.repeats,
         if r.interrupted {
             " **Interrupted: these are the runs made before Ctrl-C.**"
