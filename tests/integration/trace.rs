@@ -117,6 +117,42 @@ fn trace_agrees_with_tcptrace_on_a_lossy_lab_capture() {
         "the capture has no retransmissions to compare"
     );
 
+    // The model reads the same capture: one data connection, its RTT and its loss as the
+    // trace counts them.
+    let data = conns
+        .iter()
+        .map(|c| &c["a2b"])
+        .max_by_key(|d| d["unique_bytes"].as_u64().unwrap())
+        .unwrap();
+    let (code, stdout, err) = braid(
+        &[
+            "model",
+            "--from-trace",
+            capture.to_str().unwrap(),
+            "--rate",
+            "20mbit",
+            "--congestion",
+            "cubic",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let model = json(&stdout);
+    assert_eq!(model["load"]["streams"], 1, "{stdout}");
+    let loss = data["rexmt_packets"].as_f64().unwrap() / data["data_packets"].as_f64().unwrap();
+    assert!(
+        (model["path"]["loss"].as_f64().unwrap() - loss).abs() < 1e-12,
+        "{stdout}"
+    );
+    let rtt = model["path"]["rtt"].as_f64().unwrap();
+    assert!(
+        (rtt - data["rtt_min_ms"].as_f64().unwrap() / 1e3).abs() < 1e-9 && rtt >= 0.010,
+        "{stdout}"
+    );
+    assert_eq!(model["prediction"]["binding"], "loss", "{stdout}");
+    assert!(model["measured_bytes_per_second"].as_f64().unwrap() > 0.0);
+
     // The plot marks each retransmission of data with a red dot.
     let svg = top.path().join("lossy.svg");
     let (code, _, err) = braid(
