@@ -42,14 +42,14 @@ pub struct BenchArgs {
     /// table), nice (ping during transfers on dsl-1m-bloat with the client at nice 0 and
     /// 19). It sets the grid; --repeat, --out, --name, --seed and --timeout still apply.
     #[arg(long, value_parser = experiments::NAMES,
-          conflicts_with_all = ["scenario", "rate", "delay", "queue", "loss", "streams", "buffer",
+          conflicts_with_all = ["scenario", "mtu", "rate", "delay", "queue", "loss", "streams", "buffer",
                                 "block_size", "direction", "tool", "size", "congestion"])]
     pub experiment: Option<String>,
     /// Measure a real path instead of the lab: get cells download this file, put cells upload
     /// the generated --size file as braid-bench-upload.bin into its directory (left there).
     /// Tools: braid, curl and lftp; no model (the path is unknown); ping goes to its host. No
     /// root needed.
-    #[arg(long, value_name = "URL", conflicts_with_all = ["experiment", "rate", "delay", "queue", "loss"])]
+    #[arg(long, value_name = "URL", conflicts_with_all = ["experiment", "mtu", "rate", "delay", "queue", "loss"])]
     pub url: Option<String>,
     /// Kermit's window slots, comma-separated (1-32; streaming ignores them).
     #[arg(long, value_delimiter = ',', default_value = "15",
@@ -69,7 +69,10 @@ pub struct BenchArgs {
     /// Lab scenarios to measure on (`braid lab scenarios`), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "lan-100m")]
     pub scenario: Vec<String>,
-    /// Override every scenario's link rate (both directions), e.g. 20mbit.
+    /// Override every scenario's MTU.
+    #[arg(long)]
+    pub mtu: Option<u16>,
+    /// Override every scenario's link rate (both directions), e.g. 20mbit or unlimited.
     #[arg(long)]
     pub rate: Option<String>,
     /// Override every scenario's one-way delay (both directions), e.g. 10ms.
@@ -145,6 +148,25 @@ fn kermit_cells(args: &BenchArgs) -> Vec<grid::Kermit> {
         }
     }
     out
+}
+
+/// What a scenario's link should show: a ping's RTT (84-byte packets, serialized each way)
+/// and the payload rate each way.
+fn path_info(spec: &LinkSpec) -> report::PathInfo {
+    let serialize = |p: &crate::lab::model::Params| p.rate.map_or(0.0, |r| 84.0 * 8.0 / r as f64);
+    let payload = |p: &crate::lab::model::Params| {
+        p.rate
+            .map(|r| limits::payload_rate(r as f64, f64::from(spec.mtu)) * 8.0)
+    };
+    report::PathInfo {
+        mtu: spec.mtu,
+        ping_rtt_ms: ((spec.up.delay + spec.down.delay) as f64 / 1e9
+            + serialize(&spec.up)
+            + serialize(&spec.down))
+            * 1e3,
+        up_payload_bps: payload(&spec.up),
+        down_payload_bps: payload(&spec.down),
+    }
 }
 
 /// The bytes each run moves on a link: --size, or --duration seconds at its payload rate.
@@ -374,6 +396,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     });
     let mut specs = BTreeMap::new();
     let overrides = BothWays {
+        mtu: args.mtu,
         rate: args.rate.clone(),
         delay: args.delay.clone(),
         queue: args.queue.clone(),
@@ -619,6 +642,10 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     };
     let mut rep = report::build(head, &cells, &predictions, idle, setup, &records);
     rep.links = links;
+    rep.paths = specs
+        .iter()
+        .map(|(name, spec)| (name.clone(), path_info(spec)))
+        .collect();
     let plots = report::write(&args.out, &rep, &records)?;
     print!("{}", report::markdown(&rep, &records, &[]));
     eprintln!(

@@ -47,6 +47,17 @@ impl Latency {
     }
 }
 
+/// A scenario's link as configured: what its idle ping and its rate should be.
+#[derive(Debug, Clone, Serialize)]
+pub struct PathInfo {
+    pub mtu: u16,
+    /// Both delays plus an 84-byte ping's serialization each way.
+    pub ping_rtt_ms: f64,
+    /// Link rate less IP and TCP headers, bit/s; None when unlimited.
+    pub up_payload_bps: Option<f64>,
+    pub down_payload_bps: Option<f64>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelCheck {
     pub predicted_mbit_s: f64,
@@ -103,6 +114,8 @@ pub struct Report {
     /// Each scenario's link counters over all its runs (queue drops, losses, longest queueing
     /// delay per direction), as `braid lab` reports them.
     pub links: BTreeMap<String, serde_json::Value>,
+    /// Each scenario's link as configured.
+    pub paths: BTreeMap<String, PathInfo>,
     pub cells: Vec<CellReport>,
     pub correlations: Vec<Correlation>,
 }
@@ -206,6 +219,7 @@ pub fn build(
         idle,
         setup_seconds,
         links: BTreeMap::new(),
+        paths: BTreeMap::new(),
         correlations: correlations(records),
         cells: out,
     }
@@ -338,6 +352,18 @@ pub fn markdown(r: &Report, records: &[Record], plots: &[String]) -> String {
                 s,
                 "Idle link: ping p50 {:.1} ms, p95 {:.1} ms ({} samples).\n",
                 l.p50_ms, l.p95_ms, l.samples
+            );
+        }
+        if let Some(p) = r.paths.get(sc) {
+            let rate =
+                |b: Option<f64>| b.map_or("unlimited".into(), |b| format!("{:.3} Mbit/s", b / 1e6));
+            let _ = writeln!(
+                s,
+                "Configured: MTU {}, a ping's RTT {:.1} ms, payload rate up {}, down {}.\n",
+                p.mtu,
+                p.ping_rtt_ms,
+                rate(p.up_payload_bps),
+                rate(p.down_payload_bps)
             );
         }
         if let Some(link) = r.links.get(sc) {

@@ -71,7 +71,7 @@ pub struct LinkArgs {
     /// Lab name: its namespaces are NAME-left and NAME-right.
     #[arg(long, default_value = "braid")]
     name: String,
-    /// Link rate, e.g. 1.536mbit, 50mbit, 14.4kbit [default: unlimited]
+    /// Link rate, e.g. 1.536mbit, 50mbit, 14.4kbit, or unlimited [default: unlimited]
     #[arg(long)]
     rate: Option<String>,
     /// One-way propagation delay, e.g. 295ms [default: 0]
@@ -151,7 +151,11 @@ struct Overrides<'a> {
 
 fn apply(mut p: Params, o: Overrides) -> Result<Params, String> {
     for v in o.rate.into_iter().flatten() {
-        p.rate = Some(units::rate(v)?);
+        p.rate = if v == "unlimited" {
+            None
+        } else {
+            Some(units::rate(v)?)
+        };
     }
     for v in o.delay.into_iter().flatten() {
         p.delay = units::delay(v)?;
@@ -176,6 +180,7 @@ fn apply(mut p: Params, o: Overrides) -> Result<Params, String> {
 /// Overrides that apply to both directions of a scenario (`braid bench`).
 #[derive(Debug, Clone, Default)]
 pub struct BothWays {
+    pub mtu: Option<u16>,
     pub rate: Option<String>,
     pub delay: Option<String>,
     pub queue: Option<String>,
@@ -209,9 +214,14 @@ impl LinkSpec {
             )
             .map_err(anyhow::Error::msg)
         };
+        if let Some(m) = o.mtu
+            && !(576..=65535).contains(&m)
+        {
+            bail!("--mtu {m}: use 576 to 65535");
+        }
         Ok(LinkSpec {
             scenario: Some(name.to_string()),
-            mtu: s.mtu,
+            mtu: o.mtu.unwrap_or(s.mtu),
             up: both(s.up)?,
             down: both(s.down)?,
         })
