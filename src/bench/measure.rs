@@ -9,13 +9,47 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// The lab's server host.
 pub const SERVER: &str = "198.18.0.2";
-pub const FTP_PORT: u16 = 2121;
-pub const IPERF_PORT: u16 = 5201;
-pub const VSFTPD_PORT: u16 = 2122;
-pub const GRIDFTP_PORT: u16 = 2811;
-/// Kermit's registered port.
-pub const KERMIT_PORT: u16 = 1649;
+
+/// The servers' ports.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Ports {
+    pub ftp: u16,
+    pub vsftpd: u16,
+    pub gridftp: u16,
+    pub iperf: u16,
+    pub kermit: u16,
+}
+
+impl Ports {
+    /// In the lab's own host nothing else listens: the usual ports (Kermit's is 1649).
+    pub const LAB: Ports = Ports {
+        ftp: 2121,
+        vsftpd: 2122,
+        gridftp: 2811,
+        iperf: 5201,
+        kermit: 1649,
+    };
+
+    /// Ports free on loopback now: five listeners bound at once, then closed.
+    pub fn free() -> std::io::Result<Ports> {
+        let ls: Vec<std::net::TcpListener> = (0..5)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<_>>()?;
+        let p: Vec<u16> = ls
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect::<std::io::Result<_>>()?;
+        Ok(Ports {
+            ftp: p[0],
+            vsftpd: p[1],
+            gridftp: p[2],
+            iperf: p[3],
+            kermit: p[4],
+        })
+    }
+}
 /// Pings every 200 ms: five samples a second, 84 bytes each, too little to load even the
 /// 14.4 kbit/s link much.
 const PING_INTERVAL: &str = "0.2";
@@ -102,19 +136,24 @@ pub struct Servers {
 
 impl Drop for Servers {
     fn drop(&mut self) {
+        // Each server leads its own process group: its children (a forking server, the
+        // Kermit server's restart loop) go with it.
         for c in &mut self.children {
+            if let Some(pid) = rustix::process::Pid::from_raw(c.id() as i32) {
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 }
 
-/// Waits (at most 10 s) until something in `right` listens on `port`.
-fn wait_listening(lab: &Running, port: u16) -> anyhow::Result<()> {
+/// Waits (at most 10 s) until something on the servers' host listens on `port`.
+fn wait_listening(place: &Place, port: u16) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
-        let out = lab
-            .command("right", "ss")
+        let out = place
+            .server_command("ss")
             .args(["-Hltn", &format!("sport = :{port}")])
             .output()?;
         if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
@@ -122,7 +161,10 @@ fn wait_listening(lab: &Running, port: u16) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    anyhow::bail!("nothing listens on {SERVER}:{port} after 10 s: the server did not start")
+    anyhow::bail!(
+        "nothing listens on {}:{port} after 10 s: the server did not start",
+        place.server_addr()
+    )
 }
 
 /// A program by name: on PATH, or in /usr/sbin and /sbin (servers live there and root's
@@ -135,10 +177,12 @@ pub fn find_program(name: &str) -> Option<std::path::PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The servers the `tools` need, in `right`: braid serve always, iperf3 -s, vsftpd
-/// (anonymous, uploads allowed, `root` as its directory) and globus-gridftp-server.
+/// The servers the `tools` need, in the lab's `right` or on loopback: braid serve always,
+/// iperf3 -s, vsftpd (anonymous, uploads allowed, `root` as its directory), a Kermit server
+/// and globus-gridftp-server.
 pub fn start_servers(
-    lab: &Running,
+    place: &Place,
+    ports: Ports,
     braid: &std::path::Path,
     work: &std::path::Path,
     root: &std::path::Path,
@@ -148,25 +192,28 @@ pub fn start_servers(
         children: Vec::new(),
     };
     let mut start = |mut cmd: Command, port: u16| -> anyhow::Result<()> {
+        use std::os::unix::process::CommandExt;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(Stdio::null())
+            .process_group(0);
         servers.children.push(cmd.spawn()?);
-        wait_listening(lab, port)
+        wait_listening(place, port)
     };
-    let mut serve = lab.command("right", &braid.to_string_lossy());
+    let addr = place.server_addr().to_string();
+    let mut serve = place.server_command(&braid.to_string_lossy());
     serve
         .args(["serve", "--anonymous-write", "--root"])
         .arg(root)
-        .args(["--listen", &format!("{SERVER}:{FTP_PORT}")]);
-    start(serve, FTP_PORT)?;
+        .args(["--listen", &format!("{addr}:{}", ports.ftp)]);
+    start(serve, ports.ftp)?;
     let program = |name: &str| {
         find_program(name).map_or_else(|| name.to_string(), |p| p.display().to_string())
     };
     if tools.contains(&Tool::Iperf3) {
-        let mut c = lab.command("right", &program("iperf3"));
-        c.args(["-s", "-B", SERVER, "-p", &IPERF_PORT.to_string()]);
-        start(c, IPERF_PORT)?;
+        let mut c = place.server_command(&program("iperf3"));
+        c.args(["-s", "-B", &addr, "-p", &ports.iperf.to_string()]);
+        start(c, ports.iperf)?;
     }
     if tools.contains(&Tool::Lftp) || tools.contains(&Tool::Curl) {
         // Run as its launching user, vsftpd does not chroot: anon_root is where paths start.
@@ -176,44 +223,48 @@ pub fn start_servers(
         std::fs::write(
             &conf,
             format!(
-                "listen=YES\nlisten_ipv6=NO\nlisten_address={SERVER}\nlisten_port={VSFTPD_PORT}\n\
+                "listen=YES\nlisten_ipv6=NO\nlisten_address={addr}\nlisten_port={}\n\
                  background=NO\nanonymous_enable=YES\nlocal_enable=NO\nanon_root={}\n\
                  no_anon_password=YES\nseccomp_sandbox=NO\nrun_as_launching_user=YES\n\
                  write_enable=YES\nanon_upload_enable=YES\nanon_other_write_enable=YES\n\
                  anon_umask=022\nmax_clients=0\nmax_per_ip=0\npasv_enable=YES\n\
-                 pasv_address={SERVER}\nsecure_chroot_dir={}\n",
+                 pasv_address={addr}\nsecure_chroot_dir={}\n",
+                ports.vsftpd,
                 root.display(),
                 empty.display()
             ),
         )?;
-        let mut c = lab.command("right", &program("vsftpd"));
+        let mut c = place.server_command(&program("vsftpd"));
         c.arg(&conf);
-        start(c, VSFTPD_PORT)?;
+        start(c, ports.vsftpd)?;
     }
     if tools.contains(&Tool::Kermit) {
         // A Kermit server takes one connection and ends with the client's FINISH: start it
         // again after each, accepting packets up to 9024 bytes and 32 window slots (the
         // client's settings then decide).
-        let mut c = lab.command("right", "sh");
+        let mut c = place.server_command("sh");
         c.current_dir(root).args([
             "-c",
             &format!(
-                "while :; do {} -Y -q -C 'set host * {KERMIT_PORT} /raw-socket, set file type binary, \
+                "while :; do {} -Y -q -C 'set host * {} /raw-socket, set file type binary, \
                  set window 32, set receive packet-length 9024, server' </dev/null; done",
-                program("kermit")
+                program("kermit"),
+                ports.kermit
             ),
         ]);
-        start(c, KERMIT_PORT)?;
+        start(c, ports.kermit)?;
     }
     if tools.contains(&Tool::GlobusUrlCopy) {
-        let mut c = lab.command("right", &program("globus-gridftp-server"));
-        c.args(["-aa", "-anonymous-user", "root", "-auth-level", "0"])
-            .args(["-p", &GRIDFTP_PORT.to_string()])
-            .args(["-control-interface", SERVER, "-data-interface", SERVER])
+        // Anonymous users act as the user running the benchmark.
+        let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+        let mut c = place.server_command(&program("globus-gridftp-server"));
+        c.args(["-aa", "-anonymous-user", &user, "-auth-level", "0"])
+            .args(["-p", &ports.gridftp.to_string()])
+            .args(["-control-interface", &addr, "-data-interface", &addr])
             .arg("-home-dir")
             .arg(root)
             .args(["-allow-root", "-log-level", "ERROR"]);
-        start(c, GRIDFTP_PORT)?;
+        start(c, ports.gridftp)?;
     }
     Ok(servers)
 }
@@ -235,6 +286,8 @@ pub fn unix_now() -> f64 {
 pub enum Place<'a> {
     /// In the lab's `left`, against the servers in `right`.
     Lab(&'a Running),
+    /// Clients and servers on this machine, over loopback.
+    Loopback,
     /// On this machine, against a server somewhere else: `get` downloads `get_url`, `put`
     /// uploads to `put_url`.
     Remote {
@@ -247,18 +300,33 @@ pub enum Place<'a> {
 }
 
 impl Place<'_> {
+    /// A client program.
     fn command(&self, program: &str) -> Command {
         match self {
             Place::Lab(lab) => lab.command("left", program),
-            Place::Remote { .. } => Command::new(program),
+            Place::Loopback | Place::Remote { .. } => Command::new(program),
+        }
+    }
+
+    /// A program on the servers' host.
+    fn server_command(&self, program: &str) -> Command {
+        match self {
+            Place::Lab(lab) => lab.command("right", program),
+            Place::Loopback | Place::Remote { .. } => Command::new(program),
+        }
+    }
+
+    /// Where clients reach the servers.
+    pub fn server_addr(&self) -> &str {
+        match self {
+            Place::Lab(_) => SERVER,
+            Place::Loopback => "127.0.0.1",
+            Place::Remote { host, .. } => host,
         }
     }
 
     fn ping_target(&self) -> &str {
-        match self {
-            Place::Lab(_) => SERVER,
-            Place::Remote { host, .. } => host,
-        }
+        self.server_addr()
     }
 }
 
@@ -303,6 +371,7 @@ enum Timing {
 /// What a benchmark run needs to know.
 pub struct Context<'a> {
     pub place: Place<'a>,
+    pub ports: Ports,
     pub braid: &'a std::path::Path,
     /// The served directory; `bench.bin` (the payload) and `tiny.bin` (1 byte) are in it.
     pub root: &'a std::path::Path,
@@ -339,13 +408,15 @@ impl Context<'_> {
             Place::Remote {
                 get_url, put_url, ..
             } => Some((get_url.as_str(), put_url.as_str())),
-            Place::Lab(_) => None,
+            Place::Lab(_) | Place::Loopback => None,
         };
+        let server = place.server_addr();
+        let ports = self.ports;
         // The URL a tool's client uses: the remote one, or its server's in the lab.
         let url = |port: u16, name: &str, dir: Direction| match (remote, dir) {
             (Some((get, _)), Direction::Get) => get.to_string(),
             (Some((_, put)), Direction::Put) => put.to_string(),
-            (None, _) => format!("ftp://{SERVER}:{port}/{name}"),
+            (None, _) => format!("ftp://{server}:{port}/{name}"),
         };
         let local = self.root.join(name).display().to_string();
         let streams = match cell.streams {
@@ -355,8 +426,8 @@ impl Context<'_> {
         match cell.tool {
             Tool::Braid => {
                 let mut c = place.command(&self.braid.to_string_lossy());
-                let get = url(FTP_PORT, name, Direction::Get);
-                let put = url(FTP_PORT, "put-braid.bin", Direction::Put);
+                let get = url(ports.ftp, name, Direction::Get);
+                let put = url(ports.ftp, "put-braid.bin", Direction::Put);
                 match cell.direction {
                     Direction::Get => c.args(["get", "-q", "--json", &get, "/dev/null"]),
                     Direction::Put => c.args(["put", "-q", "--json", &local, &put]),
@@ -375,7 +446,7 @@ impl Context<'_> {
             }
             Tool::Iperf3 => {
                 let mut c = place.command("iperf3");
-                c.args(["-c", SERVER, "-p", &IPERF_PORT.to_string(), "-J"]);
+                c.args(["-c", server, "-p", &ports.iperf.to_string(), "-J"]);
                 c.args(["-n", &self.size.to_string(), "-P", &streams.to_string()]);
                 if let Some(b) = cell.buffer {
                     c.args(["-w", &b.to_string()]);
@@ -395,8 +466,8 @@ impl Context<'_> {
                     "-w",
                     "%{size_download} %{size_upload} %{time_pretransfer} %{time_total}",
                 ]);
-                let get = url(VSFTPD_PORT, name, Direction::Get);
-                let put = url(VSFTPD_PORT, "put-curl.bin", Direction::Put);
+                let get = url(ports.vsftpd, name, Direction::Get);
+                let put = url(ports.vsftpd, "put-curl.bin", Direction::Put);
                 match cell.direction {
                     Direction::Get => c.args(["-o", "/dev/null", &get]),
                     Direction::Put => c.args(["-T", &local, &put]),
@@ -410,8 +481,8 @@ impl Context<'_> {
                 }
                 let out = self.work.join("lftp.bin").display().to_string();
                 // Whole URLs, so the same script reaches the lab's vsftpd or a remote server.
-                let get = url(VSFTPD_PORT, name, Direction::Get);
-                let put = url(VSFTPD_PORT, "put-lftp.bin", Direction::Put);
+                let get = url(ports.vsftpd, name, Direction::Get);
+                let put = url(ports.vsftpd, "put-lftp.bin", Direction::Put);
                 script += &match (cell.direction, streams) {
                     (Direction::Get, 1) => format!("get {get} -o {out}; quit"),
                     (Direction::Get, n) => format!("pget -n {n} {get} -o {out}; quit"),
@@ -433,10 +504,11 @@ impl Context<'_> {
                     Direction::Put => format!("send {local} put-kermit.bin"),
                 };
                 let script = format!(
-                    "set host {SERVER} {KERMIT_PORT} /raw-socket, set file type binary, \
+                    "set host {server} {} /raw-socket, set file type binary, \
                      set file collision overwrite, set window {}, set receive packet-length {p}, \
                      set send packet-length {p}, set streaming {}, {transfer}, if fail exit 1, \
                      finish, exit 0",
+                    ports.kermit,
                     k.window,
                     if k.streaming { "on" } else { "off" },
                     p = k.packet,
@@ -451,7 +523,7 @@ impl Context<'_> {
                 if let Some(b) = cell.buffer {
                     c.args(["-tcp-bs", &b.to_string()]);
                 }
-                let remote = |path: &str| format!("ftp://{SERVER}:{GRIDFTP_PORT}{path}");
+                let remote = |path: &str| format!("ftp://{server}:{}{path}", ports.gridftp);
                 match cell.direction {
                     Direction::Get => c.args([remote(&local), "file:///dev/null".into()]),
                     Direction::Put => c.args([
@@ -497,8 +569,9 @@ impl Context<'_> {
     /// Runs the client for `name`; the measurement and the command's wall time.
     fn execute(&self, cell: &Cell, name: &str, setup: Option<f64>) -> (Measured, f64) {
         // The Kermit server restarts after each client: wait until it listens again.
-        if let (Tool::Kermit, Place::Lab(lab)) = (cell.tool, &self.place)
-            && let Err(e) = wait_listening(lab, KERMIT_PORT)
+        if cell.tool == Tool::Kermit
+            && !matches!(self.place, Place::Remote { .. })
+            && let Err(e) = wait_listening(&self.place, self.ports.kermit)
         {
             let m = Measured {
                 error: Some(e.to_string()),

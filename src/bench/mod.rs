@@ -62,6 +62,11 @@ pub struct BenchArgs {
     /// Kermit's streaming, comma-separated: on, off.
     #[arg(long, value_delimiter = ',', default_value = "on,off", value_parser = on_off)]
     pub kermit_streaming: Vec<bool>,
+    /// Measure on this machine's loopback instead of the lab: the same servers, on free ports
+    /// of 127.0.0.1, no link between them (what the CPUs and the programs manage), no root.
+    #[arg(long, conflicts_with_all = ["url", "experiment", "scenario", "mtu", "rate", "delay",
+                                      "queue", "loss", "duration"])]
+    pub loopback: bool,
     /// Congestion control of braid's and iperf3's sending side (reno, cubic, bbr) [default:
     /// the system's; the other tools always use it].
     #[arg(long, value_parser = Congestion::parse)]
@@ -369,6 +374,8 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             }
             ok
         });
+    } else if args.loopback {
+        args.scenario = vec!["loopback".into()];
     } else if !rustix::process::geteuid().is_root() {
         bail!(
             "braid bench runs on the lab's emulated links, which need root (network namespaces and TUN devices): run it with sudo"
@@ -402,7 +409,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         queue: args.queue.clone(),
         loss: args.loss.clone(),
     };
-    if remote.is_none() {
+    if remote.is_none() && !args.loopback {
         for s in &args.scenario {
             specs.insert(s.clone(), LinkSpec::scenario_with(s, &overrides)?);
         }
@@ -479,6 +486,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     let mut idle = BTreeMap::new();
     let mut setup = BTreeMap::new();
     let mut links = BTreeMap::new();
+    let mut loopback_ports = None;
     let mut i = 0;
     while i < runs.len() && !stop.load(Ordering::Relaxed) {
         let scenario = cells[runs[i].cell].scenario.clone();
@@ -496,15 +504,13 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             make_file(&root.join("bench.bin"), size)?;
             made = size;
         }
-        let (lab, servers) = match &remote {
-            Some(_) => (None, None),
-            None => {
+        let lab = match (&remote, args.loopback) {
+            (None, false) => {
                 let spec = LinkSpec::scenario_with(&scenario, &overrides)?;
                 bar.set_message(format!("{scenario}: bringing the link up"));
-                let lab = Running::up(&args.name, spec, args.seed, None)?;
-                let servers = measure::start_servers(&lab, &braid, tmp.path(), &root, &used)?;
-                (Some(lab), Some(servers))
+                Some(Running::up(&args.name, spec, args.seed, None)?)
             }
+            _ => None,
         };
         let place = match (&lab, &remote) {
             (Some(lab), _) => measure::Place::Lab(lab),
@@ -514,10 +520,29 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
                 put_url: r.put_url.clone(),
                 get_size: r.get_size,
             },
-            (None, None) => bail!("neither a lab nor a remote server"),
+            (None, None) => measure::Place::Loopback,
+        };
+        let ports = match place {
+            measure::Place::Loopback => measure::Ports::free()?,
+            _ => measure::Ports::LAB,
+        };
+        if matches!(place, measure::Place::Loopback) {
+            loopback_ports = Some(ports);
+        }
+        let servers = match place {
+            measure::Place::Remote { .. } => None,
+            _ => Some(measure::start_servers(
+                &place,
+                ports,
+                &braid,
+                tmp.path(),
+                &root,
+                &used,
+            )?),
         };
         let ctx = measure::Context {
             place,
+            ports,
             braid: &braid,
             root: &root,
             work: tmp.path(),
@@ -642,6 +667,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     };
     let mut rep = report::build(head, &cells, &predictions, idle, setup, &records);
     rep.links = links;
+    rep.loopback_ports = loopback_ports;
     rep.paths = specs
         .iter()
         .map(|(name, spec)| (name.clone(), path_info(spec)))

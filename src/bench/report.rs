@@ -116,6 +116,9 @@ pub struct Report {
     pub links: BTreeMap<String, serde_json::Value>,
     /// Each scenario's link as configured.
     pub paths: BTreeMap<String, PathInfo>,
+    /// `--loopback`: the ports its servers listened on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loopback_ports: Option<super::measure::Ports>,
     pub cells: Vec<CellReport>,
     pub correlations: Vec<Correlation>,
 }
@@ -220,6 +223,7 @@ pub fn build(
         setup_seconds,
         links: BTreeMap::new(),
         paths: BTreeMap::new(),
+        loopback_ports: None,
         correlations: correlations(records),
         cells: out,
     }

@@ -752,3 +752,52 @@ fn bench_measures_a_remote_server() {
     );
     assert!(out_dir.join("throughput-remote-127.0.0.1-get.svg").exists());
 }
+
+/// `braid bench --loopback` starts each tool's server on free loopback ports, measures, and
+/// stops them all (a forking server's children too).
+#[test]
+fn bench_on_loopback_runs_each_tool_and_stops_its_servers() {
+    for p in ["iperf3", "curl", "kermit"] {
+        crate::util::require(p);
+    }
+    let top = tempdir();
+    let out_dir = top.path().join("results");
+    let mut cmd = crate::util::braid_command(top.path());
+    cmd.args([
+        "bench",
+        "--loopback",
+        "--tool",
+        "braid,iperf3,curl,kermit",
+        "--kermit-streaming",
+        "on",
+        "-n",
+        "1",
+        "--repeat",
+        "1",
+        "--size",
+        "2MB",
+        "--idle-ping",
+        "0.2",
+        "--out",
+    ])
+    .arg(&out_dir);
+    let (ok, stdout, stderr) = crate::util::run(&mut cmd, Duration::from_secs(120));
+    assert!(ok, "braid bench --loopback failed:\n{stdout}\n{stderr}");
+    let report = json(&std::fs::read_to_string(out_dir.join("report.json")).unwrap());
+    let cells = report["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 8, "{report}");
+    for c in cells {
+        assert_eq!(c["failures"], 0, "{c}");
+        assert_eq!(c["cell"]["scenario"], "loopback");
+    }
+    // Nothing the benchmark started still listens: every server's port is free again.
+    let ports = report["loopback_ports"].as_object().unwrap();
+    assert_eq!(ports.len(), 5, "{report}");
+    for (name, port) in ports {
+        let port = port.as_u64().unwrap() as u16;
+        assert!(
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "the {name} server (port {port}) is still listening"
+        );
+    }
+}
