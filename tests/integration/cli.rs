@@ -704,27 +704,24 @@ fn bench_measures_a_remote_server() {
     let server = Server::start(&root, &["--anonymous-write"]);
     let out_dir = top.path().join("results");
     let url = format!("ftp://{}/src.bin", server.addr);
-    let mut cmd = crate::util::braid_command(top.path());
-    cmd.args([
-        "bench",
-        "--url",
-        &url,
-        "--tool",
-        "braid,curl",
-        "-n",
-        "1",
-        "--repeat",
-        "2",
-        "--size",
-        "200KB",
-        "--idle-ping",
-        "0.2",
-        "--out",
-    ])
-    .arg(&out_dir);
-    let (ok, stdout, stderr) = crate::util::run(&mut cmd, Duration::from_secs(60));
-    assert!(ok, "braid bench --url failed:\n{stdout}\n{stderr}");
-    let report = json(&std::fs::read_to_string(out_dir.join("report.json")).unwrap());
+    let (report, _) = crate::util::bench(
+        top.path(),
+        &[
+            "--url",
+            &url,
+            "--tool",
+            "braid,curl",
+            "-n",
+            "1",
+            "--repeat",
+            "2",
+            "--size",
+            "200KB",
+            "--idle-ping",
+            "0.2",
+        ],
+        Duration::from_secs(60),
+    );
     let cells = report["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 4, "{report}");
     for c in cells {
@@ -761,29 +758,25 @@ fn bench_on_loopback_runs_each_tool_and_stops_its_servers() {
         crate::util::require(p);
     }
     let top = tempdir();
-    let out_dir = top.path().join("results");
-    let mut cmd = crate::util::braid_command(top.path());
-    cmd.args([
-        "bench",
-        "--loopback",
-        "--tool",
-        "braid,iperf3,curl,kermit",
-        "--kermit-streaming",
-        "on",
-        "-n",
-        "1",
-        "--repeat",
-        "1",
-        "--size",
-        "2MB",
-        "--idle-ping",
-        "0.2",
-        "--out",
-    ])
-    .arg(&out_dir);
-    let (ok, stdout, stderr) = crate::util::run(&mut cmd, Duration::from_secs(120));
-    assert!(ok, "braid bench --loopback failed:\n{stdout}\n{stderr}");
-    let report = json(&std::fs::read_to_string(out_dir.join("report.json")).unwrap());
+    let (report, _) = crate::util::bench(
+        top.path(),
+        &[
+            "--loopback",
+            "--tool",
+            "braid,iperf3,curl,kermit",
+            "--kermit-streaming",
+            "on",
+            "-n",
+            "1",
+            "--repeat",
+            "1",
+            "--size",
+            "2MB",
+            "--idle-ping",
+            "0.2",
+        ],
+        Duration::from_secs(120),
+    );
     let cells = report["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 8, "{report}");
     for c in cells {

@@ -533,32 +533,27 @@ fn bench_sweep_writes_json_csv_markdown_and_plots() {
     let name = lab_name("bench");
     let top = tempdir();
     let out_dir = top.path().join("results");
-    let mut cmd = crate::util::braid_command(top.path());
-    cmd.args([
-        "bench",
-        "--scenario",
-        "lan-100m",
-        "-n",
-        "1,2",
-        "--direction",
-        "get",
-        "--repeat",
-        "2",
-        "--size",
-        "1MB",
-        "--idle-ping",
-        "1",
-        "--name",
-        &name,
-        "--out",
-    ])
-    .arg(&out_dir);
-    let (ok, stdout, stderr) = crate::util::run(&mut cmd, Duration::from_secs(120));
+    let (report, stdout) = crate::util::bench(
+        top.path(),
+        &[
+            "--scenario",
+            "lan-100m",
+            "-n",
+            "1,2",
+            "--direction",
+            "get",
+            "--repeat",
+            "2",
+            "--size",
+            "1MB",
+            "--idle-ping",
+            "1",
+            "--name",
+            &name,
+        ],
+        Duration::from_secs(120),
+    );
     assert_gone(&name);
-    assert!(ok, "braid bench failed:\n{stdout}\n{stderr}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap())
-            .unwrap();
     let cells = report["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 2, "{report}");
     for (cell, streams) in cells.iter().zip([1, 2]) {
@@ -618,35 +613,29 @@ fn bench_runs_every_tool_against_its_server() {
     }
     let name = lab_name("tools");
     let top = tempdir();
-    let out_dir = top.path().join("results");
-    let mut cmd = crate::util::braid_command(top.path());
-    cmd.args([
-        "bench",
-        "--scenario",
-        "lan-100m",
-        "-n",
-        "1",
-        "--repeat",
-        "1",
-        "--size",
-        "1MB",
-        "--idle-ping",
-        "0.5",
-        "--tool",
-        "braid,iperf3,globus-url-copy,lftp,curl,kermit",
-        "--kermit-streaming",
-        "on",
-        "--name",
-        &name,
-        "--out",
-    ])
-    .arg(&out_dir);
-    let (ok, stdout, stderr) = crate::util::run(&mut cmd, Duration::from_secs(180));
+    let (report, _) = crate::util::bench(
+        top.path(),
+        &[
+            "--scenario",
+            "lan-100m",
+            "-n",
+            "1",
+            "--repeat",
+            "1",
+            "--size",
+            "1MB",
+            "--idle-ping",
+            "0.5",
+            "--tool",
+            "braid,iperf3,globus-url-copy,lftp,curl,kermit",
+            "--kermit-streaming",
+            "on",
+            "--name",
+            &name,
+        ],
+        Duration::from_secs(180),
+    );
     assert_gone(&name);
-    assert!(ok, "braid bench failed:\n{stdout}\n{stderr}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap())
-            .unwrap();
     let cells = report["cells"].as_array().unwrap();
     let mut seen: Vec<String> = cells
         .iter()

@@ -515,3 +515,15 @@ pub fn wait_for_recorded_range(sidecar: &Path) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// `braid bench ARGS` with its own HOME (`home`) and its results in `home/results`, stopped
+/// after `limit`; its report.json and its stdout. Fails the test when bench fails.
+pub fn bench(home: &Path, args: &[&str], limit: Duration) -> (serde_json::Value, String) {
+    let out_dir = home.join("results");
+    let mut cmd = braid_command(home);
+    cmd.arg("bench").args(args).arg("--out").arg(&out_dir);
+    let (ok, stdout, stderr) = run(&mut cmd, limit);
+    assert!(ok, "braid bench {args:?} failed:\n{stdout}\n{stderr}");
+    let report = std::fs::read_to_string(out_dir.join("report.json")).expect("report.json");
+    (json(&report), stdout)
+}
