@@ -5,7 +5,10 @@
 pub mod experiments;
 pub mod grid;
 pub mod measure;
+pub mod parse;
+pub mod plot;
 pub mod report;
+pub mod servers;
 pub mod stats;
 
 use crate::lab::{BothWays, LinkSpec, Running, model::Loss, model::QueueLimit};
@@ -390,7 +393,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             .programs()
             .iter()
             .copied()
-            .filter(|p| measure::find_program(p).is_none())
+            .filter(|p| servers::find_program(p).is_none())
             .collect();
         if !missing.is_empty() {
             eprintln!(
@@ -513,25 +516,25 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             _ => None,
         };
         let place = match (&lab, &remote) {
-            (Some(lab), _) => measure::Place::Lab(lab),
-            (None, Some(r)) => measure::Place::Remote {
+            (Some(lab), _) => servers::Place::Lab(lab),
+            (None, Some(r)) => servers::Place::Remote {
                 host: r.host.clone(),
                 get_url: r.get_url.clone(),
                 put_url: r.put_url.clone(),
                 get_size: r.get_size,
             },
-            (None, None) => measure::Place::Loopback,
+            (None, None) => servers::Place::Loopback,
         };
         let ports = match place {
-            measure::Place::Loopback => measure::Ports::free()?,
-            _ => measure::Ports::LAB,
+            servers::Place::Loopback => servers::Ports::free()?,
+            _ => servers::Ports::LAB,
         };
-        if matches!(place, measure::Place::Loopback) {
+        if matches!(place, servers::Place::Loopback) {
             loopback_ports = Some(ports);
         }
         let servers = match place {
-            measure::Place::Remote { .. } => None,
-            _ => Some(measure::start_servers(
+            servers::Place::Remote { .. } => None,
+            _ => Some(servers::start_servers(
                 &place,
                 ports,
                 &braid,

@@ -1,0 +1,238 @@
+//! The servers a benchmark measures against, in the lab's `right` host or on loopback, and
+//! where clients reach them.
+
+use super::grid::Tool;
+use crate::lab::Running;
+use serde::Serialize;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The lab's server host.
+pub const SERVER: &str = "198.18.0.2";
+
+/// The servers' ports.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Ports {
+    pub ftp: u16,
+    pub vsftpd: u16,
+    pub gridftp: u16,
+    pub iperf: u16,
+    pub kermit: u16,
+}
+
+impl Ports {
+    /// In the lab's own host nothing else listens: the usual ports (Kermit's is 1649).
+    pub const LAB: Ports = Ports {
+        ftp: 2121,
+        vsftpd: 2122,
+        gridftp: 2811,
+        iperf: 5201,
+        kermit: 1649,
+    };
+
+    /// Ports free on loopback now: five listeners bound at once, then closed.
+    pub fn free() -> std::io::Result<Ports> {
+        let ls: Vec<std::net::TcpListener> = (0..5)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<_>>()?;
+        let p: Vec<u16> = ls
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect::<std::io::Result<_>>()?;
+        Ok(Ports {
+            ftp: p[0],
+            vsftpd: p[1],
+            gridftp: p[2],
+            iperf: p[3],
+            kermit: p[4],
+        })
+    }
+}
+
+/// Servers running in `right` for a scenario; stopped when dropped.
+pub struct Servers {
+    children: Vec<Child>,
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        // Each server leads its own process group: its children (a forking server, the
+        // Kermit server's restart loop) go with it.
+        for c in &mut self.children {
+            if let Some(pid) = rustix::process::Pid::from_raw(c.id() as i32) {
+                let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Waits (at most 10 s) until something on the servers' host listens on `port`.
+pub fn wait_listening(place: &Place, port: u16) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let out = place
+            .server_command("ss")
+            .args(["-Hltn", &format!("sport = :{port}")])
+            .output()?;
+        if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    anyhow::bail!(
+        "nothing listens on {}:{port} after 10 s: the server did not start",
+        place.server_addr()
+    )
+}
+
+/// A program by name: on PATH, or in /usr/sbin and /sbin (servers live there and root's
+/// PATH under sudo may lack them).
+pub fn find_program(name: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin".into(), "/sbin".into()])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// The servers the `tools` need, in the lab's `right` or on loopback: braid serve always,
+/// iperf3 -s, vsftpd (anonymous, uploads allowed, `root` as its directory), a Kermit server
+/// and globus-gridftp-server.
+pub fn start_servers(
+    place: &Place,
+    ports: Ports,
+    braid: &std::path::Path,
+    work: &std::path::Path,
+    root: &std::path::Path,
+    tools: &[Tool],
+) -> anyhow::Result<Servers> {
+    let mut servers = Servers {
+        children: Vec::new(),
+    };
+    let mut start = |mut cmd: Command, port: u16| -> anyhow::Result<()> {
+        use std::os::unix::process::CommandExt;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0);
+        servers.children.push(cmd.spawn()?);
+        wait_listening(place, port)
+    };
+    let addr = place.server_addr().to_string();
+    let mut serve = place.server_command(&braid.to_string_lossy());
+    serve
+        .args(["serve", "--anonymous-write", "--root"])
+        .arg(root)
+        .args(["--listen", &format!("{addr}:{}", ports.ftp)]);
+    start(serve, ports.ftp)?;
+    let program = |name: &str| {
+        find_program(name).map_or_else(|| name.to_string(), |p| p.display().to_string())
+    };
+    if tools.contains(&Tool::Iperf3) {
+        let mut c = place.server_command(&program("iperf3"));
+        c.args(["-s", "-B", &addr, "-p", &ports.iperf.to_string()]);
+        start(c, ports.iperf)?;
+    }
+    if tools.contains(&Tool::Lftp) || tools.contains(&Tool::Curl) {
+        // Run as its launching user, vsftpd does not chroot: anon_root is where paths start.
+        let empty = work.join("vsftpd-empty");
+        std::fs::create_dir_all(&empty)?;
+        let conf = work.join("vsftpd.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listen=YES\nlisten_ipv6=NO\nlisten_address={addr}\nlisten_port={}\n\
+                 background=NO\nanonymous_enable=YES\nlocal_enable=NO\nanon_root={}\n\
+                 no_anon_password=YES\nseccomp_sandbox=NO\nrun_as_launching_user=YES\n\
+                 write_enable=YES\nanon_upload_enable=YES\nanon_other_write_enable=YES\n\
+                 anon_umask=022\nmax_clients=0\nmax_per_ip=0\npasv_enable=YES\n\
+                 pasv_address={addr}\nsecure_chroot_dir={}\n",
+                ports.vsftpd,
+                root.display(),
+                empty.display()
+            ),
+        )?;
+        let mut c = place.server_command(&program("vsftpd"));
+        c.arg(&conf);
+        start(c, ports.vsftpd)?;
+    }
+    if tools.contains(&Tool::Kermit) {
+        // A Kermit server takes one connection and ends with the client's FINISH: start it
+        // again after each, accepting packets up to 9024 bytes and 32 window slots (the
+        // client's settings then decide).
+        let mut c = place.server_command("sh");
+        c.current_dir(root).args([
+            "-c",
+            &format!(
+                "while :; do {} -Y -q -C 'set host * {} /raw-socket, set file type binary, \
+                 set window 32, set receive packet-length 9024, server' </dev/null; done",
+                program("kermit"),
+                ports.kermit
+            ),
+        ]);
+        start(c, ports.kermit)?;
+    }
+    if tools.contains(&Tool::GlobusUrlCopy) {
+        // Anonymous users act as the user running the benchmark.
+        let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+        let mut c = place.server_command(&program("globus-gridftp-server"));
+        c.args(["-aa", "-anonymous-user", &user, "-auth-level", "0"])
+            .args(["-p", &ports.gridftp.to_string()])
+            .args(["-control-interface", &addr, "-data-interface", &addr])
+            .arg("-home-dir")
+            .arg(root)
+            .args(["-allow-root", "-log-level", "ERROR"]);
+        start(c, ports.gridftp)?;
+    }
+    Ok(servers)
+}
+
+/// Where the clients run and what they reach.
+pub enum Place<'a> {
+    /// In the lab's `left`, against the servers in `right`.
+    Lab(&'a Running),
+    /// Clients and servers on this machine, over loopback.
+    Loopback,
+    /// On this machine, against a server somewhere else: `get` downloads `get_url`, `put`
+    /// uploads to `put_url`.
+    Remote {
+        host: String,
+        get_url: String,
+        put_url: String,
+        /// The size of the file at `get_url`, when a listing gave it.
+        get_size: Option<u64>,
+    },
+}
+
+impl Place<'_> {
+    /// A client program.
+    pub fn command(&self, program: &str) -> Command {
+        match self {
+            Place::Lab(lab) => lab.command("left", program),
+            Place::Loopback | Place::Remote { .. } => Command::new(program),
+        }
+    }
+
+    /// A program on the servers' host.
+    fn server_command(&self, program: &str) -> Command {
+        match self {
+            Place::Lab(lab) => lab.command("right", program),
+            Place::Loopback | Place::Remote { .. } => Command::new(program),
+        }
+    }
+
+    /// Where clients reach the servers.
+    pub fn server_addr(&self) -> &str {
+        match self {
+            Place::Lab(_) => SERVER,
+            Place::Loopback => "127.0.0.1",
+            Place::Remote { host, .. } => host,
+        }
+    }
+
+    pub fn ping_target(&self) -> &str {
+        self.server_addr()
+    }
+}
