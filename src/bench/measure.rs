@@ -88,10 +88,26 @@ enum Timing {
     Wall,
 }
 
+/// CPU seconds a process has used, with those of its children it has waited for (a forking
+/// server's sessions, the Kermit server's restarts): `/proc/PID/stat` fields 14-17.
+fn process_cpu(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields start after the last ')'.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields
+        .get(11..15)?
+        .iter()
+        .map(|f| f.parse::<u64>().unwrap_or(0))
+        .sum();
+    Some(ticks as f64 / rustix::param::clock_ticks_per_second() as f64)
+}
+
 /// What a benchmark run needs to know.
 pub struct Context<'a> {
     pub place: Place<'a>,
     pub ports: Ports,
+    /// The servers' processes, whose CPU time each run adds to its client's.
+    pub server_pids: Vec<u32>,
     pub braid: &'a std::path::Path,
     /// The served directory; `bench.bin` (the payload) and `tiny.bin` (1 byte) are in it.
     pub root: &'a std::path::Path,
@@ -300,8 +316,16 @@ impl Context<'_> {
             return (m, 0.0);
         }
         let (cmd, timing) = self.client(cell, name);
+        let servers_cpu = || {
+            self.server_pids
+                .iter()
+                .filter_map(|&p| process_cpu(p))
+                .sum::<f64>()
+        };
+        let servers_before = servers_cpu();
+        let mut client_cpu = None;
         let started = Instant::now();
-        let mut child = match Captured::spawn(cmd) {
+        let child = match Captured::spawn(cmd) {
             Ok(c) => c,
             Err(e) => {
                 let m = Measured {
@@ -312,9 +336,16 @@ impl Context<'_> {
             }
         };
         let mut why = None;
+        let pid = rustix::process::Pid::from_child(&child.child);
         loop {
-            match child.child.try_wait() {
-                Ok(Some(_)) => break,
+            // Seen ended but not yet reaped, the client's /proc entry still holds its CPU time.
+            use rustix::process::{WaitId, WaitIdOptions, waitid};
+            let opts = WaitIdOptions::EXITED | WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT;
+            match waitid(WaitId::Pid(pid), opts) {
+                Ok(Some(_)) => {
+                    client_cpu = process_cpu(child.child.id());
+                    break;
+                }
                 Ok(None) => {}
                 Err(e) => {
                     why = Some(format!("cannot wait for the client: {e}"));
@@ -372,6 +403,7 @@ impl Context<'_> {
             },
         };
         m.wall_seconds = wall;
+        m.cpu_seconds = client_cpu.map(|c| c + (servers_cpu() - servers_before).max(0.0));
         (m, wall)
     }
 }

@@ -544,6 +544,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             )?),
         };
         let ctx = measure::Context {
+            server_pids: servers.as_ref().map_or_else(Vec::new, |s| s.pids()),
             place,
             ports,
             braid: &braid,

@@ -44,6 +44,9 @@ pub struct Measured {
     pub ping: Vec<(f64, f64)>,
     /// The whole command by the clock (login and all).
     pub wall_seconds: f64,
+    /// CPU seconds the client and the servers used for the run (the client alone against a
+    /// remote server).
+    pub cpu_seconds: Option<f64>,
 }
 
 /// `[epoch] 64 bytes from ...: icmp_seq=1 ttl=64 time=21.6 ms` (ping -D) → (epoch, ms).
@@ -158,8 +161,22 @@ pub fn parse_iperf3(stdout: &str) -> Measured {
     let end = &v["end"];
     let got = &end["sum_received"];
     let seconds = got["seconds"].as_f64().unwrap_or(0.0);
+    let (received, sent) = (got["bytes"].as_u64(), end["sum_sent"]["bytes"].as_u64());
+    // iperf3's receiver stops counting when the client says it has written everything, while
+    // a socket buffer and a queue of data may still be on their way. Its rate over that span
+    // is still a fair sample, unless the span missed most of the data (a run shorter than the
+    // buffers): then it says nothing.
+    let short = match (received, sent) {
+        (Some(r), Some(s)) if r.saturating_mul(2) < s => Some(format!(
+            "iperf3's receiver counted {r} of the {s} bytes sent (it stops counting once the \
+             client has written everything, and socket buffers and the link's queue held more \
+             than that): use a larger --size"
+        )),
+        _ => None,
+    };
     Measured {
-        error: (seconds <= 0.0).then(|| "iperf3 reported no transfer".to_string()),
+        error: short
+            .or_else(|| (seconds <= 0.0).then(|| "iperf3 reported no transfer".to_string())),
         bytes: got["bytes"].as_u64().unwrap_or(0),
         seconds,
         bytes_per_second: got["bits_per_second"].as_f64().unwrap_or(0.0) / 8.0,
@@ -247,5 +264,9 @@ mod tests {
                 .error
                 .is_some()
         );
+        // A receiver that counted less than was sent is an error, not a low rate.
+        let short = r#"{"end":{"sum_sent":{"bytes":2097152},
+            "sum_received":{"bytes":0,"seconds":0.01,"bits_per_second":0.0}}}"#;
+        assert!(parse_iperf3(short).error.unwrap().contains("larger --size"));
     }
 }

@@ -82,6 +82,8 @@ pub struct CellReport {
     /// The limit the sending kernel reported for most of its busy time (uploads).
     pub kernel_limit: Option<String>,
     pub retransmits_median: Option<f64>,
+    /// CPU seconds per GiB moved, client and servers together (median of the runs).
+    pub cpu_s_per_gib: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -203,6 +205,13 @@ pub fn build(
             ping,
             model,
             kernel_limit,
+            cpu_s_per_gib: Summary::of(
+                &ok.iter()
+                    .filter(|m| m.bytes > 0)
+                    .filter_map(|m| Some(m.cpu_seconds? / (m.bytes as f64 / (1u64 << 30) as f64)))
+                    .collect::<Vec<_>>(),
+            )
+            .map(|s| s.median),
             retransmits_median: Summary::of(
                 &ok.iter()
                     .filter_map(|m| m.retransmits.map(|r| r as f64))
@@ -295,7 +304,7 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 /// One row per run.
 pub fn csv(records: &[Record]) -> String {
     let mut s = String::from(
-        "scenario,tool,direction,streams,buffer,block,repeat,started_s,bytes,seconds,mbit_s,streams_used,retransmits,ping_p50_ms,ping_p95_ms,error\n",
+        "scenario,tool,direction,streams,buffer,block,repeat,started_s,bytes,seconds,mbit_s,streams_used,retransmits,ping_p50_ms,ping_p95_ms,cpu_s,error\n",
     );
     for r in records {
         let c = &r.cell;
@@ -303,7 +312,7 @@ pub fn csv(records: &[Record]) -> String {
         let lat = Latency::of(&m.ping.iter().map(|p| p.1).collect::<Vec<_>>());
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{},{},{:.3},{},{:.4},{:.4},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{:.3},{},{:.4},{:.4},{},{},{},{},{},{}",
             c.scenario,
             c.tool_label(),
             c.direction.name(),
@@ -321,6 +330,7 @@ pub fn csv(records: &[Record]) -> String {
                 .map_or(String::new(), |l| format!("{:.2}", l.p50_ms)),
             lat.as_ref()
                 .map_or(String::new(), |l| format!("{:.2}", l.p95_ms)),
+            m.cpu_seconds.map_or(String::new(), |c| format!("{c:.3}")),
             m.error.as_deref().unwrap_or("").replace([',', '\n'], ";"),
         );
     }
@@ -396,13 +406,13 @@ pub fn markdown(r: &Report, records: &[Record], plots: &[String]) -> String {
                 setups.join(", ")
             );
         }
-        s.push_str("| tool | dir | streams | buffer | block | n | min | median | mean | max | std | model (binding) | model error | ping p50 / p95 ms (+ over idle) | sender limit | retransmits |\n");
-        s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        s.push_str("| tool | dir | streams | buffer | block | n | min | median | mean | max | std | model (binding) | model error | ping p50 / p95 ms (+ over idle) | sender limit | retransmits | CPU s/GiB |\n");
+        s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for c in r.cells.iter().filter(|c| &c.cell.scenario == sc) {
             let st = c.mbit_s.as_ref();
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 c.cell.tool_label(),
                 c.cell.direction.name(),
                 c.cell.streams.label(),
@@ -441,6 +451,7 @@ pub fn markdown(r: &Report, records: &[Record], plots: &[String]) -> String {
                 )),
                 c.kernel_limit.as_deref().unwrap_or("-"),
                 opt(c.retransmits_median, 0),
+                opt(c.cpu_s_per_gib, 3),
             );
         }
         let corr: Vec<&Correlation> = r

@@ -54,6 +54,13 @@ pub struct Servers {
     children: Vec<Child>,
 }
 
+impl Servers {
+    /// The servers' process ids (each leads its own group).
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(|c| c.id()).collect()
+    }
+}
+
 impl Drop for Servers {
     fn drop(&mut self) {
         // Each server leads its own process group: its children (a forking server, the

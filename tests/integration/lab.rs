@@ -623,7 +623,7 @@ fn bench_runs_every_tool_against_its_server() {
             "--repeat",
             "1",
             "--size",
-            "1MB",
+            "10MB",
             "--idle-ping",
             "0.5",
             "--tool",
