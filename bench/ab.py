@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import tempfile
 
-from loopback import children_cpu, proc_cpu, random_file
+from common import children_cpu, proc_cpu, random_file
 
 
 def main():

@@ -29,7 +29,7 @@ import threading
 import time
 import urllib.request
 
-from loopback import certificate, children_cpu, proc_cpu, random_file
+from common import certificate, children_cpu, proc_cpu, random_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BRAID = os.path.join(HERE, "..", "target", "release", "braid")

@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import time
 
-from loopback import BRAID, Servers, program, start_gridftp, start_vsftpd
+from common import BRAID, Servers, program, start_gridftp, start_vsftpd
 
 
 def make_tree(top, files, size):

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 
-from loopback import certificate, random_file
+from common import certificate, random_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
