@@ -132,7 +132,8 @@ enum Cmd {
     /// Measure transfers on the lab's emulated links: a sweep over scenarios, streams,
     /// buffers, block sizes, directions and tools, each cell repeated in shuffled rounds, with
     /// ping across the link during every run, statistics, the model's prediction beside each
-    /// cell, and JSON, CSV, Markdown and SVG results (needs root).
+    /// cell, and JSON, CSV, Markdown and SVG results (root for the lab; --loopback and --url
+    /// need none).
     Bench(Box<crate::bench::BenchArgs>),
     /// Print a shell completion script, e.g. `braid completions bash >
     /// /etc/bash_completion.d/braid` (zsh: into a directory on $fpath as `_braid`).

@@ -42,8 +42,10 @@ pub struct BenchArgs {
     /// Run a seed's experiment and print its numbers beside braid's: xftp (satellite-t1,
     /// 24 KB windows, 1-16 streams, 5 MB, as the XFTP paper's figure), bbftp (1/10/20 streams
     /// × 64/256 KB × both directions on a 160 ms path with loss, mean ± std, as SLAC's
-    /// table), nice (ping during transfers on dsl-1m-bloat with the client at nice 0 and
-    /// 19). It sets the grid; --repeat, --out, --name, --seed and --timeout still apply.
+    /// table), kermit (C-Kermit's window × packet length × streaming on a 70 ms path, with FTP
+    /// and braid beside it, as Kermit's trial 2 with its statistics and correlations), nice
+    /// (ping during transfers on dsl-1m-bloat with the client at nice 0 and 19). It sets the
+    /// grid; --repeat, --out, --name, --seed and --timeout still apply.
     #[arg(long, value_parser = experiments::NAMES,
           conflicts_with_all = ["scenario", "mtu", "rate", "delay", "queue", "loss", "streams", "buffer",
                                 "block_size", "direction", "tool", "size", "congestion"])]
@@ -108,8 +110,9 @@ pub struct BenchArgs {
     pub direction: Vec<Direction>,
     /// Tools, comma-separated: braid (against braid serve); iperf3 (plain TCP with the same
     /// streams and buffers: the ceiling); globus-url-copy -p N (against globus-gridftp-server);
-    /// lftp (pget -n N down, one stream up) and curl (one stream), both against vsftpd. Each
-    /// runs the cells it can; a tool that is not installed is skipped with a note.
+    /// lftp (pget -n N down, one stream up) and curl (one stream), both against vsftpd; kermit
+    /// (C-Kermit client and server, see --kermit-*). Each runs the cells it can; a tool that is
+    /// not installed is skipped with a note.
     #[arg(long, value_delimiter = ',', default_value = "braid", value_parser = Tool::parse)]
     pub tool: Vec<Tool>,
     /// Runs of each cell.
