@@ -114,13 +114,14 @@ fn cell(
     dir: Direction,
     streams: u32,
     buffer: Option<u64>,
+    nice: bool,
 ) -> Option<&CellReport> {
     r.cells.iter().find(|c| {
         c.cell.tool == tool
             && c.cell.direction == dir
             && c.cell.streams == Streams::Fixed(streams)
             && c.cell.buffer == buffer
-            && !c.cell.nice
+            && c.cell.nice == nice
     })
 }
 
@@ -138,11 +139,11 @@ pub fn compare(name: &str, r: &Report, records: &[Record]) -> String {
             s.push_str("| streams | braid get | braid put | iperf3 get | iperf3 put | model (braid) | XFTP paper |\n|---|---|---|---|---|---|---|\n");
             for n in [1, 2, 4, 8, 16] {
                 let pct = |tool, dir| {
-                    cell(r, tool, dir, n, Some(20_000))
+                    cell(r, tool, dir, n, Some(20_000), false)
                         .and_then(|c| c.mbit_s.as_ref())
                         .map_or("-".into(), |m| format!("{:.0} %", m.median / 1.536 * 100.0))
                 };
-                let model = cell(r, Tool::Braid, Direction::Get, n, Some(20_000))
+                let model = cell(r, Tool::Braid, Direction::Get, n, Some(20_000), false)
                     .and_then(|c| c.model.as_ref())
                     .map_or("-".into(), |m| {
                         format!("{:.0} %", m.predicted_mbit_s / 1.536 * 100.0)
@@ -187,7 +188,8 @@ pub fn compare(name: &str, r: &Report, records: &[Record]) -> String {
                 ),
             ];
             for (n, p) in paper {
-                let b = |dir, kb: u64| mean_std(cell(r, Tool::Braid, dir, n, Some(kb << 10)));
+                let b =
+                    |dir, kb: u64| mean_std(cell(r, Tool::Braid, dir, n, Some(kb << 10), false));
                 let _ = writeln!(
                     s,
                     "| {n} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -217,14 +219,7 @@ pub fn compare(name: &str, r: &Report, records: &[Record]) -> String {
             for tool in [Tool::Braid, Tool::Iperf3] {
                 for dir in [Direction::Get, Direction::Put] {
                     for n in [1, 4] {
-                        let pick = |nice: bool| {
-                            r.cells.iter().find(|c| {
-                                c.cell.tool == tool
-                                    && c.cell.direction == dir
-                                    && c.cell.streams == Streams::Fixed(n)
-                                    && c.cell.nice == nice
-                            })
-                        };
+                        let pick = |nice| cell(r, tool, dir, n, None, nice);
                         let ping = |c: Option<&CellReport>| {
                             c.and_then(|c| c.ping.as_ref()).map_or("-".into(), |p| {
                                 format!("{:.0} / {:.0}", p.p50_ms, p.p95_ms)

@@ -69,6 +69,12 @@ impl Tool {
         }
     }
 
+    /// Tools that report no time of their own: the bench times the whole command and takes
+    /// off what a 1-byte file costs them.
+    pub fn timed_by_clock(self) -> bool {
+        matches!(self, Tool::Lftp | Tool::GlobusUrlCopy | Tool::Kermit)
+    }
+
     /// Whether the tool can run a cell: only braid has blocks and self-tuning; curl has one
     /// stream and no buffer option; lftp uploads over one stream.
     pub fn supports(

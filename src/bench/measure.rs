@@ -80,14 +80,6 @@ pub fn idle_ping(place: &Place, seconds: f64, epoch: f64) -> anyhow::Result<Vec<
     Ok(ping_samples(&out, epoch))
 }
 
-/// Where a run's time comes from.
-enum Timing {
-    /// The tool's own report on stdout, of its data phase.
-    Own,
-    /// The whole command by the clock, less the tool's setup time on this link.
-    Wall,
-}
-
 /// CPU seconds a process has used, with those of its children it has waited for (a forking
 /// server's sessions, the Kermit server's restarts): `/proc/PID/stat` fields 14-17.
 fn process_cpu(pid: u32) -> Option<f64> {
@@ -124,26 +116,19 @@ pub struct Context<'a> {
 
 impl Context<'_> {
     /// The client command for a cell, moving `name` (a file in the served directory).
-    fn client(&self, cell: &Cell, name: &str) -> (Command, Timing) {
-        let (mut cmd, timing) = self.bare_client(cell, name);
-        if !cell.nice {
-            return (cmd, timing);
-        }
-        // ip netns exec NS nice -n 19 PROGRAM ARGS...
-        let mut args: Vec<std::ffi::OsString> = cmd.get_args().map(|a| a.to_owned()).collect();
-        args.splice(3..3, ["nice".into(), "-n".into(), "19".into()]);
-        let mut niced = Command::new(cmd.get_program());
-        niced.args(args);
-        cmd = niced;
-        (cmd, timing)
-    }
-
-    fn bare_client(&self, cell: &Cell, name: &str) -> (Command, Timing) {
+    fn client(&self, cell: &Cell, name: &str) -> Command {
         let place = &self.place;
+        let program = |p: &str| {
+            if cell.nice {
+                let mut c = place.command("nice");
+                c.args(["-n", "19", p]);
+                c
+            } else {
+                place.command(p)
+            }
+        };
         let remote = match place {
-            Place::Remote {
-                get_url, put_url, ..
-            } => Some((get_url.as_str(), put_url.as_str())),
+            Place::Remote(r) => Some((r.get_url.as_str(), r.put_url.as_str())),
             Place::Lab(_) | Place::Loopback => None,
         };
         let server = place.server_addr();
@@ -161,7 +146,7 @@ impl Context<'_> {
         };
         match cell.tool {
             Tool::Braid => {
-                let mut c = place.command(&self.braid.to_string_lossy());
+                let mut c = program(&self.braid.to_string_lossy());
                 let get = url(ports.ftp, name, Direction::Get);
                 let put = url(ports.ftp, "put-braid.bin", Direction::Put);
                 match cell.direction {
@@ -178,10 +163,10 @@ impl Context<'_> {
                 if let Some(cc) = self.congestion {
                     c.args(["--congestion", cc]);
                 }
-                (c, Timing::Own)
+                c
             }
             Tool::Iperf3 => {
-                let mut c = place.command("iperf3");
+                let mut c = program("iperf3");
                 c.args(["-c", server, "-p", &ports.iperf.to_string(), "-J"]);
                 c.args(["-n", &self.size.to_string(), "-P", &streams.to_string()]);
                 if let Some(b) = cell.buffer {
@@ -193,10 +178,10 @@ impl Context<'_> {
                 if let Some(cc) = self.congestion {
                     c.args(["-C", cc]);
                 }
-                (c, Timing::Own)
+                c
             }
             Tool::Curl => {
-                let mut c = place.command("curl");
+                let mut c = program("curl");
                 c.args([
                     "-sS",
                     "-w",
@@ -208,7 +193,7 @@ impl Context<'_> {
                     Direction::Get => c.args(["-o", "/dev/null", &get]),
                     Direction::Put => c.args(["-T", &local, &put]),
                 };
-                (c, Timing::Own)
+                c
             }
             Tool::Lftp => {
                 let mut script = String::from("set net:max-retries 1; set xfer:clobber on; ");
@@ -224,9 +209,9 @@ impl Context<'_> {
                     (Direction::Get, n) => format!("pget -n {n} {get} -o {out}; quit"),
                     (Direction::Put, _) => format!("put {local} -o {put}; quit"),
                 };
-                let mut c = place.command("lftp");
+                let mut c = program("lftp");
                 c.args(["-e", &script]);
-                (c, Timing::Wall)
+                c
             }
             Tool::Kermit => {
                 let k = cell.kermit.unwrap_or(Kermit {
@@ -249,12 +234,12 @@ impl Context<'_> {
                     if k.streaming { "on" } else { "off" },
                     p = k.packet,
                 );
-                let mut c = place.command("kermit");
+                let mut c = program("kermit");
                 c.args(["-Y", "-q", "-C", &script]);
-                (c, Timing::Wall)
+                c
             }
             Tool::GlobusUrlCopy => {
-                let mut c = place.command("globus-url-copy");
+                let mut c = program("globus-url-copy");
                 c.args(["-p", &streams.to_string()]);
                 if let Some(b) = cell.buffer {
                     c.args(["-tcp-bs", &b.to_string()]);
@@ -267,7 +252,7 @@ impl Context<'_> {
                         remote(&self.root.join("put-globus.bin").display().to_string()),
                     ]),
                 };
-                (c, Timing::Wall)
+                c
             }
         }
     }
@@ -276,9 +261,7 @@ impl Context<'_> {
     /// connections): the least of two tries. None for tools that time themselves.
     pub fn setup_seconds(&self, cell: &Cell) -> Option<f64> {
         // A remote server has no 1-byte file to fetch.
-        if matches!(self.place, Place::Remote { .. })
-            || !matches!(self.client(cell, "tiny.bin").1, Timing::Wall)
-        {
+        if matches!(self.place, Place::Remote(_)) || !cell.tool.timed_by_clock() {
             return None;
         }
         let once = || {
@@ -306,7 +289,7 @@ impl Context<'_> {
     fn execute(&self, cell: &Cell, name: &str, setup: Option<f64>) -> (Measured, f64) {
         // The Kermit server restarts after each client: wait until it listens again.
         if cell.tool == Tool::Kermit
-            && !matches!(self.place, Place::Remote { .. })
+            && !matches!(self.place, Place::Remote(_))
             && let Err(e) = wait_listening(&self.place, self.ports.kermit)
         {
             let m = Measured {
@@ -315,7 +298,7 @@ impl Context<'_> {
             };
             return (m, 0.0);
         }
-        let (cmd, timing) = self.client(cell, name);
+        let cmd = self.client(cell, name);
         let servers_cpu = || {
             self.server_pids
                 .iter()
@@ -381,14 +364,14 @@ impl Context<'_> {
                 )),
                 ..Measured::default()
             },
-            None => match (cell.tool, timing) {
-                (Tool::Braid, _) => parse_braid(&out),
-                (Tool::Iperf3, _) => parse_iperf3(&out),
-                (Tool::Curl, _) => parse_curl(&out),
-                (_, _) => {
+            None => match cell.tool {
+                Tool::Braid => parse_braid(&out),
+                Tool::Iperf3 => parse_iperf3(&out),
+                Tool::Curl => parse_curl(&out),
+                Tool::Lftp | Tool::GlobusUrlCopy | Tool::Kermit => {
                     let seconds = (wall - setup.unwrap_or(0.0)).max(1e-6);
                     let bytes = match (&self.place, cell.direction) {
-                        (Place::Remote { get_size, .. }, Direction::Get) => get_size.unwrap_or(0),
+                        (Place::Remote(r), Direction::Get) => r.get_size.unwrap_or(0),
                         _ => self.size,
                     };
                     Measured {

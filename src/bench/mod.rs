@@ -11,7 +11,7 @@ pub mod report;
 pub mod servers;
 pub mod stats;
 
-use crate::lab::{BothWays, LinkSpec, Running, model::Loss, model::QueueLimit};
+use crate::lab::{BothWays, LinkSpec, Running};
 use crate::model::limits::{self, Congestion, Load, Path as ModelPath, Prediction, Window};
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -227,7 +227,8 @@ fn predict(
     cell: &Cell,
     spec: &LinkSpec,
     size: u64,
-    congestion: Option<Congestion>,
+    congestion: Congestion,
+    autotuned: Window,
 ) -> Option<Prediction> {
     let Streams::Fixed(n) = cell.streams else {
         return None;
@@ -237,29 +238,19 @@ fn predict(
         Direction::Get => (&spec.down, &spec.up),
         Direction::Put => (&spec.up, &spec.down),
     };
-    let mtu = f64::from(spec.mtu);
-    let loss = match there.loss {
-        Loss::None => 0.0,
-        Loss::Random(p) => p,
-        Loss::Ber(b) => crate::lab::model::per_packet(b, spec.mtu.into()),
-    };
+    let way = crate::model::lab_way(there, back, spec.mtu);
     let path = ModelPath {
-        rate_bps: there.rate? as f64,
-        rtt: (there.delay + back.delay) as f64 / 1e9,
-        mtu,
-        loss,
-        queue: Some(match there.queue {
-            QueueLimit::Bytes(b) => b as f64,
-            QueueLimit::Packets(p) => p as f64 * mtu,
-        }),
+        rate_bps: way.rate_bps?,
+        rtt: way.rtt,
+        mtu: f64::from(spec.mtu),
+        loss: way.loss,
+        queue: Some(way.queue),
     };
     let load = Load {
         streams: n,
-        window: cell
-            .buffer
-            .map_or_else(crate::model::autotuned, |b| Window::Buffer(b as f64)),
+        window: cell.buffer.map_or(autotuned, |b| Window::Buffer(b as f64)),
         size: size as f64,
-        congestion: congestion.unwrap_or_else(crate::model::system_congestion),
+        congestion,
         initial_window: limits::INITIAL_WINDOW,
         overhead_rtts: overhead_rtts(cell.tool),
         echo: false,
@@ -292,18 +283,9 @@ fn make_file(path: &std::path::Path, size: u64) -> Result<()> {
 }
 
 /// A remote server to measure (`--url`).
-struct Remote {
-    /// The "scenario" its cells carry.
-    label: String,
-    host: String,
-    get_url: String,
-    put_url: String,
-    get_size: Option<u64>,
-}
-
 /// The URL's host, the upload's URL beside it, and the file's size from a listing of its
 /// directory (for tools timed by the clock).
-fn remote_target(u: &str) -> Result<Remote> {
+fn remote_target(u: &str) -> Result<servers::Remote> {
     let parsed = url::Url::parse(u).with_context(|| format!("--url {u}: not a URL"))?;
     let Some(host) = parsed.host_str().map(str::to_string) else {
         bail!("--url {u}: no host");
@@ -322,18 +304,12 @@ fn remote_target(u: &str) -> Result<Remote> {
     if let Ok(mut segs) = put.path_segments_mut() {
         segs.pop().push("braid-bench-upload.bin");
     }
-    let braid = std::env::current_exe().context("cannot find braid's own executable")?;
-    let listed = std::process::Command::new(braid)
-        .args(["ls", "--json", dir.as_str()])
-        .stdin(std::process::Stdio::null())
-        .output()
+    let sources = crate::client::url::CredentialSources::from_env();
+    let listed = crate::client::url::parse(dir.as_str(), &sources)
         .ok()
-        .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok());
-    let get_size = listed
-        .as_ref()
-        .and_then(|v| v.as_array()?.iter().find(|e| e["name"] == name.as_str())?["size"].as_u64());
-    Ok(Remote {
-        label: format!("remote {host}"),
+        .and_then(|t| crate::client::ls(&t, &crate::client::Options::default()).ok());
+    let get_size = listed.and_then(|entries| entries.into_iter().find(|e| e.name == name)?.size);
+    Ok(servers::Remote {
         host,
         get_url: u.to_string(),
         put_url: put.to_string(),
@@ -369,7 +345,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         None => None,
     };
     if let Some(r) = &remote {
-        args.scenario = vec![r.label.clone()];
+        args.scenario = vec![format!("remote {}", r.host)];
         args.tool.retain(|t| {
             let ok = matches!(t, Tool::Braid | Tool::Curl | Tool::Lftp);
             if !ok {
@@ -435,11 +411,15 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         bail!("nothing to measure: the grid has no cells");
     }
     let runs = grid::schedule(&cells, args.repeat, args.seed);
+    let congestion = args
+        .congestion
+        .unwrap_or_else(crate::model::system_congestion);
+    let autotuned = crate::model::autotuned();
     let predictions: Vec<Option<Prediction>> = cells
         .iter()
         .map(|c| {
             let spec = specs.get(&c.scenario)?;
-            predict(c, spec, payload_size(&args, spec), args.congestion)
+            predict(c, spec, payload_size(&args, spec), congestion, autotuned)
         })
         .collect();
     std::fs::create_dir_all(&args.out)
@@ -512,7 +492,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         }
         let lab = match (&remote, args.loopback) {
             (None, false) => {
-                let spec = LinkSpec::scenario_with(&scenario, &overrides)?;
+                let spec = specs[&scenario].clone();
                 bar.set_message(format!("{scenario}: bringing the link up"));
                 Some(Running::up(&args.name, spec, args.seed, None)?)
             }
@@ -520,12 +500,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         };
         let place = match (&lab, &remote) {
             (Some(lab), _) => servers::Place::Lab(lab),
-            (None, Some(r)) => servers::Place::Remote {
-                host: r.host.clone(),
-                get_url: r.get_url.clone(),
-                put_url: r.put_url.clone(),
-                get_size: r.get_size,
-            },
+            (None, Some(r)) => servers::Place::Remote(r),
             (None, None) => servers::Place::Loopback,
         };
         let ports = match place {
@@ -536,7 +511,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             loopback_ports = Some(ports);
         }
         let servers = match place {
-            servers::Place::Remote { .. } => None,
+            servers::Place::Remote(_) => None,
             _ => Some(servers::start_servers(
                 &place,
                 ports,

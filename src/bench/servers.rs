@@ -202,15 +202,17 @@ pub enum Place<'a> {
     Lab(&'a Running),
     /// Clients and servers on this machine, over loopback.
     Loopback,
-    /// On this machine, against a server somewhere else: `get` downloads `get_url`, `put`
-    /// uploads to `put_url`.
-    Remote {
-        host: String,
-        get_url: String,
-        put_url: String,
-        /// The size of the file at `get_url`, when a listing gave it.
-        get_size: Option<u64>,
-    },
+    /// On this machine, against a server somewhere else.
+    Remote(&'a Remote),
+}
+
+/// A server outside the lab (`--url`): `get` downloads `get_url`, `put` uploads to `put_url`.
+pub struct Remote {
+    pub host: String,
+    pub get_url: String,
+    pub put_url: String,
+    /// The size of the file at `get_url`, when a listing gave it.
+    pub get_size: Option<u64>,
 }
 
 impl Place<'_> {
@@ -218,7 +220,7 @@ impl Place<'_> {
     pub fn command(&self, program: &str) -> Command {
         match self {
             Place::Lab(lab) => lab.command("left", program),
-            Place::Loopback | Place::Remote { .. } => Command::new(program),
+            Place::Loopback | Place::Remote(_) => Command::new(program),
         }
     }
 
@@ -226,7 +228,7 @@ impl Place<'_> {
     fn server_command(&self, program: &str) -> Command {
         match self {
             Place::Lab(lab) => lab.command("right", program),
-            Place::Loopback | Place::Remote { .. } => Command::new(program),
+            Place::Loopback | Place::Remote(_) => Command::new(program),
         }
     }
 
@@ -235,7 +237,7 @@ impl Place<'_> {
         match self {
             Place::Lab(_) => SERVER,
             Place::Loopback => "127.0.0.1",
-            Place::Remote { host, .. } => host,
+            Place::Remote(r) => &r.host,
         }
     }
 

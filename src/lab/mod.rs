@@ -188,6 +188,7 @@ pub struct BothWays {
 }
 
 /// The resolved link.
+#[derive(Clone)]
 pub struct LinkSpec {
     pub scenario: Option<String>,
     pub mtu: u16,
@@ -535,15 +536,9 @@ fn run_once(args: &LinkArgs, server: &str, client: &str, timeout: f64) -> Result
     // Output goes to unnamed temporary files: a pipe nobody reads would stall a chatty command.
     let in_host = |host: &str, cmd: &str| -> Result<Child> {
         let (out, err) = (tempfile::tempfile()?, tempfile::tempfile()?);
-        let child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &hosts::namespace(&args.name, host),
-                "sh",
-                "-c",
-                cmd,
-            ])
+        let child = running
+            .command(host, "sh")
+            .args(["-c", cmd])
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(err.try_clone()?)

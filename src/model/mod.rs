@@ -4,7 +4,7 @@
 
 pub mod limits;
 
-use crate::lab::{model::Loss, model::QueueLimit, scenario, units};
+use crate::lab::{model::Loss, model::Params, model::QueueLimit, scenario, units};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use limits::{Congestion, Load, Path, Prediction, Window};
@@ -113,11 +113,39 @@ fn size(s: &str) -> Result<f64> {
     crate::cli::parse_size(s).map(|v| v as f64).map_err(usage)
 }
 
+/// One direction of a lab link as the model sees it.
+pub struct LabWay {
+    /// None: unlimited.
+    pub rate_bps: Option<f64>,
+    /// This direction's delay and the way back's.
+    pub rtt: f64,
+    /// Per packet of the MTU (a bit error rate converted).
+    pub loss: f64,
+    /// The drop-tail queue in bytes (packets of the MTU).
+    pub queue: f64,
+}
+
+/// Data going over `there`, acknowledgements over `back`, packets of `mtu` bytes.
+pub fn lab_way(there: &Params, back: &Params, mtu: u16) -> LabWay {
+    LabWay {
+        rate_bps: there.rate.map(|r| r as f64),
+        rtt: (there.delay + back.delay) as f64 / 1e9,
+        loss: match there.loss {
+            Loss::None => 0.0,
+            Loss::Random(p) => p,
+            Loss::Ber(b) => crate::lab::model::per_packet(b, mtu.into()),
+        },
+        queue: match there.queue {
+            QueueLimit::Bytes(b) => b as f64,
+            QueueLimit::Packets(p) => p as f64 * f64::from(mtu),
+        },
+    }
+}
+
 impl ModelArgs {
     pub fn resolve(&self) -> Result<Resolved> {
-        let mut mtu = 1500.0;
+        let mut mtu = f64::from(self.mtu.unwrap_or(1500));
         let (mut rate, mut rtt, mut loss, mut queue) = (None, None, 0.0, None);
-        let mut ber = None;
         if let Some(name) = &self.scenario {
             let s = scenario::find(name).map_err(usage)?;
             let (there, back) = if self.direction == "put" {
@@ -125,18 +153,10 @@ impl ModelArgs {
             } else {
                 (&s.down, &s.up)
             };
-            mtu = f64::from(s.mtu);
-            rate = there.rate.map(|r| r as f64);
-            rtt = Some((there.delay + back.delay) as f64 / 1e9);
-            match there.loss {
-                Loss::None => {}
-                Loss::Random(p) => loss = p,
-                Loss::Ber(b) => ber = Some(b),
-            }
-            queue = Some(there.queue);
-        }
-        if let Some(m) = self.mtu {
-            mtu = f64::from(m);
+            let packet = self.mtu.unwrap_or(s.mtu);
+            mtu = f64::from(packet);
+            let way = lab_way(there, back, packet);
+            (rate, rtt, loss, queue) = (way.rate_bps, Some(way.rtt), way.loss, Some(way.queue));
         }
         if let Some(r) = &self.rate {
             rate = Some(units::rate(r).map_err(usage)? as f64);
@@ -146,21 +166,16 @@ impl ModelArgs {
         }
         if let Some(l) = &self.loss {
             loss = units::probability(l).map_err(usage)?;
-            ber = None;
         }
         if let Some(b) = &self.ber {
-            ber = Some(units::probability(b).map_err(usage)?);
-        }
-        if let Some(b) = ber {
-            loss = crate::lab::model::per_packet(b, mtu as u64);
+            loss = crate::lab::model::per_packet(units::probability(b).map_err(usage)?, mtu as u64);
         }
         if let Some(q) = &self.queue {
-            queue = Some(units::queue(q).map_err(usage)?);
+            queue = Some(match units::queue(q).map_err(usage)? {
+                QueueLimit::Bytes(b) => b as f64,
+                QueueLimit::Packets(p) => p as f64 * mtu,
+            });
         }
-        let queue = queue.map(|q| match q {
-            QueueLimit::Bytes(b) => b as f64,
-            QueueLimit::Packets(p) => p as f64 * mtu,
-        });
         let mut streams = self.streams;
         let mut window = match (&self.buffer, &self.window) {
             (Some(b), _) => Window::Buffer(size(b)?),
