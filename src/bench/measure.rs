@@ -83,9 +83,7 @@ pub fn idle_ping(place: &Place, seconds: f64, epoch: f64) -> anyhow::Result<Vec<
 /// CPU seconds a process has used, with those of its children it has waited for (a forking
 /// server's sessions, the Kermit server's restarts): `/proc/PID/stat` fields 14-17.
 fn process_cpu(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: fields start after the last ')'.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let fields = crate::lab::hosts::stat_fields(pid)?;
     let ticks: u64 = fields
         .get(11..15)?
         .iter()

@@ -239,13 +239,19 @@ fn namespace_pids(ns: &str) -> Vec<rustix::process::Pid> {
         .collect()
 }
 
+/// The fields of `/proc/PID/stat` from the third (state) on; None if there is no such
+/// process. The command name before them may hold spaces and parentheses: they start after
+/// the last ')'.
+pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
 /// When process `pid` started (clock ticks after boot, field 22 of `/proc/PID/stat`); None if
 /// there is no such process.
 fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: fields count from the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    stat_fields(pid)?.get(19)?.parse().ok()
 }
 
 /// Removes labs whose owning process is gone. Returns the names removed and the names still
