@@ -203,10 +203,24 @@ struct TransferArgs {
     #[arg(long, value_parser = parse_size)]
     buffer: Option<u64>,
     /// Cap the transfer's sending rate, in bytes per second over all its connections, e.g.
-    /// 50MB or 4MiB. The kernel paces each connection (SO_MAX_PACING_RATE). For `get` the
-    /// server is the sender: braid servers honour it, other servers ignore it.
-    #[arg(long, value_name = "BYTES_PER_SECOND", value_parser = parse_size)]
-    max_rate: Option<u64>,
+    /// 50MB or 4MiB (also --max-rate). The kernel paces each connection
+    /// (SO_MAX_PACING_RATE). For `get` the server is the sender: braid servers honour it,
+    /// other servers ignore it. With --background it is the most background mode may use.
+    #[arg(long, alias = "max-rate", value_name = "BYTES_PER_SECOND", value_parser = parse_size)]
+    rate_limit: Option<u64>,
+    /// Yield to other traffic: the transfer measures the queueing delay on the path (probes on
+    /// the control connection, which wait in the same queue as everybody's pings) and paces
+    /// itself so that it adds little (--background-target), still filling a link nobody else
+    /// uses. Its data packets are marked lower effort (DSCP 1, RFC 8622) and sent with cubic.
+    /// Needs a braid server at the other end (it answers the probes while data moves); with
+    /// -n auto it uses one data connection. -v shows what it sees each second; --json has it
+    /// under "background".
+    #[arg(long)]
+    background: bool,
+    /// The queueing delay --background may add, e.g. 10ms or 40ms. A lower target leaves
+    /// more of the link unused.
+    #[arg(long, value_name = "DELAY", default_value = "10ms", value_parser = parse_delay)]
+    background_target: std::time::Duration,
     /// Change the number of connections during the transfer (braid servers only; replaces
     /// -n): "1,8@20%,2@60%" starts with one connection, uses eight once 20% of the bytes have
     /// moved and two from 60%; "4,8@2s" goes from four to eight two seconds in. For
@@ -275,6 +289,14 @@ struct OutputArgs {
     /// Show the control-connection dialogue on stderr.
     #[arg(short, long)]
     verbose: bool,
+}
+
+/// A delay such as `10ms` or `0.5s` (a plain number is milliseconds), above zero.
+fn parse_delay(s: &str) -> Result<std::time::Duration, String> {
+    match crate::lab::units::delay(s)? {
+        0 => Err(format!("{s:?}: give a delay above zero, e.g. 10ms")),
+        ns => Ok(std::time::Duration::from_nanos(ns)),
+    }
 }
 
 pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
@@ -712,7 +734,8 @@ fn options(
         buffer: t.and_then(|t| t.buffer),
         tls,
         schedule: t.and_then(|t| t.schedule.clone()),
-        max_rate: t.and_then(|t| t.max_rate),
+        rate_limit: t.and_then(|t| t.rate_limit),
+        background: t.filter(|t| t.background).map(|t| t.background_target),
         congestion: t.and_then(|t| t.congestion),
         keep_connections: false,
     })

@@ -21,6 +21,8 @@ pub struct Plan {
     pub directions: Vec<Direction>,
     pub tools: Vec<Tool>,
     pub nice: Vec<bool>,
+    /// braid without and with --background.
+    pub background: Vec<bool>,
     pub size: u64,
     pub congestion: Option<Congestion>,
     pub kermit: Option<KermitSweep>,
@@ -48,6 +50,7 @@ pub fn plan(name: &str) -> Option<Plan> {
             directions: both,
             tools: vec![Tool::Braid, Tool::Iperf3],
             nice: vec![false],
+            background: vec![false],
             size: 5_000_000,
             congestion: None,
             kermit: None,
@@ -65,6 +68,7 @@ pub fn plan(name: &str) -> Option<Plan> {
             directions: both,
             tools: vec![Tool::Braid, Tool::Iperf3],
             nice: vec![false],
+            background: vec![false],
             size: 10_000_000,
             congestion: Some(Congestion::Reno),
             kermit: None,
@@ -81,6 +85,7 @@ pub fn plan(name: &str) -> Option<Plan> {
             directions: both,
             tools: vec![Tool::Braid, Tool::Iperf3],
             nice: vec![false, true],
+            background: vec![false, true],
             size: 2_000_000,
             congestion: None,
             kermit: None,
@@ -97,6 +102,7 @@ pub fn plan(name: &str) -> Option<Plan> {
             directions: vec![Direction::Get],
             tools: vec![Tool::Kermit, Tool::Curl, Tool::Braid],
             nice: vec![false],
+            background: vec![false],
             size: 1_000_000,
             congestion: None,
             kermit: Some(KermitSweep {
@@ -122,6 +128,7 @@ fn cell(
             && c.cell.streams == Streams::Fixed(streams)
             && c.cell.buffer == buffer
             && c.cell.nice == nice
+            && !c.cell.background
     })
 }
 
@@ -216,19 +223,18 @@ pub fn compare(name: &str, r: &Report, records: &[Record]) -> String {
                 );
             }
             s.push_str("| tool | direction | streams | ping p50 / p95 ms, nice 0 | nice 19 | Mbit/s nice 0 | nice 19 |\n|---|---|---|---|---|---|---|\n");
+            let ping = |c: Option<&CellReport>| {
+                c.and_then(|c| c.ping.as_ref())
+                    .map_or("-".into(), |p| format!("{:.0} / {:.0}", p.p50_ms, p.p95_ms))
+            };
+            let rate = |c: Option<&CellReport>| {
+                c.and_then(|c| c.mbit_s.as_ref())
+                    .map_or("-".into(), |m| format!("{:.3}", m.median))
+            };
             for tool in [Tool::Braid, Tool::Iperf3] {
                 for dir in [Direction::Get, Direction::Put] {
                     for n in [1, 4] {
                         let pick = |nice| cell(r, tool, dir, n, None, nice);
-                        let ping = |c: Option<&CellReport>| {
-                            c.and_then(|c| c.ping.as_ref()).map_or("-".into(), |p| {
-                                format!("{:.0} / {:.0}", p.p50_ms, p.p95_ms)
-                            })
-                        };
-                        let rate = |c: Option<&CellReport>| {
-                            c.and_then(|c| c.mbit_s.as_ref())
-                                .map_or("-".into(), |m| format!("{:.3}", m.median))
-                        };
                         let _ = writeln!(
                             s,
                             "| {} | {} | {n} | {} | {} | {} | {} |",
@@ -240,6 +246,29 @@ pub fn compare(name: &str, r: &Report, records: &[Record]) -> String {
                             rate(pick(true))
                         );
                     }
+                }
+            }
+            // What braid offers instead of nice: the protocol yields (issue 15).
+            for dir in [Direction::Get, Direction::Put] {
+                for n in [1, 4] {
+                    let pick = |nice| {
+                        r.cells.iter().find(|c| {
+                            c.cell.tool == Tool::Braid
+                                && c.cell.background
+                                && c.cell.direction == dir
+                                && c.cell.streams == Streams::Fixed(n)
+                                && c.cell.nice == nice
+                        })
+                    };
+                    let _ = writeln!(
+                        s,
+                        "| braid --background | {} | {n} | {} | {} | {} | {} |",
+                        dir.name(),
+                        ping(pick(false)),
+                        ping(pick(true)),
+                        rate(pick(false)),
+                        rate(pick(true))
+                    );
                 }
             }
         }

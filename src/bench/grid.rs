@@ -177,6 +177,9 @@ pub struct Cell {
     /// The client runs under `nice -n 19` (seed 000: it changes nothing on the network).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub nice: bool,
+    /// braid with `--background`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub background: bool,
     /// Kermit's own parameters (kermit cells only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kermit: Option<Kermit>,
@@ -207,6 +210,9 @@ impl Cell {
         if self.nice {
             s += " (nice 19)";
         }
+        if self.background {
+            s += " --background";
+        }
         s
     }
 }
@@ -222,6 +228,8 @@ pub struct Grid {
     pub blocks: Vec<Option<u64>>,
     /// Without and/or with `nice -n 19` on the client.
     pub nice: Vec<bool>,
+    /// braid without and/or with `--background` (other tools have no such mode).
+    pub background: Vec<bool>,
     /// Kermit's settings, each a cell of its own for the kermit tool.
     pub kermit: Vec<Kermit>,
 }
@@ -244,18 +252,25 @@ impl Grid {
                                     Tool::Kermit => self.kermit.iter().copied().map(Some).collect(),
                                     _ => vec![None],
                                 };
+                                let background: Vec<bool> = match tool {
+                                    Tool::Braid => self.background.clone(),
+                                    _ => vec![false],
+                                };
                                 for &nice in &self.nice {
-                                    for &k in &kermit {
-                                        out.push(Cell {
-                                            scenario: scenario.clone(),
-                                            tool,
-                                            direction,
-                                            streams,
-                                            buffer,
-                                            block,
-                                            nice,
-                                            kermit: k,
-                                        });
+                                    for &background in &background {
+                                        for &k in &kermit {
+                                            out.push(Cell {
+                                                scenario: scenario.clone(),
+                                                tool,
+                                                direction,
+                                                streams,
+                                                buffer,
+                                                block,
+                                                nice,
+                                                background,
+                                                kermit: k,
+                                            });
+                                        }
                                     }
                                 }
                             }
@@ -310,6 +325,7 @@ mod tests {
             buffers: vec![None, Some(24 << 10)],
             blocks: vec![None, Some(1 << 20)],
             nice: vec![false],
+            background: vec![false],
             kermit: Vec::new(),
         }
     }

@@ -161,6 +161,9 @@ impl Context<'_> {
                 if let Some(cc) = self.congestion {
                     c.args(["--congestion", cc]);
                 }
+                if cell.background {
+                    c.arg("--background");
+                }
                 c
             }
             Tool::Iperf3 => {

@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// Kermit's streaming, comma-separated: on, off.
     #[arg(long, value_delimiter = ',', default_value = "on,off", value_parser = on_off)]
     pub kermit_streaming: Vec<bool>,
+    /// braid's background mode, comma-separated: off, on (braid get/put --background; other
+    /// tools have no such mode and run once).
+    #[arg(long, value_delimiter = ',', default_value = "off", value_parser = on_off)]
+    pub background: Vec<bool>,
     /// Measure on this machine's loopback instead of the lab: the same servers, on free ports
     /// of 127.0.0.1, no link between them (what the CPUs and the programs manage), no root.
     #[arg(long, conflicts_with_all = ["url", "experiment", "scenario", "mtu", "rate", "delay",
@@ -318,7 +322,7 @@ fn remote_target(u: &str) -> Result<servers::Remote> {
 }
 
 pub fn main(mut args: BenchArgs) -> Result<u8> {
-    let nice = match args.experiment.as_deref().and_then(experiments::plan) {
+    let (nice, background) = match args.experiment.as_deref().and_then(experiments::plan) {
         Some(p) => {
             args.scenario = vec![p.scenario.to_string()];
             args.delay = p.delay.map(str::to_string);
@@ -336,9 +340,9 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
                 args.kermit_packet = k.packets;
                 args.kermit_streaming = vec![true, false];
             }
-            p.nice
+            (p.nice, p.background)
         }
-        None => vec![false],
+        None => (vec![false], args.background.clone()),
     };
     let remote = match &args.url {
         Some(u) => Some(remote_target(u)?),
@@ -404,6 +408,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         buffers: args.buffer.clone(),
         blocks: args.block_size.clone(),
         nice,
+        background,
         kermit: kermit_cells(&args),
     };
     let cells = grid.cells();

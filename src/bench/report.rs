@@ -535,6 +535,7 @@ mod tests {
                 buffer,
                 block: None,
                 nice: false,
+                background: false,
                 kermit: None,
             },
             started: 0.0,

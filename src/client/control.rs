@@ -194,18 +194,25 @@ impl Control {
     }
 
     /// The next complete reply in the parser, noting range markers on the way.
+    /// Answers to background mode's probes are taken here, so that no reader mistakes one
+    /// for the reply it waits for.
     fn parsed(&mut self) -> Result<Option<Reply>> {
-        let r = self
-            .parser
-            .next_reply()
-            .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        if let Some(r) = &r {
-            if self.verbose {
-                eprintln!("< {r}");
+        loop {
+            let r = self
+                .parser
+                .next_reply()
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            if let Some(r) = &r {
+                if self.verbose {
+                    eprintln!("< {r}");
+                }
+                self.session.note(r);
+                if self.session.answers_probe(r) {
+                    continue;
+                }
             }
-            self.session.note(r);
+            return Ok(r);
         }
-        Ok(r)
     }
 
     fn read_some(&mut self) -> std::result::Result<(), ReadError> {

@@ -6,6 +6,7 @@ pub mod error;
 mod interrupt;
 pub mod names;
 mod parallel;
+mod probe;
 mod records;
 mod segments;
 mod tickets;
@@ -50,8 +51,10 @@ pub struct Options {
     pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     /// `--schedule`: connection counts over the transfer (braid servers only).
     pub schedule: Option<crate::engine::hooks::Schedule>,
-    /// `--max-rate`: cap on the sending rate, bytes/s (the server's, for a download).
-    pub max_rate: Option<u64>,
+    /// `--rate-limit`: cap on the sending rate, bytes/s (the server's, for a download).
+    pub rate_limit: Option<u64>,
+    /// `--background`: yield to other traffic, adding at most this much queueing delay.
+    pub background: Option<std::time::Duration>,
     /// `--congestion`: the TCP congestion control of the sending side's data connections
     /// (a braid server's, for a download).
     pub congestion: Option<braid_proto::retr_opts::CcName>,
@@ -125,6 +128,10 @@ pub struct Summary {
     /// MODE E, `-n auto`: each decision of the self-tuning, with what it measured.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub decisions: Vec<crate::engine::hooks::Note>,
+    /// MODE E, `--background`: the queueing delay the controller saw, its rate each second,
+    /// and the time it spent yielding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub background: Option<crate::engine::background::Report>,
     /// Data connections this transfer opened (0 when it reused those of the one before).
     pub new_data_connections: u32,
     /// MODE E under TLS: the data connections' handshakes, full and resumed (a resumed one
@@ -426,7 +433,7 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
     };
     match parallel::Peer::of(c) {
         Some(peer) => return parallel::get(c, peer, target, dest, size, opts),
-        None => note_stream_mode(opts),
+        None => stream_mode(opts)?,
     }
     // `-n N` against a server without MODE E: N ranges, each on a session of its own. A
     // partial with a record of its ranges (it may have holes) resumes the same way.
@@ -577,9 +584,14 @@ fn cannot_write(partial: Option<&str>) -> String {
 }
 
 /// Says, in verbose mode, why this transfer uses one plain connection.
-fn note_stream_mode(opts: &Options) {
+/// Before a stream-mode transfer: background mode cannot run in it; with -v, why it is
+/// stream mode.
+fn stream_mode(opts: &Options) -> Result<()> {
+    if opts.background.is_some() {
+        return Err(parallel::background_needs_braid());
+    }
     if !opts.verbose {
-        return;
+        return Ok(());
     }
     if opts.tls.is_some() {
         eprintln!(
@@ -590,6 +602,7 @@ fn note_stream_mode(opts: &Options) {
             "braid: the server offers no MODE E (no PARALLEL in FEAT): using one stream-mode connection"
         );
     }
+    Ok(())
 }
 
 fn summary(
@@ -623,6 +636,7 @@ fn summary(
         congestion: None,
         sender: None,
         decisions: Vec::new(),
+        background: None,
         new_data_connections: 1,
         tls_handshakes: None,
     }
@@ -814,14 +828,17 @@ fn put_on(c: &mut Control, local: &Path, target: &Target, opts: &Options) -> Res
             }
             // No record of a MODE E upload: whatever the server holds came in stream mode
             // (another tool, or an older braid), so its length says what it holds.
-            None => eprintln!(
-                "braid: no record of an earlier MODE E upload of {} ({}); continuing in stream mode from the size the server reports",
-                local.display(),
-                record.location()
-            ),
+            None => {
+                stream_mode(opts)?;
+                eprintln!(
+                    "braid: no record of an earlier MODE E upload of {} ({}); continuing in stream mode from the size the server reports",
+                    local.display(),
+                    record.location()
+                )
+            }
         }
     } else {
-        note_stream_mode(opts);
+        stream_mode(opts)?;
     }
     let mut offset = 0;
     if opts.resume {

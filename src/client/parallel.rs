@@ -4,14 +4,17 @@
 
 use super::control::{Control, connect_data};
 use super::error::{ClientError, Result};
-use super::interrupt::{Interrupt, send_abort, stopped, supervise};
+use super::interrupt::{Interrupt, TICK, send_abort, stopped, supervise_every};
+use super::probe::Prober;
 use super::records::{UploadRecord, load_sidecar, remove_sidecar, save_sidecar, sidecar_path};
 use super::url::Target;
 use super::{Dest, Options, PartFile, Summary, cannot_write, local_err, part_path, progress_bar};
-use crate::engine::hooks::{Cap, Fixed, Pacer, Policy, Steering};
+use crate::engine::background;
+use crate::engine::hooks::{Cap, Fixed, Pacer, Policy, Steering, Tell};
 use crate::engine::receive::{Progress, Shared};
 use crate::engine::send::Source;
 use crate::engine::sink::{Reorder, Sink};
+use crate::engine::stats::View;
 use crate::engine::transfer::{Accept, Joins, Transfer, Waker};
 use crate::engine::tune::{self, Tuning};
 use crate::engine::{self, EngineError};
@@ -70,15 +73,18 @@ pub fn get(
     // Only braid servers pace (GridFTP servers ignore options they do not know, but there is
     // no need to find out). The pacer's rate goes with OPTS RETR now and again whenever the
     // pacer changes it.
-    let pacer = Cap(if plan.elastic { opts.max_rate } else { None });
+    let mut pacer = pacer(c, opts, plan.elastic, plan.elastic)?;
+    let background = opts.background.is_some();
     let retr = RetrOpts {
         parallelism: Some((plan.start, plan.start.min(1), plan.max)),
         block_size: (opts.block_size.is_some() || peer == Peer::Braid).then_some(plan.block),
         congestion: opts
             .congestion
+            .or(background.then(cubic).flatten())
             .or(plan.start_congestion())
             .filter(|_| peer == Peer::Braid),
-        max_rate: pacer.0,
+        max_rate: pacer.rate(&View::at_start(None)),
+        dscp: background.then_some(LOWER_EFFORT),
     };
     let elastic = block_mode(c, Direction::Download, retr, opts.buffer)?;
     // A file of one block has nothing to resume from mid-way: no record of it (a tree of many
@@ -156,8 +162,9 @@ pub fn get(
     let todo = size.map(|s| s - have.overlap(0, s));
     let mut reused = false;
     // A download is paced by the server, told the pacer's rate (above, and in the tick).
-    let mut steering = Steering::new(plan.policy(), Box::new(pacer), false, todo);
+    let mut steering = Steering::new(plan.policy(), pacer, false, todo);
     steering.prime(&transfer);
+    let mut prober = background.then(Prober::default);
     if !complete_already {
         // Written now, so the space for the next version is reserved before data arrives.
         save(&shared.snapshot());
@@ -203,23 +210,37 @@ pub fn get(
         // A one-block file is in before a watcher thread (Ctrl-C, progress, tuning) would
         // have looked once: a tree of small files would start one per file for nothing.
         let result = if recorded {
-            supervise(transfer.abort(), &interrupt, receive, || {
-                bar.set_position(resumed_from + bytes.load(Ordering::Relaxed));
-                // A braid server reports its sending (113): loss and RTT for the tuning.
-                if elastic
-                    && c.poll().is_ok()
-                    && let Some(report) = c.session().take_sender_report()
-                {
-                    steering.sender_reported(report);
-                }
-                if let Err(e) = c.tell(steering.tick(&transfer)) {
-                    tracing::warn!("could not tell the server of a change: {e}");
-                }
-                if last_save.elapsed() > Duration::from_secs(1) {
-                    save(&shared.snapshot());
-                    last_save = Instant::now();
-                }
-            })
+            supervise_every(
+                tick_every(opts),
+                transfer.abort(),
+                &interrupt,
+                receive,
+                || {
+                    bar.set_position(resumed_from + bytes.load(Ordering::Relaxed));
+                    // A braid server reports its sending (113): loss and RTT for the tuning.
+                    if elastic
+                        && c.poll().is_ok()
+                        && let Some(report) = c.session().take_sender_report()
+                    {
+                        steering.sender_reported(report);
+                    }
+                    if let Some(rtt) = prober.as_mut().and_then(|p| p.measure(c)) {
+                        steering.probed(rtt);
+                    }
+                    let tell = steering.tick(&transfer);
+                    let told = match &mut prober {
+                        Some(p) => p.send(c, tell),
+                        None => c.tell(tell),
+                    };
+                    if let Err(e) = told {
+                        tracing::warn!("could not tell the server of a change: {e}");
+                    }
+                    if last_save.elapsed() > Duration::from_secs(1) {
+                        save(&shared.snapshot());
+                        last_save = Instant::now();
+                    }
+                },
+            )
         } else {
             receive()
         };
@@ -320,6 +341,7 @@ fn extended(
         sndbuf_limited_ms: r.sndbuf_limited_ms,
     });
     s.decisions = record.decisions;
+    s.background = record.background;
     s.per_connection_bytes = transfer.per_link_bytes();
     s.streams = transfer.most_open() as u32;
     s.checksum = checksum;
@@ -327,6 +349,60 @@ fn extended(
     s.connection_count = record.counts;
     s.timeline = record.timeline;
     s
+}
+
+/// Background mode's congestion control: bbr keeps about a round trip of queue of its own,
+/// cubic stays below the pacing rate braid sets.
+fn cubic() -> Option<CcName> {
+    CcName::parse("cubic").ok()
+}
+
+/// DSCP 1: lower effort (RFC 8622), for background mode's data packets.
+const LOWER_EFFORT: u8 = 1;
+
+/// The transfer's pacer: background mode's controller (with the rate limit as its ceiling),
+/// or the rate limit alone where `limits` (a download's sender may not take the limit).
+/// Background mode needs the sender to be told rates (`elastic`: a braid server that also
+/// answers probes while data moves).
+fn pacer(c: &Control, opts: &Options, elastic: bool, limits: bool) -> Result<Box<dyn Pacer>> {
+    let Some(target) = opts.background else {
+        return Ok(Box::new(Cap(opts.rate_limit.filter(|_| limits))));
+    };
+    if !elastic {
+        return Err(background_needs_braid());
+    }
+    let info = braid_sockopt::tcp_info(c.socket());
+    let rtt = info
+        .map(|i| i.min_rtt_us)
+        .filter(|&us| us > 0)
+        .map_or(Duration::from_millis(100), |us| {
+            Duration::from_micros(us.into())
+        });
+    let settings = background::Settings {
+        target,
+        limit: opts.rate_limit,
+        mss: info
+            .map(|i| u64::from(i.snd_mss))
+            .filter(|&m| m >= 500)
+            .unwrap_or(1448),
+    };
+    Ok(Box::new(background::Yielding::new(settings, rtt)))
+}
+
+/// How often the steering runs: background mode's probes and rate changes twice as often as
+/// the self-tuning needs (its reaction time is what bounds the queue it leaves).
+fn tick_every(opts: &Options) -> Duration {
+    if opts.background.is_some() {
+        TICK / 2
+    } else {
+        TICK
+    }
+}
+
+pub fn background_needs_braid() -> ClientError {
+    ClientError::Usage(
+        "--background needs a braid server at the other end (FEAT BRAID 2): it tells the sender its rate and times probes by the server's answers; use --rate-limit for a fixed cap".into(),
+    )
 }
 
 /// Whether the server can let connections join, leave and break mid-transfer (FEAT
@@ -427,7 +503,13 @@ impl Plan {
                 "braid: --schedule needs a braid server that lets connections join mid-transfer (FEAT BRAID 2); the count stays fixed"
             );
         }
-        match (&opts.schedule, opts.streams, elastic) {
+        // Background mode's limit is its rate, not a window: one connection fills what it
+        // may use, and its probes and slowdowns stay clean.
+        let streams = match opts.streams {
+            None if opts.background.is_some() => Some(1),
+            n => n,
+        };
+        match (&opts.schedule, streams, elastic) {
             (Some(s), _, true) => {
                 let max = s.steps.iter().map(|&(_, n)| n).chain([s.start]).max();
                 let max = max.unwrap_or(s.start) as u32;
@@ -718,10 +800,19 @@ pub fn put(
     let block = plan.block;
     let progress = AtomicU64::new(0);
     let transfer = Transfer::new(elastic);
-    transfer.set_congestion(opts.congestion.or(plan.start_congestion()));
-    let pacer: Box<dyn Pacer> = Box::new(Cap(opts.max_rate));
+    let background = opts.background.is_some();
+    transfer.set_congestion(
+        opts.congestion
+            .or(background.then(cubic).flatten())
+            .or(plan.start_congestion()),
+    );
+    if background {
+        transfer.set_dscp(LOWER_EFFORT);
+    }
+    let pacer = pacer(c, opts, elastic, true)?;
     let mut steering = Steering::new(plan.policy(), pacer, true, Some(todo.len()));
     steering.prime(&transfer);
+    let mut prober = background.then(Prober::default);
     let joins = match addr {
         Some(addr) => plan.joins(fresh, addr, opts.buffer, &mut steering, transfer.waker()),
         None => Joins::cached(kept, STALL),
@@ -738,7 +829,8 @@ pub fn put(
             let _ = record.save(&recorded);
         }
     };
-    let result = supervise(
+    let result = supervise_every(
+        tick_every(opts),
         transfer.abort(),
         &interrupt,
         || {
@@ -752,6 +844,14 @@ pub fn put(
         },
         || {
             bar.set_position(resumed_from + progress.load(Ordering::Relaxed));
+            if let Some(p) = &mut prober {
+                if let Some(rtt) = p.measure(c) {
+                    steering.probed(rtt);
+                }
+                if let Err(e) = p.send(c, Tell::default()) {
+                    tracing::warn!("could not probe the path: {e}");
+                }
+            }
             steering.tick(&transfer);
             if c.poll().is_ok() {
                 keep_record(c);

@@ -79,6 +79,11 @@ impl std::fmt::Display for Note {
 /// None for no cap.
 pub trait Pacer: Send {
     fn rate(&mut self, view: &View) -> Option<u64>;
+
+    /// What background mode's controller saw and did, for the summary.
+    fn report(&self) -> Option<super::background::Report> {
+        None
+    }
 }
 
 /// Keeps the connections the transfer started with (today's behaviour, and GridFTP's).
@@ -236,6 +241,8 @@ pub struct Steering {
     notes: Vec<Note>,
     /// The sending peer's latest report (downloads from a braid server).
     sender: Option<braid_proto::markers::SenderReport>,
+    /// Probe round trips since the last tick.
+    probes: Vec<Duration>,
 }
 
 impl Steering {
@@ -258,7 +265,13 @@ impl Steering {
             rate: None,
             notes: Vec::new(),
             sender: None,
+            probes: Vec::new(),
         }
+    }
+
+    /// A control-connection probe came back after `rtt`, for the next tick's view.
+    pub fn probed(&mut self, rtt: Duration) {
+        self.probes.push(rtt);
     }
 
     /// Lets the policy open connections: `open` starts connecting one on another thread,
@@ -283,16 +296,7 @@ impl Steering {
     /// On the receiving side nothing is applied here: the rate is the one the sender is told
     /// at the start (a download's `OPTS RETR MaxRate=`), returned for that.
     pub fn prime(&mut self, transfer: &Transfer) -> Option<u64> {
-        let view = View {
-            elapsed: Duration::ZERO,
-            total: self.total,
-            done: 0,
-            links: Vec::new(),
-            opening: 0,
-            failed: 0,
-            sender: None,
-            congestion: None,
-        };
+        let view = View::at_start(self.total);
         self.rate = self.pacer.rate(&view);
         if self.sending {
             transfer.set_pacing(self.rate);
@@ -311,6 +315,7 @@ impl Steering {
         view.failed = failed;
         view.sender = self.sender;
         view.congestion = self.congestion(transfer);
+        view.probes = std::mem::take(&mut self.probes);
         let rate = self.pacer.rate(&view);
         let mut told = Tell::default();
         if rate != self.rate {
@@ -361,6 +366,7 @@ impl Steering {
             decisions: self.notes,
             congestion,
             sender: self.sender,
+            background: self.pacer.report(),
         }
     }
 
@@ -386,6 +392,8 @@ pub struct Record {
     pub congestion: Option<braid_proto::retr_opts::CcName>,
     /// The sending peer's last report (downloads from a braid server).
     pub sender: Option<braid_proto::markers::SenderReport>,
+    /// Background mode's controller, when it paced the transfer.
+    pub background: Option<super::background::Report>,
 }
 
 #[cfg(test)]
@@ -417,6 +425,7 @@ mod tests {
             failed: 0,
             sender: None,
             congestion: None,
+            probes: Vec::new(),
         }
     }
 

@@ -21,6 +21,7 @@
 //! - [`tune`]: the self-tuning policy (`-n auto`): the connection count from measured
 //!   goodput, loss and queueing delay.
 
+pub mod background;
 pub mod file_send;
 pub mod hooks;
 pub mod receive;

@@ -42,9 +42,27 @@ pub struct View {
     /// The congestion control the sending side uses (this side's sockets or the peer's
     /// report), when known.
     pub congestion: Option<braid_proto::retr_opts::CcName>,
+    /// Round trips of the control connection's probes answered since the last tick
+    /// (background mode's signal).
+    pub probes: Vec<Duration>,
 }
 
 impl View {
+    /// Before any data moves: nothing measured yet.
+    pub fn at_start(total: Option<u64>) -> View {
+        View {
+            elapsed: Duration::ZERO,
+            total,
+            done: 0,
+            links: Vec::new(),
+            opening: 0,
+            failed: 0,
+            sender: None,
+            congestion: None,
+            probes: Vec::new(),
+        }
+    }
+
     /// The sender has handed out its last block: every byte has moved, or a connection ended
     /// that nobody retired (a sender ends connections only when it has nothing left to send).
     pub fn ending(&self) -> bool {
@@ -207,6 +225,7 @@ impl Sampler {
             failed: 0,
             sender: None,
             congestion: None,
+            probes: Vec::new(),
         }
     }
 

@@ -148,6 +148,20 @@ fn set_congestion(sock: &TcpStream, cc: CcName) {
     }
 }
 
+/// Marks a connection's packets with a DSCP (the upper six bits of the TOS byte, or of the
+/// IPv6 traffic class); a refusal leaves them unmarked, and says so.
+fn set_dscp(sock: &TcpStream, dscp: u8) {
+    let s = socket2::SockRef::from(sock);
+    let tos = u32::from(dscp) << 2;
+    let r = match sock.local_addr() {
+        Ok(std::net::SocketAddr::V6(_)) => s.set_tclass_v6(tos),
+        _ => s.set_tos_v4(tos),
+    };
+    if let Err(e) = r {
+        tracing::warn!("cannot mark data packets with DSCP {dscp}: {e}");
+    }
+}
+
 /// The set of data connections of one transfer, and the controls the hooks act through.
 #[derive(Debug)]
 pub struct Transfer {
@@ -158,6 +172,8 @@ pub struct Transfer {
     pacing: AtomicU64,
     /// The congestion control every connection gets (None: the system's default).
     congestion: Mutex<Option<CcName>>,
+    /// The DSCP every connection's packets carry, plus one (0: left as it is).
+    dscp: AtomicU8,
     /// Connections open now, and the most open at the same time so far.
     open: AtomicUsize,
     most_open: AtomicUsize,
@@ -198,6 +214,7 @@ impl Transfer {
             links: Mutex::new(Vec::new()),
             pacing: AtomicU64::new(0),
             congestion: Mutex::new(None),
+            dscp: AtomicU8::new(0),
             open: AtomicUsize::new(0),
             most_open: AtomicUsize::new(0),
             confirmed: Mutex::new(braid_proto::ranges::RangeSet::new()),
@@ -286,7 +303,23 @@ impl Transfer {
         if let Some(cc) = self.congestion_asked() {
             set_congestion(&link.sock, cc);
         }
+        if let Some(d) = self.dscp() {
+            set_dscp(&link.sock, d);
+        }
         Ok(link)
+    }
+
+    /// Marks the packets of every connection, open and to come, with this DSCP (background
+    /// mode: 1, lower effort, RFC 8622).
+    pub fn set_dscp(&self, dscp: u8) {
+        self.dscp.store(dscp.saturating_add(1), Ordering::Relaxed);
+        for l in self.lock().iter() {
+            set_dscp(&l.sock, dscp);
+        }
+    }
+
+    pub fn dscp(&self) -> Option<u8> {
+        self.dscp.load(Ordering::Relaxed).checked_sub(1)
     }
 
     /// Gives every connection, open and to come, this congestion control.

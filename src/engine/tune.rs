@@ -1230,6 +1230,7 @@ mod tests {
                     ..Default::default()
                 }),
                 congestion: cc,
+                probes: Vec::new(),
             };
             for d in auto.decide(&view) {
                 match d {

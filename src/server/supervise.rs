@@ -69,6 +69,9 @@ pub(super) async fn transfer(
     if let Some(cc) = t.block.as_ref().and_then(|b| b.congestion) {
         moving.set_congestion(Some(cc));
     }
+    if let Some(d) = t.block.as_ref().and_then(|b| b.dscp) {
+        moving.set_dscp(d);
+    }
     // A MODE E upload's receiving state, for the 111 Range Markers.
     let mut received = None;
     let connected = match &t.block {
@@ -169,7 +172,7 @@ pub(super) async fn transfer(
                     // congestion control; the other options apply to the next transfer).
                     Ok(Command::Opts(o)) if elastic && !is_upload && o.to_ascii_uppercase().starts_with("RETR ") => {
                         let r = match RetrOpts::parse(&o[5..]) {
-                            Ok(RetrOpts { parallelism: None, block_size: None, max_rate, congestion })
+                            Ok(RetrOpts { parallelism: None, block_size: None, max_rate, congestion, dscp: None })
                                 if max_rate.is_some() || congestion.is_some() =>
                             {
                                 if let Some(rate) = max_rate {

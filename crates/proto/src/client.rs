@@ -289,6 +289,8 @@ pub struct ClientSession {
     change_replies: usize,
     /// The latest `113 Sender` report of a running download.
     sender: Option<crate::markers::SenderReport>,
+    /// Probes (`STAT`) not yet answered.
+    probes_due: usize,
 }
 
 impl ClientSession {
@@ -526,8 +528,27 @@ impl ClientSession {
             // 0 lifts the cap.
             max_rate: rate.map(|r| r.unwrap_or(0)),
             congestion,
+            dscp: None,
         };
         Command::Opts(format!("RETR {}", opts.encode()))
+    }
+
+    /// A probe of the control connection's round trip during a transfer (background mode):
+    /// `STAT`, which a braid server answers at once while data moves (213), or in turn after
+    /// the transfer (211). Either answer is taken by [`ClientSession::answers_probe`] wherever
+    /// it comes, since no other reply has those codes.
+    pub fn probe(&mut self) -> Command {
+        self.probes_due += 1;
+        Command::Stat(None)
+    }
+
+    /// Whether `r` answers a probe (and is no one else's reply).
+    pub fn answers_probe(&mut self, r: &Reply) -> bool {
+        if self.probes_due > 0 && matches!(r.code, 211 | 213) {
+            self.probes_due -= 1;
+            return true;
+        }
+        false
     }
 
     /// Whether `r` answers a mid-transfer change: while the transfer runs, its end is never a
@@ -566,7 +587,7 @@ impl ClientSession {
     /// Takes one reply from the server.
     pub fn handle_reply(&mut self, r: Reply) {
         self.note(&r);
-        if self.answers_change(&r) {
+        if self.answers_probe(&r) || self.answers_change(&r) {
             return;
         }
         let Some((id, wait)) = self.waiting.front().cloned() else {

@@ -252,6 +252,7 @@ fn setup(direction: Direction) -> Op {
             block_size: None,
             max_rate: None,
             congestion: None,
+            dscp: None,
         },
         buffer: None,
     })
@@ -596,8 +597,10 @@ mod tests {
         c.begin(Op::FinishTransfer);
         let cmd = c.change_sending(Some(Some(1000)), None);
         assert_eq!(cmd.to_line(), "OPTS RETR MaxRate=1000;");
+        c.probe();
         c.handle_reply(Reply::new(200, "OPTS Command Successful."));
-        assert!(c.poll_outcome().is_none(), "the 200 is not the end");
+        c.handle_reply(Reply::new(213, "Status: 10 bytes transferred so far."));
+        assert!(c.poll_outcome().is_none(), "neither answer is the end");
         c.handle_reply(Reply::new(226, "Transfer complete."));
         assert!(matches!(c.poll_outcome(), Some(Ok(Outcome::Done(r))) if r.code == 226));
 
@@ -611,6 +614,10 @@ mod tests {
         let cmd = p.client.change_sending(Some(None), None);
         assert_eq!(cmd.to_line(), "OPTS RETR MaxRate=0;");
         p.send_now(cmd);
+        // A background transfer's probe, answered after the end (211) and taken as such.
+        let probe = p.client.probe();
+        assert_eq!(probe.to_line(), "STAT");
+        p.send_now(probe);
         assert!(matches!(p.run(Op::FinishTransfer), Ok(Outcome::Done(r)) if r.code == 226));
         let checksum = Op::Checksum {
             alg: "XXH3".into(),

@@ -5,7 +5,9 @@
 //! connections it opens itself), `blocksize=n;` (a whole number of checksum chunks), and as a
 //! braid extension `MaxRate=n;`: a cap on the server's sending rate in bytes/s (0 lifts it),
 //! which a braid client may also send while a download runs, and `Congestion=name;`: the
-//! TCP congestion control the server's data connections use (bbr, cubic, reno, ...). Other
+//! TCP congestion control the server's data connections use (bbr, cubic, reno, ...), and
+//! `Dscp=n;`: the DSCP (0-63) its data packets carry, e.g. 1 for lower effort (RFC 8622),
+//! which background mode asks for. Other
 //! options (markers,
 //! windowsize, ...) are accepted and ignored, as GFD.20 allows.
 
@@ -19,6 +21,8 @@ pub struct RetrOpts {
     /// `Some(0)`: no cap.
     pub max_rate: Option<u64>,
     pub congestion: Option<CcName>,
+    /// The data connections' DSCP.
+    pub dscp: Option<u8>,
 }
 
 /// The name of a TCP congestion control (`TCP_CONGESTION`): at most 15 bytes of lower-case
@@ -100,6 +104,11 @@ impl RetrOpts {
                 };
             } else if key.eq_ignore_ascii_case("Congestion") {
                 out.congestion = Some(CcName::parse(value)?);
+            } else if key.eq_ignore_ascii_case("Dscp") {
+                out.dscp = match value.parse::<u8>() {
+                    Ok(n) if n < 64 => Some(n),
+                    _ => return Err(format!("Dscp must be from 0 to 63, got {value:?}")),
+                };
             } else if key.eq_ignore_ascii_case("MaxRate") {
                 out.max_rate = match value.parse::<u64>() {
                     Ok(n) => Some(n),
@@ -127,6 +136,9 @@ impl RetrOpts {
         if let Some(c) = self.congestion {
             s.push_str(&format!("Congestion={c};"));
         }
+        if let Some(d) = self.dscp {
+            s.push_str(&format!("Dscp={d};"));
+        }
         s
     }
 }
@@ -143,9 +155,10 @@ mod tests {
             block in proptest::option::of(1u64..=(MAX_BLOCK / CHUNK)),
             rate in proptest::option::of(any::<u64>()),
             cc in proptest::option::of("[a-z0-9_]{1,15}"),
+            dscp in proptest::option::of(0u8..64),
         ) {
             let congestion = cc.map(|c| CcName::parse(&c).unwrap());
-            let o = RetrOpts { parallelism: par, block_size: block.map(|b| b * CHUNK), max_rate: rate, congestion };
+            let o = RetrOpts { parallelism: par, block_size: block.map(|b| b * CHUNK), max_rate: rate, congestion, dscp };
             prop_assert_eq!(RetrOpts::parse(&o.encode()), Ok(o));
         }
     }
@@ -165,6 +178,8 @@ mod tests {
             "Congestion=BBR;",
             "Congestion=a_name_of_16_bytes;",
             "Congestion=bbr cubic;",
+            "Dscp=64;",
+            "Dscp=le;",
             "junk;",
         ] {
             assert!(RetrOpts::parse(bad).is_err(), "{bad}");

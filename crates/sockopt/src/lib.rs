@@ -44,6 +44,8 @@ pub struct TcpInfo {
     pub sndbuf_limited_us: u64,
     /// Bytes written but not yet sent.
     pub notsent_bytes: u32,
+    /// Segments sent and not yet acknowledged.
+    pub unacked: u32,
     /// The receiver's RTT estimate, µs (useful on the receiving side, where `rtt_us` is stale).
     pub rcv_rtt_us: u32,
     /// The receive window the kernel is willing to grow to, bytes.
@@ -86,6 +88,7 @@ pub fn tcp_info(sock: &impl AsFd) -> Option<TcpInfo> {
         rwnd_limited_us: raw.tcpi_rwnd_limited,
         sndbuf_limited_us: raw.tcpi_sndbuf_limited,
         notsent_bytes: raw.tcpi_notsent_bytes,
+        unacked: raw.tcpi_unacked,
         rcv_rtt_us: raw.tcpi_rcv_rtt,
         rcv_space: raw.tcpi_rcv_space,
     })

@@ -80,6 +80,9 @@ impl Session {
                     if o.congestion.is_some() {
                         self.congestion = o.congestion;
                     }
+                    if o.dscp.is_some() {
+                        self.dscp = o.dscp;
+                    }
                     Reply::new(200, "OPTS Command Successful.")
                 }
                 Err(e) => Reply::new(501, format!("OPTS RETR: {e}.")),

@@ -72,6 +72,8 @@ pub struct Session {
     max_rate: Option<u64>,
     /// OPTS RETR Congestion: the TCP congestion control of the data connections it sends on.
     congestion: Option<crate::retr_opts::CcName>,
+    /// OPTS RETR Dscp: the DSCP of the data packets it sends.
+    dscp: Option<u8>,
     /// OPTS BRAID ELASTIC: the client is braid and handles elastic transfers.
     elastic: bool,
     rest_ranges: Option<RangeSet>,
@@ -105,6 +107,7 @@ impl Session {
             block_size: None,
             max_rate: None,
             congestion: None,
+            dscp: None,
             elastic: false,
             rest_ranges: None,
             expect: None,
@@ -356,6 +359,7 @@ impl Session {
                 elastic: self.elastic,
                 max_rate: self.max_rate,
                 congestion: self.congestion,
+                dscp: self.dscp,
             })
         } else {
             if rest_ranges.is_some() {

@@ -74,6 +74,8 @@ pub struct BlockMode {
     pub max_rate: Option<u64>,
     /// The congestion control for the connections it sends on (OPTS RETR Congestion).
     pub congestion: Option<crate::retr_opts::CcName>,
+    /// The DSCP of the packets it sends (OPTS RETR Dscp).
+    pub dscp: Option<u8>,
 }
 
 /// An upload's expected checksum.

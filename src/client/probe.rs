@@ -1,0 +1,103 @@
+//! Background mode's probes: the round trip of a small command on the control connection
+//! while the data moves, which waits in the same queues as everybody's pings.
+//!
+//! A braid server answers `NOOP` (and a change of rate) at once during a transfer, and the
+//! answer carries the acknowledgement of the command. The kernel folds that one round trip
+//! into the connection's smoothed RTT (`srtt = 7/8 srtt + 1/8 sample`), so with one command
+//! in flight at a time the sample is exactly `8 srtt_after − 7 srtt_before`: no timestamps,
+//! and no dependence on when this side gets round to reading the answer. Rate changes for
+//! the server go out as the probe (one command per round trip, never two in flight).
+
+use super::control::Control;
+use super::error::Result;
+use crate::engine::hooks::Tell;
+use std::time::Duration;
+
+/// A probe on its way.
+#[derive(Debug, Clone, Copy)]
+struct Out {
+    /// The smoothed RTT when it left, µs.
+    srtt_us: u32,
+}
+
+#[derive(Debug, Default)]
+pub struct Prober {
+    out: Option<Out>,
+    /// Changes for the server not yet sent (the newest of each kind).
+    pending: Tell,
+}
+
+impl Prober {
+    /// The round trip of the probe in flight, once its acknowledgement is in.
+    pub fn measure(&mut self, c: &Control) -> Option<Duration> {
+        let out = self.out?;
+        let info = braid_sockopt::tcp_info(c.socket())?;
+        if info.unacked > 0 {
+            return None;
+        }
+        self.out = None;
+        let rtt = sample(out.srtt_us, info.rtt_us);
+        // No round trip is shorter than the shortest the connection has seen: anything
+        // else was not one sample (a retransmission, say), and is dropped.
+        (rtt.as_micros() as u64 * 10 >= u64::from(info.min_rtt_us) * 9).then_some(rtt)
+    }
+
+    /// Sends the next probe unless one is in flight: the pending change for the server, if
+    /// any, or `NOOP`. `tell`: what the steering changed at this tick.
+    pub fn send(&mut self, c: &mut Control, tell: Tell) -> Result<()> {
+        if tell.rate.is_some() {
+            self.pending.rate = tell.rate;
+        }
+        if tell.congestion.is_some() {
+            self.pending.congestion = tell.congestion;
+        }
+        if self.out.is_some() {
+            return Ok(());
+        }
+        let Some(info) = braid_sockopt::tcp_info(c.socket()) else {
+            return c.tell(std::mem::take(&mut self.pending));
+        };
+        // Commands still unacknowledged (the transfer's own) would give their round trip
+        // to the sample: the probe waits for them.
+        if info.unacked > 0 || info.notsent_bytes > 0 {
+            return Ok(());
+        }
+        let cmd = if self.pending == Tell::default() {
+            c.session().probe()
+        } else {
+            let t = std::mem::take(&mut self.pending);
+            c.session().change_sending(t.rate, t.congestion)
+        };
+        c.send(&cmd)?;
+        self.out = Some(Out {
+            srtt_us: info.rtt_us,
+        });
+        Ok(())
+    }
+}
+
+/// The one RTT sample that moved the smoothed RTT from `before` to `after` (µs).
+fn sample(before: u32, after: u32) -> Duration {
+    let m = 8 * i64::from(after) - 7 * i64::from(before);
+    // Rounding aside, never below zero; a probe acknowledged without a sample (sent again,
+    // say) leaves the RTT as it was, which reads as a sample equal to it.
+    Duration::from_micros(m.max(1) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_sample_is_recovered_from_the_smoothed_rtt() {
+        // The kernel's estimator: srtt += (m - srtt) / 8.
+        let before = 40_000u32;
+        for m in [40_000u32, 41_000, 250_000, 10_000] {
+            let after = before + (m / 8) - before / 8;
+            let got = sample(before, after).as_micros() as i64;
+            assert!((got - i64::from(m)).abs() <= 8, "{m} read as {got}");
+        }
+        assert_eq!(sample(40_000, 40_000), Duration::from_millis(40));
+        assert_eq!(sample(100_000, 10_000), Duration::from_micros(1));
+    }
+}

@@ -1,0 +1,711 @@
+//! Background mode's controller (`--background`): the sending rate of a whole transfer, from
+//! the queueing delay it sees, so that interactive traffic sharing the bottleneck keeps its
+//! latency while an idle link is still filled.
+//!
+//! The signal is the round trip of small probes on the control connection, which wait in the
+//! same queue as everybody's pings; their minimum over ten minutes is the base delay, and the
+//! excess is the queue. The law follows LEDBAT++ (draft-irtf-iccrg-ledbat-plus-plus) on a rate
+//! instead of a window, because the actuator is `SO_MAX_PACING_RATE`:
+//! - **slow start** from ten segments per RTT, doubling per RTT until the queue reaches ¾ of
+//!   the target;
+//! - **increase** below the target: multiplicative in proportion to the room left (so an
+//!   emptied link is refilled within seconds) plus a constant step (so two transfers converge
+//!   to equal shares, as additive increase does);
+//! - **decrease** above it: down to the rate that drains the excess within one round trip
+//!   (what was delivered, less the excess over the round trip), at most by half, then a hold
+//!   of one round trip so the next reading shows the cut;
+//! - **periodic slowdowns** to the floor for two base round trips, so that the base delay is
+//!   measured on an empty queue (another background transfer's standing queue would otherwise
+//!   pass for base delay: LEDBAT's latecomer problem);
+//! - a **floor** of two segments per round trip, so a transfer never stalls.
+//!
+//! It is pure: probe samples and delivered bytes in, a rate out, with time given by the
+//! caller. The tests run it against a simulated bottleneck.
+
+use super::hooks::Pacer;
+use super::stats::{View, kernel_moved};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+/// What the user chose.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settings {
+    /// The queueing delay the transfer may add, as the probes see it.
+    pub target: Duration,
+    /// A hard cap (`--rate-limit`), bytes/s.
+    pub limit: Option<u64>,
+    /// Segment size, bytes: the unit of the floor, of the first rate and of the constant step.
+    pub mss: u64,
+}
+
+/// The default target. An ideal fixed pacer at 90 % of a 1 Mbit/s link adds about 12 ms
+/// (two segments in a burst take 24 ms there); less than that leaves the link idle.
+pub const TARGET: Duration = Duration::from_millis(10);
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            target: TARGET,
+            limit: None,
+            mss: 1448,
+        }
+    }
+}
+
+/// Probes whose median is the current delay (a lost or retransmitted probe's long round trip
+/// does not count on its own, and the median, unlike RFC 6817's minimum, is what a user's
+/// ping sees half the time).
+const FILTER: usize = 3;
+/// Base delay: the minimum over this many one-minute buckets (RFC 6817's BASE_HISTORY).
+const BASE_BUCKETS: usize = 10;
+const BUCKET: Duration = Duration::from_secs(60);
+/// The deepest cut at once (LEDBAT++: W/2).
+const MAX_CUT: f64 = 0.5;
+/// Slowdowns come after at least this long, and after nine times the last one's length
+/// (LEDBAT++: ≤ 10 % of the time).
+const SLOWDOWN_EVERY: Duration = Duration::from_secs(20);
+/// The shortest round trip the law assumes: below it, ticks (100 ms) are the limit anyway.
+const MIN_RTT: Duration = Duration::from_millis(10);
+/// Delivered bytes are counted over at least this long.
+const DELIVERY_WINDOW: Duration = Duration::from_millis(300);
+/// The recent peak delivery rate forgets this fast (a competitor may have taken the link).
+const PEAK_HALF_LIFE: Duration = Duration::from_secs(5);
+/// One trace point per this long.
+const TRACE_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    SlowStart,
+    Steady,
+    /// At the floor until `until`, then back to `saved`.
+    Slowdown {
+        until: Duration,
+        saved: f64,
+        began: Duration,
+    },
+}
+
+/// One second of the controller's life, for `--json`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Point {
+    /// Seconds since the transfer started.
+    pub t: f64,
+    /// The queueing delay seen (probe round trip above the base), ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_ms: Option<f64>,
+    /// The base round trip, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base_ms: Option<f64>,
+    /// The rate it paces at, bytes/s.
+    pub rate: u64,
+    /// The rate delivered, bytes/s.
+    pub delivered: u64,
+}
+
+/// What the controller saw and did over a transfer.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Report {
+    pub target_ms: f64,
+    /// Probes answered.
+    pub probes: u64,
+    /// The base round trip at the end, ms.
+    pub base_ms: Option<f64>,
+    /// Queueing delay over the probes, ms: median and 95th percentile.
+    pub queue_p50_ms: Option<f64>,
+    pub queue_p95_ms: Option<f64>,
+    /// Seconds spent yielding: cutting the rate, or holding after a cut, or slowed down to
+    /// re-measure the base.
+    pub yielded_s: f64,
+    pub slowdowns: u32,
+    /// The rate over time.
+    pub timeline: Vec<Point>,
+}
+
+/// The controller of one transfer.
+#[derive(Debug)]
+pub struct Background {
+    s: Settings,
+    /// bytes/s.
+    rate: f64,
+    phase: Phase,
+    /// Latest probe round trips (at most FILTER).
+    recent: VecDeque<Duration>,
+    /// (bucket number, lowest round trip in it).
+    base: VecDeque<(u64, Duration)>,
+    /// No decrease before this.
+    hold_until: Duration,
+    next_slowdown: Option<Duration>,
+    last_slowdown: Duration,
+    /// (time, bytes delivered so far).
+    delivered: VecDeque<(Duration, u64)>,
+    /// The best delivery rate seen lately, bytes/s (decaying by half every PEAK_HALF_LIFE).
+    peak: f64,
+    last_tick: Option<Duration>,
+    /// Every probe's queueing delay, ms (for the report's percentiles; 10 a second).
+    queue_seen: Vec<f64>,
+    yielded: Duration,
+    slowdowns: u32,
+    timeline: Vec<Point>,
+    next_point: Duration,
+}
+
+impl Background {
+    /// `rtt`: the path's round trip before the transfer (the control connection's lowest),
+    /// for the first rate and as the first base.
+    pub fn new(s: Settings, rtt: Duration) -> Background {
+        let rtt = rtt.max(MIN_RTT);
+        let mut b = Background {
+            s,
+            rate: 10.0 * s.mss as f64 / rtt.as_secs_f64(),
+            phase: Phase::SlowStart,
+            recent: VecDeque::new(),
+            base: VecDeque::from([(0, rtt)]),
+            hold_until: Duration::ZERO,
+            next_slowdown: None,
+            last_slowdown: Duration::ZERO,
+            delivered: VecDeque::new(),
+            peak: 0.0,
+            last_tick: None,
+            queue_seen: Vec::new(),
+            yielded: Duration::ZERO,
+            slowdowns: 0,
+            timeline: Vec::new(),
+            next_point: Duration::ZERO,
+        };
+        b.rate = b.rate.max(b.floor(rtt));
+        b
+    }
+
+    /// A probe's round trip, measured at `now`.
+    pub fn on_probe(&mut self, now: Duration, rtt: Duration) {
+        if rtt.is_zero() {
+            return;
+        }
+        if self.recent.len() == FILTER {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(rtt);
+        let bucket = now.as_secs() / BUCKET.as_secs();
+        match self.base.back_mut() {
+            Some((b, min)) if *b == bucket => *min = (*min).min(rtt),
+            _ => {
+                self.base.push_back((bucket, rtt));
+                if self.base.len() > BASE_BUCKETS {
+                    self.base.pop_front();
+                }
+            }
+        }
+        if let Some(q) = self.queue() {
+            self.queue_seen.push(q.as_secs_f64() * 1e3);
+        }
+    }
+
+    /// The base round trip: the lowest probe over the last ten minutes.
+    pub fn base(&self) -> Option<Duration> {
+        self.base.iter().map(|&(_, d)| d).min()
+    }
+
+    /// The queueing delay now: the filtered probe round trip above the base.
+    pub fn queue(&self) -> Option<Duration> {
+        let mut recent: Vec<Duration> = self.recent.iter().copied().collect();
+        recent.sort();
+        let current = recent.get(recent.len().checked_sub(1)? / 2)?;
+        Some(current.saturating_sub(self.base()?))
+    }
+
+    /// The rate to pace at (bytes/s), given the bytes delivered so far at `now`. Called every
+    /// tick.
+    pub fn on_tick(&mut self, now: Duration, delivered: u64) -> u64 {
+        let dt = self
+            .last_tick
+            .map_or(Duration::ZERO, |t| now.saturating_sub(t));
+        self.last_tick = Some(now);
+        self.delivered.push_back((now, delivered));
+        while self.delivered.len() > 2 && now.saturating_sub(self.delivered[1].0) >= DELIVERY_WINDOW
+        {
+            self.delivered.pop_front();
+        }
+        self.peak *= 0.5f64.powf(dt.as_secs_f64() / PEAK_HALF_LIFE.as_secs_f64());
+        if let Some(d) = self.delivery_rate() {
+            self.peak = self.peak.max(d);
+        }
+        let yielding = self.step(now, dt.as_secs_f64());
+        if yielding {
+            self.yielded += dt;
+        }
+        let rate = self.paced();
+        if now >= self.next_point {
+            self.next_point = now + TRACE_EVERY;
+            self.timeline.push(Point {
+                t: now.as_secs_f64(),
+                queue_ms: self.queue().map(|q| q.as_secs_f64() * 1e3),
+                base_ms: self.base().map(|b| b.as_secs_f64() * 1e3),
+                rate,
+                delivered: self.delivery_rate().unwrap_or(0.0) as u64,
+            });
+        }
+        rate
+    }
+
+    /// The rate in force, with the hard cap.
+    pub fn paced(&self) -> u64 {
+        let r = self.rate.round() as u64;
+        self.s.limit.map_or(r, |l| r.min(l))
+    }
+
+    /// What it saw and did, for the summary.
+    pub fn report(&self) -> Report {
+        let mut q = self.queue_seen.clone();
+        q.sort_by(f64::total_cmp);
+        let pct = |p: f64| (!q.is_empty()).then(|| q[((q.len() - 1) as f64 * p).round() as usize]);
+        Report {
+            target_ms: self.s.target.as_secs_f64() * 1e3,
+            probes: self.queue_seen.len() as u64,
+            base_ms: self.base().map(|b| b.as_secs_f64() * 1e3),
+            queue_p50_ms: pct(0.5),
+            queue_p95_ms: pct(0.95),
+            yielded_s: self.yielded.as_secs_f64(),
+            slowdowns: self.slowdowns,
+            timeline: self.timeline.clone(),
+        }
+    }
+
+    /// Bytes/s delivered over the last window, once there is one.
+    fn delivery_rate(&self) -> Option<f64> {
+        let (t0, b0) = *self.delivered.front()?;
+        let (t1, b1) = *self.delivered.back()?;
+        let span = t1.saturating_sub(t0).as_secs_f64();
+        (span > 0.0).then(|| b1.saturating_sub(b0) as f64 / span)
+    }
+
+    /// Two segments per round trip.
+    fn floor(&self, rtt: Duration) -> f64 {
+        2.0 * self.s.mss as f64 / rtt.max(MIN_RTT).as_secs_f64()
+    }
+
+    /// One tick of the law; whether it is yielding.
+    fn step(&mut self, now: Duration, dt: f64) -> bool {
+        let (Some(base), Some(queue)) = (self.base(), self.queue()) else {
+            // No probe answered yet: keep the first rate.
+            return false;
+        };
+        let rtt = (base + queue).max(MIN_RTT);
+        let h = rtt.as_secs_f64();
+        let floor = self.floor(rtt);
+        let target = self.s.target;
+        if let Phase::Slowdown {
+            until,
+            saved,
+            began,
+        } = self.phase
+        {
+            if now < until {
+                self.rate = floor;
+                return true;
+            }
+            self.rate = saved;
+            self.phase = Phase::Steady;
+            self.last_slowdown = now.saturating_sub(began);
+            self.next_slowdown = Some(now + (self.last_slowdown * 9).max(SLOWDOWN_EVERY));
+            // Back at the saved rate: no decrease before the probes show its effect.
+            self.hold_until = now + rtt;
+            return false;
+        }
+        let delivered = self.delivery_rate();
+        if queue > target {
+            if self.phase == Phase::SlowStart {
+                self.phase = Phase::Steady;
+                // LEDBAT++: the first slowdown two round trips after slow start.
+                self.next_slowdown = Some(now + 2 * rtt);
+            }
+            if now < self.hold_until {
+                return true;
+            }
+            // Until a probe that left after the cut took effect is back.
+            let hold = rtt + Duration::from_secs_f64(2.0 * dt);
+            // The rate that drains the excess within the hold, at most half off, from what
+            // the link carries (the recent peak: with a queue it is the link's rate, while an
+            // average over the last moments may include idle ones and cut too deep).
+            let cut = ((queue - target).as_secs_f64() / hold.as_secs_f64()).min(MAX_CUT);
+            let carried = delivered.map_or(self.peak, |d| d.max(self.peak));
+            let anchor = if carried > 0.0 {
+                carried.min(self.rate)
+            } else {
+                self.rate
+            };
+            self.rate = (anchor * (1.0 - cut)).max(floor);
+            self.hold_until = now + hold;
+            return true;
+        }
+        if now < self.hold_until {
+            return true;
+        }
+        if let Some(at) = self.next_slowdown
+            && now >= at
+            && self.phase == Phase::Steady
+        {
+            self.slowdowns += 1;
+            self.phase = Phase::Slowdown {
+                until: now + 2 * base.max(MIN_RTT) + Duration::from_secs_f64(dt),
+                saved: self.rate,
+                began: now,
+            };
+            self.rate = floor;
+            return true;
+        }
+        let room = 1.0 - queue.as_secs_f64() / target.as_secs_f64();
+        match self.phase {
+            Phase::SlowStart if queue.as_secs_f64() > 0.75 * target.as_secs_f64() => {
+                self.phase = Phase::Steady;
+                self.next_slowdown = Some(now + 2 * rtt);
+            }
+            Phase::SlowStart => {
+                // Doubling per round trip, but never far ahead of what gets through.
+                let grown = self.rate * (1.0 + dt / h);
+                let ceiling = delivered.map_or(grown, |d| (1.5 * d).max(self.rate));
+                self.rate = grown.min(ceiling);
+            }
+            _ => {
+                // The step is a share of the best rate seen, the same for every transfer on
+                // the path (so they converge to equal shares, as with additive increase),
+                // and small enough that what it adds before the probes can show it (a round
+                // trip and a tick) stays within half the target.
+                let lag = h + 2.0 * dt;
+                let per_second = 0.5 * target.as_secs_f64() / (lag * lag);
+                let grown = self.rate + room * self.peak.max(floor) * per_second * dt;
+                // What does not get through (a slow disk, a slow peer) is no reason to go on.
+                let ceiling = delivered.map_or(grown, |d| (2.0 * d).max(self.rate));
+                self.rate = grown.min(ceiling);
+            }
+        }
+        self.rate = self.rate.max(floor);
+        false
+    }
+}
+
+/// Background mode as a transfer's pacer: the probes and the bytes the kernel counts as
+/// delivered (acknowledged where this side sends, received where it receives) go to the
+/// controller every tick.
+pub struct Yielding {
+    ctl: Background,
+    /// Per connection id: the kernel's count at the last tick.
+    moved: Vec<u64>,
+    delivered: u64,
+    /// Trace points already shown with -v.
+    shown: usize,
+}
+
+impl Yielding {
+    pub fn new(s: Settings, rtt: Duration) -> Yielding {
+        Yielding {
+            ctl: Background::new(s, rtt),
+            moved: Vec::new(),
+            delivered: 0,
+            shown: 0,
+        }
+    }
+}
+
+impl Pacer for Yielding {
+    fn rate(&mut self, view: &View) -> Option<u64> {
+        for &rtt in &view.probes {
+            self.ctl.on_probe(view.elapsed, rtt);
+        }
+        for link in &view.links {
+            let Some(tcp) = &link.tcp else { continue };
+            if self.moved.len() <= link.id {
+                self.moved.resize(link.id + 1, 0);
+            }
+            let now = kernel_moved(tcp);
+            self.delivered += now.saturating_sub(self.moved[link.id]);
+            self.moved[link.id] = now;
+        }
+        let rate = self.ctl.on_tick(view.elapsed, self.delivered);
+        for p in self.ctl.timeline.iter().skip(self.shown) {
+            tracing::info!(
+                "{:.1}s background: queue {} over a base of {}, pacing at {:.0} kB/s, {:.0} kB/s delivered",
+                p.t,
+                p.queue_ms.map_or("?".into(), |q| format!("{q:.1} ms")),
+                p.base_ms.map_or("?".into(), |b| format!("{b:.1} ms")),
+                p.rate as f64 / 1e3,
+                p.delivered as f64 / 1e3,
+            );
+        }
+        self.shown = self.ctl.timeline.len();
+        Some(rate)
+    }
+
+    fn report(&self) -> Option<Report> {
+        Some(self.ctl.report())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bottleneck of `capacity` bytes/s with a drop-tail queue of `queue_max` bytes and a
+    /// fixed round trip `base`, fed by senders at given rates; probes see the queue as it is.
+    struct Link {
+        capacity: f64,
+        base: Duration,
+        queue: f64,
+        queue_max: f64,
+    }
+
+    impl Link {
+        fn delay(&self) -> Duration {
+            self.base + Duration::from_secs_f64(self.queue / self.capacity)
+        }
+        /// Runs `dt` with these senders' rates; the bytes each got through.
+        fn run(&mut self, rates: &[f64], dt: f64) -> Vec<f64> {
+            let offered: f64 = rates.iter().sum();
+            let arriving = offered * dt;
+            let room = self.queue_max - self.queue;
+            let admitted = arriving.min(room + self.capacity * dt);
+            let out = (self.queue + admitted).min(self.capacity * dt);
+            self.queue = (self.queue + admitted - out).max(0.0);
+            // Each gets its share of what left, by what it offered.
+            rates
+                .iter()
+                .map(|r| {
+                    if offered > 0.0 {
+                        out * r / offered
+                    } else {
+                        0.0
+                    }
+                })
+                .collect()
+        }
+    }
+
+    const TICK: Duration = Duration::from_millis(100);
+    const SUB: usize = 10;
+
+    /// Controllers sharing one link, plus an unresponsive competitor that offers `other(t)`
+    /// bytes/s. Probes (10 a second) see the delay a round trip late. Returns each
+    /// controller's delivered bytes per second, and the probes' queueing delays (ms).
+    struct Run {
+        link: Link,
+        ctls: Vec<(Background, Duration)>,
+        got: Vec<f64>,
+        now: Duration,
+        /// Queue delay at each tick, ms.
+        queue_ms: Vec<f64>,
+        /// Delivered bytes per controller in each second.
+        per_second: Vec<Vec<f64>>,
+        other_got: f64,
+        /// The first controller's rate at each tick.
+        paced: Vec<f64>,
+        delays: VecDeque<Duration>,
+    }
+
+    impl Run {
+        fn new(capacity: f64, base_ms: u64, queue_s: f64) -> Run {
+            Run {
+                link: Link {
+                    capacity,
+                    base: Duration::from_millis(base_ms),
+                    queue: 0.0,
+                    queue_max: capacity * queue_s,
+                },
+                ctls: Vec::new(),
+                got: Vec::new(),
+                now: Duration::ZERO,
+                queue_ms: Vec::new(),
+                per_second: Vec::new(),
+                other_got: 0.0,
+                paced: Vec::new(),
+                delays: VecDeque::new(),
+            }
+        }
+
+        fn add(&mut self, s: Settings) -> usize {
+            let c = Background::new(s, self.link.base);
+            self.ctls.push((c, self.now));
+            self.got.push(0.0);
+            self.ctls.len() - 1
+        }
+
+        /// Runs for `secs`, with `active[i]` saying which controllers send, and `other`
+        /// bytes/s from an unresponsive competitor.
+        fn run(&mut self, secs: f64, active: &[bool], other: f64) {
+            let ticks = (secs / TICK.as_secs_f64()).round() as usize;
+            for _ in 0..ticks {
+                // A probe answered now crossed the queue about a round trip ago.
+                let delay = self.delays.back().copied().unwrap_or(self.link.base);
+                let rates: Vec<f64> = self
+                    .ctls
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(i, (c, start))| {
+                        if !active.get(i).copied().unwrap_or(true) {
+                            return 0.0;
+                        }
+                        let t = self.now - *start;
+                        // The probe sent a round trip ago saw roughly today's queue.
+                        c.on_probe(t, delay);
+                        c.on_tick(t, self.got[i] as u64) as f64
+                    })
+                    .collect();
+                self.paced.push(rates.first().copied().unwrap_or(0.0));
+                let mut all = rates.clone();
+                all.push(other);
+                let dt = TICK.as_secs_f64() / SUB as f64;
+                for _ in 0..SUB {
+                    let out = self.link.run(&all, dt);
+                    for (i, b) in out.iter().enumerate().take(rates.len()) {
+                        self.got[i] += b;
+                        let sec = self.now.as_secs() as usize;
+                        if self.per_second.len() <= sec {
+                            self.per_second.resize(sec + 1, vec![0.0; self.ctls.len()]);
+                        }
+                        let row = &mut self.per_second[sec];
+                        row.resize(self.ctls.len(), 0.0);
+                        row[i] += b;
+                    }
+                    self.other_got += out[rates.len()];
+                }
+                self.queue_ms
+                    .push((self.link.delay() - self.link.base).as_secs_f64() * 1e3);
+                self.delays.push_back(self.link.delay());
+                if self.delays.len() > 1 {
+                    self.delays.pop_front();
+                }
+                self.now += TICK;
+            }
+        }
+
+        /// Controller i's average rate over seconds [from, to).
+        fn rate(&self, i: usize, from: usize, to: usize) -> f64 {
+            self.per_second[from..to].iter().map(|r| r[i]).sum::<f64>() / (to - from) as f64
+        }
+    }
+
+    fn median(v: &[f64]) -> f64 {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+
+    const MBIT: f64 = 125_000.0;
+
+    #[test]
+    fn it_fills_an_idle_link_with_little_queue() {
+        // The lab's dsl-1m-bloat: 1 Mbit/s, 40 ms, a second of queue.
+        let mut r = Run::new(MBIT, 40, 1.0);
+        r.add(Settings::default());
+        r.run(60.0, &[true], 0.0);
+        let share = r.rate(0, 10, 60) / MBIT;
+        assert!(share > 0.85, "used {share:.2} of the link");
+        let q = median(&r.queue_ms[100..]);
+        assert!(q <= 10.0, "median queue {q:.1} ms");
+        // A plain sender fills the whole second of queue; this stays near the target.
+        let worst = r.queue_ms[100..].iter().cloned().fold(0.0, f64::max);
+        assert!(worst < 100.0, "queue reached {worst:.0} ms");
+        let rep = r.ctls[0].0.report();
+        assert!(rep.slowdowns >= 2, "slowdowns: {}", rep.slowdowns);
+        assert!(rep.probes > 500);
+    }
+
+    #[test]
+    fn it_fills_a_fast_long_path_quickly() {
+        // 500 Mbit/s, 100 ms: slow start gets there within seconds.
+        let mut r = Run::new(500.0 * MBIT, 100, 0.5);
+        r.add(Settings::default());
+        r.run(20.0, &[true], 0.0);
+        let share = r.rate(0, 5, 20) / (500.0 * MBIT);
+        assert!(share > 0.85, "used {share:.2} of the link");
+    }
+
+    #[test]
+    fn it_yields_to_a_competitor_and_comes_back() {
+        let mut r = Run::new(MBIT, 40, 1.0);
+        r.add(Settings::default());
+        r.run(20.0, &[true], 0.0);
+        let alone = r.rate(0, 10, 20);
+        // An unresponsive sender at 95 % of the link for 20 s: the queue it builds makes the
+        // controller back off to its floor.
+        let before = r.other_got;
+        r.run(20.0, &[true], 0.95 * MBIT);
+        let competitor = (r.other_got - before) / 20.0;
+        assert!(
+            competitor > 0.9 * 0.95 * MBIT,
+            "the competitor got {:.0} of {:.0} bytes/s",
+            competitor,
+            0.95 * MBIT
+        );
+        let during = r.rate(0, 25, 40);
+        assert!(during < 0.15 * alone, "kept {during:.0} of {alone:.0}");
+        // Never below the floor: two segments per round trip, however long.
+        assert!(r.ctls[0].0.paced() >= (2.0 * 1448.0 / 1.1) as u64);
+        r.run(10.0, &[true], 0.0);
+        let after = r.rate(0, 45, 50);
+        assert!(after > 0.9 * alone, "back to {after:.0} of {alone:.0}");
+        assert!(r.ctls[0].0.report().yielded_s > 10.0);
+    }
+
+    #[test]
+    fn two_transfers_share_fairly_whichever_came_first() {
+        let mut r = Run::new(MBIT, 40, 1.0);
+        r.add(Settings::default());
+        r.run(20.0, &[true, false], 0.0);
+        r.add(Settings::default());
+        r.run(60.0, &[true, true], 0.0);
+        let (a, b) = (r.rate(0, 50, 80), r.rate(1, 50, 80));
+        let jain = (a + b).powi(2) / (2.0 * (a * a + b * b));
+        assert!(jain >= 0.9, "shares {a:.0} and {b:.0}: Jain {jain:.2}");
+        assert!((a + b) / MBIT > 0.8, "together {:.2}", (a + b) / MBIT);
+    }
+
+    #[test]
+    fn the_base_follows_a_longer_path_and_slowdowns_reach_the_floor() {
+        let mut c = Background::new(Settings::default(), Duration::from_millis(40));
+        for i in 0..10 {
+            c.on_probe(
+                Duration::from_millis(100 * i),
+                Duration::from_millis(40 + i),
+            );
+        }
+        assert_eq!(c.base(), Some(Duration::from_millis(40)));
+        assert_eq!(
+            c.queue(),
+            Some(Duration::from_millis(8)),
+            "median of the last 3"
+        );
+        // Ten minutes on a path 30 ms longer: the old base ages out bucket by bucket.
+        for s in 60..=660 {
+            c.on_probe(Duration::from_secs(s), Duration::from_millis(70));
+        }
+        assert_eq!(c.base(), Some(Duration::from_millis(70)));
+        // A slowdown paces at two segments per round trip.
+        let mut r = Run::new(MBIT, 40, 1.0);
+        r.add(Settings::default());
+        r.run(30.0, &[true], 0.0);
+        assert!(r.ctls[0].0.report().slowdowns >= 1);
+        let lowest = r.paced[50..].iter().cloned().fold(f64::MAX, f64::min);
+        // Two segments per round trip, the round trip being 40 ms and what queue is left.
+        let floor = |rtt: f64| 2.0 * 1448.0 / rtt;
+        assert!(
+            (floor(0.060)..=floor(0.040)).contains(&lowest),
+            "lowest rate {lowest:.0}"
+        );
+    }
+
+    #[test]
+    fn a_rate_limit_caps_it_and_no_probe_keeps_the_first_rate() {
+        let s = Settings {
+            limit: Some(50_000),
+            ..Settings::default()
+        };
+        let mut r = Run::new(MBIT, 40, 1.0);
+        r.add(s);
+        r.run(20.0, &[true], 0.0);
+        assert!(r.ctls[0].0.paced() <= 50_000);
+        assert!(r.rate(0, 10, 20) > 45_000.0);
+        let mut c = Background::new(Settings::default(), Duration::from_millis(50));
+        let first = c.paced();
+        assert_eq!(first, (10.0 * 1448.0 / 0.05f64).round() as u64);
+        assert_eq!(c.on_tick(Duration::from_secs(1), 1_000_000), first);
+    }
+}
