@@ -151,6 +151,10 @@ pub fn get(
     let bytes = Arc::new(AtomicU64::new(0));
     let shared = Shared::new(start, bytes.clone());
     let transfer = Transfer::new(elastic);
+    if background {
+        // Only acknowledgements go this way, but they too should not compete.
+        transfer.set_dscp(LOWER_EFFORT);
+    }
     let complete_already = size.is_some_and(|s| have.covers(0, s)) && resumed_from > 0;
     let retr = Command::Retr(target.path.clone());
     let partial_name = part.as_ref().map(|p| p.part.display().to_string());

@@ -683,3 +683,71 @@ fn bench_runs_every_tool_against_its_server() {
         );
     }
 }
+
+/// Seed 000's problem and braid's answer, in one run: on a 1 Mbit/s link with a second of
+/// drop-tail queue, ping during a plain single-connection download with cubic (the seed's
+/// ftp) and during a `--background` one. The background one keeps the median inflation of
+/// ping far below the plain one's, and both files arrive whole.
+#[test]
+fn background_keeps_ping_low_where_a_plain_transfer_fills_the_queue() {
+    require_lab();
+    require("ping");
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let data = random_bytes(1 << 20, 22);
+    std::fs::write(root.join("f.bin"), &data).unwrap();
+    let serve = format!(
+        "{BRAID} serve --root {} --listen 198.18.0.2:2121",
+        root.display()
+    );
+    let dir = top.path().display();
+    let run = |tag: &str, args: &str| {
+        format!(
+            "ping -n -i 0.2 -c 150 198.18.0.2 > {dir}/ping-{tag}.txt & p=$!; \
+             {BRAID} get ftp://198.18.0.2:2121/f.bin {dir}/got-{tag}.bin {args} --json > {dir}/{tag}.json; \
+             r=$?; kill -INT $p; wait $p; [ $r = 0 ] || exit $r"
+        )
+    };
+    // The plain transfer's queue drains before the background one starts.
+    let client = format!(
+        "{}; sleep 2; {}",
+        run("plain", "-n 1 --congestion cubic"),
+        run("bg", "--background")
+    );
+    let (_, v) = run_json(
+        &lab_name("bg"),
+        &["--scenario", "dsl-1m-bloat"],
+        &serve,
+        &client,
+    );
+    assert_eq!(v["client"]["exit"], 0, "{v}");
+    let pings = |tag: &str| -> Vec<f64> {
+        let text = std::fs::read_to_string(top.path().join(format!("ping-{tag}.txt"))).unwrap();
+        text.split_whitespace()
+            .filter_map(|w| w.strip_prefix("time="))
+            .map(|t| t.parse().unwrap())
+            .collect()
+    };
+    let (plain, bg) = (pings("plain"), pings("bg"));
+    let idle = plain.iter().chain(&bg).cloned().fold(f64::MAX, f64::min);
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (plain_up, bg_up) = (median(&plain) - idle, median(&bg) - idle);
+    assert!(
+        bg_up < 0.25 * plain_up,
+        "ping's median rose {bg_up:.1} ms over {idle:.1} during --background, {plain_up:.1} ms during the plain transfer"
+    );
+    for tag in ["plain", "bg"] {
+        let got = std::fs::read(top.path().join(format!("got-{tag}.bin"))).unwrap();
+        assert!(got == data, "{tag}: the file differs");
+    }
+    let summary = crate::util::json(&std::fs::read_to_string(top.path().join("bg.json")).unwrap());
+    assert!(
+        summary["background"]["probes"].as_u64() > Some(10),
+        "{summary}"
+    );
+}

@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
 mod admin;
+mod background;
 mod cli;
 mod curl;
 mod diskfull;

@@ -471,3 +471,19 @@ fn segmented_download_backs_off_to_the_sessions_the_server_allows() {
     assert_eq!(s["streams"], 2, "{out}");
     assert!(std::fs::read(&dest).unwrap() == content, "the file differs");
 }
+
+/// Background mode needs a braid server (it tells the sender its rate and times probes by
+/// its answers): against vsftpd it is a usage error before anything is written.
+#[test]
+fn background_mode_is_refused_against_another_server() {
+    let top = tempdir();
+    let vs = start_vsftpd(top.path());
+    std::fs::write(top.path().join("root/pub/src.bin"), b"data").unwrap();
+    let dest = top.path().join("got.bin");
+    let url = format!("ftp://127.0.0.1:{}/pub/src.bin", vs.port);
+    let (code, _, err) = braid(&["get", &url, dest.to_str().unwrap(), "--background"], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--background needs a braid server"), "{err}");
+    assert!(!dest.exists());
+    assert!(!top.path().join("got.bin.part").exists());
+}

@@ -1,0 +1,114 @@
+//! Background mode on loopback: what it does to the connections (probes answered, cubic,
+//! DSCP lower effort, the rate limit as its ceiling) and that files still arrive whole. What
+//! it does to other traffic is measured in the lab (`lab::background_keeps_ping_low`).
+
+use crate::util::{Server, braid_command, json, random_bytes, tempdir, wait_timeout};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SIZE: usize = 8 << 20;
+/// 8 MiB at 4 MB/s: two seconds, long enough to see the sockets.
+const LIMIT: u64 = 4_000_000;
+
+/// Established TCP connections of process `pid` other than those to or from `port` (the
+/// control connection), with their TOS byte, from `ss`.
+fn data_tos(pid: u32, port: u16) -> Vec<String> {
+    let out = Command::new("ss")
+        .args(["-tnpH", "--tos", "state", "established"])
+        .output()
+        .expect("run ss");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("pid={pid},")))
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let port = format!(":{port}");
+            f.len() > 3 && !f[2].ends_with(&port) && !f[3].ends_with(&port)
+        })
+        .filter_map(|l| {
+            l.split_whitespace()
+                .find(|f| f.starts_with("tos:"))
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// Runs a background transfer with `args`, watching the data connections of `sender` (a
+/// pid; None: the client itself) until one shows DSCP 1 (TOS 0x4) or the client ends.
+/// Returns the summary and whether the marking was seen.
+fn run_watching(args: &[&str], sender: Option<u32>, port: u16) -> (serde_json::Value, bool) {
+    let home = tempdir();
+    let mut child = braid_command(home.path())
+        .args(args)
+        .args(["--background", "--rate-limit", &LIMIT.to_string(), "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = sender.unwrap_or(child.id());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut marked = false;
+    while !marked && Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        marked = data_tos(pid, port).iter().any(|t| t == "tos:0x4");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = wait_timeout(&mut child, Duration::from_secs(60));
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(status.is_some_and(|s| s.success()), "{status:?}: {err}");
+    (json(&String::from_utf8_lossy(&out.stdout)), marked)
+}
+
+/// What every background summary must show: probes answered, a base delay, cubic, and a
+/// rate that never went above the limit.
+fn check_report(s: &serde_json::Value, what: &str) {
+    let b = &s["background"];
+    assert!(b["probes"].as_u64() >= Some(5), "{what}: few probes: {b}");
+    assert!(b["base_ms"].as_f64() > Some(0.0), "{what}: no base: {b}");
+    assert_eq!(b["target_ms"], 10.0, "{what}");
+    assert_eq!(s["congestion"], "cubic", "{what}");
+    assert_eq!(s["streams"], 1, "{what}: -n auto is one connection");
+    let timeline = b["timeline"].as_array().unwrap();
+    assert!(timeline.len() >= 2, "{what}: {b}");
+    for p in timeline {
+        assert!(
+            p["rate"].as_u64() <= Some(LIMIT),
+            "{what}: over the limit: {p}"
+        );
+    }
+    let rate = s["bytes_per_second"].as_f64().unwrap();
+    assert!(rate < 1.2 * LIMIT as f64, "{what}: {rate} bytes/s");
+}
+
+#[test]
+fn a_background_transfer_probes_is_marked_lower_effort_and_ends_whole() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let content = random_bytes(SIZE, 151);
+    std::fs::write(root.join("f.bin"), &content).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+
+    let dest = top.path().join("got.bin");
+    let get = ["get", &server.url("f.bin"), dest.to_str().unwrap()];
+    // A download: the server sends, so its data connection carries the marking.
+    let (s, marked) = run_watching(&get, Some(server.pid()), server.port());
+    assert!(
+        std::fs::read(&dest).unwrap() == content,
+        "get: content differs"
+    );
+    assert!(marked, "the server's data connection never had DSCP 1");
+    check_report(&s, "get");
+
+    let put = ["put", dest.to_str().unwrap(), &server.url("up.bin")];
+    let (s, marked) = run_watching(&put, None, server.port());
+    assert!(
+        std::fs::read(root.join("up.bin")).unwrap() == content,
+        "put: content differs"
+    );
+    assert!(marked, "the client's data connection never had DSCP 1");
+    check_report(&s, "put");
+}
