@@ -1,5 +1,6 @@
 //! Accounts for `braid serve --users FILE`: one line per user,
-//! `name:argon2-hash:ro|rw:root-directory`, written by `braid passwd`.
+//! `name:argon2-hash:ro|rw:root-directory`, written by `braid passwd`. The permission may carry
+//! the user's class of service after commas: `rw,background,rate=2MB,weight=4` (see [`Class`]).
 
 use anyhow::{Context, bail};
 use argon2::password_hash::SaltString;
@@ -14,6 +15,60 @@ pub struct Account {
     pub hash: String,
     pub perm: Perm,
     pub root: PathBuf,
+    pub class: Class,
+}
+
+/// How the server sends to a user: what it may take of the uplink, and how it yields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Class {
+    /// `background`: the server's sending yields to other traffic (as `get --background`).
+    pub background: bool,
+    /// `rate=2MB`: a cap on the server's sending rate for each of the user's transfers,
+    /// bytes/s.
+    pub rate: Option<u64>,
+    /// `weight=4`: the user's share of `--uplink` against other running transfers' (1 by
+    /// default): preferred customers get more.
+    pub weight: u32,
+}
+
+impl Default for Class {
+    fn default() -> Class {
+        Class {
+            background: false,
+            rate: None,
+            weight: 1,
+        }
+    }
+}
+
+/// The largest weight (a share of at least a thousandth for everyone).
+pub const MAX_WEIGHT: u32 = 1000;
+
+impl Class {
+    /// The options after the permission: `background`, `rate=SIZE`, `weight=N`.
+    pub fn parse<'a>(options: impl Iterator<Item = &'a str>) -> Result<Class, String> {
+        let mut c = Class::default();
+        for o in options.map(str::trim).filter(|o| !o.is_empty()) {
+            match o.split_once('=') {
+                None if o == "background" => c.background = true,
+                Some(("rate", v)) => c.rate = Some(crate::cli::parse_size(v)?),
+                Some(("weight", v)) => {
+                    c.weight = match v.parse::<u32>() {
+                        Ok(w) if (1..=MAX_WEIGHT).contains(&w) => w,
+                        _ => {
+                            return Err(format!("weight must be from 1 to {MAX_WEIGHT}, not {v:?}"));
+                        }
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "{o:?} is not a class option (background, rate=SIZE, weight=N)"
+                    ));
+                }
+            }
+        }
+        Ok(c)
+    }
 }
 
 /// All accounts of a users file.
@@ -55,11 +110,14 @@ impl Users {
             };
             PasswordHash::new(hash)
                 .map_err(|e| anyhow::anyhow!("line {}: bad password hash: {e}", i + 1))?;
-            let perm = match perm {
+            let mut options = perm.split(',');
+            let perm = match options.next().unwrap_or_default() {
                 "ro" => Perm::ReadOnly,
                 "rw" => Perm::ReadWrite,
                 other => bail!("line {}: permission must be ro or rw, not {other:?}", i + 1),
             };
+            let class =
+                Class::parse(options).map_err(|e| anyhow::anyhow!("line {}: {e}", i + 1))?;
             let root = base.join(root);
             accounts.insert(
                 name.to_string(),
@@ -67,6 +125,7 @@ impl Users {
                     hash: hash.to_string(),
                     perm,
                     root,
+                    class,
                 },
             );
         }
@@ -79,6 +138,11 @@ impl Users {
 
     pub fn is_empty(&self) -> bool {
         self.accounts.is_empty()
+    }
+
+    /// A user's class of service (the default for names not in the file).
+    pub fn class(&self, user: &str) -> Class {
+        self.accounts.get(user).map(|a| a.class).unwrap_or_default()
     }
 
     /// Checks a password; slow on purpose (argon2), so call it off the async runtime.
@@ -175,7 +239,17 @@ pub fn write_entry(
         Perm::ReadOnly => "ro",
         Perm::ReadWrite => "rw",
     };
-    let entry = format!("{name}:{}:{perm}:{root_text}", hash_password(password)?);
+    // A new password keeps the user's class of service.
+    let class = existing
+        .lines()
+        .find(|l| l.split(':').next() == Some(name))
+        .and_then(|l| l.split(':').nth(2))
+        .and_then(|p| p.split_once(','))
+        .map_or(String::new(), |(_, c)| format!(",{c}"));
+    let entry = format!(
+        "{name}:{}:{perm}{class}:{root_text}",
+        hash_password(password)?
+    );
     let mut out: Vec<String> = existing
         .lines()
         .filter(|l| l.split(':').next() != Some(name))
@@ -227,5 +301,46 @@ mod tests {
     fn rejects_malformed_lines() {
         assert!(Users::parse("alice:nothash:rw:/x", Path::new("/")).is_err());
         assert!(Users::parse("alice", Path::new("/")).is_err());
+        let hash = hash_password("p").unwrap();
+        for bad in [
+            "rw,fast",
+            "rw,rate=lots",
+            "rw,weight=0",
+            "rw,weight=1001",
+            "rx,background",
+        ] {
+            let line = format!("alice:{hash}:{bad}:/x");
+            assert!(Users::parse(&line, Path::new("/")).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn classes_of_service_and_a_new_password_keeps_them() {
+        let hash = hash_password("p").unwrap();
+        let text = format!(
+            "alice:{hash}:rw,background,rate=2MB:/a\nbob:{hash}:ro,weight=4:/b:c\ncarol:{hash}:ro:/c\n"
+        );
+        let users = Users::parse(&text, Path::new("/")).unwrap();
+        let alice = Class {
+            background: true,
+            rate: Some(2_000_000),
+            weight: 1,
+        };
+        assert_eq!(users.class("alice"), alice);
+        assert_eq!(users.class("bob").weight, 4);
+        assert_eq!(
+            users.verify("bob", "p").unwrap().root,
+            PathBuf::from("/b:c")
+        );
+        assert_eq!(users.class("carol"), Class::default());
+        assert_eq!(users.class("nobody"), Class::default());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("users");
+        std::fs::write(&file, &text).unwrap();
+        write_entry(&file, "alice", "new", Perm::ReadWrite, Path::new("/a")).unwrap();
+        let users = Users::load(&file).unwrap();
+        assert_eq!(users.class("alice"), alice);
+        assert!(users.verify("alice", "new").is_some());
+        assert_eq!(users.class("bob").weight, 4);
     }
 }

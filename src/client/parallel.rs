@@ -389,6 +389,8 @@ fn pacer(c: &Control, opts: &Options, elastic: bool, limits: bool) -> Result<Box
             .map(|i| u64::from(i.snd_mss))
             .filter(|&m| m >= 500)
             .unwrap_or(1448),
+        // Small probes carry no serialization of their own.
+        segments: 0,
     };
     Ok(Box::new(background::Yielding::new(settings, rtt)))
 }

@@ -36,6 +36,11 @@ pub struct Settings {
     pub limit: Option<u64>,
     /// Segment size, bytes: the unit of the floor, of the first rate and of the constant step.
     pub mss: u64,
+    /// The target is at least this many segments' time at the link's rate: where the signal
+    /// is the data's own round trip (a server), each sample carries a segment's
+    /// serialization and the receiver's delayed acknowledgement, which on a slow link alone
+    /// exceed a few milliseconds.
+    pub segments: u32,
 }
 
 /// The default target. An ideal fixed pacer at 90 % of a 1 Mbit/s link adds about 12 ms
@@ -48,6 +53,7 @@ impl Default for Settings {
             target: TARGET,
             limit: None,
             mss: 1448,
+            segments: 0,
         }
     }
 }
@@ -259,7 +265,7 @@ impl Background {
         q.sort_by(f64::total_cmp);
         let pct = |p: f64| (!q.is_empty()).then(|| q[((q.len() - 1) as f64 * p).round() as usize]);
         Report {
-            target_ms: self.s.target.as_secs_f64() * 1e3,
+            target_ms: self.target().as_secs_f64() * 1e3,
             probes: self.queue_seen.len() as u64,
             base_ms: self.base().map(|b| b.as_secs_f64() * 1e3),
             queue_p50_ms: pct(0.5),
@@ -278,6 +284,17 @@ impl Background {
         (span > 0.0).then(|| b1.saturating_sub(b0) as f64 / span)
     }
 
+    /// The target, with room for `segments` at the recent peak rate.
+    fn target(&self) -> Duration {
+        let per_segment = if self.peak > 0.0 {
+            self.s.mss as f64 / self.peak
+        } else {
+            0.0
+        };
+        let room = Duration::from_secs_f64((f64::from(self.s.segments) * per_segment).min(1.0));
+        self.s.target.max(room)
+    }
+
     /// Two segments per round trip.
     fn floor(&self, rtt: Duration) -> f64 {
         2.0 * self.s.mss as f64 / rtt.max(MIN_RTT).as_secs_f64()
@@ -292,7 +309,7 @@ impl Background {
         let rtt = (base + queue).max(MIN_RTT);
         let h = rtt.as_secs_f64();
         let floor = self.floor(rtt);
-        let target = self.s.target;
+        let target = self.target();
         if let Phase::Slowdown {
             until,
             saved,

@@ -322,6 +322,15 @@ impl Transfer {
         self.dscp.load(Ordering::Relaxed).checked_sub(1)
     }
 
+    /// Adds a connection that moves data elsewhere (a stream-mode one), for the pacing,
+    /// marking and statistics every connection of the transfer gets; it stays open in the
+    /// transfer's count until the transfer ends.
+    pub fn watch(&self, sock: &TcpStream) {
+        if let Err(e) = self.join(sock) {
+            tracing::debug!("cannot watch a data connection: {e}");
+        }
+    }
+
     /// Gives every connection, open and to come, this congestion control.
     pub fn set_congestion(&self, cc: Option<CcName>) {
         *self.congestion.lock().unwrap_or_else(|p| p.into_inner()) = cc;

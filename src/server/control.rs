@@ -60,6 +60,17 @@ pub(super) enum Input {
 }
 
 impl Conn {
+    /// The lowest round trip the control connection has seen (in clear only: the TLS
+    /// stream's halves do not lend their socket).
+    pub(super) fn min_rtt(&self) -> Option<std::time::Duration> {
+        let Channel::Clear { wr, .. } = &self.channel else {
+            return None;
+        };
+        let tcp: &tokio::net::TcpStream = wr.as_ref();
+        let us = braid_sockopt::tcp_info(tcp)?.min_rtt_us;
+        (us > 0).then(|| std::time::Duration::from_micros(us.into()))
+    }
+
     /// The next command: one queued during a transfer first, else one read from the client.
     /// Cancel-safe: bytes are only moved into `lines` once a read completes.
     pub(super) async fn next_input(&mut self) -> Input {

@@ -7,6 +7,7 @@ mod data;
 mod files;
 mod guard;
 pub mod metrics;
+mod pacing;
 pub mod settings;
 mod supervise;
 pub mod tls;
@@ -61,6 +62,12 @@ pub struct Config {
     pub xferlog: Option<Arc<xferlog::XferLog>>,
     /// Counts for `--metrics`, kept whether or not they are served.
     pub metrics: Arc<metrics::Metrics>,
+    /// `--background`: every download yields to other traffic.
+    pub background: bool,
+    /// `--uplink`: bytes/s that running downloads share by weight.
+    pub uplink: Option<u64>,
+    /// The running downloads' weights, shared by all sessions.
+    pub shares: Arc<pacing::Shares>,
     /// Root directories open now, shared by the sessions logged in to them: one descriptor
     /// per directory instead of one per session (10,000 idle sessions hit the usual limit of
     /// 20,000 open files at two each). A reload starts afresh, so a replaced directory is
@@ -148,6 +155,9 @@ impl Config {
             tls: None,
             xferlog: None,
             metrics: Arc::default(),
+            background: false,
+            uplink: None,
+            shares: Arc::default(),
             roots: Arc::default(),
         }
     }

@@ -102,6 +102,19 @@ pub struct ServeArgs {
     #[arg(short, long)]
     #[serde(default)]
     pub verbose: bool,
+    /// Send every download in background mode, as `braid get --background` does: the server
+    /// paces its data connections from the round trip they see, so that other traffic on
+    /// its uplink keeps its latency, marks them DSCP 1 (lower effort) and uses cubic. A user
+    /// can get it alone with `rw,background` in the users file.
+    #[arg(long)]
+    #[serde(default)]
+    pub background: bool,
+    /// The server's uplink in bytes/s, e.g. 12MB for about 100 Mbit/s: running downloads then
+    /// share it by their users' weights (`rw,weight=4` in the users file; 1 by default),
+    /// each paced to its share, so preferred customers get more when the uplink is busy.
+    #[arg(long, value_name = "BYTES_PER_SECOND", value_parser = crate::cli::parse_size)]
+    #[serde(default, deserialize_with = "size")]
+    pub uplink: Option<u64>,
 }
 
 /// The options SIGHUP cannot change in a running server.
@@ -138,6 +151,8 @@ impl ServeArgs {
             metrics: self.metrics.or(file.metrics),
             log_format: self.log_format.or(file.log_format),
             verbose: self.verbose || file.verbose,
+            background: self.background || file.background,
+            uplink: self.uplink.or(file.uplink),
         }
     }
 
@@ -184,7 +199,10 @@ impl ServeArgs {
             config.logins = old.logins.clone();
             config.checksums = old.checksums.clone();
             config.metrics = old.metrics.clone();
+            config.shares = old.shares.clone();
         }
+        config.background = self.background;
+        config.uplink = self.uplink;
         if let Some(path) = &self.users {
             config.users = Users::load(path)?;
             if config.users.is_empty() {
@@ -288,6 +306,22 @@ fn range<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<(u16, u16)>, D
     parse_range(&s).map(Some).map_err(serde::de::Error::custom)
 }
 
+/// A size in the file: bytes as a number, or with a unit as on the command line ("12MB").
+fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Size {
+        Bytes(u64),
+        Text(String),
+    }
+    match Size::deserialize(d)? {
+        Size::Bytes(n) => Ok(Some(n)),
+        Size::Text(t) => crate::cli::parse_size(&t)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,6 +348,8 @@ mod tests {
             metrics = "127.0.0.1:9898"
             log-format = "json"
             verbose = true
+            background = true
+            uplink = "12MB"
             "#,
         )
         .unwrap();
@@ -333,6 +369,9 @@ mod tests {
         assert_eq!(args.xferlog, Some(PathBuf::from("/var/log/xferlog")));
         assert_eq!(args.metrics, Some("127.0.0.1:9898".parse().unwrap()));
         assert_eq!(args.log_format, Some(LogFormat::Json));
+        assert!(args.background);
+        assert_eq!(args.uplink, Some(12_000_000));
+        assert_eq!(parse("uplink = 1000\n").unwrap().uplink, Some(1000));
     }
 
     #[test]

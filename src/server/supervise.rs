@@ -5,6 +5,7 @@
 use super::Shutdown;
 use super::control::{Conn, Input, Io, MAX_QUEUED, reached};
 use super::data::{self, BlockConns, DataError, Finished};
+use super::pacing;
 use crate::engine;
 use braid_proto::checksum;
 use braid_proto::retr_opts::RetrOpts;
@@ -20,6 +21,8 @@ use tokio::time::{Instant, timeout, timeout_at};
 
 /// How often a running transfer's bytes and connections reach the metrics.
 const COUNT_INTERVAL: Duration = Duration::from_secs(1);
+/// DSCP 1: lower effort (RFC 8622), for what the server sends in background mode.
+const LOWER_EFFORT: u8 = 1;
 
 /// Data connections a transfer has open now: a stream-mode one never joins `moving`.
 fn open_connections(t: &Transfer, moving: &engine::transfer::Transfer) -> usize {
@@ -63,13 +66,42 @@ pub(super) async fn transfer(
     let progress = Arc::new(AtomicU64::new(0));
     let elastic = t.block.as_ref().is_some_and(|b| b.elastic);
     let moving = Arc::new(engine::transfer::Transfer::new(elastic));
-    if let Some(rate) = t.block.as_ref().and_then(|b| b.max_rate) {
-        moving.set_pacing(Some(rate));
+    let is_upload = matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_));
+    // What the server sends goes at the pace of the user's class, its share of the uplink and
+    // background mode (listings are small and go as they are).
+    let mut sending = match t.kind {
+        TransferKind::List(..) => None,
+        _ if is_upload => None,
+        _ => {
+            let account = session.user().filter(|_| io.anonymous_id.is_none());
+            let class = account
+                .map(|u| io.config.users.class(u))
+                .unwrap_or_default();
+            // Too long a first guess is harmless: the base is the lowest round trip seen.
+            let rtt = conn.min_rtt().unwrap_or(Duration::from_secs(1));
+            let c = &io.config;
+            Some(pacing::Sending::new(
+                class,
+                c.background,
+                c.uplink,
+                &c.shares,
+                rtt,
+            ))
+        }
+    };
+    let yields = sending.as_ref().is_some_and(|s| s.yields());
+    if let Some(s) = &mut sending {
+        s.client_asks(t.block.as_ref().and_then(|b| b.max_rate), &moving);
     }
-    if let Some(cc) = t.block.as_ref().and_then(|b| b.congestion) {
+    let congestion = t.block.as_ref().and_then(|b| b.congestion);
+    let cubic = yields
+        .then(|| braid_proto::retr_opts::CcName::parse("cubic").ok())
+        .flatten();
+    if let Some(cc) = congestion.or(cubic) {
         moving.set_congestion(Some(cc));
     }
-    if let Some(d) = t.block.as_ref().and_then(|b| b.dscp) {
+    let dscp = t.block.as_ref().and_then(|b| b.dscp);
+    if let Some(d) = dscp.or(yields.then_some(LOWER_EFFORT)) {
         moving.set_dscp(d);
     }
     // A MODE E upload's receiving state, for the 111 Range Markers.
@@ -77,6 +109,8 @@ pub(super) async fn transfer(
     let connected = match &t.block {
         None => io.stream_connection(&t.endpoint).await.map(|sock| {
             moving.abort().register(&sock);
+            // For its pacing, marking and statistics.
+            moving.watch(&sock);
             let progress = progress.clone();
             let tls = io.config.tls.clone().filter(|_| t.private);
             tokio::task::spawn_blocking(move || data::run(job, sock, tls, progress))
@@ -105,7 +139,6 @@ pub(super) async fn transfer(
             return true;
         }
     };
-    let is_upload = matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_));
     // Files, not listings, count for the metrics and the xferlog (as in vsftpd's). An
     // anonymous session is one whose password was kept as its id.
     let user = session.user().filter(|_| io.anonymous_id.is_none());
@@ -131,10 +164,17 @@ pub(super) async fn transfer(
     // on a slow path).
     let report_sender = elastic && !is_upload;
     let mut markers = tokio::time::interval(MARKER_CHECK);
+    let mut pace = tokio::time::interval(pacing::EVERY);
+    let steers = sending.as_ref().is_some_and(|s| s.steers());
     let mut last_marker = (Instant::now(), 0);
     let result = loop {
         tokio::select! {
             r = &mut worker => break r,
+            _ = pace.tick(), if steers => {
+                if let Some(s) = &mut sending {
+                    s.tick(&moving);
+                }
+            }
             _ = counts.tick(), if live.is_some() => {
                 if let Some(live) = &mut live {
                     live.update(progress.load(Ordering::Relaxed), open_connections(&t, &moving));
@@ -175,8 +215,8 @@ pub(super) async fn transfer(
                             Ok(RetrOpts { parallelism: None, block_size: None, max_rate, congestion, dscp: None })
                                 if max_rate.is_some() || congestion.is_some() =>
                             {
-                                if let Some(rate) = max_rate {
-                                    moving.set_pacing((rate > 0).then_some(rate));
+                                if let (Some(rate), Some(s)) = (max_rate, &mut sending) {
+                                    s.client_asks((rate > 0).then_some(rate), &moving);
                                 }
                                 if congestion.is_some() {
                                     moving.set_congestion(congestion);
@@ -338,6 +378,7 @@ fn complete(io: &mut Io, bytes: u64, kept: engine::receive::Kept) -> TransferOut
 const MARKER_INTERVAL: Duration = Duration::from_secs(5);
 /// `113 Sender` reports: at most every half second, and only after 64 KiB more (so that on a
 /// dial-up link they take well under 1 % of it).
+
 const REPORT_INTERVAL: Duration = Duration::from_millis(500);
 const REPORT_BYTES: u64 = 64 << 10;
 const MARKER_BYTES: u64 = 32 << 20;
