@@ -378,7 +378,6 @@ fn complete(io: &mut Io, bytes: u64, kept: engine::receive::Kept) -> TransferOut
 const MARKER_INTERVAL: Duration = Duration::from_secs(5);
 /// `113 Sender` reports: at most every half second, and only after 64 KiB more (so that on a
 /// dial-up link they take well under 1 % of it).
-
 const REPORT_INTERVAL: Duration = Duration::from_millis(500);
 const REPORT_BYTES: u64 = 64 << 10;
 const MARKER_BYTES: u64 = 32 << 20;
