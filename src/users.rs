@@ -56,7 +56,9 @@ impl Class {
                     c.weight = match v.parse::<u32>() {
                         Ok(w) if (1..=MAX_WEIGHT).contains(&w) => w,
                         _ => {
-                            return Err(format!("weight must be from 1 to {MAX_WEIGHT}, not {v:?}"));
+                            return Err(format!(
+                                "weight must be from 1 to {MAX_WEIGHT}, not {v:?}"
+                            ));
                         }
                     }
                 }

@@ -112,3 +112,88 @@ fn a_background_transfer_probes_is_marked_lower_effort_and_ends_whole() {
     assert!(marked, "the client's data connection never had DSCP 1");
     check_report(&s, "put");
 }
+
+/// Downloads by `user` (password `pw`) of `name`, as a running child with `--json`.
+fn spawn_get(
+    server: &Server,
+    user: &str,
+    name: &str,
+    dest: &std::path::Path,
+    home: &std::path::Path,
+) -> std::process::Child {
+    let url = format!("ftp://{user}@{}/{name}", server.addr);
+    braid_command(home)
+        .args(["get", &url, dest.to_str().unwrap(), "--json", "-n", "2"])
+        .env("BRAID_PASSWORD", "pw")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn summary_of(child: std::process::Child) -> serde_json::Value {
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    json(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The users file's classes: a user's cap holds whatever the client asks, and with
+/// `--uplink` two users' downloads at once get it by their weights (1 and 3), not half each.
+#[test]
+fn users_get_their_cap_and_their_weighted_share_of_the_uplink() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let small = random_bytes(4 << 20, 152);
+    let big = random_bytes(12 << 20, 153);
+    std::fs::write(root.join("small.bin"), &small).unwrap();
+    std::fs::write(root.join("big.bin"), &big).unwrap();
+    let users = top.path().join("users");
+    for (name, class) in [
+        ("capped", ",rate=2MB"),
+        ("light", ""),
+        ("heavy", ",weight=3"),
+    ] {
+        crate::util::add_account(&users, name, &root, "pw", false);
+        let text = std::fs::read_to_string(&users).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}:")))
+            .unwrap();
+        let classed = line.replacen(":ro:", &format!(":ro{class}:"), 1);
+        std::fs::write(&users, text.replace(line, &classed)).unwrap();
+    }
+    let users_arg = users.to_str().unwrap();
+    let server = Server::start(&root, &["--users", users_arg, "--uplink", "8MB"]);
+    let home = tempdir();
+
+    // Alone, with the whole uplink to itself: the user's cap of 2 MB/s still holds (each
+    // connection's first burst goes before the pacing does: on loopback, 128 KiB).
+    let got = top.path().join("capped.bin");
+    let s = summary_of(spawn_get(&server, "capped", "small.bin", &got, home.path()));
+    assert!(std::fs::read(&got).unwrap() == small);
+    let rate = s["bytes_per_second"].as_f64().unwrap();
+    assert!(rate < 2.6e6, "capped at 2 MB/s, got {rate:.0} bytes/s");
+
+    // Together: 8 MB/s as 2 and 6, so both take about two seconds. Were the uplink split
+    // evenly, the light one would get 4 MB/s.
+    let (light_dest, heavy_dest) = (top.path().join("light.bin"), top.path().join("heavy.bin"));
+    let light = spawn_get(&server, "light", "small.bin", &light_dest, home.path());
+    let heavy = spawn_get(&server, "heavy", "big.bin", &heavy_dest, home.path());
+    let (light, heavy) = (summary_of(light), summary_of(heavy));
+    assert!(std::fs::read(&light_dest).unwrap() == small);
+    assert!(std::fs::read(&heavy_dest).unwrap() == big);
+    let (l, h) = (
+        light["bytes_per_second"].as_f64().unwrap(),
+        heavy["bytes_per_second"].as_f64().unwrap(),
+    );
+    assert!(
+        l < 3.0e6,
+        "weight 1 of 4 of 8 MB/s, got {l:.0} bytes/s (heavy {h:.0})"
+    );
+    assert!(h > 1.5 * l, "weight 3 got {h:.0} bytes/s, weight 1 {l:.0}");
+}
