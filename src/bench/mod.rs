@@ -2,6 +2,7 @@
 //! directions and tools, with ping across the link during every run, statistics per cell, the
 //! model's prediction beside each measurement, and JSON, CSV, Markdown and SVG results.
 
+pub mod contest;
 pub mod experiments;
 pub mod grid;
 pub mod measure;
@@ -37,6 +38,15 @@ pub fn overhead_rtts(tool: Tool) -> f64 {
     }
 }
 
+/// The experiments `--experiment` runs: the seeds' and background mode's.
+const EXPERIMENTS: [&str; 5] = [
+    experiments::NAMES[0],
+    experiments::NAMES[1],
+    experiments::NAMES[2],
+    experiments::NAMES[3],
+    contest::NAME,
+];
+
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Run a seed's experiment and print its numbers beside braid's: xftp (satellite-t1,
@@ -44,9 +54,12 @@ pub struct BenchArgs {
     /// × 64/256 KB × both directions on a 160 ms path with loss, mean ± std, as SLAC's
     /// table), kermit (C-Kermit's window × packet length × streaming on a 70 ms path, with FTP
     /// and braid beside it, as Kermit's trial 2 with its statistics and correlations), nice
-    /// (ping during transfers on dsl-1m-bloat with the client at nice 0 and 19). It sets the
-    /// grid; --repeat, --out, --name, --seed and --timeout still apply.
-    #[arg(long, value_parser = experiments::NAMES,
+    /// (ping during transfers on dsl-1m-bloat with the client at nice 0 and 19, beside
+    /// braid --background), background (--background downloads on dsl-1m-bloat against a
+    /// cubic iperf3 that comes and goes, and against each other: yield and recovery times,
+    /// shares, Jain's index). It sets the grid; --repeat, --out, --name, --seed and --timeout
+    /// still apply.
+    #[arg(long, value_parser = EXPERIMENTS,
           conflicts_with_all = ["scenario", "mtu", "rate", "delay", "queue", "loss", "streams", "buffer",
                                 "block_size", "direction", "tool", "size", "congestion"])]
     pub experiment: Option<String>,
@@ -262,6 +275,33 @@ fn predict(
     Some(limits::predict(&path, &load))
 }
 
+/// The benchmark's files: in memory where there is a /dev/shm, so that the disk is not
+/// measured.
+fn work_dir() -> Result<tempfile::TempDir> {
+    let shm = std::path::Path::new("/dev/shm");
+    let b = tempfile::Builder::new().prefix("braid-bench").clone();
+    Ok(if shm.is_dir() {
+        b.tempdir_in(shm)?
+    } else {
+        b.tempdir()?
+    })
+}
+
+/// Clients and servers run from a copy of this executable in `dir`: a rebuild during a long
+/// benchmark replaces the file, and later runs would then fail to start. (Where the copy
+/// cannot run, a file system mounted noexec, the original serves.)
+fn runnable_copy(dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    let braid = std::env::current_exe().context("cannot find this program")?;
+    let copy = dir.join("braid");
+    let runs = std::fs::copy(&braid, &copy).is_ok()
+        && std::process::Command::new(&copy)
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+    Ok(if runs { copy } else { braid })
+}
+
 /// A file of `size` random-looking bytes (compressible data would flatter nothing here, but
 /// a pattern keeps generation cheap).
 fn make_file(path: &std::path::Path, size: u64) -> Result<()> {
@@ -367,7 +407,9 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             "braid bench runs on the lab's emulated links, which need root (network namespaces and TUN devices): run it with sudo"
         );
     }
-    let braid = std::env::current_exe().context("cannot find braid's own executable")?;
+    if args.experiment.as_deref() == Some(contest::NAME) {
+        return contest::run(&args);
+    }
     let mut tools = args.tool.clone();
     tools.sort();
     tools.dedup();
@@ -436,33 +478,13 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         let _ = signal_hook::flag::register(sig, stop.clone());
     }
-    // Files live in memory where there is a /dev/shm, so that the disk is not measured.
-    let shm = std::path::Path::new("/dev/shm");
-    let tmp = if shm.is_dir() {
-        tempfile::Builder::new()
-            .prefix("braid-bench")
-            .tempdir_in(shm)?
-    } else {
-        tempfile::Builder::new().prefix("braid-bench").tempdir()?
-    };
+    let tmp = work_dir()?;
     let root = tmp.path().join("root");
     std::fs::create_dir(&root)?;
     let mut made = args.size;
     make_file(&root.join("bench.bin"), made)?;
     make_file(&root.join("tiny.bin"), 1)?;
-    // Clients and servers run from a copy of this executable: a rebuild during a long
-    // benchmark replaces the file, and later runs would then fail to start.
-    // (Where the copy cannot run, a file system mounted noexec, the original serves.)
-    let braid = {
-        let copy = tmp.path().join("braid");
-        let runs = std::fs::copy(&braid, &copy).is_ok()
-            && std::process::Command::new(&copy)
-                .arg("--version")
-                .stdout(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-        if runs { copy } else { braid }
-    };
+    let braid = runnable_copy(tmp.path())?;
 
     let bar = ProgressBar::new(runs.len() as u64);
     bar.set_style(

@@ -854,6 +854,7 @@ pub fn put(
                 if let Some(rtt) = p.measure(c) {
                     steering.probed(rtt);
                 }
+                steering.probe_out(p.out_for());
                 if let Err(e) = p.send(c, Tell::default()) {
                     tracing::warn!("could not probe the path: {e}");
                 }

@@ -18,6 +18,10 @@ use std::time::Duration;
 struct Out {
     /// The smoothed RTT when it left, µs.
     srtt_us: u32,
+    sent: std::time::Instant,
+    /// Another command went out after it: the kernel may have taken two samples, and this
+    /// one's round trip cannot be told apart from the smoothed RTT; it is timed here instead.
+    spoilt: bool,
 }
 
 #[derive(Debug, Default)]
@@ -25,6 +29,8 @@ pub struct Prober {
     out: Option<Out>,
     /// Changes for the server not yet sent (the newest of each kind).
     pending: Tell,
+    /// The rate last told.
+    told: Option<u64>,
 }
 
 impl Prober {
@@ -36,10 +42,19 @@ impl Prober {
             return None;
         }
         self.out = None;
+        if out.spoilt {
+            // Answered since the last look: the time it was out, to a tick.
+            return Some(out.sent.elapsed());
+        }
         let rtt = sample(out.srtt_us, info.rtt_us);
         // No round trip is shorter than the shortest the connection has seen: anything
         // else was not one sample (a retransmission, say), and is dropped.
         (rtt.as_micros() as u64 * 10 >= u64::from(info.min_rtt_us) * 9).then_some(rtt)
+    }
+
+    /// How long the probe in flight has been out (its round trip is at least that).
+    pub fn out_for(&self) -> Option<Duration> {
+        self.out.map(|o| o.sent.elapsed())
     }
 
     /// Sends the next probe unless one is in flight: the pending change for the server, if
@@ -51,8 +66,19 @@ impl Prober {
         if tell.congestion.is_some() {
             self.pending.congestion = tell.congestion;
         }
-        if self.out.is_some() {
-            return Ok(());
+        if let Some(out) = &mut self.out {
+            // A slower rate goes at once: waiting for the probe's answer behind the queue a
+            // competitor has just filled would keep the server sending for as long.
+            let slower =
+                matches!(self.pending.rate, Some(Some(r)) if self.told.is_none_or(|t| r < t));
+            if !slower {
+                return Ok(());
+            }
+            out.spoilt = true;
+            let t = std::mem::take(&mut self.pending);
+            self.told = t.rate.flatten();
+            let cmd = c.session().change_sending(t.rate, t.congestion);
+            return c.send(&cmd);
         }
         let Some(info) = braid_sockopt::tcp_info(c.socket()) else {
             return c.tell(std::mem::take(&mut self.pending));
@@ -66,11 +92,16 @@ impl Prober {
             c.session().probe()
         } else {
             let t = std::mem::take(&mut self.pending);
+            if let Some(r) = t.rate {
+                self.told = r;
+            }
             c.session().change_sending(t.rate, t.congestion)
         };
         c.send(&cmd)?;
         self.out = Some(Out {
             srtt_us: info.rtt_us,
+            sent: std::time::Instant::now(),
+            spoilt: false,
         });
         Ok(())
     }

@@ -6,8 +6,8 @@
 //! same queue as everybody's pings; their minimum over ten minutes is the base delay, and the
 //! excess is the queue. The law follows LEDBAT++ (draft-irtf-iccrg-ledbat-plus-plus) on a rate
 //! instead of a window, because the actuator is `SO_MAX_PACING_RATE`:
-//! - **slow start** from ten segments per RTT, doubling per RTT until the queue reaches ¾ of
-//!   the target;
+//! - **slow start** from four segments per RTT, doubling per RTT until the queue reaches ¾
+//!   of the target;
 //! - **increase** below the target: multiplicative in proportion to the room left (so an
 //!   emptied link is refilled within seconds) plus a constant step (so two transfers converge
 //!   to equal shares, as additive increase does);
@@ -58,6 +58,10 @@ impl Default for Settings {
     }
 }
 
+/// The first rate, in segments per round trip: TCP's first window is ten, which on a slow
+/// link fills a queue for the round trips it takes the first answers to come back; slow
+/// start doubles from four soon enough on a fast one.
+const FIRST_SEGMENTS: f64 = 4.0;
 /// Probes whose median is the current delay (a lost or retransmitted probe's long round trip
 /// does not count on its own, and the median, unlike RFC 6817's minimum, is what a user's
 /// ping sees half the time).
@@ -75,7 +79,9 @@ const MIN_RTT: Duration = Duration::from_millis(10);
 /// Delivered bytes are counted over at least this long.
 const DELIVERY_WINDOW: Duration = Duration::from_millis(300);
 /// The recent peak delivery rate forgets this fast (a competitor may have taken the link).
-const PEAK_HALF_LIFE: Duration = Duration::from_secs(5);
+/// Slowly: it sets the step of the increase, which must refill a link soon after a
+/// competitor has left.
+const PEAK_HALF_LIFE: Duration = Duration::from_secs(20);
 /// One trace point per this long.
 const TRACE_EVERY: Duration = Duration::from_secs(1);
 
@@ -136,6 +142,10 @@ pub struct Background {
     phase: Phase,
     /// Latest probe round trips (at most FILTER).
     recent: VecDeque<Duration>,
+    /// How long the probe in flight has been out: the round trip is at least that.
+    waiting: Option<Duration>,
+    /// Since when the queue has been nearly empty (for the increase's acceleration).
+    empty_since: Option<Duration>,
     /// (bucket number, lowest round trip in it).
     base: VecDeque<(u64, Duration)>,
     /// No decrease before this.
@@ -162,9 +172,11 @@ impl Background {
         let rtt = rtt.max(MIN_RTT);
         let mut b = Background {
             s,
-            rate: 10.0 * s.mss as f64 / rtt.as_secs_f64(),
+            rate: FIRST_SEGMENTS * s.mss as f64 / rtt.as_secs_f64(),
             phase: Phase::SlowStart,
             recent: VecDeque::new(),
+            waiting: None,
+            empty_since: None,
             base: VecDeque::from([(0, rtt)]),
             hold_until: Duration::ZERO,
             next_slowdown: None,
@@ -211,11 +223,20 @@ impl Background {
         self.base.iter().map(|&(_, d)| d).min()
     }
 
-    /// The queueing delay now: the filtered probe round trip above the base.
+    /// The probe in flight has been out this long (None: none is, or it just left). A queue
+    /// that a competitor fills at once delays the next answer by as much: this says so
+    /// before the answer comes.
+    pub fn on_waiting(&mut self, out: Option<Duration>) {
+        self.waiting = out;
+    }
+
+    /// The queueing delay now: the filtered probe round trip above the base, or more while
+    /// a probe is overdue.
     pub fn queue(&self) -> Option<Duration> {
         let mut recent: Vec<Duration> = self.recent.iter().copied().collect();
         recent.sort();
-        let current = recent.get(recent.len().checked_sub(1)? / 2)?;
+        let current = *recent.get(recent.len().checked_sub(1)? / 2)?;
+        let current = self.waiting.map_or(current, |w| current.max(w));
         Some(current.saturating_sub(self.base()?))
     }
 
@@ -338,8 +359,10 @@ impl Background {
             if now < self.hold_until {
                 return true;
             }
-            // Until a probe that left after the cut took effect is back.
-            let hold = rtt + Duration::from_secs_f64(2.0 * dt);
+            // Until a probe that left after the cut took effect is back: the base round trip
+            // and two ticks, not the queue's delay too (a competitor's full queue would slow
+            // each next cut by as much, while the competitor waits).
+            let hold = base.max(MIN_RTT) + Duration::from_secs_f64(2.0 * dt);
             // The rate that drains the excess within the hold, at most half off, from what
             // the link carries (the recent peak: with a queue it is the link's rate, while an
             // average over the last moments may include idle ones and cut too deep).
@@ -371,6 +394,14 @@ impl Background {
             return true;
         }
         let room = 1.0 - queue.as_secs_f64() / target.as_secs_f64();
+        // A queue that stays empty means room that nobody takes (a competitor has left):
+        // the increase speeds up by one for every second of it.
+        if queue < target / 4 {
+            self.empty_since.get_or_insert(now);
+        } else {
+            self.empty_since = None;
+        }
+        let hurry = 1.0 + self.empty_since.map_or(0.0, |t| (now - t).as_secs_f64());
         match self.phase {
             Phase::SlowStart if queue.as_secs_f64() > 0.75 * target.as_secs_f64() => {
                 self.phase = Phase::Steady;
@@ -389,7 +420,7 @@ impl Background {
                 // trip and a tick) stays within half the target.
                 let lag = h + 2.0 * dt;
                 let per_second = 0.5 * target.as_secs_f64() / (lag * lag);
-                let grown = self.rate + room * self.peak.max(floor) * per_second * dt;
+                let grown = self.rate + hurry * room * self.peak.max(floor) * per_second * dt;
                 // What does not get through (a slow disk, a slow peer) is no reason to go on.
                 let ceiling = delivered.map_or(grown, |d| (2.0 * d).max(self.rate));
                 self.rate = grown.min(ceiling);
@@ -428,6 +459,7 @@ impl Pacer for Yielding {
         for &rtt in &view.probes {
             self.ctl.on_probe(view.elapsed, rtt);
         }
+        self.ctl.on_waiting(view.probe_out);
         for link in &view.links {
             let Some(tcp) = &link.tcp else { continue };
             if self.moved.len() <= link.id {
@@ -710,6 +742,28 @@ mod tests {
     }
 
     #[test]
+    fn an_overdue_probe_is_a_queue_before_it_answers() {
+        let mut c = Background::new(Settings::default(), Duration::from_millis(20));
+        let mut t = Duration::ZERO;
+        let mut delivered = 0;
+        for _ in 0..100 {
+            c.on_probe(t, Duration::from_millis(22));
+            let r = c.on_tick(t, delivered);
+            delivered += r / 20;
+            t += Duration::from_millis(50);
+        }
+        let before = c.paced();
+        // A competitor's burst: the next answer is half a second late.
+        c.on_waiting(Some(Duration::from_millis(300)));
+        assert_eq!(c.queue(), Some(Duration::from_millis(280)));
+        let after = c.on_tick(t, delivered);
+        assert!(after <= before / 2 + 1, "{before} -> {after}");
+        // Answered: the queue is what the probes say again.
+        c.on_waiting(None);
+        assert_eq!(c.queue(), Some(Duration::from_millis(2)));
+    }
+
+    #[test]
     fn a_rate_limit_caps_it_and_no_probe_keeps_the_first_rate() {
         let s = Settings {
             limit: Some(50_000),
@@ -722,7 +776,7 @@ mod tests {
         assert!(r.rate(0, 10, 20) > 45_000.0);
         let mut c = Background::new(Settings::default(), Duration::from_millis(50));
         let first = c.paced();
-        assert_eq!(first, (10.0 * 1448.0 / 0.05f64).round() as u64);
+        assert_eq!(first, (4.0 * 1448.0 / 0.05f64).round() as u64);
         assert_eq!(c.on_tick(Duration::from_secs(1), 1_000_000), first);
     }
 }

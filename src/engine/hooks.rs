@@ -243,6 +243,8 @@ pub struct Steering {
     sender: Option<braid_proto::markers::SenderReport>,
     /// Probe round trips since the last tick.
     probes: Vec<Duration>,
+    /// How long the probe in flight has been out.
+    probe_out: Option<Duration>,
 }
 
 impl Steering {
@@ -266,12 +268,18 @@ impl Steering {
             notes: Vec::new(),
             sender: None,
             probes: Vec::new(),
+            probe_out: None,
         }
     }
 
     /// A control-connection probe came back after `rtt`, for the next tick's view.
     pub fn probed(&mut self, rtt: Duration) {
         self.probes.push(rtt);
+    }
+
+    /// The probe in flight has been out this long, for the next tick's view.
+    pub fn probe_out(&mut self, out: Option<Duration>) {
+        self.probe_out = out;
     }
 
     /// Lets the policy open connections: `open` starts connecting one on another thread,
@@ -316,6 +324,7 @@ impl Steering {
         view.sender = self.sender;
         view.congestion = self.congestion(transfer);
         view.probes = std::mem::take(&mut self.probes);
+        view.probe_out = self.probe_out.take();
         let rate = self.pacer.rate(&view);
         let mut told = Tell::default();
         if rate != self.rate {
@@ -426,6 +435,7 @@ mod tests {
             sender: None,
             congestion: None,
             probes: Vec::new(),
+            probe_out: None,
         }
     }
 

@@ -45,6 +45,8 @@ pub struct View {
     /// Round trips of the control connection's probes answered since the last tick
     /// (background mode's signal).
     pub probes: Vec<Duration>,
+    /// How long the probe in flight has been out.
+    pub probe_out: Option<Duration>,
 }
 
 impl View {
@@ -60,6 +62,7 @@ impl View {
             sender: None,
             congestion: None,
             probes: Vec::new(),
+            probe_out: None,
         }
     }
 
@@ -226,6 +229,7 @@ impl Sampler {
             sender: None,
             congestion: None,
             probes: Vec::new(),
+            probe_out: None,
         }
     }
 

@@ -1231,6 +1231,7 @@ mod tests {
                 }),
                 congestion: cc,
                 probes: Vec::new(),
+                probe_out: None,
             };
             for d in auto.decide(&view) {
                 match d {

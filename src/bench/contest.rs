@@ -1,0 +1,372 @@
+//! `braid bench --experiment background`: background mode while other traffic comes and goes,
+//! on dsl-1m-bloat (1 Mbit/s, a second of drop-tail queue), downloads:
+//! - **competitor**: a `--background` download runs alone, a cubic iperf3 download joins for
+//!   15 s and leaves. How soon iperf3 gets 90 % of what it gets alone, what braid keeps
+//!   meanwhile, and how soon braid is back at 90 % of its rate before;
+//! - **pair**: two `--background` downloads, the second 15 s after the first: their shares
+//!   while both run (Jain's fairness index);
+//! - ping all along: its rise over the idle link while braid runs alone.
+//!
+//! Rates come from each program's own report: braid's `--json` timeline (the kernel's
+//! received bytes each second) and iperf3's half-second intervals.
+
+use super::BenchArgs;
+use super::grid::Tool;
+use super::parse::parse_ping_line;
+use super::report::Latency;
+use super::servers::{self, Place, Ports, SERVER};
+use crate::lab::{BothWays, LinkSpec, Running};
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use std::fmt::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const NAME: &str = "background";
+const SCENARIO: &str = "dsl-1m-bloat";
+/// When the second flow starts, and how long iperf3 runs.
+const JOIN: f64 = 15.0;
+const COMPETE: f64 = 15.0;
+/// Each braid download: about 35 s alone on the link.
+const FILE: u64 = 4_000_000;
+
+/// One repeat's numbers.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Round {
+    /// Ping's rise over the idle link while braid ran alone, ms.
+    pub ping_up_p50_ms: Option<f64>,
+    pub ping_up_p95_ms: Option<f64>,
+    /// braid --background alone, bytes/s, and against the payload rate of the link.
+    pub alone: Option<f64>,
+    /// iperf3 alone, bytes/s.
+    pub iperf3_alone: Option<f64>,
+    /// Seconds from iperf3's start to its first half second at 90 % of its rate alone, with
+    /// braid running and alone.
+    pub iperf3_to_90: Option<f64>,
+    pub iperf3_to_90_alone: Option<f64>,
+    /// iperf3's mean rate from 2 s after it joined, against its rate alone.
+    pub iperf3_share: Option<f64>,
+    /// braid's rate while iperf3 ran, against its rate alone.
+    pub braid_kept: Option<f64>,
+    /// Seconds from iperf3's end to braid's first second at 90 % of its rate alone.
+    pub braid_back_90: Option<f64>,
+    /// The pair's mean rates while both ran (bytes/s, first and second) and Jain's index.
+    pub pair: Option<(f64, f64)>,
+    pub jain: Option<f64>,
+    /// The competitor run's rates over time, seconds since braid started: braid's each
+    /// second, iperf3's each half second.
+    pub braid_series: Vec<(f64, f64)>,
+    pub iperf3_series: Vec<(f64, f64)>,
+}
+
+pub fn run(args: &BenchArgs) -> Result<u8> {
+    let spec = LinkSpec::scenario_with(SCENARIO, &BothWays::default())?;
+    let payload =
+        crate::model::limits::payload_rate(spec.down.rate.unwrap_or(0) as f64, f64::from(spec.mtu));
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let tmp = super::work_dir()?;
+    let root = tmp.path().join("root");
+    std::fs::create_dir(&root)?;
+    super::make_file(&root.join("bg.bin"), FILE)?;
+    let braid = super::runnable_copy(tmp.path())?;
+    let lab = Running::up(&args.name, spec, args.seed, None)?;
+    let place = Place::Lab(&lab);
+    let _servers = servers::start_servers(
+        &place,
+        Ports::LAB,
+        &braid,
+        tmp.path(),
+        &root,
+        &[Tool::Braid, Tool::Iperf3],
+    )?;
+    let mut rounds = Vec::new();
+    for repeat in 0..args.repeat {
+        eprintln!("round {} of {}", repeat + 1, args.repeat);
+        rounds.push(round(&place, &braid)?);
+    }
+    drop(lab);
+    let md = markdown(&rounds, payload);
+    println!("{md}");
+    std::fs::write(args.out.join("report.md"), &md)?;
+    let json =
+        serde_json::json!({ "scenario": SCENARIO, "payload_rate": payload, "rounds": rounds });
+    std::fs::write(
+        args.out.join("report.json"),
+        serde_json::to_string_pretty(&json)?,
+    )?;
+    eprintln!("braid bench: results in {}", args.out.display());
+    Ok(0)
+}
+
+/// Started programs, on one clock.
+struct Clock(Instant);
+
+impl Clock {
+    fn now(&self) -> f64 {
+        self.0.elapsed().as_secs_f64()
+    }
+    fn sleep_until(&self, t: f64) {
+        let left = t - self.now();
+        if left > 0.0 {
+            std::thread::sleep(Duration::from_secs_f64(left));
+        }
+    }
+}
+
+fn spawn(mut c: Command) -> Result<Child> {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c.spawn().context("cannot start a client")
+}
+
+fn braid_get(place: &Place, braid: &Path) -> Result<Child> {
+    let mut c = place.command(&braid.to_string_lossy());
+    let url = format!("ftp://{SERVER}:{}/bg.bin", Ports::LAB.ftp);
+    c.args(["get", "-q", "--json", "--background", &url, "/dev/null"]);
+    spawn(c)
+}
+
+fn iperf3(place: &Place, seconds: f64) -> Result<Child> {
+    let mut c = place.command("iperf3");
+    c.args([
+        "-c",
+        SERVER,
+        "-p",
+        &Ports::LAB.iperf.to_string(),
+        "-R",
+        "-J",
+    ]);
+    c.args(["-C", "cubic", "-i", "0.5", "-t", &format!("{seconds}")]);
+    spawn(c)
+}
+
+/// Its stdout, once it has ended well.
+fn finish(child: Child, what: &str) -> Result<String> {
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// braid's rate each second, from its `--json` timeline: (seconds since its start, bytes/s)
+/// from the kernel's count of bytes received.
+fn braid_rates(summary: &str) -> Vec<(f64, f64)> {
+    let v: serde_json::Value = serde_json::from_str(summary.trim()).unwrap_or_default();
+    let rows = v["timeline"].as_array().cloned().unwrap_or_default();
+    let mut by_t: Vec<(f64, u64)> = Vec::new();
+    for r in rows {
+        let (Some(t), Some(m)) = (r["t"].as_f64(), r["moved"].as_u64()) else {
+            continue;
+        };
+        match by_t.last_mut() {
+            Some((lt, lm)) if (t - *lt).abs() < 0.2 => *lm += m,
+            _ => by_t.push((t, m)),
+        }
+    }
+    by_t.windows(2)
+        .filter(|w| w[1].0 > w[0].0)
+        .map(|w| {
+            let rate = w[1].1.saturating_sub(w[0].1) as f64 / (w[1].0 - w[0].0);
+            (w[1].0, rate)
+        })
+        .collect()
+}
+
+/// iperf3's intervals: (end, seconds since its start; bytes/s).
+fn iperf3_rates(json: &str) -> Vec<(f64, f64)> {
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+    v["intervals"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|i| {
+                    let s = &i["sum"];
+                    Some((s["end"].as_f64()?, s["bits_per_second"].as_f64()? / 8.0))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The mean rate of `rates` (times shifted by `offset`) over `[from, to)`.
+fn mean(rates: &[(f64, f64)], offset: f64, from: f64, to: f64) -> Option<f64> {
+    let v: Vec<f64> = rates
+        .iter()
+        .filter(|(t, _)| (from..to).contains(&(t + offset)))
+        .map(|&(_, r)| r)
+        .collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+pub fn jain(rates: &[f64]) -> f64 {
+    let sum: f64 = rates.iter().sum();
+    let squares: f64 = rates.iter().map(|r| r * r).sum();
+    sum * sum / (rates.len() as f64 * squares)
+}
+
+fn round(place: &Place, braid: &Path) -> Result<Round> {
+    let mut r = Round::default();
+    // iperf3 alone, without its first two seconds.
+    let solo = iperf3_rates(&finish(iperf3(place, 8.0)?, "iperf3 alone")?);
+    r.iperf3_alone = mean(&solo, 0.0, 2.0, 100.0);
+    r.iperf3_to_90_alone = r
+        .iperf3_alone
+        .and_then(|a| solo.iter().find(|(_, v)| *v >= 0.9 * a).map(|(t, _)| *t));
+    std::thread::sleep(Duration::from_secs(2));
+
+    // The competitor: braid alone, iperf3 from JOIN for COMPETE seconds, braid alone again.
+    let clock = Clock(Instant::now());
+    let unix0 = super::measure::unix_now();
+    let mut ping = place.command("ping");
+    ping.args(["-n", "-D", "-i", "0.2", SERVER]);
+    let ping = spawn(ping)?;
+    clock.sleep_until(5.0);
+    let b = braid_get(place, braid)?;
+    let b_start = clock.now();
+    clock.sleep_until(b_start + JOIN);
+    let i = iperf3(place, COMPETE)?;
+    let i_start = clock.now();
+    let during = iperf3_rates(&finish(i, "iperf3 against braid")?);
+    let i_end = i_start + COMPETE;
+    let braid_run = braid_rates(&finish(b, "braid --background")?);
+    let pings: Vec<(f64, f64)> = stop(ping)
+        .lines()
+        .filter_map(parse_ping_line)
+        .map(|(t, ms)| (t - unix0, ms))
+        .collect();
+    let idle: Vec<f64> = pings
+        .iter()
+        .filter(|(t, _)| *t < 4.5)
+        .map(|p| p.1)
+        .collect();
+    let alone: Vec<f64> = pings
+        .iter()
+        .filter(|(t, _)| (b_start + 5.0..b_start + JOIN).contains(t))
+        .map(|p| p.1)
+        .collect();
+    if let (Some(i), Some(a)) = (Latency::of(&idle), Latency::of(&alone)) {
+        r.ping_up_p50_ms = Some(a.p50_ms - i.p50_ms);
+        r.ping_up_p95_ms = Some(a.p95_ms - i.p50_ms);
+    }
+    // braid's times are since its start, iperf3's since its own.
+    r.alone = mean(&braid_run, b_start, b_start + 5.0, b_start + JOIN);
+    if let (Some(solo), Some(alone)) = (r.iperf3_alone, r.alone) {
+        r.iperf3_to_90 = during
+            .iter()
+            .find(|(_, v)| *v >= 0.9 * solo)
+            .map(|(t, _)| *t);
+        r.iperf3_share = mean(&during, 0.0, 2.0, COMPETE).map(|m| m / solo);
+        r.braid_kept = mean(&braid_run, b_start, i_start + 3.0, i_end).map(|m| m / alone);
+        r.braid_back_90 = braid_run
+            .iter()
+            .map(|&(t, v)| (t + b_start, v))
+            .find(|&(t, v)| t > i_end && v >= 0.9 * alone)
+            .map(|(t, _)| t - i_end);
+    }
+    r.braid_series = braid_run.clone();
+    r.iperf3_series = during
+        .iter()
+        .map(|&(t, v)| (t + i_start - b_start, v))
+        .collect();
+    std::thread::sleep(Duration::from_secs(3));
+
+    // The pair.
+    let clock = Clock(Instant::now());
+    let first = braid_get(place, braid)?;
+    clock.sleep_until(JOIN);
+    let second = braid_get(place, braid)?;
+    let second_start = clock.now();
+    let first_rates = braid_rates(&finish(first, "the first braid --background")?);
+    let first_end = clock.now();
+    let second_rates = braid_rates(&finish(second, "the second braid --background")?);
+    let (from, to) = (second_start + 3.0, first_end - 1.0);
+    if let (Some(a), Some(b)) = (
+        mean(&first_rates, 0.0, from, to),
+        mean(&second_rates, second_start, from, to),
+    ) {
+        r.pair = Some((a, b));
+        r.jain = Some(jain(&[a, b]));
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    Ok(r)
+}
+
+/// Stops ping (`ip netns exec` became ping itself) and returns what it printed.
+fn stop(child: Child) -> String {
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+    }
+    child
+        .wait_with_output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+fn markdown(rounds: &[Round], payload: f64) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "## Background mode against other traffic ({SCENARIO}, downloads, {} rounds)\n",
+        rounds.len()
+    );
+    let f = |v: Option<f64>, scale: f64, digits: usize| {
+        v.map_or("-".into(), |x| format!("{:.*}", digits, x * scale))
+    };
+    s.push_str("| round | ping rise p50 / p95 ms | braid alone Mbit/s (of the payload rate) | iperf3 alone Mbit/s | iperf3 at 90 % after s (alone) | iperf3's share | braid kept | braid back at 90 % after s | pair Mbit/s | Jain |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for (i, r) in rounds.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "| {} | {} / {} | {} ({}) | {} | {} ({}) | {} | {} | {} | {} | {} |",
+            i + 1,
+            f(r.ping_up_p50_ms, 1.0, 1),
+            f(r.ping_up_p95_ms, 1.0, 1),
+            f(r.alone, 8e-6, 3),
+            r.alone
+                .map_or("-".into(), |a| format!("{:.0} %", 100.0 * a / payload)),
+            f(r.iperf3_alone, 8e-6, 3),
+            f(r.iperf3_to_90, 1.0, 1),
+            f(r.iperf3_to_90_alone, 1.0, 1),
+            r.iperf3_share
+                .map_or("-".into(), |x| format!("{:.0} %", 100.0 * x)),
+            r.braid_kept
+                .map_or("-".into(), |x| format!("{:.0} %", 100.0 * x)),
+            f(r.braid_back_90, 1.0, 0),
+            r.pair.map_or("-".into(), |(a, b)| format!(
+                "{:.3} + {:.3}",
+                a * 8e-6,
+                b * 8e-6
+            )),
+            f(r.jain, 1.0, 2),
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_from_braids_timeline_and_iperf3s_intervals() {
+        let summary = r#"{"timeline":[
+            {"t":0.1,"conn":0,"moved":0},{"t":1.1,"conn":0,"moved":100000},
+            {"t":2.1,"conn":0,"moved":150000},{"t":2.1,"conn":1,"moved":50000}]}"#;
+        assert_eq!(braid_rates(summary), vec![(1.1, 100000.0), (2.1, 100000.0)]);
+        let iperf = r#"{"intervals":[{"sum":{"end":0.5,"bits_per_second":800000}},
+            {"sum":{"end":1.0,"bits_per_second":400000}}]}"#;
+        let rates = iperf3_rates(iperf);
+        assert_eq!(rates, vec![(0.5, 100000.0), (1.0, 50000.0)]);
+        assert_eq!(mean(&rates, 10.0, 10.6, 20.0), Some(50000.0));
+        assert_eq!(mean(&rates, 0.0, 5.0, 6.0), None);
+        assert!((jain(&[1.0, 1.0]) - 1.0).abs() < 1e-12);
+        assert!((jain(&[2.0, 1.0]) - 0.9).abs() < 1e-12);
+    }
+}
