@@ -5,6 +5,8 @@
 //!   meanwhile, and how soon braid is back at 90 % of its rate before;
 //! - **pair**: two `--background` downloads, the second 15 s after the first: their shares
 //!   while both run (Jain's fairness index);
+//! - **server**: curl downloads from `braid serve --background` (the server yields by
+//!   itself, in stream mode);
 //! - ping all along: its rise over the idle link while braid runs alone.
 //!
 //! Rates come from each program's own report: braid's `--json` timeline (the kernel's
@@ -30,6 +32,20 @@ const JOIN: f64 = 15.0;
 const COMPETE: f64 = 15.0;
 /// Each braid download: about 35 s alone on the link.
 const FILE: u64 = 4_000_000;
+/// Where `braid serve --background` listens in the lab.
+const BACKGROUND_PORT: u16 = 2123;
+
+/// A server leading its own process group, killed with it when dropped.
+struct Group(Child);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.0.id() as i32) {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+        let _ = self.0.wait();
+    }
+}
 
 /// One repeat's numbers.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -54,6 +70,10 @@ pub struct Round {
     /// The pair's mean rates while both ran (bytes/s, first and second) and Jain's index.
     pub pair: Option<(f64, f64)>,
     pub jain: Option<f64>,
+    /// curl from `serve --background`: ping's rise (ms) and curl's rate (bytes/s).
+    pub server_ping_up_p50_ms: Option<f64>,
+    pub server_ping_up_p95_ms: Option<f64>,
+    pub server_rate: Option<f64>,
     /// The competitor run's rates over time, seconds since braid started: braid's each
     /// second, iperf3's each half second.
     pub braid_series: Vec<(f64, f64)>,
@@ -81,6 +101,21 @@ pub fn run(args: &BenchArgs) -> Result<u8> {
         &root,
         &[Tool::Braid, Tool::Iperf3],
     )?;
+    let _background_server = {
+        use std::os::unix::process::CommandExt;
+        let mut c = place.server_command(&braid.to_string_lossy());
+        c.args(["serve", "--background", "--anonymous", "--listen"])
+            .arg(format!("{SERVER}:{BACKGROUND_PORT}"))
+            .arg("--root")
+            .arg(&root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0);
+        let child = Group(c.spawn()?);
+        servers::wait_listening(&place, BACKGROUND_PORT)?;
+        child
+    };
     let mut rounds = Vec::new();
     for repeat in 0..args.repeat {
         eprintln!("round {} of {}", repeat + 1, args.repeat);
@@ -223,11 +258,7 @@ fn round(place: &Place, braid: &Path) -> Result<Round> {
     std::thread::sleep(Duration::from_secs(2));
 
     // The competitor: braid alone, iperf3 from JOIN for COMPETE seconds, braid alone again.
-    let clock = Clock(Instant::now());
-    let unix0 = super::measure::unix_now();
-    let mut ping = place.command("ping");
-    ping.args(["-n", "-D", "-i", "0.2", SERVER]);
-    let ping = spawn(ping)?;
+    let (clock, ping) = Pinging::start(place)?;
     clock.sleep_until(5.0);
     let b = braid_get(place, braid)?;
     let b_start = clock.now();
@@ -237,25 +268,7 @@ fn round(place: &Place, braid: &Path) -> Result<Round> {
     let during = iperf3_rates(&finish(i, "iperf3 against braid")?);
     let i_end = i_start + COMPETE;
     let braid_run = braid_rates(&finish(b, "braid --background")?);
-    let pings: Vec<(f64, f64)> = stop(ping)
-        .lines()
-        .filter_map(parse_ping_line)
-        .map(|(t, ms)| (t - unix0, ms))
-        .collect();
-    let idle: Vec<f64> = pings
-        .iter()
-        .filter(|(t, _)| *t < 4.5)
-        .map(|p| p.1)
-        .collect();
-    let alone: Vec<f64> = pings
-        .iter()
-        .filter(|(t, _)| (b_start + 5.0..b_start + JOIN).contains(t))
-        .map(|p| p.1)
-        .collect();
-    if let (Some(i), Some(a)) = (Latency::of(&idle), Latency::of(&alone)) {
-        r.ping_up_p50_ms = Some(a.p50_ms - i.p50_ms);
-        r.ping_up_p95_ms = Some(a.p95_ms - i.p50_ms);
-    }
+    (r.ping_up_p50_ms, r.ping_up_p95_ms) = ping.rise(4.5, b_start + 5.0, b_start + JOIN);
     // braid's times are since its start, iperf3's since its own.
     r.alone = mean(&braid_run, b_start, b_start + 5.0, b_start + JOIN);
     if let (Some(solo), Some(alone)) = (r.iperf3_alone, r.alone) {
@@ -296,18 +309,83 @@ fn round(place: &Place, braid: &Path) -> Result<Round> {
         r.jain = Some(jain(&[a, b]));
     }
     std::thread::sleep(Duration::from_secs(3));
+
+    // curl from the background server: 2 MB, about 20 s.
+    let (clock, ping) = Pinging::start(place)?;
+    clock.sleep_until(4.0);
+    let mut curl = place.command("curl");
+    curl.args([
+        "-sS",
+        "-r",
+        "0-1999999",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{speed_download}",
+    ])
+    .arg(format!("ftp://{SERVER}:{BACKGROUND_PORT}/bg.bin"));
+    let c_start = clock.now();
+    let out = finish(spawn(curl)?, "curl from serve --background")?;
+    let c_end = clock.now();
+    r.server_rate = out.trim().parse().ok();
+    (r.server_ping_up_p50_ms, r.server_ping_up_p95_ms) = ping.rise(3.5, c_start + 3.0, c_end);
+    std::thread::sleep(Duration::from_secs(2));
     Ok(r)
 }
 
-/// Stops ping (`ip netns exec` became ping itself) and returns what it printed.
-fn stop(child: Child) -> String {
-    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+/// ping every 200 ms from the client's host, on a clock that starts with it.
+struct Pinging {
+    child: Child,
+    /// The clock's zero, Unix seconds (ping -D stamps its lines so).
+    unix0: f64,
+}
+
+impl Pinging {
+    fn start(place: &Place) -> Result<(Clock, Pinging)> {
+        let clock = Clock(Instant::now());
+        let unix0 = super::measure::unix_now();
+        let mut ping = place.command("ping");
+        ping.args(["-n", "-D", "-i", "0.2", SERVER]);
+        Ok((
+            clock,
+            Pinging {
+                child: spawn(ping)?,
+                unix0,
+            },
+        ))
     }
-    child
-        .wait_with_output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
+
+    /// Stops ping (`ip netns exec` became ping itself) and gives the rise of its median and
+    /// 95th percentile over `[from, to)` above its median before `idle_until`, ms.
+    fn rise(self, idle_until: f64, from: f64, to: f64) -> (Option<f64>, Option<f64>) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+        }
+        let out = self
+            .child
+            .wait_with_output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let pings: Vec<(f64, f64)> = out
+            .lines()
+            .filter_map(parse_ping_line)
+            .map(|(t, ms)| (t - self.unix0, ms))
+            .collect();
+        let during = |a: f64, b: f64| -> Vec<f64> {
+            pings
+                .iter()
+                .filter(|(t, _)| (a..b).contains(t))
+                .map(|p| p.1)
+                .collect()
+        };
+        match (
+            Latency::of(&during(0.0, idle_until)),
+            Latency::of(&during(from, to)),
+        ) {
+            (Some(i), Some(b)) => (Some(b.p50_ms - i.p50_ms), Some(b.p95_ms - i.p50_ms)),
+            _ => (None, None),
+        }
+    }
 }
 
 fn markdown(rounds: &[Round], payload: f64) -> String {
@@ -320,11 +398,11 @@ fn markdown(rounds: &[Round], payload: f64) -> String {
     let f = |v: Option<f64>, scale: f64, digits: usize| {
         v.map_or("-".into(), |x| format!("{:.*}", digits, x * scale))
     };
-    s.push_str("| round | ping rise p50 / p95 ms | braid alone Mbit/s (of the payload rate) | iperf3 alone Mbit/s | iperf3 at 90 % after s (alone) | iperf3's share | braid kept | braid back at 90 % after s | pair Mbit/s | Jain |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("| round | ping rise p50 / p95 ms | braid alone Mbit/s (of the payload rate) | iperf3 alone Mbit/s | iperf3 at 90 % after s (alone) | iperf3's share | braid kept | braid back at 90 % after s | pair Mbit/s | Jain | curl from serve --background: ping rise ms, Mbit/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (i, r) in rounds.iter().enumerate() {
         let _ = writeln!(
             s,
-            "| {} | {} / {} | {} ({}) | {} | {} ({}) | {} | {} | {} | {} | {} |",
+            "| {} | {} / {} | {} ({}) | {} | {} ({}) | {} | {} | {} | {} | {} | {} / {}, {} |",
             i + 1,
             f(r.ping_up_p50_ms, 1.0, 1),
             f(r.ping_up_p95_ms, 1.0, 1),
@@ -345,6 +423,9 @@ fn markdown(rounds: &[Round], payload: f64) -> String {
                 b * 8e-6
             )),
             f(r.jain, 1.0, 2),
+            f(r.server_ping_up_p50_ms, 1.0, 1),
+            f(r.server_ping_up_p95_ms, 1.0, 1),
+            f(r.server_rate, 8e-6, 3),
         );
     }
     s

@@ -225,7 +225,7 @@ impl Place<'_> {
     }
 
     /// A program on the servers' host.
-    fn server_command(&self, program: &str) -> Command {
+    pub fn server_command(&self, program: &str) -> Command {
         match self {
             Place::Lab(lab) => lab.command("right", program),
             Place::Loopback | Place::Remote(_) => Command::new(program),
