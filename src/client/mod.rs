@@ -143,7 +143,7 @@ pub struct Summary {
 impl Summary {
     pub fn human(&self) -> String {
         format!(
-            "{} {} bytes in {:.2} s ({}/s), {} mode, {} stream(s){}",
+            "{} {} bytes in {:.2} s ({}/s), {} mode, {} stream(s){}{}",
             self.op,
             self.bytes,
             self.seconds,
@@ -154,7 +154,15 @@ impl Summary {
                 format!(", resumed at byte {}", self.resumed_from)
             } else {
                 String::new()
-            }
+            },
+            self.background.as_ref().map_or(String::new(), |b| {
+                format!(
+                    ", background: queue {} ms median over a {} ms base, {:.1} s yielding",
+                    b.queue_p50_ms.map_or("?".into(), |q| format!("{q:.1}")),
+                    b.base_ms.map_or("?".into(), |q| format!("{q:.1}")),
+                    b.yielded_s
+                )
+            })
         )
     }
 }

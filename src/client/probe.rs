@@ -83,11 +83,10 @@ impl Prober {
         let Some(info) = braid_sockopt::tcp_info(c.socket()) else {
             return c.tell(std::mem::take(&mut self.pending));
         };
-        // Commands still unacknowledged (the transfer's own) would give their round trip
-        // to the sample: the probe waits for them.
-        if info.unacked > 0 || info.notsent_bytes > 0 {
-            return Ok(());
-        }
+        // Commands still unacknowledged (the transfer's own, whose acknowledgement may wait
+        // behind a full queue) would give their round trip to the smoothed RTT too: the probe
+        // goes anyway, timed by the clock.
+        let spoilt = info.unacked > 0 || info.notsent_bytes > 0;
         let cmd = if self.pending == Tell::default() {
             c.session().probe()
         } else {
@@ -101,7 +100,7 @@ impl Prober {
         self.out = Some(Out {
             srtt_us: info.rtt_us,
             sent: std::time::Instant::now(),
-            spoilt: false,
+            spoilt,
         });
         Ok(())
     }

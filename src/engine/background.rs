@@ -235,10 +235,14 @@ impl Background {
     pub fn queue(&self) -> Option<Duration> {
         let mut recent: Vec<Duration> = self.recent.iter().copied().collect();
         recent.sort();
-        let current = *recent.get(recent.len().checked_sub(1)? / 2)?;
-        let current = self.waiting.map_or(current, |w| current.max(w));
+        let median = recent.len().checked_sub(1).map(|last| recent[last / 2]);
+        let current = match (median, self.waiting) {
+            (Some(m), Some(w)) => m.max(w),
+            (m, w) => m.or(w)?,
+        };
         Some(current.saturating_sub(self.base()?))
     }
+
 
     /// The rate to pace at (bytes/s), given the bytes delivered so far at `now`. Called every
     /// tick.
@@ -761,6 +765,11 @@ mod tests {
         // Answered: the queue is what the probes say again.
         c.on_waiting(None);
         assert_eq!(c.queue(), Some(Duration::from_millis(2)));
+        // Before any answer, the first probe's wait is all there is.
+        let mut c = Background::new(Settings::default(), Duration::from_millis(20));
+        assert_eq!(c.queue(), None);
+        c.on_waiting(Some(Duration::from_millis(120)));
+        assert_eq!(c.queue(), Some(Duration::from_millis(100)));
     }
 
     #[test]
