@@ -17,7 +17,10 @@
 //! - **periodic slowdowns** to the floor for two base round trips, so that the base delay is
 //!   measured on an empty queue (another background transfer's standing queue would otherwise
 //!   pass for base delay: LEDBAT's latecomer problem);
-//! - a **floor** of two segments per round trip, so a transfer never stalls.
+//! - a **floor** of two segments per round trip, so a transfer never stalls, and four while
+//!   someone else holds a long queue: with fewer in flight a lost segment is not followed by
+//!   the three that would signal its loss, and TCP waits for its retransmission timer, which
+//!   doubles at each miss (seconds of nothing after a competitor has overflowed the queue).
 //!
 //! It is pure: probe samples and delivered bytes in, a rate out, with time given by the
 //! caller. The tests run it against a simulated bottleneck.
@@ -58,6 +61,9 @@ impl Default for Settings {
     }
 }
 
+/// The lowest rate behind someone else's long queue, in segments per round trip (see the
+/// module's comment).
+const FLOOR: f64 = 4.0;
 /// The first rate, in segments per round trip: TCP's first window is ten, which on a slow
 /// link fills a queue for the round trips it takes the first answers to come back; slow
 /// start doubles from four soon enough on a fast one.
@@ -150,6 +156,8 @@ pub struct Background {
     base: VecDeque<(u64, Duration)>,
     /// No decrease before this.
     hold_until: Duration,
+    /// Cuts in a row, without the queue coming back under the target.
+    cuts: u32,
     next_slowdown: Option<Duration>,
     last_slowdown: Duration,
     /// (time, bytes delivered so far).
@@ -179,6 +187,7 @@ impl Background {
             empty_since: None,
             base: VecDeque::from([(0, rtt)]),
             hold_until: Duration::ZERO,
+            cuts: 0,
             next_slowdown: None,
             last_slowdown: Duration::ZERO,
             delivered: VecDeque::new(),
@@ -190,7 +199,7 @@ impl Background {
             timeline: Vec::new(),
             next_point: Duration::ZERO,
         };
-        b.rate = b.rate.max(b.floor(rtt));
+        b.rate = b.rate.max(b.floor(rtt, Duration::ZERO));
         b
     }
 
@@ -242,7 +251,6 @@ impl Background {
         };
         Some(current.saturating_sub(self.base()?))
     }
-
 
     /// The rate to pace at (bytes/s), given the bytes delivered so far at `now`. Called every
     /// tick.
@@ -320,9 +328,15 @@ impl Background {
         self.s.target.max(room)
     }
 
-    /// Two segments per round trip.
-    fn floor(&self, rtt: Duration) -> f64 {
-        2.0 * self.s.mss as f64 / rtt.max(MIN_RTT).as_secs_f64()
+    /// Two segments per round trip, or FLOOR behind a queue of more than four targets (where
+    /// that many in flight add nothing to it).
+    fn floor(&self, rtt: Duration, queue: Duration) -> f64 {
+        let segments = if queue > 4 * self.s.target {
+            FLOOR
+        } else {
+            2.0
+        };
+        segments * self.s.mss as f64 / rtt.max(MIN_RTT).as_secs_f64()
     }
 
     /// One tick of the law; whether it is yielding.
@@ -333,7 +347,7 @@ impl Background {
         };
         let rtt = (base + queue).max(MIN_RTT);
         let h = rtt.as_secs_f64();
-        let floor = self.floor(rtt);
+        let floor = self.floor(rtt, queue);
         let target = self.target();
         if let Phase::Slowdown {
             until,
@@ -370,7 +384,11 @@ impl Background {
             // The rate that drains the excess within the hold, at most half off, from what
             // the link carries (the recent peak: with a queue it is the link's rate, while an
             // average over the last moments may include idle ones and cut too deep).
-            let cut = ((queue - target).as_secs_f64() / hold.as_secs_f64()).min(MAX_CUT);
+            // A queue still above the target after a cut is someone else's: each further cut in
+            // a row doubles (a competitor gets the link in a few round trips, not seconds).
+            let drain = (queue - target).as_secs_f64() / hold.as_secs_f64();
+            let cut = (drain * f64::from(1u32 << self.cuts.min(8))).min(MAX_CUT);
+            self.cuts += 1;
             let carried = delivered.map_or(self.peak, |d| d.max(self.peak));
             let anchor = if carried > 0.0 {
                 carried.min(self.rate)
@@ -384,6 +402,7 @@ impl Background {
         if now < self.hold_until {
             return true;
         }
+        self.cuts = 0;
         if let Some(at) = self.next_slowdown
             && now >= at
             && self.phase == Phase::Steady
@@ -690,8 +709,8 @@ mod tests {
         );
         let during = r.rate(0, 25, 40);
         assert!(during < 0.15 * alone, "kept {during:.0} of {alone:.0}");
-        // Never below the floor: two segments per round trip, however long.
-        assert!(r.ctls[0].0.paced() >= (2.0 * 1448.0 / 1.1) as u64);
+        // Never below the floor: four segments per round trip behind a long queue.
+        assert!(r.ctls[0].0.paced() >= (FLOOR * 1448.0 / 1.1) as u64);
         r.run(10.0, &[true], 0.0);
         let after = r.rate(0, 45, 50);
         assert!(after > 0.9 * alone, "back to {after:.0} of {alone:.0}");
@@ -731,7 +750,7 @@ mod tests {
             c.on_probe(Duration::from_secs(s), Duration::from_millis(70));
         }
         assert_eq!(c.base(), Some(Duration::from_millis(70)));
-        // A slowdown paces at two segments per round trip.
+        // A slowdown paces at the floor: two segments per round trip.
         let mut r = Run::new(MBIT, 40, 1.0);
         r.add(Settings::default());
         r.run(30.0, &[true], 0.0);
