@@ -6,10 +6,11 @@
 //!
 //! Both are pure: they get a [`View`] (per-connection bytes, rates and `TCP_INFO`, sampled by
 //! [`Sampler`]) and return what to do, so they are tested in memory with made-up views.
-//! [`Steering`] calls them every tick (100 ms) on the client and carries their decisions out
+//! [`Steering`] calls them every tick (100 ms, 50 in background mode) on the client and carries their decisions out
 //! on the [`Transfer`]. Today's policies: [`Fixed`] (the connections opened at the start, as
 //! GridFTP does) and [`Schedule`] (connection counts at given points, for experiments and
-//! tests); today's pacer: [`Cap`] (`--max-rate`). Self-tuning and background mode plug in here.
+//! tests); the pacers: [`Cap`] (`--rate-limit`) and background mode's
+//! [`Yielding`](super::background::Yielding) (`--background`).
 
 use super::stats::{Count, LinkRecord, Sample, Sampler, View};
 use super::transfer::Transfer;
@@ -96,7 +97,7 @@ impl Policy for Fixed {
     }
 }
 
-/// A fixed cap, or none (`--max-rate`).
+/// A fixed cap, or none (`--rate-limit`).
 #[derive(Debug, Default)]
 pub struct Cap(pub Option<u64>);
 
