@@ -80,11 +80,11 @@ pub fn get(
         block_size: (opts.block_size.is_some() || peer == Peer::Braid).then_some(plan.block),
         congestion: opts
             .congestion
-            .or(background.then(cubic).flatten())
+            .or(background.then(background::congestion).flatten())
             .or(plan.start_congestion())
             .filter(|_| peer == Peer::Braid),
         max_rate: pacer.rate(&View::at_start(None)),
-        dscp: background.then_some(LOWER_EFFORT),
+        dscp: background.then_some(background::LOWER_EFFORT),
     };
     let elastic = block_mode(c, Direction::Download, retr, opts.buffer)?;
     // A file of one block has nothing to resume from mid-way: no record of it (a tree of many
@@ -153,7 +153,7 @@ pub fn get(
     let transfer = Transfer::new(elastic);
     if background {
         // Only acknowledgements go this way, but they too should not compete.
-        transfer.set_dscp(LOWER_EFFORT);
+        transfer.set_dscp(background::LOWER_EFFORT);
     }
     let complete_already = size.is_some_and(|s| have.covers(0, s)) && resumed_from > 0;
     let retr = Command::Retr(target.path.clone());
@@ -354,15 +354,6 @@ fn extended(
     s.timeline = record.timeline;
     s
 }
-
-/// Background mode's congestion control: bbr keeps about a round trip of queue of its own,
-/// cubic stays below the pacing rate braid sets.
-fn cubic() -> Option<CcName> {
-    CcName::parse("cubic").ok()
-}
-
-/// DSCP 1: lower effort (RFC 8622), for background mode's data packets.
-const LOWER_EFFORT: u8 = 1;
 
 /// The transfer's pacer: background mode's controller (with the rate limit as its ceiling),
 /// or the rate limit alone where `limits` (a download's sender may not take the limit).
@@ -809,11 +800,11 @@ pub fn put(
     let background = opts.background.is_some();
     transfer.set_congestion(
         opts.congestion
-            .or(background.then(cubic).flatten())
+            .or(background.then(background::congestion).flatten())
             .or(plan.start_congestion()),
     );
     if background {
-        transfer.set_dscp(LOWER_EFFORT);
+        transfer.set_dscp(background::LOWER_EFFORT);
     }
     let pacer = pacer(c, opts, elastic, true)?;
     let mut steering = Steering::new(plan.policy(), pacer, true, Some(todo.len()));

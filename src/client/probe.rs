@@ -1,7 +1,7 @@
 //! Background mode's probes: the round trip of a small command on the control connection
 //! while the data moves, which waits in the same queues as everybody's pings.
 //!
-//! A braid server answers `NOOP` (and a change of rate) at once during a transfer, and the
+//! A braid server answers `STAT` (and a change of rate) at once during a transfer, and the
 //! answer carries the acknowledgement of the command. The kernel folds that one round trip
 //! into the connection's smoothed RTT (`srtt = 7/8 srtt + 1/8 sample`), so with one command
 //! in flight at a time the sample is exactly `8 srtt_after − 7 srtt_before`: no timestamps,
@@ -58,7 +58,7 @@ impl Prober {
     }
 
     /// Sends the next probe unless one is in flight: the pending change for the server, if
-    /// any, or `NOOP`. `tell`: what the steering changed at this tick.
+    /// any, or `STAT`. `tell`: what the steering changed at this tick.
     pub fn send(&mut self, c: &mut Control, tell: Tell) -> Result<()> {
         if tell.rate.is_some() {
             self.pending.rate = tell.rate;
@@ -75,13 +75,12 @@ impl Prober {
                 return Ok(());
             }
             out.spoilt = true;
-            let t = std::mem::take(&mut self.pending);
-            self.told = t.rate.flatten();
-            let cmd = c.session().change_sending(t.rate, t.congestion);
+            let cmd = self.change(c);
             return c.send(&cmd);
         }
         let Some(info) = braid_sockopt::tcp_info(c.socket()) else {
-            return c.tell(std::mem::take(&mut self.pending));
+            let cmd = self.change(c);
+            return c.send(&cmd);
         };
         // Commands still unacknowledged (the transfer's own, whose acknowledgement may wait
         // behind a full queue) would give their round trip to the smoothed RTT too: the probe
@@ -90,11 +89,7 @@ impl Prober {
         let cmd = if self.pending == Tell::default() {
             c.session().probe()
         } else {
-            let t = std::mem::take(&mut self.pending);
-            if let Some(r) = t.rate {
-                self.told = r;
-            }
-            c.session().change_sending(t.rate, t.congestion)
+            self.change(c)
         };
         c.send(&cmd)?;
         self.out = Some(Out {
@@ -103,6 +98,17 @@ impl Prober {
             spoilt,
         });
         Ok(())
+    }
+}
+
+impl Prober {
+    /// The pending change as a command for the server, noting the rate told.
+    fn change(&mut self, c: &mut Control) -> braid_proto::Command {
+        let t = std::mem::take(&mut self.pending);
+        if let Some(r) = t.rate {
+            self.told = r;
+        }
+        c.session().change_sending(t.rate, t.congestion)
     }
 }
 

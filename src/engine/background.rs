@@ -27,8 +27,18 @@
 
 use super::hooks::Pacer;
 use super::stats::{View, kernel_moved};
+use braid_proto::retr_opts::CcName;
 use std::collections::VecDeque;
 use std::time::Duration;
+
+/// DSCP 1: lower effort (RFC 8622), for a yielding transfer's data packets.
+pub const LOWER_EFFORT: u8 = 1;
+
+/// A yielding transfer's congestion control: bbr keeps about a round trip of queue of its
+/// own, cubic stays under the pacing rate braid sets.
+pub fn congestion() -> Option<CcName> {
+    CcName::parse("cubic").ok()
+}
 
 /// What the user chose.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -339,6 +349,12 @@ impl Background {
         segments * self.s.mss as f64 / rtt.max(MIN_RTT).as_secs_f64()
     }
 
+    /// LEDBAT++: the first slowdown comes two round trips after slow start.
+    fn end_slow_start(&mut self, now: Duration, rtt: Duration) {
+        self.phase = Phase::Steady;
+        self.next_slowdown = Some(now + 2 * rtt);
+    }
+
     /// One tick of the law; whether it is yielding.
     fn step(&mut self, now: Duration, dt: f64) -> bool {
         let (Some(base), Some(queue)) = (self.base(), self.queue()) else {
@@ -370,9 +386,7 @@ impl Background {
         let delivered = self.delivery_rate();
         if queue > target {
             if self.phase == Phase::SlowStart {
-                self.phase = Phase::Steady;
-                // LEDBAT++: the first slowdown two round trips after slow start.
-                self.next_slowdown = Some(now + 2 * rtt);
+                self.end_slow_start(now, rtt);
             }
             if now < self.hold_until {
                 return true;
@@ -427,8 +441,7 @@ impl Background {
         let hurry = 1.0 + self.empty_since.map_or(0.0, |t| (now - t).as_secs_f64());
         match self.phase {
             Phase::SlowStart if queue.as_secs_f64() > 0.75 * target.as_secs_f64() => {
-                self.phase = Phase::Steady;
-                self.next_slowdown = Some(now + 2 * rtt);
+                self.end_slow_start(now, rtt);
             }
             Phase::SlowStart => {
                 // Doubling per round trip, but never far ahead of what gets through.

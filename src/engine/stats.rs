@@ -221,15 +221,10 @@ impl Sampler {
         }
         View {
             elapsed,
-            total,
             done: views.iter().map(|l| l.bytes).sum(),
             links: views,
             opening,
-            failed: 0,
-            sender: None,
-            congestion: None,
-            probes: Vec::new(),
-            probe_out: None,
+            ..View::at_start(total)
         }
     }
 

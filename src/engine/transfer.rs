@@ -172,8 +172,8 @@ pub struct Transfer {
     pacing: AtomicU64,
     /// The congestion control every connection gets (None: the system's default).
     congestion: Mutex<Option<CcName>>,
-    /// The DSCP every connection's packets carry, plus one (0: left as it is).
-    dscp: AtomicU8,
+    /// The DSCP every connection's packets carry (None: left as it is).
+    dscp: Mutex<Option<u8>>,
     /// Connections open now, and the most open at the same time so far.
     open: AtomicUsize,
     most_open: AtomicUsize,
@@ -214,7 +214,7 @@ impl Transfer {
             links: Mutex::new(Vec::new()),
             pacing: AtomicU64::new(0),
             congestion: Mutex::new(None),
-            dscp: AtomicU8::new(0),
+            dscp: Mutex::new(None),
             open: AtomicUsize::new(0),
             most_open: AtomicUsize::new(0),
             confirmed: Mutex::new(braid_proto::ranges::RangeSet::new()),
@@ -303,7 +303,7 @@ impl Transfer {
         if let Some(cc) = self.congestion_asked() {
             set_congestion(&link.sock, cc);
         }
-        if let Some(d) = self.dscp() {
+        if let Some(d) = *self.dscp.lock().unwrap_or_else(|p| p.into_inner()) {
             set_dscp(&link.sock, d);
         }
         Ok(link)
@@ -312,14 +312,10 @@ impl Transfer {
     /// Marks the packets of every connection, open and to come, with this DSCP (background
     /// mode: 1, lower effort, RFC 8622).
     pub fn set_dscp(&self, dscp: u8) {
-        self.dscp.store(dscp.saturating_add(1), Ordering::Relaxed);
+        *self.dscp.lock().unwrap_or_else(|p| p.into_inner()) = Some(dscp);
         for l in self.lock().iter() {
             set_dscp(&l.sock, dscp);
         }
-    }
-
-    pub fn dscp(&self) -> Option<u8> {
-        self.dscp.load(Ordering::Relaxed).checked_sub(1)
     }
 
     /// Adds a connection that moves data elsewhere (a stream-mode one), for the pacing,

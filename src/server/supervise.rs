@@ -21,8 +21,6 @@ use tokio::time::{Instant, timeout, timeout_at};
 
 /// How often a running transfer's bytes and connections reach the metrics.
 const COUNT_INTERVAL: Duration = Duration::from_secs(1);
-/// DSCP 1: lower effort (RFC 8622), for what the server sends in background mode.
-const LOWER_EFFORT: u8 = 1;
 
 /// Data connections a transfer has open now: a stream-mode one never joins `moving`.
 fn open_connections(t: &Transfer, moving: &engine::transfer::Transfer) -> usize {
@@ -101,7 +99,7 @@ pub(super) async fn transfer(
         moving.set_congestion(Some(cc));
     }
     let dscp = t.block.as_ref().and_then(|b| b.dscp);
-    if let Some(d) = dscp.or(yields.then_some(LOWER_EFFORT)) {
+    if let Some(d) = dscp.or(yields.then_some(engine::background::LOWER_EFFORT)) {
         moving.set_dscp(d);
     }
     // A MODE E upload's receiving state, for the 111 Range Markers.
