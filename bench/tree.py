@@ -35,6 +35,21 @@ def make_tree(top, files, size):
             f.write(os.urandom(size))
 
 
+def layout(work, files, size):
+    """The served root (with a writable `up`), the tree in it, a copy to upload, and where
+    downloads land: (srv, up, src, local_src, dst)."""
+    srv = os.path.join(work, "srv")
+    up = os.path.join(srv, "up")
+    os.makedirs(up)
+    os.chmod(srv, 0o755)
+    os.chmod(up, 0o777)
+    src = os.path.join(srv, "src")
+    make_tree(src, files, size)
+    local_src = os.path.join(work, "local", "src")
+    shutil.copytree(src, local_src)
+    return srv, up, src, local_src, os.path.join(work, "dst")
+
+
 def count_files(top):
     return sum(len(fs) for _, _, fs in os.walk(top))
 
@@ -61,16 +76,7 @@ def main():
     rows = {}
     skipped = []
     try:
-        srv = os.path.join(work, "srv")
-        up = os.path.join(srv, "up")
-        os.makedirs(up)
-        os.chmod(srv, 0o755)
-        os.chmod(up, 0o777)
-        src = os.path.join(srv, "src")
-        make_tree(src, args.files, args.size)
-        local_src = os.path.join(work, "local", "src")
-        shutil.copytree(src, local_src)
-        dst = os.path.join(work, "dst")
+        srv, up, src, local_src, dst = layout(work, args.files, args.size)
 
         p = servers.start([args.braid, "serve", "--root", srv, "--listen", "127.0.0.1:0", "--anonymous-write",
                            "--max-connections", "1000"])
@@ -140,19 +146,25 @@ def main():
 
     print(f"\n{args.files} files of {args.size} bytes in 10 directories, loopback, median of {args.runs}, "
           f"{os.cpu_count()} cores\n")
+    table(rows, "braid -j 8 <-> braid serve", ("get", "put"), args.files)
+    for s in skipped:
+        print(f"skipped: {s}")
+
+
+def table(rows, ours, directions, files):
+    """The markdown table of `rows` ((tool, direction) -> seconds of each run): medians, files
+    per second, and each tool's time over that of the `ours` row."""
     print("| tool | direction | seconds | files/s | x braid's time | runs (s) |")
     print("|---|---|---|---|---|---|")
-    for direction in ("get", "put"):
-        ours = rows.get(("braid -j 8 <-> braid serve", direction))
-        ref = statistics.median(ours) if ours else None
+    for direction in directions:
+        mine = rows.get((ours, direction))
+        ref = statistics.median(mine) if mine else None
         for (name, d), times in rows.items():
             if d != direction:
                 continue
             m = statistics.median(times)
             ratio = f"{m / ref:.2f}" if ref else "-"
-            print(f"| {name} | {d} | {m:.2f} | {args.files / m:.0f} | {ratio} | {', '.join(f'{t:.2f}' for t in times)} |")
-    for s in skipped:
-        print(f"skipped: {s}")
+            print(f"| {name} | {d} | {m:.2f} | {files / m:.0f} | {ratio} | {', '.join(f'{t:.2f}' for t in times)} |")
 
 
 if __name__ == "__main__":

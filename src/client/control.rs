@@ -316,6 +316,32 @@ impl Control {
         self.send(&cmd)
     }
 
+    /// Requests downloads ahead of their turn, where the server reads pipelined commands in
+    /// order (a braid server queues those that come during a transfer): for each path its
+    /// RETR, its end and its CKSM go out now, all in one write. [`Control::outcome`] then
+    /// reads the answers, three per path, in turn.
+    pub fn retrieve_ahead<'a>(
+        &mut self,
+        alg: &str,
+        paths: impl IntoIterator<Item = &'a str>,
+    ) -> Result<()> {
+        for path in paths {
+            self.session
+                .begin(Op::StartTransfer(Command::Retr(path.into())));
+            self.session.begin(Op::FinishTransfer);
+            self.session.begin(Op::Checksum {
+                alg: alg.into(),
+                path: path.into(),
+            });
+        }
+        self.send_queued()
+    }
+
+    /// How the oldest op begun and not yet read ended; `what` names it in errors.
+    pub fn outcome(&mut self, what: Option<String>) -> Result<Outcome> {
+        self.finished(what)
+    }
+
     /// Runs one op of the client session to its end.
     pub fn run(&mut self, op: Op) -> Result<Outcome> {
         self.begin(op)?;

@@ -6,6 +6,7 @@ pub mod error;
 mod interrupt;
 pub mod names;
 mod parallel;
+mod pipeline;
 mod probe;
 mod records;
 mod segments;

@@ -55,7 +55,7 @@ impl Peer {
 
 /// How long a reorder buffer may wait for a missing block, and how long a receiver waits for
 /// a data connection.
-const STALL: Duration = Duration::from_secs(120);
+pub(super) const STALL: Duration = Duration::from_secs(120);
 
 /// Downloads in MODE E. `size` is what SIZE said.
 pub fn get(

@@ -9,6 +9,8 @@ use super::control::Control;
 use super::error::{ClientError, Result, exit};
 use super::interrupt::Interrupt;
 use super::names::{case_collisions, unsafe_name, up_to_date};
+use super::pipeline::{self, Wanted};
+use super::records;
 use super::{
     Dest, ListEntry, Options, Summary, Target, another_session, display_url, get_on, list_dir,
     put_on, refuse_read_only, session,
@@ -195,8 +197,8 @@ pub fn get_tree(
         ..opts.clone()
     };
     let mdtm = c.has_feature("MDTM");
-    let work = Work::new(jobs, opts, "get");
-    work.run(c, first, &file_opts, tree, &mut out, |c, job, o| {
+    let work = Work::new(jobs, opts, "get", first);
+    let one = |c: &mut Control, job: &Job, o: &Options| {
         let dest = Dest::File(job.local.clone());
         let mut mtime = job.mtime;
         if mtime.is_none() && mdtm {
@@ -224,7 +226,14 @@ pub fn get_tree(
         }
         done(&s);
         Ok(Some(s))
-    });
+    };
+    let ahead = |c: &mut Control, work: &Work, results: &Results, stop: &dyn Fn() -> bool| {
+        if !pipeline::ready(c, opts) {
+            return true;
+        }
+        get_ahead(c, work, results, first, tree.update, stop, &done)
+    };
+    work.run(c, &file_opts, tree, &mut out, one, ahead);
     // Deepest first: setting a directory's time is undone by writing into it.
     for (dir, mtime) in dir_times.iter().rev() {
         set_mtime(dir, *mtime);
@@ -270,8 +279,8 @@ pub fn put_tree(
         keep_connections: true,
         ..opts.clone()
     };
-    let work = Work::new(jobs, opts, "put");
-    work.run(c, first, &file_opts, tree, &mut out, |c, job, o| {
+    let work = Work::new(jobs, opts, "put", first);
+    let one = |c: &mut Control, job: &Job, o: &Options| {
         let target = Target {
             path: job.remote.clone(),
             ..first.clone()
@@ -279,7 +288,8 @@ pub fn put_tree(
         let s = put_on(c, &job.local, &target, o)?;
         done(&s);
         Ok(Some(s))
-    });
+    };
+    work.run(c, &file_opts, tree, &mut out, one, |_, _, _, _| true);
     Ok(out.finished())
 }
 
@@ -477,7 +487,12 @@ struct Work {
     total: usize,
     bar: ProgressBar,
     op: &'static str,
+    /// Where new sessions go.
+    server: Target,
 }
+
+/// What each file came to, in the order they ended.
+type Results = Mutex<Vec<Moved>>;
 
 /// What one file came to.
 enum Moved {
@@ -488,7 +503,7 @@ enum Moved {
 }
 
 impl Work {
-    fn new(jobs: Vec<Job>, opts: &Options, op: &'static str) -> Work {
+    fn new(jobs: Vec<Job>, opts: &Options, op: &'static str, server: &Target) -> Work {
         let total = jobs.len();
         let bytes: u64 = jobs.iter().filter_map(|j| j.size).sum();
         let bar = if opts.progress && std::io::stderr().is_terminal() {
@@ -508,6 +523,7 @@ impl Work {
             total,
             bar,
             op,
+            server: server.clone(),
         }
     }
 
@@ -516,6 +532,16 @@ impl Work {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .pop_front()
+    }
+
+    /// The next file, if `take` wants it.
+    fn next_if(&self, take: impl Fn(&Job) -> bool) -> Option<Job> {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        if jobs.front().is_some_and(take) {
+            jobs.pop_front()
+        } else {
+            None
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -537,11 +563,11 @@ impl Work {
     fn run(
         self,
         walker: Control,
-        target: &Target,
         opts: &Options,
         tree: TreeOptions,
         out: &mut TreeSummary,
         one: impl Fn(&mut Control, &Job, &Options) -> Result<Option<Summary>> + Sync,
+        ahead: impl Fn(&mut Control, &Work, &Results, &dyn Fn() -> bool) -> bool + Sync,
     ) {
         let interrupt = Interrupt::install();
         let logins = AtomicU32::new(0);
@@ -551,9 +577,10 @@ impl Work {
         let last_error = Mutex::new(None::<String>);
         std::thread::scope(|scope| {
             for w in 0..workers {
-                let (work, one, results, logins, interrupt, walker, last_error) = (
+                let (work, one, ahead, results, logins, interrupt, walker, last_error) = (
                     &self,
                     &one,
+                    &ahead,
                     &results,
                     &logins,
                     &interrupt,
@@ -566,14 +593,23 @@ impl Work {
                     } else {
                         None
                     };
+                    let stop = || interrupt.hit();
                     while !interrupt.hit() {
+                        // The files that can go requested ahead, first; a session that broke
+                        // doing so is dropped, and its files wait for the next.
+                        if let Some(s) = c.as_mut()
+                            && !ahead(s, work, results, &stop)
+                        {
+                            c = None;
+                            continue;
+                        }
                         let Some(job) = work.next() else { break };
                         let Some(session) = c.as_mut() else {
                             // The file waits for this session or another's.
                             work.put_back(job);
                             // Not when the others have taken every file meanwhile.
                             let give_up = || interrupt.hit() || work.is_empty();
-                            match another_session(target, opts, give_up) {
+                            match another_session(&work.server, opts, give_up) {
                                 Ok(s) => {
                                     logins.fetch_add(1, Ordering::Relaxed);
                                     c = Some(s);
@@ -635,7 +671,7 @@ impl Work {
     }
 
     /// Keeps what a file came to, and moves the progress bar on by it.
-    fn record(&self, job: &Job, moved: Moved, results: &Mutex<Vec<Moved>>) {
+    fn record(&self, job: &Job, moved: Moved, results: &Results) {
         let bytes = match moved {
             Moved::Done(bytes) => bytes,
             _ => 0,
@@ -645,6 +681,95 @@ impl Work {
         self.bar.inc(job.size.unwrap_or(bytes));
         self.bar
             .set_message(format!("{}/{} files", results.len(), self.total));
+    }
+}
+
+/// Downloads the files at the head of the queue that can go requested ahead (see
+/// `pipeline`), up to [`pipeline::DEPTH`] of them out at a time, until the queue's head is a
+/// file that cannot. False if the session broke: the files it had requested and not received
+/// go back to the queue.
+fn get_ahead(
+    c: &mut Control,
+    work: &Work,
+    results: &Results,
+    server: &Target,
+    update: bool,
+    stop: &dyn Fn() -> bool,
+    done: &(impl Fn(&Summary) + Sync),
+) -> bool {
+    // Known exactly, small, and not a partial with a record to resume from.
+    let fits = |j: &Job| {
+        j.exact
+            && j.mtime.is_some()
+            && j.size.is_some_and(|s| s <= pipeline::MAX_SIZE)
+            && !(update && records::sidecar_path(&super::part_path(&j.local)).exists())
+    };
+    let mut out: VecDeque<(Job, Wanted)> = VecDeque::new();
+    loop {
+        let mut ask = Vec::new();
+        // Topped up by halves: a few requests per write rather than one each time.
+        let low = out.len() <= pipeline::DEPTH / 2;
+        while low && out.len() + ask.len() < pipeline::DEPTH && !stop() {
+            let Some(job) = work.next_if(fits) else {
+                break;
+            };
+            let size = job.size.unwrap_or(0);
+            if update
+                && let Ok(m) = std::fs::metadata(&job.local)
+                && up_to_date((size, job.mtime), (m.len(), unix_seconds(&m)))
+            {
+                work.record(&job, Moved::UpToDate, results);
+                continue;
+            }
+            if let Err(e) = refuse_read_only(&Dest::File(job.local.clone())) {
+                let named = job.named(work.op);
+                work.record(&job, Moved::Failed(named, e), results);
+                continue;
+            }
+            let wanted = Wanted {
+                remote: job.remote.clone(),
+                local: job.local.clone(),
+                size,
+            };
+            ask.push((job, wanted));
+        }
+        if let Err(e) = pipeline::request(c, ask.iter().map(|(_, w)| w)) {
+            tracing::info!("requesting files ahead: {e}");
+            for (job, _) in out.into_iter().chain(ask).rev() {
+                work.put_back(job);
+            }
+            return false;
+        }
+        out.extend(ask);
+        let Some((job, wanted)) = out.pop_front() else {
+            return true;
+        };
+        match pipeline::receive_next(c, &wanted, server) {
+            Ok(s) => {
+                if let Some(m) = job.mtime {
+                    set_mtime(&job.local, m);
+                }
+                done(&s);
+                work.record(&job, Moved::Done(s.bytes), results);
+            }
+            Err(f) => {
+                let named = job.named(work.op);
+                work.record(&job, Moved::Failed(named, f.error), results);
+                if f.session_broken {
+                    for (job, _) in out.into_iter().rev() {
+                        work.put_back(job);
+                    }
+                    return false;
+                }
+            }
+        }
+        if stop() && !out.is_empty() {
+            // Requested, not received: they are not started, as far as the summary goes.
+            for (job, _) in out.into_iter().rev() {
+                work.put_back(job);
+            }
+            return false;
+        }
     }
 }
 

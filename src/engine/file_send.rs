@@ -42,6 +42,10 @@ enum Mapped {
 /// so a window serves many of them, for little address space.
 const WINDOW: u64 = 64 << 20;
 
+/// Up to this much, a range with no mapping yet is read and written: mapping and unmapping
+/// a small file costs more than copying it once.
+const SMALL: usize = 16 << 10;
+
 impl FileSender {
     /// Chooses for `sock` by its two addresses.
     pub fn for_socket(sock: &TcpStream) -> FileSender {
@@ -80,6 +84,11 @@ impl FileSender {
         // A mapping reads zeros past the file's end up to the end of its last page: never
         // send beyond the size the file has now.
         let end = end.min(file.metadata()?.len());
+        if end.saturating_sub(offset) <= SMALL as u64 && !matches!(self.window, Mapped::Window(_)) {
+            // A small file: one read and one write cost less than mapping it.
+            let mut buf = [0u8; SMALL];
+            return copy(sock, file, offset, end, &mut buf, sent);
+        }
         self.send_mapped(sock, file, offset, end, sent)
     }
 
@@ -299,21 +308,27 @@ mod tests {
         let sock = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (mut peer, _) = listener.accept().unwrap();
         let mut sender = FileSender::for_socket(&sock);
-        assert_eq!(sender.send(&sock, &file, 0, 4096, |_| {}).unwrap(), 4096);
+        // More than a small file's copy: mapped.
+        let first = 2 * SMALL as u64;
+        assert_eq!(sender.send(&sock, &file, 0, first, |_| {}).unwrap(), first);
         assert!(
             matches!(sender.window, Mapped::Window(_)),
             "sent from a mapping"
         );
-        // Shrunk to 10,000 bytes: the send asked for after that stops there, and one that
+        // Shrunk to 40,000 bytes: the send asked for after that stops there, and one that
         // looked before the cut (send_mapped, with its old end) stops there too, by the
         // kernel's fault on the pages past it, without the zeros the last page reads as.
-        file.set_len(10_000).unwrap();
-        assert_eq!(sender.send(&sock, &file, 4096, 8192, |_| {}).unwrap(), 8192);
-        let reached = sender.send_mapped(&sock, &file, 8192, 64 << 10, |_| {});
-        assert_eq!(reached.unwrap(), 10_000);
+        file.set_len(40_000).unwrap();
+        let next = first + 4096;
+        assert_eq!(
+            sender.send(&sock, &file, first, next, |_| {}).unwrap(),
+            next
+        );
+        let reached = sender.send_mapped(&sock, &file, next, 64 << 10, |_| {});
+        assert_eq!(reached.unwrap(), 40_000);
         drop(sock);
         let mut got = Vec::new();
         peer.read_to_end(&mut got).unwrap();
-        assert_eq!(got, vec![5u8; 10_000]);
+        assert_eq!(got, vec![5u8; 40_000]);
     }
 }

@@ -170,6 +170,9 @@ pub fn receive(
         tls,
     } = joins;
     let tls = tls.as_deref();
+    // One connection and none to come (a kept one carrying a small file, say): received on
+    // this thread, as starting one would cost more than the file.
+    let alone = open.len() == 1 && accept.is_none() && incoming.is_none();
     std::thread::scope(|scope| {
         let spawn = |sock: DataConn, reused: bool| {
             let link = match transfer.join(sock.tcp()) {
@@ -177,7 +180,7 @@ pub fn receive(
                 Err(e) => return fail(EngineError::Setup(format!("data connection: {e}"))),
             };
             let (fail, kept) = (&fail, &kept);
-            scope.spawn(move || {
+            let run = move || {
                 let from = sock.tcp().peer_addr().ok();
                 let sock = match transfer.secure(tls, sock) {
                     Ok(s) => s,
@@ -212,7 +215,12 @@ pub fn receive(
                         fail(e)
                     }
                 }
-            });
+            };
+            if alone {
+                run();
+            } else {
+                scope.spawn(run);
+            }
         };
         for s in open {
             spawn(s, reused);
@@ -283,7 +291,8 @@ fn receive_conn(
     let proto = |source| EngineError::Protocol { conn, source };
     let mut checks = Connection::new(limit);
     let mut raw = [0u8; HEADER_LEN];
-    let mut buf = vec![0u8; PIECE];
+    // No bigger than the file: a small file's buffer costs more to zero than to fill.
+    let mut buf = vec![0u8; limit.map_or(PIECE, |l| (l as usize).clamp(1, PIECE))];
     // For bytes that arrive a second time: what is stored there, to compare.
     let mut check = Vec::new();
     let mut first = true;
@@ -339,7 +348,7 @@ fn receive_conn(
         let mut at = offset;
         let end = offset + count;
         while at < end {
-            let n = (end - at).min(PIECE as u64) as usize;
+            let n = (end - at).min(buf.len() as u64) as usize;
             let piece = &mut buf[..n];
             sock.read_exact(piece).map_err(|e| {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {

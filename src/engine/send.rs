@@ -187,15 +187,23 @@ pub fn send(
                 None => fail(EngineError::Setup("cannot track a data connection".into())),
             }
         }
+        // One connection and none to come (a kept one carrying a small file, say): sent on
+        // this thread, as starting one would cost more than the file.
+        let alone = admitted.len() == 1 && accept.is_none() && incoming.is_none();
         for (conn, link) in admitted {
-            scope.spawn(move || {
+            let go = move || {
                 finish(
                     transfer
                         .secure(tls, conn)
                         .map_err(EngineError::Tls)
                         .and_then(|conn| state.run(&link, conn, reused)),
                 )
-            });
+            };
+            if alone {
+                go();
+            } else {
+                scope.spawn(go);
+            }
         }
         let run = move |conn: DataConn, link: Arc<Link>| finish(state.run(&link, conn, false));
         // Under TLS, one that joins later is secured on its own thread (one that stalls its

@@ -579,3 +579,85 @@ fn a_tree_goes_up_to_globus_gridftp_server_and_down_again() {
     };
     assert_eq!(leaf(&into.join("local")), leaf(&home.join("up/local")));
 }
+
+/// Small files go requested ahead on one session: the client asks for the next ones before
+/// the server has answered for the first. A file removed from the server after the walk
+/// (while a large file, first in the listing, goes alone at a rate limit) and a file whose
+/// partial cannot be written here fail alone; every other file arrives whole, with its time.
+#[test]
+fn files_requested_ahead_fail_alone_and_the_rest_arrive_whole() {
+    let dir = tempdir();
+    let data = dir.path().join("served/data");
+    std::fs::create_dir_all(&data).unwrap();
+    // Bigger than what goes requested ahead: it moves on its own, 3 s at 2 MB/s.
+    std::fs::write(data.join("0first"), random_bytes(6 << 20, 1)).unwrap();
+    for i in 0..40u64 {
+        let f = data.join(format!("f{i:02}"));
+        std::fs::write(&f, random_bytes(1000 + 37 * i as usize, i + 2)).unwrap();
+        set_mtime(&f, KNOWN_MTIME + i as i64);
+    }
+    let server = Server::start(&dir.path().join("served"), &["--anonymous"]);
+    let got = dir.path().join("got");
+    // Where f07's partial would be written, a directory: its data has nowhere to land.
+    std::fs::create_dir_all(got.join("data/f07.part")).unwrap();
+    let first_part = got.join("data/0first.part");
+    let gone = data.join("f20");
+    // Once the first file is under way, the walk is over: f20 was listed and is now removed.
+    let remover = std::thread::spawn(move || {
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        while !first_part.exists() && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::fs::remove_file(&gone).unwrap();
+    });
+    let home = tempdir();
+    let out = crate::util::braid_command(home.path())
+        .args([
+            "get",
+            "-r",
+            "-j",
+            "1",
+            "-v",
+            "--json",
+            "--rate-limit",
+            "2MB",
+        ])
+        .args([&server.url("data/"), got.to_str().unwrap()])
+        .output()
+        .unwrap();
+    remover.join().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(11), "{stderr}");
+    let s = tree_summary(&stdout);
+    assert_eq!(s["files"], 39, "{s}");
+    let failed: BTreeMap<String, String> = s["failed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["path"].as_str().unwrap().into(), f["error"].to_string()))
+        .collect();
+    assert_eq!(failed.len(), 2, "{s}");
+    assert!(failed["/data/f07"].contains("cannot write"), "{s}");
+    assert!(failed["/data/f20"].contains("550"), "{s}");
+    // Everything else, byte for byte and with its time; nothing of f20 left behind.
+    let mut want = tree_of(&data);
+    want.remove("f07");
+    let mut have = tree_of(&got.join("data"));
+    have.remove("f07.part");
+    assert_eq!(have, want);
+    assert!(!got.join("data/f20").exists() && !got.join("data/f20.part").exists());
+    let mtime = std::fs::metadata(got.join("data/f39")).unwrap().mtime();
+    assert_eq!(mtime, KNOWN_MTIME + 39);
+    // Requested ahead: f01 and f02 are asked for before the server starts sending f00.
+    let at = |line: &str| {
+        stderr
+            .lines()
+            .position(|l| l.starts_with(line))
+            .unwrap_or_else(|| panic!("no {line:?} in {stderr}"))
+    };
+    let f00_starts = at("< 125 Beginning transfer of /data/f00");
+    assert!(at("> RETR data/f02") < f00_starts, "{stderr}");
+}

@@ -607,7 +607,11 @@ impl ClientSession {
             self.pump();
             return;
         };
+        let refused_start = matches!(wait, Wait::Started { .. });
         let step = self.step(wait, r.clone());
+        if refused_start && matches!(step, Step::End(Err(_))) {
+            self.drop_final_of_refused(&r);
+        }
         let more_due = self.waits_for(id);
         let op = &mut self.ops[i];
         match step {
@@ -624,6 +628,26 @@ impl ClientSession {
             }
         }
         self.pump();
+    }
+
+    /// A transfer the server refused at its start has no final reply: the wait for one,
+    /// begun ahead behind its start (pipelined transfers), ends with the refusal, or it would
+    /// take the next command's answer for its own and shift every reply after it.
+    fn drop_final_of_refused(&mut self, r: &Reply) {
+        let Some(&(id, Wait::Final)) = self.waiting.front() else {
+            return;
+        };
+        self.waiting.pop_front();
+        if let Some(op) = self
+            .ops
+            .iter_mut()
+            .find(|o| o.id == id && o.outcome.is_none())
+        {
+            op.outcome = Some(Err(Failure::from_reply(
+                "the transfer (refused)",
+                r.clone(),
+            )));
+        }
     }
 
     fn step(&mut self, wait: Wait, r: Reply) -> Step {

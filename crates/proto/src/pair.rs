@@ -53,6 +53,9 @@ pub struct Pair {
     pub files: BTreeMap<String, u64>,
     /// Verbs the server answers with 500 before its session sees them (an older server).
     pub refuse: Vec<&'static str>,
+    /// Paths whose transfers the server refuses at the start (550), as a file gone since
+    /// the listing.
+    pub gone: Vec<String>,
     /// How the next transfers end, in order (Complete with kept connections by default).
     pub outcomes: VecDeque<TransferOutcome>,
     /// Every command line the server received.
@@ -93,6 +96,7 @@ impl Pair {
             users: BTreeMap::new(),
             files: BTreeMap::new(),
             refuse: Vec::new(),
+            gone: Vec::new(),
             outcomes: VecDeque::new(),
             seen: Vec::new(),
             round_trips: 0,
@@ -226,6 +230,9 @@ impl Pair {
                     _ => Ok(FsOutcome::Done),
                 };
                 vec![self.server.fs_done(result)]
+            }
+            Action::Transfer(t) if self.gone.contains(&t.path().relative()) => {
+                vec![Reply::new(550, "No such file.")]
             }
             Action::Transfer(t) => {
                 let size = self.files.get(&t.path().relative()).copied();
@@ -548,6 +555,47 @@ mod tests {
             "{results:?}"
         );
         assert_eq!(p.round_trips, 1);
+    }
+
+    /// Downloads requested ahead, each as RETR, its end and CKSM, where the middle file has
+    /// gone: its refusal ends its start and its end, and every other op still gets its own
+    /// reply (the files after it start, end and have their checksums), in one round trip.
+    #[test]
+    fn a_refused_transfer_requested_ahead_ends_without_taking_the_next_reply() {
+        let mut p = logged_in();
+        p.client.set_pipeline(true);
+        p.run(setup(Direction::Download)).unwrap();
+        assert_eq!(p.run(Op::Passive), Ok(Outcome::Passive(40000)));
+        p.run(Op::StartTransfer(Command::Retr("first".into())))
+            .unwrap();
+        p.run(Op::FinishTransfer).unwrap();
+        p.gone = vec!["b".into()];
+        let trips = p.round_trips;
+        let ahead = |f: &str| {
+            [
+                Op::StartTransfer(Command::Retr(f.into())),
+                Op::FinishTransfer,
+                Op::Checksum {
+                    alg: "XXH3".into(),
+                    path: f.into(),
+                },
+            ]
+        };
+        let results = p.run_flight(["a", "b", "c"].into_iter().flat_map(ahead).collect());
+        assert_eq!(p.round_trips - trips, 1);
+        let started = Ok(Outcome::Started { reused: true });
+        let sum = Ok(Outcome::Checksum(Some("c0ffee".into())));
+        for f in [0, 2] {
+            assert_eq!(results[3 * f], started, "{results:?}");
+            assert!(matches!(&results[3 * f + 1], Ok(Outcome::Done(r)) if r.code == 226));
+            assert_eq!(results[3 * f + 2], sum, "{results:?}");
+        }
+        for refused in &results[3..5] {
+            assert!(
+                matches!(refused, Err(Failure::Refused { reply, .. }) if reply.code == 550),
+                "{results:?}"
+            );
+        }
     }
 
     proptest! {
