@@ -316,23 +316,12 @@ impl Control {
         self.send(&cmd)
     }
 
-    /// Requests downloads ahead of their turn, where the server reads pipelined commands in
-    /// order (a braid server queues those that come during a transfer): for each path its
-    /// RETR, its end and its CKSM go out now, all in one write. [`Control::outcome`] then
-    /// reads the answers, three per path, in turn.
-    pub fn retrieve_ahead<'a>(
-        &mut self,
-        alg: &str,
-        paths: impl IntoIterator<Item = &'a str>,
-    ) -> Result<()> {
-        for path in paths {
-            self.session
-                .begin(Op::StartTransfer(Command::Retr(path.into())));
-            self.session.begin(Op::FinishTransfer);
-            self.session.begin(Op::Checksum {
-                alg: alg.into(),
-                path: path.into(),
-            });
+    /// Begins ops together, where the server reads pipelined commands in order (a braid
+    /// server queues those that come during a transfer): their commands go out in one write.
+    /// [`Control::outcome`] then reads how each ended, in turn.
+    pub fn begin_all(&mut self, ops: impl IntoIterator<Item = Op>) -> Result<()> {
+        for op in ops {
+            self.session.begin(op);
         }
         self.send_queued()
     }

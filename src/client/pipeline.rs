@@ -11,10 +11,12 @@ use super::parallel::{Peer, STALL};
 use super::url::Target;
 use super::{Options, PartFile, Summary, local_err, part_path};
 use crate::engine::receive::{Progress, Shared, receive};
+use crate::engine::send::{Source, send};
 use crate::engine::sink::Sink;
 use crate::engine::transfer::{Joins, Transfer};
+use braid_proto::Command;
 use braid_proto::checksum;
-use braid_proto::client::{Direction, Outcome};
+use braid_proto::client::{Direction, Op, Outcome};
 use braid_proto::ranges::RangeSet;
 use std::fs::OpenOptions;
 use std::path::PathBuf;
@@ -31,12 +33,13 @@ pub const MAX_SIZE: u64 = 4 << 20;
 /// transfer.
 pub const DEPTH: usize = 16;
 
-/// Whether the session can take files this way: a braid server (which reads pipelined
-/// commands in order) with download connections kept from the file before, and no
-/// background mode (whose controller steers each transfer).
-pub fn ready(c: &mut Control, opts: &Options) -> bool {
+/// Whether the session can move files this way: a braid server (which reads pipelined
+/// commands in order) with data connections kept from the file before, carrying data the
+/// same way, and no background mode (whose controller steers each transfer).
+pub fn ready(c: &mut Control, opts: &Options, direction: Direction) -> bool {
     c.session().pipelining()
-        && c.session().can_reuse(Direction::Download)
+        && c.session().can_reuse(direction)
+        && (direction == Direction::Download || c.session().features().announced_uploads())
         && Peer::of(c) == Some(Peer::Braid)
         && opts.background.is_none()
 }
@@ -50,9 +53,19 @@ pub struct Wanted {
     pub size: u64,
 }
 
-/// Sends the requests for `files`, behind any already out.
+/// Requests downloads of `files`, behind any already out: for each its RETR, its end and its
+/// CKSM.
 pub fn request<'a>(c: &mut Control, files: impl IntoIterator<Item = &'a Wanted>) -> Result<()> {
-    c.retrieve_ahead(checksum::NAME, files.into_iter().map(|w| w.remote.as_str()))
+    c.begin_all(files.into_iter().flat_map(|w| {
+        [
+            Op::StartTransfer(Command::Retr(w.remote.clone())),
+            Op::FinishTransfer,
+            Op::Checksum {
+                alg: checksum::NAME.into(),
+                path: w.remote.clone(),
+            },
+        ]
+    }))
 }
 
 /// Why a file requested ahead did not arrive, and whether the session can go on: it cannot
@@ -204,5 +217,115 @@ pub fn receive_next(
     s.checksum = checksum;
     s.new_data_connections = 0;
     s.per_connection_bytes = transfer.per_link_bytes();
+    Ok(s)
+}
+
+/// A file to upload ahead, open and hashed: its checksum goes out with its STOR, so the server
+/// checks it before the file takes its name, and no answer is awaited after its data.
+pub struct Outgoing {
+    wanted: Wanted,
+    file: std::fs::File,
+    sum: String,
+}
+
+impl Outgoing {
+    pub fn open(wanted: Wanted) -> Result<Outgoing> {
+        let shown = wanted.local.display().to_string();
+        let file = std::fs::File::open(&wanted.local)
+            .map_err(local_err(format!("cannot read {shown}")))?;
+        let sum = crate::sums::xxh3(&file, wanted.size)
+            .map_err(local_err(format!("cannot read {shown}")))?;
+        Ok(Outgoing {
+            wanted,
+            file,
+            sum: checksum::hex(sum),
+        })
+    }
+}
+
+/// Announces uploads of `files`, behind any already out: for each its checksum (SCKS), its
+/// STOR and its end. Each file's data waits for its STOR's answer, since a refused file's
+/// data would be taken for the next one's.
+pub fn announce<'a>(c: &mut Control, files: impl IntoIterator<Item = &'a Outgoing>) -> Result<()> {
+    c.begin_all(files.into_iter().flat_map(|o| {
+        [
+            Op::Simple {
+                cmd: Command::Scks {
+                    alg: checksum::NAME.into(),
+                    value: Some(o.sum.clone()),
+                },
+                ok: vec![200],
+            },
+            Op::StartTransfer(Command::Stor(o.wanted.remote.clone())),
+            Op::FinishTransfer,
+        ]
+    }))
+}
+
+/// Sends the oldest file announced ahead: once its STOR is answered, its data on the kept
+/// connections, then the server's verdict (226 once the checksum matched and the file took
+/// its name). A file the server refuses fails alone.
+pub fn send_next(
+    c: &mut Control,
+    o: Outgoing,
+    server: &Target,
+) -> std::result::Result<Summary, Failed> {
+    let started = Instant::now();
+    let stor = format!("STOR {}", o.wanted.remote);
+    if let Err(e) = c.outcome(Some("SCKS".into())) {
+        return Err(Failed::session(e));
+    }
+    match c.outcome(Some(stor.clone())) {
+        Ok(Outcome::Started { reused: true }) => {}
+        Ok(o) => {
+            return Err(Failed::session(ClientError::Protocol(format!(
+                "{stor}: the server opened new data connections ({o:?}) where it had kept some"
+            ))));
+        }
+        // Its end fails with it.
+        Err(e @ ClientError::Remote { .. }) => {
+            return match c.outcome(None) {
+                Err(_) => Err(Failed::file(e)),
+                Ok(_) => Err(Failed::session(e)),
+            };
+        }
+        Err(e) => return Err(Failed::session(e)),
+    }
+    let size = o.wanted.size;
+    let mut todo = RangeSet::new();
+    todo.insert(0, size);
+    let transfer = Transfer::new(c.session().elastic());
+    let socks = c.take_data_connections();
+    let streams = socks.len() as u32;
+    let joins = Joins::cached(socks, STALL).protected(c.data_tls());
+    let options = crate::engine::send::Options {
+        block: crate::engine::DEFAULT_BLOCK,
+        hash: false,
+        keep: true,
+    };
+    let source = Source::File {
+        file: &o.file,
+        size,
+    };
+    let progress = AtomicU64::new(0);
+    let sent = send(&transfer, source, &todo, joins, options, &progress).map_err(|e| {
+        Failed::session(ClientError::Interrupted {
+            bytes: progress.load(std::sync::atomic::Ordering::Relaxed),
+            why: format!("data connection: {e}"),
+            partial: None,
+        })
+    })?;
+    c.keep_data_connections(Direction::Upload, sent.kept);
+    c.outcome(Some(stor)).map_err(Failed::file)?;
+    let target = Target {
+        path: o.wanted.remote.clone(),
+        ..server.clone()
+    };
+    let mut s = super::summary("put", &target, String::new(), size, Some(size), 0, started);
+    s.mode = "extended-block";
+    s.streams = streams;
+    s.checksum = Some(format!("{} {}", checksum::NAME, o.sum));
+    s.new_data_connections = 0;
+    s.per_connection_bytes = sent.per_conn;
     Ok(s)
 }

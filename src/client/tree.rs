@@ -16,6 +16,7 @@ use super::{
     put_on, refuse_read_only, session,
 };
 use braid_proto::Command;
+use braid_proto::client::Direction;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::VecDeque;
 use std::io::IsTerminal;
@@ -228,7 +229,7 @@ pub fn get_tree(
         Ok(Some(s))
     };
     let ahead = |c: &mut Control, work: &Work, results: &Results, stop: &dyn Fn() -> bool| {
-        if !pipeline::ready(c, opts) {
+        if !pipeline::ready(c, opts, Direction::Download) {
             return true;
         }
         get_ahead(c, work, results, first, tree.update, stop, &done)
@@ -289,7 +290,13 @@ pub fn put_tree(
         done(&s);
         Ok(Some(s))
     };
-    work.run(c, &file_opts, tree, &mut out, one, |_, _, _, _| true);
+    let ahead = |c: &mut Control, work: &Work, results: &Results, stop: &dyn Fn() -> bool| {
+        if !pipeline::ready(c, opts, Direction::Upload) {
+            return true;
+        }
+        put_ahead(c, work, results, first, stop, &done)
+    };
+    work.run(c, &file_opts, tree, &mut out, one, ahead);
     Ok(out.finished())
 }
 
@@ -684,10 +691,88 @@ impl Work {
     }
 }
 
-/// Downloads the files at the head of the queue that can go requested ahead (see
-/// `pipeline`), up to [`pipeline::DEPTH`] of them out at a time, until the queue's head is a
-/// file that cannot. False if the session broke: the files it had requested and not received
-/// go back to the queue.
+/// Files moved ahead of their turn on one session (see `pipeline`): which files may go, what
+/// each needs before its commands go out, the commands, and the move itself.
+struct Ahead<F, P, R, M> {
+    fits: F,
+    prepare: P,
+    request: R,
+    moved: M,
+}
+
+impl<T, F, P, R, M> Ahead<F, P, R, M>
+where
+    F: Fn(&Job) -> bool,
+    // None: nothing to move (up to date); Err: the file fails before anything is asked.
+    P: Fn(&Job) -> Result<Option<T>>,
+    R: Fn(&mut Control, &[(Job, T)]) -> Result<()>,
+    M: Fn(&mut Control, &Job, T) -> std::result::Result<Summary, pipeline::Failed>,
+{
+    /// Moves the files at the head of the queue that fit, up to [`pipeline::DEPTH`] of them
+    /// asked for at a time, until the head is a file that does not. False if the session
+    /// broke: the files it had asked for and not moved go back to the queue.
+    fn run(
+        &self,
+        c: &mut Control,
+        work: &Work,
+        results: &Results,
+        stop: &dyn Fn() -> bool,
+    ) -> bool {
+        let mut out: VecDeque<(Job, T)> = VecDeque::new();
+        let give_back = |out: VecDeque<(Job, T)>| {
+            for (job, _) in out.into_iter().rev() {
+                work.put_back(job);
+            }
+        };
+        loop {
+            let mut ask = Vec::new();
+            // Topped up by halves: a few files' commands per write rather than one each time.
+            let low = out.len() <= pipeline::DEPTH / 2;
+            while low && out.len() + ask.len() < pipeline::DEPTH && !stop() {
+                let Some(job) = work.next_if(&self.fits) else {
+                    break;
+                };
+                match (self.prepare)(&job) {
+                    Ok(Some(item)) => ask.push((job, item)),
+                    Ok(None) => work.record(&job, Moved::UpToDate, results),
+                    Err(e) => {
+                        let named = job.named(work.op);
+                        work.record(&job, Moved::Failed(named, e), results);
+                    }
+                }
+            }
+            if !ask.is_empty()
+                && let Err(e) = (self.request)(c, &ask)
+            {
+                tracing::info!("asking for files ahead: {e}");
+                give_back(out.into_iter().chain(ask).collect());
+                return false;
+            }
+            out.extend(ask);
+            let Some((job, item)) = out.pop_front() else {
+                return true;
+            };
+            match (self.moved)(c, &job, item) {
+                Ok(s) => work.record(&job, Moved::Done(s.bytes), results),
+                Err(f) => {
+                    let named = job.named(work.op);
+                    work.record(&job, Moved::Failed(named, f.error), results);
+                    if f.session_broken {
+                        give_back(out);
+                        return false;
+                    }
+                }
+            }
+            if stop() && !out.is_empty() {
+                // Asked for, not moved: not started, as far as the summary goes.
+                give_back(out);
+                return false;
+            }
+        }
+    }
+}
+
+/// Downloads the small files at the head of the queue requested ahead.
 fn get_ahead(
     c: &mut Control,
     work: &Work,
@@ -697,80 +782,73 @@ fn get_ahead(
     stop: &dyn Fn() -> bool,
     done: &(impl Fn(&Summary) + Sync),
 ) -> bool {
-    // Known exactly, small, and not a partial with a record to resume from.
-    let fits = |j: &Job| {
-        j.exact
-            && j.mtime.is_some()
-            && j.size.is_some_and(|s| s <= pipeline::MAX_SIZE)
-            && !(update && records::sidecar_path(&super::part_path(&j.local)).exists())
-    };
-    let mut out: VecDeque<(Job, Wanted)> = VecDeque::new();
-    loop {
-        let mut ask = Vec::new();
-        // Topped up by halves: a few requests per write rather than one each time.
-        let low = out.len() <= pipeline::DEPTH / 2;
-        while low && out.len() + ask.len() < pipeline::DEPTH && !stop() {
-            let Some(job) = work.next_if(fits) else {
-                break;
-            };
+    Ahead {
+        // Known exactly, small, and not a partial with a record to resume from.
+        fits: |j: &Job| {
+            j.exact
+                && j.mtime.is_some()
+                && j.size.is_some_and(|s| s <= pipeline::MAX_SIZE)
+                && !(update && records::sidecar_path(&super::part_path(&j.local)).exists())
+        },
+        prepare: |job: &Job| {
             let size = job.size.unwrap_or(0);
             if update
                 && let Ok(m) = std::fs::metadata(&job.local)
                 && up_to_date((size, job.mtime), (m.len(), unix_seconds(&m)))
             {
-                work.record(&job, Moved::UpToDate, results);
-                continue;
+                return Ok(None);
             }
-            if let Err(e) = refuse_read_only(&Dest::File(job.local.clone())) {
-                let named = job.named(work.op);
-                work.record(&job, Moved::Failed(named, e), results);
-                continue;
-            }
-            let wanted = Wanted {
+            refuse_read_only(&Dest::File(job.local.clone()))?;
+            Ok(Some(Wanted {
                 remote: job.remote.clone(),
                 local: job.local.clone(),
                 size,
-            };
-            ask.push((job, wanted));
-        }
-        if let Err(e) = pipeline::request(c, ask.iter().map(|(_, w)| w)) {
-            tracing::info!("requesting files ahead: {e}");
-            for (job, _) in out.into_iter().chain(ask).rev() {
-                work.put_back(job);
+            }))
+        },
+        request: |c: &mut Control, ask: &[(Job, Wanted)]| {
+            pipeline::request(c, ask.iter().map(|(_, w)| w))
+        },
+        moved: |c: &mut Control, job: &Job, wanted: Wanted| {
+            let s = pipeline::receive_next(c, &wanted, server)?;
+            if let Some(m) = job.mtime {
+                set_mtime(&job.local, m);
             }
-            return false;
-        }
-        out.extend(ask);
-        let Some((job, wanted)) = out.pop_front() else {
-            return true;
-        };
-        match pipeline::receive_next(c, &wanted, server) {
-            Ok(s) => {
-                if let Some(m) = job.mtime {
-                    set_mtime(&job.local, m);
-                }
-                done(&s);
-                work.record(&job, Moved::Done(s.bytes), results);
-            }
-            Err(f) => {
-                let named = job.named(work.op);
-                work.record(&job, Moved::Failed(named, f.error), results);
-                if f.session_broken {
-                    for (job, _) in out.into_iter().rev() {
-                        work.put_back(job);
-                    }
-                    return false;
-                }
-            }
-        }
-        if stop() && !out.is_empty() {
-            // Requested, not received: they are not started, as far as the summary goes.
-            for (job, _) in out.into_iter().rev() {
-                work.put_back(job);
-            }
-            return false;
-        }
+            done(&s);
+            Ok(s)
+        },
     }
+    .run(c, work, results, stop)
+}
+
+/// Uploads the small files at the head of the queue announced ahead.
+fn put_ahead(
+    c: &mut Control,
+    work: &Work,
+    results: &Results,
+    server: &Target,
+    stop: &dyn Fn() -> bool,
+    done: &(impl Fn(&Summary) + Sync),
+) -> bool {
+    Ahead {
+        fits: |j: &Job| j.size.is_some_and(|s| s <= pipeline::MAX_SIZE),
+        prepare: |job: &Job| {
+            pipeline::Outgoing::open(Wanted {
+                remote: job.remote.clone(),
+                local: job.local.clone(),
+                size: job.size.unwrap_or(0),
+            })
+            .map(Some)
+        },
+        request: |c: &mut Control, ask: &[(Job, pipeline::Outgoing)]| {
+            pipeline::announce(c, ask.iter().map(|(_, o)| o))
+        },
+        moved: |c: &mut Control, _: &Job, outgoing: pipeline::Outgoing| {
+            let s = pipeline::send_next(c, outgoing, server)?;
+            done(&s);
+            Ok(s)
+        },
+    }
+    .run(c, work, results, stop)
 }
 
 /// Whether an error leaves the session unusable for the next file: a file the server refused

@@ -156,6 +156,7 @@ pub(super) async fn transfer(
     let mut stopped_by_shutdown = false;
     // SCKS sent while the data moves (braid clients announce the checksum once sent).
     let mut announced: Option<String> = None;
+    let deferred = is_upload && matches!(t.expect, Some(Expected::Deferred));
     // Markers of an upload's progress; for a braid client's download, what this side's kernel
     // says of the sending, for its tuning. Each: (when last sent, bytes then: received, or
     // sent by the kernel's count, since the payload counter moves a block at a time, seconds
@@ -201,7 +202,10 @@ pub(super) async fn transfer(
                         let r = Reply::new(213, format!("Status: {} bytes transferred so far.", progress.load(Ordering::Relaxed)));
                         let _ = conn.send(&r).await;
                     }
-                    Ok(Command::Scks { value: Some(v), .. }) if is_upload => {
+                    // The checksum of this upload, when its client said it would come after
+                    // the data (`SCKS XXH3 *`); any other is a pipelined command for a later
+                    // file, and waits its turn.
+                    Ok(Command::Scks { value: Some(v), .. }) if deferred && announced.is_none() => {
                         announced = Some(v);
                         let _ = conn.send(&Reply::new(200, "SCKS Command Successful.")).await;
                     }

@@ -661,3 +661,56 @@ fn files_requested_ahead_fail_alone_and_the_rest_arrive_whole() {
     let f00_starts = at("< 125 Beginning transfer of /data/f00");
     assert!(at("> RETR data/f02") < f00_starts, "{stderr}");
 }
+
+/// Small files go up announced ahead on one session: each file's checksum and STOR go out
+/// before the server has answered for the files in front of it. A file the server refuses
+/// (a directory stands where it would go) fails alone; every other file arrives whole.
+#[test]
+fn files_announced_ahead_fail_alone_and_the_rest_arrive_whole() {
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for i in 0..30u64 {
+        let f = data.join(format!("f{i:02}"));
+        std::fs::write(&f, random_bytes(37 * i as usize, i + 2)).unwrap();
+    }
+    let root = dir.path().join("served");
+    std::fs::create_dir_all(root.join("up/data/f12")).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let (code, out, err) = braid(
+        &[
+            "put",
+            "-r",
+            "-j",
+            "1",
+            "-v",
+            "--json",
+            data.to_str().unwrap(),
+            &server.url("up/"),
+        ],
+        &[],
+    );
+    assert_eq!(code, 11, "{err}");
+    let s = tree_summary(&out);
+    assert_eq!(s["files"], 29, "{s}");
+    let failed = s["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{s}");
+    assert!(
+        failed[0]["path"].as_str().unwrap().ends_with("data/f12"),
+        "{s}"
+    );
+    assert!(failed[0]["error"].as_str().unwrap().contains("550"), "{s}");
+    let mut want = tree_of(&data);
+    want.insert("f12".into(), "dir".into());
+    assert_eq!(tree_of(&root.join("up/data")), want);
+    // Announced ahead: f02's STOR goes out before the server starts taking f01.
+    let at = |line: &str| {
+        err.lines()
+            .position(|l| l.starts_with(line))
+            .unwrap_or_else(|| panic!("no {line:?} in {err}"))
+    };
+    assert!(
+        at("> STOR up/data/f02") < at("< 125 Beginning transfer of /up/data/f01"),
+        "{err}"
+    );
+}

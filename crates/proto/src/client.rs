@@ -65,6 +65,13 @@ impl Features {
         self.version("BRAID").unwrap_or(0) >= 3
     }
 
+    /// A braid server that queues a checksum (SCKS) sent during an upload for a later file
+    /// unless the running upload waits for its own (`BRAID 4`): uploads can then be announced
+    /// ahead, each with its checksum. Older ones take any SCKS as the running upload's.
+    pub fn announced_uploads(&self) -> bool {
+        self.version("BRAID").unwrap_or(0) >= 4
+    }
+
     /// The kind of MODE E peer, if any.
     pub fn block_peer(&self) -> Option<BlockPeer> {
         if self.has("BRAID") {

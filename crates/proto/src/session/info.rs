@@ -31,7 +31,9 @@ impl Session {
             // 2: OPTS BRAID ELASTIC (connections join and leave mid-transfer) and MaxRate.
             // 3: under PROT P, MODE E data connections are TLS too, each bound to the
             // control session (the client proves it first on each connection).
-            " BRAID 3".into(),
+            // 4: SCKS with a value during an upload that did not defer its own (`SCKS *`) is
+            // queued for a later STOR: uploads can be announced ahead, checksum and all.
+            " BRAID 4".into(),
             " SIZE".into(),
             " SPAS".into(),
             " SPOR".into(),
