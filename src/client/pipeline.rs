@@ -221,11 +221,14 @@ pub fn receive_next(
 }
 
 /// A file to upload ahead, open and hashed: its checksum goes out with its STOR, so the server
-/// checks it before the file takes its name, and no answer is awaited after its data.
+/// checks it before the file takes its name.
 pub struct Outgoing {
     wanted: Wanted,
     file: std::fs::File,
     sum: String,
+    /// Once its data went: the bytes on each connection.
+    sent: Vec<u64>,
+    started: Instant,
 }
 
 impl Outgoing {
@@ -239,15 +242,24 @@ impl Outgoing {
             wanted,
             file,
             sum: checksum::hex(sum),
+            sent: Vec::new(),
+            started: Instant::now(),
         })
     }
 }
 
-/// Announces uploads of `files`, behind any already out: for each its checksum (SCKS), its
-/// STOR and its end. Each file's data waits for its STOR's answer, since a refused file's
-/// data would be taken for the next one's.
-pub fn announce<'a>(c: &mut Control, files: impl IntoIterator<Item = &'a Outgoing>) -> Result<()> {
-    c.begin_all(files.into_iter().flat_map(|o| {
+/// Announces uploads of `files`, behind any already out, and sends their data: for each its
+/// checksum (SCKS), its STOR and its end go out together, then its blocks on the kept
+/// connections, without waiting for any answer. The server reads the data of each file in
+/// turn, and reads and drops that of a file it refuses (`OPTS STOR Eager=1`), so the
+/// connections stay in step. An error here leaves the session out of step: it must go.
+pub fn announce(c: &mut Control, files: &mut [&mut Outgoing]) -> Result<()> {
+    // Once per session, before the first batch (whose answers it precedes): an op deferred
+    // behind others' outcomes would be read in their place.
+    if !c.session().eager() {
+        c.later(Op::Eager(true), None)?;
+    }
+    c.begin_all(files.iter().flat_map(|o| {
         [
             Op::Simple {
                 cmd: Command::Scks {
@@ -259,18 +271,44 @@ pub fn announce<'a>(c: &mut Control, files: impl IntoIterator<Item = &'a Outgoin
             Op::StartTransfer(Command::Stor(o.wanted.remote.clone())),
             Op::FinishTransfer,
         ]
-    }))
+    }))?;
+    for o in files.iter_mut() {
+        let size = o.wanted.size;
+        let mut todo = RangeSet::new();
+        todo.insert(0, size);
+        let transfer = Transfer::new(c.session().elastic());
+        let joins = Joins::cached(c.take_data_connections(), STALL).protected(c.data_tls());
+        let options = crate::engine::send::Options {
+            block: crate::engine::DEFAULT_BLOCK,
+            hash: false,
+            keep: true,
+        };
+        let source = Source::File {
+            file: &o.file,
+            size,
+        };
+        let progress = AtomicU64::new(0);
+        let sent = send(&transfer, source, &todo, joins, options, &progress).map_err(|e| {
+            ClientError::Interrupted {
+                bytes: progress.load(std::sync::atomic::Ordering::Relaxed),
+                why: format!("data connection: {e}"),
+                partial: None,
+            }
+        })?;
+        c.keep_data_connections(Direction::Upload, sent.kept);
+        o.sent = sent.per_conn;
+    }
+    Ok(())
 }
 
-/// Sends the oldest file announced ahead: once its STOR is answered, its data on the kept
-/// connections, then the server's verdict (226 once the checksum matched and the file took
-/// its name). A file the server refuses fails alone.
+/// The server's answers for the oldest file announced ahead: its STOR's, then its verdict
+/// (226 once the data arrived whole, the checksum matched and the file took its name). A file
+/// the server refuses fails alone.
 pub fn send_next(
     c: &mut Control,
     o: Outgoing,
     server: &Target,
 ) -> std::result::Result<Summary, Failed> {
-    let started = Instant::now();
     let stor = format!("STOR {}", o.wanted.remote);
     if let Err(e) = c.outcome(Some("SCKS".into())) {
         return Err(Failed::session(e));
@@ -291,41 +329,25 @@ pub fn send_next(
         }
         Err(e) => return Err(Failed::session(e)),
     }
-    let size = o.wanted.size;
-    let mut todo = RangeSet::new();
-    todo.insert(0, size);
-    let transfer = Transfer::new(c.session().elastic());
-    let socks = c.take_data_connections();
-    let streams = socks.len() as u32;
-    let joins = Joins::cached(socks, STALL).protected(c.data_tls());
-    let options = crate::engine::send::Options {
-        block: crate::engine::DEFAULT_BLOCK,
-        hash: false,
-        keep: true,
-    };
-    let source = Source::File {
-        file: &o.file,
-        size,
-    };
-    let progress = AtomicU64::new(0);
-    let sent = send(&transfer, source, &todo, joins, options, &progress).map_err(|e| {
-        Failed::session(ClientError::Interrupted {
-            bytes: progress.load(std::sync::atomic::Ordering::Relaxed),
-            why: format!("data connection: {e}"),
-            partial: None,
-        })
-    })?;
-    c.keep_data_connections(Direction::Upload, sent.kept);
     c.outcome(Some(stor)).map_err(Failed::file)?;
     let target = Target {
         path: o.wanted.remote.clone(),
         ..server.clone()
     };
-    let mut s = super::summary("put", &target, String::new(), size, Some(size), 0, started);
+    let size = o.wanted.size;
+    let mut s = super::summary(
+        "put",
+        &target,
+        String::new(),
+        size,
+        Some(size),
+        0,
+        o.started,
+    );
     s.mode = "extended-block";
-    s.streams = streams;
+    s.streams = o.sent.len() as u32;
     s.checksum = Some(format!("{} {}", checksum::NAME, o.sum));
     s.new_data_connections = 0;
-    s.per_connection_bytes = sent.per_conn;
+    s.per_connection_bytes = o.sent;
     Ok(s)
 }

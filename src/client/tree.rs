@@ -16,7 +16,7 @@ use super::{
     put_on, refuse_read_only, session,
 };
 use braid_proto::Command;
-use braid_proto::client::Direction;
+use braid_proto::client::{Direction, Op};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::VecDeque;
 use std::io::IsTerminal;
@@ -286,6 +286,8 @@ pub fn put_tree(
             path: job.remote.clone(),
             ..first.clone()
         };
+        // Its data waits for STOR's answer.
+        c.later(Op::Eager(false), None)?;
         let s = put_on(c, &job.local, &target, o)?;
         done(&s);
         Ok(Some(s))
@@ -705,7 +707,7 @@ where
     F: Fn(&Job) -> bool,
     // None: nothing to move (up to date); Err: the file fails before anything is asked.
     P: Fn(&Job) -> Result<Option<T>>,
-    R: Fn(&mut Control, &[(Job, T)]) -> Result<()>,
+    R: Fn(&mut Control, &mut [(Job, T)]) -> Result<()>,
     M: Fn(&mut Control, &Job, T) -> std::result::Result<Summary, pipeline::Failed>,
 {
     /// Moves the files at the head of the queue that fit, up to [`pipeline::DEPTH`] of them
@@ -742,7 +744,7 @@ where
                 }
             }
             if !ask.is_empty()
-                && let Err(e) = (self.request)(c, &ask)
+                && let Err(e) = (self.request)(c, &mut ask)
             {
                 tracing::info!("asking for files ahead: {e}");
                 give_back(out.into_iter().chain(ask).collect());
@@ -805,7 +807,7 @@ fn get_ahead(
                 size,
             }))
         },
-        request: |c: &mut Control, ask: &[(Job, Wanted)]| {
+        request: |c: &mut Control, ask: &mut [(Job, Wanted)]| {
             pipeline::request(c, ask.iter().map(|(_, w)| w))
         },
         moved: |c: &mut Control, job: &Job, wanted: Wanted| {
@@ -839,8 +841,9 @@ fn put_ahead(
             })
             .map(Some)
         },
-        request: |c: &mut Control, ask: &[(Job, pipeline::Outgoing)]| {
-            pipeline::announce(c, ask.iter().map(|(_, o)| o))
+        request: |c: &mut Control, ask: &mut [(Job, pipeline::Outgoing)]| {
+            let mut files: Vec<_> = ask.iter_mut().map(|(_, o)| o).collect();
+            pipeline::announce(c, &mut files)
         },
         moved: |c: &mut Control, _: &Job, outgoing: pipeline::Outgoing| {
             let s = pipeline::send_next(c, outgoing, server)?;

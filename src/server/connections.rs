@@ -14,6 +14,43 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout_at};
 
 impl Io {
+    /// Reads and drops the data of an upload refused before it started, which an eager
+    /// client sent on the open connections without waiting for the answer: up to the EOD on
+    /// each, so the connections stay in step for the next file. Connections that fail it are
+    /// closed (the next transfer that wants them is refused, and the client starts afresh).
+    pub(super) async fn drain_refused_upload(&mut self) {
+        let Some(kept) = self.cached.take() else {
+            return;
+        };
+        let stall = self.config.idle_timeout;
+        let listener = kept.listener;
+        let socks = kept.socks;
+        let drained = tokio::task::spawn_blocking(move || {
+            let transfer = engine::transfer::Transfer::new(true);
+            let bytes = Arc::new(AtomicU64::new(0));
+            let shared = engine::receive::Shared::new(
+                engine::receive::Progress::holding(Default::default()),
+                bytes,
+            );
+            let joins = Joins::cached(socks, stall);
+            let sink = engine::sink::Sink::Discard;
+            engine::receive::receive(&transfer, joins, &sink, None, &shared)
+        })
+        .await;
+        match drained {
+            Ok(Ok(kept)) => {
+                self.cached = Some(engine::receive::Kept {
+                    socks: kept.socks,
+                    listener,
+                })
+            }
+            Ok(Err(e)) => {
+                tracing::info!(peer = %self.peer, "dropping a refused upload's data: {e}")
+            }
+            Err(e) => tracing::warn!(peer = %self.peer, "dropping a refused upload's data: {e}"),
+        }
+    }
+
     /// The one data connection of a stream-mode transfer, as a blocking socket.
     pub(super) async fn stream_connection(
         &mut self,

@@ -318,7 +318,13 @@ pub(super) async fn serve(
             }
         }
         let keep_going = match action {
-            Action::Reply(r) => conn.send(&r).await.is_ok(),
+            Action::Reply(r) => {
+                let upload = matches!(conn.command.as_str(), "STOR" | "APPE");
+                if upload && r.code >= 400 && session.drains_refused_upload() {
+                    io.drain_refused_upload().await;
+                }
+                conn.send(&r).await.is_ok()
+            }
             Action::Close(r) => {
                 let _ = conn.send(&r).await;
                 false

@@ -39,9 +39,18 @@ pub(super) async fn transfer(
     t: Transfer,
     shutdown: &mut watch::Receiver<Shutdown>,
 ) -> bool {
+    // An eager client's data for an upload refused here is on its way regardless.
+    let drains = session.drains_refused_upload()
+        && matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_))
+        && matches!(t.endpoint, DataEndpoint::Cached);
     let root = match io.root() {
         Ok(r) => r,
-        Err(e) => return conn.send(&e.reply(t.path())).await.is_ok(),
+        Err(e) => {
+            if drains {
+                io.drain_refused_upload().await;
+            }
+            return conn.send(&e.reply(t.path())).await.is_ok();
+        }
     };
     let prepared = {
         let t = t.clone();
@@ -54,6 +63,9 @@ pub(super) async fn transfer(
         Ok(x) => x,
         Err(e) => {
             io.passive = None;
+            if drains {
+                io.drain_refused_upload().await;
+            }
             return conn.send(&e.reply(t.path())).await.is_ok();
         }
     };

@@ -129,6 +129,10 @@ pub enum Op {
     Features,
     /// TYPE I, unless already in effect.
     Binary,
+    /// `OPTS STOR Eager=1` (or `=0`): uploads' data goes without waiting for STOR's answer
+    /// (a braid server, FEAT `BRAID 4`, drops a refused upload's data); sent only when it
+    /// changes what is in effect.
+    Eager(bool),
     /// MODE E with these settings, sending only what is not in effect yet.
     BlockMode(BlockSetup),
     /// EPSV, or PASV where EPSV is not understood.
@@ -252,6 +256,7 @@ enum Setting {
     Elastic,
     Retr(RetrOpts),
     Sbuf(u64),
+    Eager(bool),
 }
 
 /// One op between `begin` and `poll_outcome`.
@@ -272,6 +277,8 @@ pub struct ClientSession {
     elastic: bool,
     retr: Option<RetrOpts>,
     sbuf: Option<u64>,
+    /// `OPTS STOR Eager=1` is in effect.
+    eager: bool,
     no_epsv: bool,
     /// The last MODE E transfer left its data connections open, carrying data this way.
     cached: Option<Direction>,
@@ -307,6 +314,11 @@ impl ClientSession {
 
     pub fn features(&self) -> &Features {
         &self.features
+    }
+
+    /// `OPTS STOR Eager=1` is in effect (its answer has been read).
+    pub fn eager(&self) -> bool {
+        self.eager
     }
 
     /// MODE E transfers are elastic on this session.
@@ -387,6 +399,11 @@ impl ClientSession {
             Op::Binary => vec![(
                 Command::Type(TransferType::Image),
                 Wait::Setting(Setting::Type),
+            )],
+            Op::Eager(on) if on == self.eager => vec![],
+            Op::Eager(on) => vec![(
+                Command::Opts(format!("STOR Eager={}", u8::from(on))),
+                Wait::Setting(Setting::Eager(on)),
             )],
             Op::BlockMode(setup) => self.plan_block_mode(setup),
             Op::Passive if self.no_epsv => vec![(Command::Pasv, Wait::Pasv)],
@@ -696,6 +713,7 @@ impl ClientSession {
                     Setting::Elastic => self.elastic = true,
                     Setting::Retr(o) => self.retr = Some(o),
                     Setting::Sbuf(b) => self.sbuf = Some(b),
+                    Setting::Eager(on) => self.eager = on,
                 }
                 Step::Next
             }
@@ -774,5 +792,6 @@ fn setting_name(s: &Setting) -> &'static str {
         Setting::Elastic => "OPTS BRAID ELASTIC",
         Setting::Retr(_) => "OPTS RETR",
         Setting::Sbuf(_) => "SBUF",
+        Setting::Eager(_) => "OPTS STOR Eager",
     }
 }

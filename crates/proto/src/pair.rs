@@ -598,6 +598,35 @@ mod tests {
         }
     }
 
+    /// `OPTS STOR Eager=1` goes once, only while uploads' data is to go eagerly, and the
+    /// server drops a refused upload's data only then and only on connections kept from an
+    /// upload (a download's would carry nothing of the client's).
+    #[test]
+    fn eager_uploads_are_asked_for_once_and_the_server_drains_only_then() {
+        let mut p = logged_in();
+        p.run(setup(Direction::Upload)).unwrap();
+        assert_eq!(p.run(Op::Passive), Ok(Outcome::Passive(40000)));
+        p.run(Op::StartTransfer(Command::Stor("up".into())))
+            .unwrap();
+        p.run(Op::FinishTransfer).unwrap();
+        assert!(!p.server.drains_refused_upload(), "not asked for");
+        let sent = |p: &Pair| p.seen.iter().filter(|l| l.starts_with("OPTS STOR")).count();
+        p.run(Op::Eager(true)).unwrap();
+        assert!(p.client.eager() && p.server.drains_refused_upload());
+        p.run(Op::Eager(true)).unwrap();
+        assert_eq!(sent(&p), 1, "{:?}", p.seen);
+        p.run(Op::Eager(false)).unwrap();
+        assert!(!p.client.eager() && !p.server.drains_refused_upload());
+        assert_eq!(p.seen.last().map(String::as_str), Some("OPTS STOR Eager=0"));
+        // Kept from a download: nothing to drain.
+        p.run(Op::Eager(true)).unwrap();
+        p.run(setup(Direction::Download)).unwrap();
+        assert_eq!(p.run(Op::Passive), Ok(Outcome::Passive(40000)));
+        p.run(Op::StartTransfer(Command::Retr("f".into()))).unwrap();
+        p.run(Op::FinishTransfer).unwrap();
+        assert!(!p.server.drains_refused_upload());
+    }
+
     proptest! {
         /// Pipelined, too, however the server's bytes are cut, every op ends as when they
         /// come whole.
@@ -690,6 +719,7 @@ mod tests {
             }),
             Just(Op::Features),
             Just(Op::Binary),
+            Just(Op::Eager(true)),
             Just(Op::Passive),
             Just(setup(Direction::Download)),
             Just(Op::StartTransfer(Command::Retr("f".into()))),

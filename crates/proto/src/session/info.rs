@@ -32,7 +32,9 @@ impl Session {
             // 3: under PROT P, MODE E data connections are TLS too, each bound to the
             // control session (the client proves it first on each connection).
             // 4: SCKS with a value during an upload that did not defer its own (`SCKS *`) is
-            // queued for a later STOR: uploads can be announced ahead, checksum and all.
+            // queued for a later STOR: uploads can be announced ahead, checksum and all; and
+            // OPTS STOR Eager=1: their data may come before STOR's answer (a refused file's
+            // data is read and dropped).
             " BRAID 4".into(),
             " SIZE".into(),
             " SPAS".into(),
@@ -88,6 +90,25 @@ impl Session {
                     Reply::new(200, "OPTS Command Successful.")
                 }
                 Err(e) => Reply::new(501, format!("OPTS RETR: {e}.")),
+            },
+            "STOR" => match value
+                .trim()
+                .trim_end_matches(';')
+                .to_ascii_lowercase()
+                .as_str()
+            {
+                "eager=1" => {
+                    self.eager = true;
+                    Reply::new(
+                        200,
+                        "Eager uploads: data may come before STOR's answer; a refused file's data is dropped.",
+                    )
+                }
+                "eager=0" => {
+                    self.eager = false;
+                    Reply::new(200, "Uploads wait for STOR's answer.")
+                }
+                _ => Reply::new(501, "OPTS STOR takes Eager=1 or Eager=0."),
             },
             "BRAID" if value.eq_ignore_ascii_case("ELASTIC") => {
                 self.elastic = true;

@@ -76,6 +76,9 @@ pub struct Session {
     dscp: Option<u8>,
     /// OPTS BRAID ELASTIC: the client is braid and handles elastic transfers.
     elastic: bool,
+    /// OPTS STOR Eager=1: the client sends an upload's data on the open data connections
+    /// without waiting for its STOR's answer; a refused upload's data is read and dropped.
+    eager: bool,
     rest_ranges: Option<RangeSet>,
     expect: Option<Expected>,
     buffer: Option<u64>,
@@ -109,6 +112,7 @@ impl Session {
             congestion: None,
             dscp: None,
             elastic: false,
+            eager: false,
             rest_ranges: None,
             expect: None,
             buffer: None,
@@ -144,6 +148,14 @@ impl Session {
 
     /// Whether the caller should keep the data connections of the last transfer; once this
     /// is false it closes them.
+    /// Whether an upload refused now has its data on the way regardless, to be read and
+    /// dropped before the refusal is sent: the client sends eagerly (`OPTS STOR Eager=1`) and
+    /// the open data connections carry uploads. Otherwise that data would be taken for the
+    /// next file's.
+    pub fn drains_refused_upload(&self) -> bool {
+        self.eager && self.extended && self.cached == Some(Direction::FromClient)
+    }
+
     pub fn keeps_data_connections(&self) -> bool {
         self.cached.is_some()
     }
