@@ -1,9 +1,10 @@
 //! `get -r` and `put -r`: a whole tree on a few sessions. One session walks the tree (MLSD, or
 //! LIST on servers without it, on the remote side), creating directories as it goes; then
 //! `concurrency` sessions take the files from one queue, each file moving as `get`/`put` would
-//! move it (MODE E with its data connections kept across files, or stream mode). A file that
-//! fails is listed with why and the others go on; symbolic links are skipped and listed, never
-//! followed, on either side.
+//! move it (MODE E with its data connections kept across files, or stream mode); against a
+//! braid server, small files go ahead of their turn, many in flight per session (`pipeline`).
+//! A file that fails is listed with why and the others go on; symbolic links are skipped and
+//! listed, never followed, on either side.
 
 use super::control::Control;
 use super::error::{ClientError, Result, exit};

@@ -197,8 +197,12 @@ fn braid_gets_puts_and_lists_over_tls() {
             .is_some_and(|c| c.starts_with("XXH3")),
         "{out}"
     );
-    let secured = s["connections"].as_array().unwrap().len() as u64;
-    assert_eq!(s["tls_handshakes"]["resumed"], secured, "{out}");
+    // Every connection that carried data resumed the session; one the server had no more
+    // data for may have been closed during its handshake (a loaded machine), and ended unused.
+    let conns = s["connections"].as_array().unwrap();
+    let used = conns.iter().filter(|c| c["end"] != "unused").count() as u64;
+    let resumed = s["tls_handshakes"]["resumed"].as_u64().unwrap();
+    assert!((used..=conns.len() as u64).contains(&resumed), "{out}");
     assert_eq!(s["tls_handshakes"]["full"], 0, "{out}");
     let (code, out, err) = braid(
         &[
