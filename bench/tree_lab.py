@@ -62,6 +62,7 @@ def main():
     ap.add_argument("--size", type=int, default=4096, help="bytes per file")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--direction", default="get,put")
+    ap.add_argument("--tools", default="braid,lftp,globus", help="rows to run, by their first word")
     ap.add_argument("--braid", default=BRAID)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run")
     args = ap.parse_args()
@@ -111,7 +112,7 @@ def main():
         directions = args.direction.split(",")
         for r in range(args.runs):
             for name, direction, server, port, client, landed in cases:
-                if direction not in directions:
+                if direction not in directions or name.split()[0].split("-")[0] not in args.tools.split(","):
                     continue
                 shutil.rmtree(dst, ignore_errors=True)
                 shutil.rmtree(os.path.join(up, "src"), ignore_errors=True)

@@ -30,10 +30,15 @@ use std::time::Instant;
 /// from; below this a file takes well under a second on any path worth pipelining.
 pub const MAX_SIZE: u64 = 4 << 20;
 
-/// Files requested ahead on one session: enough to cover a round trip of small files on a
-/// long path, and (at two commands each) within the 32 a braid server queues during a
-/// transfer.
-pub const DEPTH: usize = 16;
+/// Files requested ahead on one session: enough that the server always has the next ones
+/// while the answers and the new requests cross a long path (64 files of 4 KiB are 2 ms of
+/// a 1 Gbit/s link's time, not a round trip's; the server reads the commands beyond the 32 it
+/// queues as it gets to them).
+pub const DOWNLOADS_AHEAD: usize = 64;
+
+/// Files sent ahead on one session: each is an open file until its answer comes (8 sessions
+/// of 32 stay well under the usual limit of 1024).
+pub const UPLOADS_AHEAD: usize = 32;
 
 /// Whether the session can move files this way: a braid server (which reads pipelined
 /// commands in order) with data connections kept from the file before, carrying data the

@@ -697,6 +697,8 @@ impl Work {
 /// Files moved ahead of their turn on one session (see `pipeline`): which files may go, what
 /// each needs before its commands go out, the commands, and the move itself.
 struct Ahead<F, P, R, M> {
+    /// Files in flight at most.
+    depth: usize,
     fits: F,
     prepare: P,
     request: R,
@@ -711,8 +713,8 @@ where
     R: Fn(&mut Control, &mut [(Job, T)]) -> Result<()>,
     M: Fn(&mut Control, &Job, T) -> std::result::Result<Summary, pipeline::Failed>,
 {
-    /// Moves the files at the head of the queue that fit, up to [`pipeline::DEPTH`] of them
-    /// asked for at a time, until the head is a file that does not. False if the session
+    /// Moves the files at the head of the queue that fit, up to `depth` of them asked for at
+    /// a time, until the head is a file that does not. False if the session
     /// broke: the files it had asked for and not moved go back to the queue.
     fn run(
         &self,
@@ -730,8 +732,8 @@ where
         loop {
             let mut ask = Vec::new();
             // Topped up by halves: a few files' commands per write rather than one each time.
-            let low = out.len() <= pipeline::DEPTH / 2;
-            while low && out.len() + ask.len() < pipeline::DEPTH && !stop() {
+            let low = out.len() <= self.depth / 2;
+            while low && out.len() + ask.len() < self.depth && !stop() {
                 let Some(job) = work.next_if(&self.fits) else {
                     break;
                 };
@@ -786,6 +788,7 @@ fn get_ahead(
     done: &(impl Fn(&Summary) + Sync),
 ) -> bool {
     Ahead {
+        depth: pipeline::DOWNLOADS_AHEAD,
         // Known exactly, small, and not a partial with a record to resume from.
         fits: |j: &Job| {
             j.exact
@@ -833,6 +836,7 @@ fn put_ahead(
     done: &(impl Fn(&Summary) + Sync),
 ) -> bool {
     Ahead {
+        depth: pipeline::UPLOADS_AHEAD,
         fits: |j: &Job| j.size.is_some_and(|s| s <= pipeline::MAX_SIZE),
         prepare: |job: &Job| {
             pipeline::Outgoing::open(Wanted {
