@@ -67,35 +67,47 @@ def program(name):
     return shutil.which(name)
 
 
-def start_vsftpd(servers, work, root, writable=False):
-    """An anonymous vsftpd serving `root` on a free loopback port (uploads too when
-    `writable`); returns the port. Run by its launching user, it does not chroot: paths in
-    commands are relative to `root` or absolute on this machine."""
-    port = free_port()
+def vsftpd_conf(work, root, addr, port, writable=False):
+    """A vsftpd configuration (in `work`) for an anonymous server of `root` on addr:port,
+    uploads too when `writable`; returns its path. Run by its launching user, vsftpd does not
+    chroot: paths in commands are relative to `root` or absolute on this machine."""
     empty = os.path.join(work, "empty")
     os.makedirs(empty, exist_ok=True)
     conf = os.path.join(work, "vsftpd.conf")
     write = ("write_enable=YES\nanon_upload_enable=YES\nanon_mkdir_write_enable=YES\n"
              "anon_other_write_enable=YES\nanon_umask=022\n") if writable else ""
     with open(conf, "w") as f:
-        f.write(f"listen=YES\nlisten_ipv6=NO\nlisten_address=127.0.0.1\nlisten_port={port}\n"
+        f.write(f"listen=YES\nlisten_ipv6=NO\nlisten_address={addr}\nlisten_port={port}\n"
                 f"background=NO\nanonymous_enable=YES\nlocal_enable=NO\nanon_root={root}\n"
                 f"no_anon_password=YES\nseccomp_sandbox=NO\nrun_as_launching_user=YES\n{write}"
                 f"max_clients=0\nmax_per_ip=0\n"
-                f"pasv_enable=YES\npasv_address=127.0.0.1\nsecure_chroot_dir={empty}\n")
+                f"pasv_enable=YES\npasv_address={addr}\nsecure_chroot_dir={empty}\n")
+    return conf
+
+
+def start_vsftpd(servers, work, root, writable=False):
+    """An anonymous vsftpd serving `root` on a free loopback port (see `vsftpd_conf`);
+    returns the port."""
+    port = free_port()
+    conf = vsftpd_conf(work, root, "127.0.0.1", port, writable)
     wait_port(port, servers.start([program("vsftpd"), conf]))
     return port
 
 
-def start_gridftp(servers, home):
+def gridftp_command(home, addr, port):
     """An anonymous globus-gridftp-server (as this user) with `home` as its home directory,
-    on a free loopback port; returns the port."""
-    port = free_port()
+    on addr:port."""
     user = os.environ.get("USER", "root")
-    wait_port(port, servers.start([program("globus-gridftp-server"), "-aa", "-anonymous-user", user,
-                                   "-auth-level", "0", "-p", str(port),
-                                   "-control-interface", "127.0.0.1", "-data-interface", "127.0.0.1",
-                                   "-home-dir", home, "-allow-root", "-log-level", "ERROR"]))
+    return [program("globus-gridftp-server"), "-aa", "-anonymous-user", user, "-auth-level", "0",
+            "-p", str(port), "-control-interface", addr, "-data-interface", addr,
+            "-home-dir", home, "-allow-root", "-log-level", "ERROR"]
+
+
+def start_gridftp(servers, home):
+    """globus-gridftp-server on a free loopback port (see `gridftp_command`); returns the
+    port."""
+    port = free_port()
+    wait_port(port, servers.start(gridftp_command(home, "127.0.0.1", port)))
     return port
 
 

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import BRAID, program
+from common import BRAID, gridftp_command, program, vsftpd_conf
 from tree import count_files, layout, table
 
 HOST = "198.18.0.2"
@@ -38,20 +38,6 @@ def wait_then(port, cmd):
     return ("bash -c 'for i in $(seq 200); do (exec 3<>/dev/tcp/%s/%d) 2>/dev/null && break; sleep 0.05; done; "
             "a=$(date +%%s%%N); %s; rc=$?; b=$(date +%%s%%N); echo ELAPSED_NS $((b - a)); exit $rc'"
             % (HOST, port, cmd))
-
-
-def vsftpd_conf(work, root):
-    empty = os.path.join(work, "empty")
-    os.makedirs(empty, exist_ok=True)
-    conf = os.path.join(work, "vsftpd.conf")
-    with open(conf, "w") as f:
-        f.write(f"listen=YES\nlisten_ipv6=NO\nlisten_address={HOST}\nlisten_port=2121\n"
-                f"background=NO\nanonymous_enable=YES\nlocal_enable=NO\nanon_root={root}\n"
-                f"no_anon_password=YES\nseccomp_sandbox=NO\nrun_as_launching_user=YES\n"
-                f"write_enable=YES\nanon_upload_enable=YES\nanon_mkdir_write_enable=YES\n"
-                f"anon_other_write_enable=YES\nanon_umask=022\nmax_clients=0\nmax_per_ip=0\n"
-                f"pasv_enable=YES\npasv_address={HOST}\nsecure_chroot_dir={empty}\n")
-    return conf
 
 
 def main():
@@ -85,7 +71,7 @@ def main():
              f"{b} put -r -j 8 -q {local_src} {url}/up/", os.path.join(up, "src")),
         ]
         if shutil.which("lftp") and program("vsftpd"):
-            vs = f"{program('vsftpd')} {vsftpd_conf(work, srv)}"
+            vs = f"{program('vsftpd')} {vsftpd_conf(work, srv, HOST, 2121, writable=True)}"
             lftp = "lftp -e \"set net:max-retries 1; %s; quit\" " + url
             cases += [
                 ("lftp mirror -P 8 <-> vsftpd", "get", vs, 2121,
@@ -97,9 +83,7 @@ def main():
             skipped.append("lftp against vsftpd: lftp or vsftpd not installed")
         gs = program("globus-gridftp-server")
         if gs and shutil.which("globus-url-copy"):
-            user = os.environ.get("USER", "root")
-            grid = (f"{gs} -aa -anonymous-user {user} -auth-level 0 -p 2811 -control-interface {HOST} "
-                    f"-data-interface {HOST} -home-dir {srv} -allow-root -log-level ERROR")
+            grid = " ".join(gridftp_command(srv, HOST, 2811))
             guc = "globus-url-copy -r -cc 8 -pp -fast -cd"
             cases += [
                 ("globus-url-copy -cc 8 -pp <-> gridftp", "get", grid, 2811,

@@ -35,18 +35,6 @@ const FILE: u64 = 4_000_000;
 /// Where `braid serve --background` listens in the lab.
 const BACKGROUND_PORT: u16 = 2123;
 
-/// A server leading its own process group, killed with it when dropped.
-struct Group(Child);
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.0.id() as i32) {
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-        }
-        let _ = self.0.wait();
-    }
-}
-
 /// One repeat's numbers.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Round {
@@ -93,7 +81,7 @@ pub fn run(args: &BenchArgs) -> Result<u8> {
     let braid = super::runnable_copy(tmp.path())?;
     let lab = Running::up(&args.name, spec, args.seed, None)?;
     let place = Place::Lab(&lab);
-    let _servers = servers::start_servers(
+    let mut servers = servers::start_servers(
         &place,
         Ports::LAB,
         &braid,
@@ -101,21 +89,13 @@ pub fn run(args: &BenchArgs) -> Result<u8> {
         &root,
         &[Tool::Braid, Tool::Iperf3],
     )?;
-    let _background_server = {
-        use std::os::unix::process::CommandExt;
-        let mut c = place.server_command(&braid.to_string_lossy());
-        c.args(["serve", "--background", "--anonymous", "--listen"])
-            .arg(format!("{SERVER}:{BACKGROUND_PORT}"))
-            .arg("--root")
-            .arg(&root)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0);
-        let child = Group(c.spawn()?);
-        servers::wait_listening(&place, BACKGROUND_PORT)?;
-        child
-    };
+    let mut background = place.server_command(&braid.to_string_lossy());
+    background
+        .args(["serve", "--background", "--anonymous", "--listen"])
+        .arg(format!("{SERVER}:{BACKGROUND_PORT}"))
+        .arg("--root")
+        .arg(&root);
+    servers.start(&place, background, BACKGROUND_PORT)?;
     let mut rounds = Vec::new();
     for repeat in 0..args.repeat {
         eprintln!("round {} of {}", repeat + 1, args.repeat);

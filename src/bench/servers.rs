@@ -59,6 +59,18 @@ impl Servers {
     pub fn pids(&self) -> Vec<u32> {
         self.children.iter().map(|c| c.id()).collect()
     }
+
+    /// Starts a server, silent and leading its own process group, and waits until it listens
+    /// on `port`.
+    pub fn start(&mut self, place: &Place, mut cmd: Command, port: u16) -> anyhow::Result<()> {
+        use std::os::unix::process::CommandExt;
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0);
+        self.children.push(cmd.spawn()?);
+        wait_listening(place, port)
+    }
 }
 
 impl Drop for Servers {
@@ -118,15 +130,7 @@ pub fn start_servers(
     let mut servers = Servers {
         children: Vec::new(),
     };
-    let mut start = |mut cmd: Command, port: u16| -> anyhow::Result<()> {
-        use std::os::unix::process::CommandExt;
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0);
-        servers.children.push(cmd.spawn()?);
-        wait_listening(place, port)
-    };
+    let mut start = |cmd: Command, port: u16| servers.start(place, cmd, port);
     let addr = place.server_addr().to_string();
     let mut serve = place.server_command(&braid.to_string_lossy());
     serve

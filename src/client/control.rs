@@ -34,9 +34,9 @@ pub struct Control {
     user: String,
     /// MODE E data connections the last transfer left open (the session knows which way).
     data: Vec<DataConn>,
-    /// Pipelined ops begun ahead whose outcomes are read before the next op's (each with
-    /// what to call it in an error).
-    deferred: VecDeque<Option<String>>,
+    /// Pipelined ops begun ahead whose outcomes are read as they come up, before the next
+    /// op's (each by its id, with what to call it in an error).
+    deferred: VecDeque<(u64, Option<String>)>,
     /// Read with the login (pipelined): SIZE of a path, and a passive port.
     early_size: Option<(String, Reply)>,
     early_passive: Option<u16>,
@@ -274,12 +274,14 @@ impl Control {
             .map_err(|e| ClientError::ControlLost(format!("sending {}: {e}", last.verb())))
     }
 
-    /// Starts an op whose outcome can wait: pipelined, it is read just before the next op's
-    /// (its commands go out with the next ones); otherwise it runs now.
+    /// Starts an op whose outcome can wait: pipelined, it is read when its turn comes, just
+    /// before the next outcome anyone asks for (its commands go out with the next ones);
+    /// otherwise it runs now.
     pub fn later(&mut self, op: Op, what: Option<String>) -> Result<()> {
-        self.begin(op)?;
+        let id = self.session.begin(op);
+        self.send_queued()?;
         if self.session.pipelining() {
-            self.deferred.push_back(what);
+            self.deferred.push_back((id, what));
             Ok(())
         } else {
             self.finished(what).map(drop)
@@ -337,10 +339,14 @@ impl Control {
         self.finished(None)
     }
 
-    /// The end of the running op; `what` names the request in errors better than its verb.
-    /// Ops begun ahead with [`Control::later`] end first.
+    /// The end of the oldest op not yet read; `what` names the request in errors better than
+    /// its verb. Ops begun with [`Control::later`] are read where they stand among the
+    /// others, so one begun behind ops still running waits for them.
     fn finished(&mut self, what: Option<String>) -> Result<Outcome> {
-        while let Some(before) = self.deferred.pop_front() {
+        while let Some(&(id, _)) = self.deferred.front()
+            && self.session.oldest() == Some(id)
+        {
+            let before = self.deferred.pop_front().and_then(|(_, w)| w);
             self.finish().map_err(|f| self.error(f, before))?;
         }
         self.finish().map_err(|f| self.error(f, what))

@@ -663,7 +663,20 @@ pub(super) fn compare_with_server(
     ours: &str,
     advice: &str,
 ) -> Result<Option<String>> {
-    let Some(remote) = c.checksum(alg, path)? else {
+    let remote = c.checksum(alg, path)?;
+    agree_with(remote, alg, path, local, ours, advice)
+}
+
+/// [`compare_with_server`] with the server's answer to CKSM in hand.
+pub(super) fn agree_with(
+    remote: Option<String>,
+    alg: &str,
+    path: &str,
+    local: &str,
+    ours: &str,
+    advice: &str,
+) -> Result<Option<String>> {
+    let Some(remote) = remote else {
         tracing::info!("the server offers no {alg} checksum; size check only");
         return Ok(None);
     };

@@ -9,7 +9,7 @@
 
 use super::control::Control;
 use super::error::{ClientError, Result};
-use super::parallel::{Peer, STALL};
+use super::parallel::{Peer, STALL, agree_with};
 use super::url::Target;
 use super::{Options, PartFile, Summary, local_err, part_path};
 use crate::engine::receive::{Progress, Shared, receive};
@@ -99,6 +99,45 @@ impl Failed {
     }
 }
 
+/// Reads the start of a transfer asked for ahead: on the kept connections, or refused. A
+/// refused transfer's end, begun ahead, fails with it, and the refusal is the file's alone.
+fn started_on_kept(c: &mut Control, what: &str) -> std::result::Result<(), Failed> {
+    match c.outcome(Some(what.into())) {
+        Ok(Outcome::Started { reused: true }) => Ok(()),
+        Ok(o) => Err(Failed::session(ClientError::Protocol(format!(
+            "{what}: the server opened new data connections ({o:?}) where it had kept some"
+        )))),
+        Err(e @ ClientError::Remote { .. }) => match c.outcome(None) {
+            Err(_) => Err(Failed::file(e)),
+            Ok(_) => Err(Failed::session(e)),
+        },
+        Err(e) => Err(Failed::session(e)),
+    }
+}
+
+/// What a file moved ahead reports, as `get` and `put` do for MODE E on kept connections.
+fn summary(
+    op: &'static str,
+    server: &Target,
+    w: &Wanted,
+    local: String,
+    started: Instant,
+    per_connection_bytes: Vec<u64>,
+    checksum: Option<String>,
+) -> Summary {
+    let target = Target {
+        path: w.remote.clone(),
+        ..server.clone()
+    };
+    let mut s = super::summary(op, &target, local, w.size, Some(w.size), 0, started);
+    s.mode = "extended-block";
+    s.streams = per_connection_bytes.len() as u32;
+    s.checksum = checksum;
+    s.new_data_connections = 0;
+    s.per_connection_bytes = per_connection_bytes;
+    s
+}
+
 /// Receives the oldest file requested ahead: its start, its data (into its partial, renamed
 /// once whole and checked), its end and the server's checksum of it. A file the server
 /// refuses, or whose checksum differs, fails alone; the answers to it are read either way.
@@ -119,27 +158,17 @@ pub fn receive_next(
         .open(&part)
         .map_err(local_err(format!("cannot write {}", part.display())));
     let retr = format!("RETR {}", w.remote);
-    match c.outcome(Some(retr.clone())) {
-        Ok(Outcome::Started { reused: true }) => {}
-        Ok(o) => {
-            return Err(Failed::session(ClientError::Protocol(format!(
-                "{retr}: the server opened new data connections ({o:?}) where it had kept some"
-            ))));
+    if let Err(mut f) = started_on_kept(c, &retr) {
+        // CKSM is answered on its own.
+        if !f.session_broken && c.outcome(None).is_err() {
+            f.session_broken = true;
         }
-        Err(e @ ClientError::Remote { .. }) => {
-            // Its end fails with it; CKSM is answered on its own.
-            let settled = c.outcome(None).err().and_then(|_| c.outcome(None).ok());
-            if let Ok(f) = &file
-                && f.metadata().is_ok_and(|m| m.len() == 0)
-            {
-                let _ = std::fs::remove_file(&part);
-            }
-            return match settled {
-                Some(_) => Err(Failed::file(e)),
-                None => Err(Failed::session(e)),
-            };
+        if let Ok(file) = &file
+            && file.metadata().is_ok_and(|m| m.len() == 0)
+        {
+            let _ = std::fs::remove_file(&part);
         }
-        Err(e) => return Err(Failed::session(e)),
+        return Err(f);
     }
     let (sink, file) = match file.and_then(|f| {
         let writer = f
@@ -150,12 +179,12 @@ pub fn receive_next(
         Ok((writer, f)) => (Sink::File(writer), Ok(f)),
         Err(e) => (Sink::Discard, Err(e)),
     };
-    let bytes = Arc::new(AtomicU64::new(0));
-    let shared = Shared::new(Progress::holding(RangeSet::new()), bytes);
+    let shared = Shared::new(
+        Progress::holding(RangeSet::new()),
+        Arc::new(AtomicU64::new(0)),
+    );
     let transfer = Transfer::new(c.session().elastic());
-    let socks = c.take_data_connections();
-    let streams = socks.len() as u32;
-    let joins = Joins::cached(socks, STALL).protected(c.data_tls());
+    let joins = Joins::cached(c.take_data_connections(), STALL).protected(c.data_tls());
     let kept = receive(&transfer, joins, &sink, Some(w.size), &shared).map_err(|e| {
         let _ = std::fs::remove_file(&part);
         Failed::session(ClientError::Interrupted {
@@ -166,7 +195,7 @@ pub fn receive_next(
     })?;
     c.keep_data_connections(Direction::Download, kept.socks);
     let end = c.outcome(Some(retr));
-    let sum = match c.outcome(None) {
+    let theirs = match c.outcome(None) {
         Ok(Outcome::Checksum(sum)) => sum,
         Ok(o) => {
             return Err(Failed::session(ClientError::Protocol(format!(
@@ -191,17 +220,8 @@ pub fn receive_next(
             .sum
             .map(|s| checksum::hex(s.finish(w.size)))
             .ok_or_else(|| ClientError::Protocol("blocks off the checksum chunks".into()))?;
-        let checksum = match sum {
-            Some(theirs) if theirs != ours => {
-                return Err(ClientError::Integrity(format!(
-                    "checksum mismatch: the server's {} of {} is {theirs}, the data received hashes to {ours}",
-                    checksum::NAME,
-                    w.remote
-                )));
-            }
-            Some(_) => Some(format!("{} {ours}", checksum::NAME)),
-            None => None,
-        };
+        let ours_are = "the data received hashes to";
+        let checksum = agree_with(theirs, checksum::NAME, &w.remote, &ours, ours_are, "")?;
         let local = PartFile {
             final_path: w.local.clone(),
             part: part.clone(),
@@ -214,17 +234,10 @@ pub fn receive_next(
         let _ = std::fs::remove_file(&part);
         Failed::file(e)
     })?;
-    let target = Target {
-        path: w.remote.clone(),
-        ..server.clone()
-    };
-    let mut s = super::summary("get", &target, local, w.size, Some(w.size), 0, started);
-    s.mode = "extended-block";
-    s.streams = streams;
-    s.checksum = checksum;
-    s.new_data_connections = 0;
-    s.per_connection_bytes = transfer.per_link_bytes();
-    Ok(s)
+    let per_conn = transfer.per_link_bytes();
+    Ok(summary(
+        "get", server, w, local, started, per_conn, checksum,
+    ))
 }
 
 /// A file to upload ahead, open and hashed: its checksum goes out with its STOR, so the server
@@ -261,11 +274,7 @@ impl Outgoing {
 /// turn, and reads and drops that of a file it refuses (`OPTS STOR Eager=1`), so the
 /// connections stay in step. An error here leaves the session out of step: it must go.
 pub fn announce(c: &mut Control, files: &mut [&mut Outgoing]) -> Result<()> {
-    // Once per session, before the first batch (whose answers it precedes): an op deferred
-    // behind others' outcomes would be read in their place.
-    if !c.session().eager() {
-        c.later(Op::Eager(true), None)?;
-    }
+    c.later(Op::Eager(true), None)?;
     c.begin_all(files.iter().flat_map(|o| {
         [
             Op::Simple {
@@ -320,41 +329,16 @@ pub fn send_next(
     if let Err(e) = c.outcome(Some("SCKS".into())) {
         return Err(Failed::session(e));
     }
-    match c.outcome(Some(stor.clone())) {
-        Ok(Outcome::Started { reused: true }) => {}
-        Ok(o) => {
-            return Err(Failed::session(ClientError::Protocol(format!(
-                "{stor}: the server opened new data connections ({o:?}) where it had kept some"
-            ))));
-        }
-        // Its end fails with it.
-        Err(e @ ClientError::Remote { .. }) => {
-            return match c.outcome(None) {
-                Err(_) => Err(Failed::file(e)),
-                Ok(_) => Err(Failed::session(e)),
-            };
-        }
-        Err(e) => return Err(Failed::session(e)),
-    }
+    started_on_kept(c, &stor)?;
     c.outcome(Some(stor)).map_err(Failed::file)?;
-    let target = Target {
-        path: o.wanted.remote.clone(),
-        ..server.clone()
-    };
-    let size = o.wanted.size;
-    let mut s = super::summary(
+    let checksum = Some(format!("{} {}", checksum::NAME, o.sum));
+    Ok(summary(
         "put",
-        &target,
+        server,
+        &o.wanted,
         String::new(),
-        size,
-        Some(size),
-        0,
         o.started,
-    );
-    s.mode = "extended-block";
-    s.streams = o.sent.len() as u32;
-    s.checksum = Some(format!("{} {}", checksum::NAME, o.sum));
-    s.new_data_connections = 0;
-    s.per_connection_bytes = o.sent;
-    Ok(s)
+        o.sent,
+        checksum,
+    ))
 }

@@ -206,11 +206,7 @@ pub fn get_tree(
         if mtime.is_none() && mdtm {
             mtime = remote_mtime(c, &job.remote);
         }
-        if tree.update
-            && let Ok(m) = std::fs::metadata(&job.local)
-            && let Some(size) = job.size
-            && up_to_date((size, mtime), (m.len(), unix_seconds(&m)))
-        {
+        if tree.update && already_here(job, mtime) {
             return Ok(None);
         }
         refuse_read_only(&dest)?;
@@ -797,18 +793,14 @@ fn get_ahead(
                 && !(update && records::sidecar_path(&super::part_path(&j.local)).exists())
         },
         prepare: |job: &Job| {
-            let size = job.size.unwrap_or(0);
-            if update
-                && let Ok(m) = std::fs::metadata(&job.local)
-                && up_to_date((size, job.mtime), (m.len(), unix_seconds(&m)))
-            {
+            if update && already_here(job, job.mtime) {
                 return Ok(None);
             }
             refuse_read_only(&Dest::File(job.local.clone()))?;
             Ok(Some(Wanted {
                 remote: job.remote.clone(),
                 local: job.local.clone(),
-                size,
+                size: job.size.unwrap_or(0),
             }))
         },
         request: |c: &mut Control, ask: &mut [(Job, Wanted)]| {
@@ -857,6 +849,15 @@ fn put_ahead(
         },
     }
     .run(c, work, results, stop)
+}
+
+/// Whether a download's destination already has its size and is not older than `mtime`
+/// (`--update`).
+fn already_here(job: &Job, mtime: Option<i64>) -> bool {
+    let (Some(size), Ok(m)) = (job.size, std::fs::metadata(&job.local)) else {
+        return false;
+    };
+    up_to_date((size, mtime), (m.len(), unix_seconds(&m)))
 }
 
 /// Whether an error leaves the session unusable for the next file: a file the server refused

@@ -43,23 +43,17 @@ pub(super) async fn transfer(
     let drains = session.drains_refused_upload()
         && matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_))
         && matches!(t.endpoint, DataEndpoint::Cached);
-    let root = match io.root() {
-        Ok(r) => r,
-        Err(e) => {
-            if drains {
-                io.drain_refused_upload().await;
-            }
-            return conn.send(&e.reply(t.path())).await.is_ok();
+    let prepared = match io.root() {
+        Ok(root) => {
+            let (t, at) = (t.clone(), root.clone());
+            tokio::task::spawn_blocking(move || super::files::prepare(&at, &t))
+                .await
+                .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
+                .map(|(job, size)| (root, job, size))
         }
+        Err(e) => Err(e),
     };
-    let prepared = {
-        let t = t.clone();
-        let root = root.clone();
-        tokio::task::spawn_blocking(move || super::files::prepare(&root, &t))
-            .await
-            .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
-    };
-    let (job, size) = match prepared {
+    let (root, job, size) = match prepared {
         Ok(x) => x,
         Err(e) => {
             io.passive = None;

@@ -358,9 +358,10 @@ impl ClientSession {
         self.pipeline
     }
 
-    /// Starts an op. Without pipelining, any op still running is dropped (replies still due
-    /// to it are read and ignored); with it, the op queues behind the others.
-    pub fn begin(&mut self, op: Op) {
+    /// Starts an op; returns its id. Without pipelining, any op still running is dropped
+    /// (replies still due to it are read and ignored); with it, the op queues behind the
+    /// others.
+    pub fn begin(&mut self, op: Op) -> u64 {
         if !self.pipeline {
             self.ops.clear();
         }
@@ -376,7 +377,7 @@ impl ClientSession {
                 waiting_for: "anything more (it had closed already)".into(),
             }));
             self.ops.push_back(running);
-            return;
+            return id;
         }
         let steps: Vec<(Command, Wait)> = match op {
             Op::Login { user, password } if self.pipeline => vec![
@@ -442,6 +443,13 @@ impl ClientSession {
         running.queue.extend(steps);
         self.ops.push_back(running);
         self.pump();
+        id
+    }
+
+    /// The op whose outcome [`ClientSession::poll_outcome`] gives next, by the id `begin`
+    /// returned.
+    pub fn oldest(&self) -> Option<u64> {
+        self.ops.front().map(|o| o.id)
     }
 
     /// Whether a reply is due to op `id`.
