@@ -167,7 +167,8 @@ struct TreeArgs {
     #[arg(short = 'r', long)]
     recursive: bool,
     /// With -r: skip files whose destination has the same size and is not older, and continue
-    /// partial downloads, so a re-run after an interruption moves only what is missing.
+    /// partial downloads and uploads broken off in MODE E (braid and GridFTP servers), so a
+    /// re-run after an interruption moves only what is missing.
     #[arg(long, requires = "recursive")]
     update: bool,
     /// With -r: files in flight at once, each on a session (login) of its own; large files

@@ -711,8 +711,11 @@ pub fn put(
         file,
         len,
         record,
-        have,
+        mut have,
     } = up;
+    if peer == Peer::GridFtp && !have.is_empty() {
+        have = held_for_sure(c, file, &have, &target.path)?;
+    }
     let hint = || PathHint::of(c, Direction::Upload, opts.buffer);
     let plan = Plan::new(
         opts,
@@ -951,6 +954,53 @@ pub fn put(
     );
     Ok(extended(s, &plan, &transfer, steering, verified, reused))
 }
+
+/// Of the ranges a GridFTP server reported holding (111 markers), those whose MD5 on the
+/// server matches this file's. globus-gridftp-server 13 writes the block it held when an
+/// upload broke at offset 0 (strace: `lseek(fd, 0)`, then the block), inside a range it had
+/// reported: trusted blindly, that range would never be sent again and the whole-file check
+/// would fail after every resume. A range that differs is halved down to [`CHECKED_PIECE`],
+/// so only the damaged part goes again.
+fn held_for_sure(c: &mut Control, file: &File, have: &RangeSet, path: &str) -> Result<RangeSet> {
+    let mut sure = RangeSet::new();
+    let mut todo: Vec<(u64, u64)> = have.iter().collect();
+    while let Some((start, end)) = todo.pop() {
+        let ours = crate::sums::md5(file, start, end).map_err(local_err("cannot read the file"))?;
+        let theirs = c.cmd(&Command::Cksm {
+            alg: "MD5".into(),
+            offset: start,
+            length: Some(end - start),
+            path: path.into(),
+        })?;
+        if theirs.code == 213 && theirs.text().trim().eq_ignore_ascii_case(&ours) {
+            sure.insert(start, end);
+        } else if theirs.code != 213 {
+            // No range checksums here: nothing can be vouched for.
+            eprintln!(
+                "braid: the server cannot check what it holds of {path} ({theirs}); sending the whole file"
+            );
+            return Ok(RangeSet::new());
+        } else if end - start > CHECKED_PIECE {
+            let mid = start + (end - start) / 2;
+            todo.extend([(start, mid), (mid, end)]);
+        } else {
+            tracing::info!(
+                "the server's copy of {start}-{end} of {path} differs: sending it again"
+            );
+        }
+    }
+    if sure.len() < have.len() {
+        eprintln!(
+            "braid: {} of the {} bytes the server reported holding of {path} differ from this file; sending them again",
+            have.len() - sure.len(),
+            have.len()
+        );
+    }
+    Ok(sure)
+}
+
+/// The smallest part of a held range checked on its own before it is given up.
+const CHECKED_PIECE: u64 = 4 << 20;
 
 /// `SCKS XXH3 <hex>` for the whole local file: a braid server checks an upload it did not see
 /// whole (a resumed one) against it before the file takes its name.

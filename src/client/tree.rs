@@ -14,7 +14,7 @@ use super::pipeline::{self, Wanted};
 use super::records;
 use super::{
     Dest, ListEntry, Options, Summary, Target, another_session, display_url, get_on, list_dir,
-    put_on, refuse_read_only, session,
+    parallel, put_on, refuse_read_only, session,
 };
 use braid_proto::Command;
 use braid_proto::client::{Direction, Op};
@@ -239,6 +239,16 @@ pub fn get_tree(
     Ok(out.finished())
 }
 
+/// Whether an earlier MODE E upload of this very file (same size and time) to this place
+/// left a record of what the server holds.
+fn upload_recorded(job: &Job, target: &Target) -> bool {
+    std::fs::metadata(&job.local).is_ok_and(|m| {
+        records::UploadRecord::new(&job.local, &m, &target.host, &target.path)
+            .load()
+            .is_some()
+    })
+}
+
 /// Uploads local trees (or single files) to one server: each `(source, top)` pair puts the
 /// source directory's contents into the remote directory `top`, which is created if missing.
 pub fn put_tree(
@@ -285,7 +295,20 @@ pub fn put_tree(
         };
         // Its data waits for STOR's answer.
         c.later(Op::Eager(false), None)?;
-        let s = put_on(c, &job.local, &target, o)?;
+        // A file an earlier run broke off in MODE E goes on from what the server reported
+        // holding. Without such a record it goes whole: a shorter file there may be another
+        // version, not a beginning of this one.
+        let resume =
+            tree.update && parallel::Peer::of(c).is_some() && upload_recorded(job, &target);
+        let s = put_on(
+            c,
+            &job.local,
+            &target,
+            &Options {
+                resume,
+                ..o.clone()
+            },
+        )?;
         done(&s);
         Ok(Some(s))
     };

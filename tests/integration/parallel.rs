@@ -1,6 +1,8 @@
 //! MODE E between braid peers: sizes around block boundaries, 1 to 32 connections, standard
 //! output, protocol violations and checksum mismatches.
-use crate::util::{BRAID, Raw, Server, braid, json, random_bytes, resume_get, tempdir};
+use crate::util::{
+    BRAID, Raw, Server, braid, json, random_bytes, resume_get, tempdir, upload_record,
+};
 use braid_proto::block::Header;
 use std::io::{Read, Write};
 
@@ -632,22 +634,6 @@ fn the_checksum_is_asked_for_before_the_transfer_ends() {
         .unwrap_or_default()
         .to_string();
     assert!(checksum.starts_with("XXH3 "), "{out}");
-}
-
-/// The ranges the client's upload record says the server holds (None: no record).
-fn upload_record(state: &std::path::Path) -> Option<braid_proto::ranges::RangeSet> {
-    let dir = state.join("braid").join("uploads");
-    let entry = std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .find(|e| e.path().extension().is_some_and(|x| x == "json"))?;
-    let record: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(entry.path()).ok()?).ok()?;
-    let ranges = record["ranges"].as_str()?;
-    if ranges.is_empty() {
-        return Some(braid_proto::ranges::RangeSet::new());
-    }
-    braid_proto::ranges::RangeSet::parse(ranges).ok()
 }
 
 #[test]

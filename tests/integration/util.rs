@@ -527,3 +527,19 @@ pub fn bench(home: &Path, args: &[&str], limit: Duration) -> (serde_json::Value,
     let report = std::fs::read_to_string(out_dir.join("report.json")).expect("report.json");
     (json(&report), stdout)
 }
+
+/// The ranges the client's upload record says the server holds (None: no record).
+pub fn upload_record(state: &std::path::Path) -> Option<braid_proto::ranges::RangeSet> {
+    let dir = state.join("braid").join("uploads");
+    let entry = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .find(|e| e.path().extension().is_some_and(|x| x == "json"))?;
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(entry.path()).ok()?).ok()?;
+    let ranges = record["ranges"].as_str()?;
+    if ranges.is_empty() {
+        return Some(braid_proto::ranges::RangeSet::new());
+    }
+    braid_proto::ranges::RangeSet::parse(ranges).ok()
+}
