@@ -9,6 +9,7 @@ use braid_proto::listing::{Entry, EntryKind};
 use braid_proto::session::FsError;
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
+use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -158,6 +159,66 @@ impl Root {
             }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Every entry beneath directory `p`, breadth first and sorted within each directory,
+    /// named by its path relative to `p` (MLSR). Symbolic links are described as links and
+    /// never followed, so the walk stays in the tree and ends; directories `depth` levels
+    /// down are listed but not entered. More than `most` entries: refused.
+    pub fn list_tree(&self, p: &VPath, depth: usize, most: usize) -> Result<Vec<Entry>, FsError> {
+        self.is_dir(p)?;
+        let mut out = Vec::new();
+        let mut dirs = VecDeque::from([(p.clone(), String::new(), 0)]);
+        while let Some((dir, rel, level)) = dirs.pop_front() {
+            // The top may be a link that stays in the root, as for MLSD; nothing under it is
+            // followed.
+            let follow = if level == 0 {
+                OFlags::empty()
+            } else {
+                OFlags::NOFOLLOW
+            };
+            let fd = match self.open_at(&dir, OFlags::RDONLY | OFlags::DIRECTORY | follow) {
+                Ok(fd) => fd,
+                // Gone or replaced since its parent was read: it is listed, with nothing in it.
+                Err(_) if level > 0 => continue,
+                Err(e) => return Err(e),
+            };
+            let mut here = Vec::new();
+            for item in rustix::fs::Dir::read_from(&fd).map_err(errno_to_fs)? {
+                let item = item.map_err(errno_to_fs)?;
+                let Ok(name) = item.file_name().to_str() else {
+                    continue; // not UTF-8, as in `list`
+                };
+                if name == "." || name == ".." || name.chars().any(char::is_control) {
+                    continue;
+                }
+                if let Ok(st) = rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+                    here.push(entry_from_stat(name, &st));
+                }
+            }
+            here.sort_by(|a, b| a.name.cmp(&b.name));
+            for mut e in here {
+                let path = if rel.is_empty() {
+                    e.name.clone()
+                } else {
+                    format!("{rel}/{}", e.name)
+                };
+                if e.kind == EntryKind::Dir && level + 1 < depth {
+                    let child = dir
+                        .join(&e.name)
+                        .map_err(|e| FsError::Other(e.to_string()))?;
+                    dirs.push_back((child, path.clone(), level + 1));
+                }
+                e.name = path;
+                out.push(e);
+                if out.len() > most {
+                    return Err(FsError::Other(format!(
+                        "more than {most} entries beneath this directory: list its directories one at a time (MLSD)"
+                    )));
+                }
+            }
+        }
         Ok(out)
     }
 

@@ -343,6 +343,12 @@ impl Control {
     /// its verb. Ops begun with [`Control::later`] are read where they stand among the
     /// others, so one begun behind ops still running waits for them.
     fn finished(&mut self, what: Option<String>) -> Result<Outcome> {
+        if self.session.oldest().is_none() {
+            // Nothing asked: no reply can end the wait.
+            return Err(ClientError::Protocol(
+                "waited for the answer to nothing (a bug in braid)".into(),
+            ));
+        }
         while let Some(&(id, _)) = self.deferred.front()
             && self.session.oldest() == Some(id)
         {

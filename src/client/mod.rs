@@ -1000,6 +1000,31 @@ pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
 /// Lists `path` (the login directory when empty) on an open session: MLSD, or LIST on
 /// servers without it, whose lines are kept as they came (`raw`) beside what their usual forms
 /// say. The directory's own `.` and `..` entries are left out.
+/// Every entry beneath `path` in one listing (MLSR, which globus-gridftp-server and braid
+/// serve offer), each named by its path relative to `path`.
+fn list_tree(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
+    let mlsr = Command::Mlsr((!path.is_empty()).then(|| path.to_string()));
+    let data = c.open_data()?;
+    c.start_transfer(&mlsr)?;
+    let text = read_all(c.protect(data)?, c, &mlsr)?;
+    Ok(machine_entries(&text))
+}
+
+/// The entries of an MLSD or MLSR listing, the listed directory (and its parent) left out.
+fn machine_entries(text: &str) -> Vec<ListEntry> {
+    text.lines()
+        .filter_map(braid_proto::listing::parse_mlsx)
+        .filter(|m| !matches!(m.kind.as_deref(), Some("cdir" | "pdir")))
+        .map(|m| ListEntry {
+            name: m.name,
+            kind: m.kind,
+            size: m.size,
+            modify: m.modify,
+            raw: None,
+        })
+        .collect()
+}
+
 fn list_dir(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
     let path = (!path.is_empty()).then(|| path.to_string());
     let mlsd = Command::Mlsd(path.clone());
@@ -1017,36 +1042,24 @@ fn list_dir(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
         }
         Err(e) => return Err(e),
     };
+    if machine {
+        return Ok(machine_entries(&text));
+    }
     let mut entries = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        if machine {
-            if let Some(m) = braid_proto::listing::parse_mlsx(line) {
-                if matches!(m.kind.as_deref(), Some("cdir" | "pdir")) {
-                    continue;
-                }
-                entries.push(ListEntry {
-                    name: m.name,
-                    kind: m.kind,
-                    size: m.size,
-                    modify: m.modify,
-                    raw: None,
-                });
-            }
-        } else {
-            let parsed = braid_proto::listing::parse_list(line);
-            if parsed.as_ref().is_some_and(|p| {
-                p.kind.as_deref() == Some("dir") && matches!(p.name.as_str(), "." | "..")
-            }) {
-                continue;
-            }
-            entries.push(ListEntry {
-                name: parsed.as_ref().map_or(line, |p| &p.name).to_string(),
-                kind: parsed.as_ref().and_then(|p| p.kind.clone()),
-                size: parsed.as_ref().and_then(|p| p.size),
-                modify: None,
-                raw: Some(line.to_string()),
-            });
+        let parsed = braid_proto::listing::parse_list(line);
+        if parsed.as_ref().is_some_and(|p| {
+            p.kind.as_deref() == Some("dir") && matches!(p.name.as_str(), "." | "..")
+        }) {
+            continue;
         }
+        entries.push(ListEntry {
+            name: parsed.as_ref().map_or(line, |p| &p.name).to_string(),
+            kind: parsed.as_ref().and_then(|p| p.kind.clone()),
+            size: parsed.as_ref().and_then(|p| p.size),
+            modify: None,
+            raw: Some(line.to_string()),
+        });
     }
     Ok(entries)
 }

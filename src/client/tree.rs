@@ -14,12 +14,12 @@ use super::pipeline::{self, Wanted};
 use super::records;
 use super::{
     Dest, ListEntry, Options, Summary, Target, another_session, display_url, get_on, list_dir,
-    parallel, put_on, refuse_read_only, session,
+    list_tree, parallel, put_on, refuse_read_only, session,
 };
 use braid_proto::Command;
 use braid_proto::client::{Direction, Op};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 /// Deeper than this is a loop a server made up (or a tree nobody should mirror blindly).
-const MAX_DEPTH: usize = 64;
+const MAX_DEPTH: usize = braid_proto::listing::TREE_DEPTH;
 
 /// How a tree transfer runs.
 #[derive(Debug, Clone, Copy)]
@@ -349,14 +349,29 @@ fn walk_remote(
     dir_times: &mut Vec<(PathBuf, i64)>,
     out: &mut TreeSummary,
 ) {
-    let mut dirs = VecDeque::from([(source.path.clone(), top.to_path_buf(), 0usize)]);
-    while let Some((remote, local, depth)) = dirs.pop_front() {
+    // One listing for the whole tree where the server has MLSR; else one per directory.
+    let mut listed = c
+        .has_feature("MLSR")
+        .then(|| match list_tree(c, &source.path) {
+            Ok(all) => Some(Listed::by_directory(all)),
+            Err(e) => {
+                tracing::info!("MLSR {}: {e}; listing one directory at a time", source.path);
+                None
+            }
+        })
+        .flatten();
+    let mut dirs = VecDeque::from([(source.path.clone(), top.to_path_buf(), String::new(), 0)]);
+    while let Some((remote, local, rel, depth)) = dirs.pop_front() {
         if let Err(e) = local_dir(&local) {
             out.fail(local.display().to_string(), &e);
             continue;
         }
         out.directories += 1;
-        let entries = match list_dir(c, &remote) {
+        let entries = match &mut listed {
+            Some(l) => Ok(l.take(&rel)),
+            None => list_dir(c, &remote),
+        };
+        let entries = match entries {
             Ok(e) => e,
             Err(e) => {
                 out.fail(shown(&remote), &e);
@@ -379,6 +394,14 @@ fn walk_remote(
         };
         for e in entries {
             let path = format!("{base}{}", e.name);
+            let rel_path = if rel.is_empty() {
+                e.name.clone()
+            } else {
+                format!("{rel}/{}", e.name)
+            };
+            if let Some(l) = &mut listed {
+                l.named.insert(rel_path.clone());
+            }
             if let Some(why) = unsafe_name(&e.name) {
                 out.refuse(shown(&path), why);
                 continue;
@@ -406,10 +429,82 @@ fn walk_remote(
                     if let Some(m) = e.modify {
                         dir_times.push((local.join(&e.name), m));
                     }
-                    dirs.push_back((path, local.join(&e.name), depth + 1));
+                    dirs.push_back((path, local.join(&e.name), rel_path, depth + 1));
                 }
                 kind => out.skip(shown(&path), remote_kind(kind, &e)),
             }
+        }
+    }
+    if let Some(l) = listed {
+        l.report_strays(&source.path, out);
+    }
+}
+
+/// An MLSR listing, by directory: each directory's entries (named by their last name) under
+/// its path relative to the listed top ("" for the top).
+struct Listed {
+    dirs: HashMap<String, Vec<ListEntry>>,
+    /// Directories whose entries the walk took.
+    taken: HashSet<String>,
+    /// Every entry of those, by its path relative to the top.
+    named: HashSet<String>,
+}
+
+impl Listed {
+    fn by_directory(all: Vec<ListEntry>) -> Listed {
+        let mut dirs: HashMap<String, Vec<ListEntry>> = HashMap::new();
+        for mut e in all {
+            if e.name.starts_with('/') || e.name.ends_with('/') || e.name.contains("//") {
+                // No directory of the tree: reported as a stray, with nothing in it taken.
+                dirs.entry(e.name.clone()).or_default();
+                continue;
+            }
+            let (parent, name) = match e.name.rsplit_once('/') {
+                Some((p, n)) => (p.to_string(), n.to_string()),
+                None => (String::new(), e.name.clone()),
+            };
+            e.name = name;
+            dirs.entry(parent).or_default().push(e);
+        }
+        Listed {
+            dirs,
+            taken: HashSet::new(),
+            named: HashSet::new(),
+        }
+    }
+
+    /// The entries of the directory at `rel`, taken out of the listing.
+    fn take(&mut self, rel: &str) -> Vec<ListEntry> {
+        self.taken.insert(rel.to_string());
+        self.dirs.remove(rel).unwrap_or_default()
+    }
+
+    /// Entries the server listed under a path that is no directory of the tree (`a/../b/x`,
+    /// `/x`, or a directory it never listed) are refused, once per path, and never requested.
+    /// Those beneath an entry the walk refused or skipped (a link, a name too deep) were
+    /// reported with it.
+    fn report_strays(self, top: &str, out: &mut TreeSummary) {
+        let base = top.trim_end_matches('/');
+        let mut strays: Vec<&String> = self
+            .dirs
+            .keys()
+            .filter(|parent| {
+                // The outermost part of the path the walk did not go into: if the server
+                // listed it, the walk reported it.
+                let outermost = parent
+                    .match_indices('/')
+                    .map(|(at, _)| &parent[..at])
+                    .chain([parent.as_str()])
+                    .find(|p| !self.taken.contains(*p));
+                outermost.is_some_and(|p| !self.named.contains(p))
+            })
+            .collect();
+        strays.sort();
+        for parent in strays {
+            out.refuse(
+                shown(&format!("{base}/{parent}")),
+                "entries the server listed (MLSR) under a path that is not a directory of the tree",
+            );
         }
     }
 }
@@ -427,22 +522,21 @@ fn walk_local(
 ) {
     let top = top.trim_end_matches('/');
     // The top's parents first, as `mkdir -p` would.
-    for (at, _) in top.match_indices('/').filter(|&(at, _)| at > 0) {
-        let _ = c.cmd(&Command::Mkd(top[..at].to_string()));
-    }
+    let mut made: Vec<String> = top
+        .match_indices('/')
+        .filter(|&(at, _)| at > 0)
+        .map(|(at, _)| top[..at].to_string())
+        .collect();
+    // Here first: every directory and file, before anything is asked of the server.
+    let mut found = Vec::new();
+    let mut walked = Vec::new();
     let mut dirs = VecDeque::from([(source.to_path_buf(), top.to_string())]);
     while let Some((local, remote)) = dirs.pop_front() {
         if !remote.is_empty() {
-            // A directory that exists already is refused (550 or 521) and is fine; one that
-            // cannot be made shows in its files' failures.
-            let _ = c.cmd(&Command::Mkd(remote.clone()));
+            made.push(remote.clone());
         }
+        walked.push(remote.clone());
         out.directories += 1;
-        let there: Vec<ListEntry> = if update {
-            list_dir(c, &remote).unwrap_or_default()
-        } else {
-            Vec::new()
-        };
         let mut entries: Vec<_> = match std::fs::read_dir(&local) {
             Ok(rd) => rd.filter_map(|e| e.ok()).collect(),
             Err(e) => {
@@ -485,29 +579,97 @@ fn walk_local(
             if meta.is_dir() {
                 dirs.push_back((path, format!("{base}{name}")));
             } else if meta.is_file() {
-                let on_server = there.iter().find(|t| t.name == name);
-                if let Some(t) = on_server
-                    && let Some(size) = t.size
-                    && up_to_date(
-                        (meta.len(), Some(unix_seconds(&meta))),
-                        (size, t.modify.unwrap_or(i64::MAX)),
-                    )
-                {
-                    out.up_to_date += 1;
-                    continue;
-                }
-                jobs.push(Job {
+                let job = Job {
                     remote: format!("{base}{name}"),
                     local: path,
                     size: Some(meta.len()),
                     exact: true,
                     mtime: None,
-                });
+                };
+                found.push((job, unix_seconds(&meta)));
             } else {
                 out.skip(shown_local, kind_of(&meta));
             }
         }
     }
+    make_dirs(c, &made);
+    let there = if update {
+        remote_files(c, top, &walked)
+    } else {
+        HashMap::new()
+    };
+    for (job, mtime) in found {
+        let (dir, name) = job.remote.rsplit_once('/').unwrap_or(("", &job.remote));
+        if let Some(t) = there.get(dir).and_then(|d| d.get(name))
+            && let (Some(size), Some(len)) = (t.size, job.size)
+            && up_to_date((len, Some(mtime)), (size, t.modify.unwrap_or(i64::MAX)))
+        {
+            out.up_to_date += 1;
+            continue;
+        }
+        jobs.push(job);
+    }
+}
+
+/// Creates the remote directories, parents first. A server that pipelines (braid) gets them
+/// a batch at a time, others one by one. A directory that exists already is refused (550 or
+/// 521) and is fine; one that cannot be made shows in its files' failures.
+fn make_dirs(c: &mut Control, dirs: &[String]) {
+    if !c.session().pipelining() {
+        for d in dirs {
+            let _ = c.cmd(&Command::Mkd(d.clone()));
+        }
+        return;
+    }
+    for batch in dirs.chunks(64) {
+        let mkd = batch.iter().map(|d| Op::Ask(Command::Mkd(d.clone())));
+        if c.begin_all(mkd).is_err() {
+            return;
+        }
+        for _ in batch {
+            let _ = c.outcome(None);
+        }
+    }
+}
+
+/// What the server holds in the directories `dirs` (`top` and those beneath it), by
+/// directory and name: one MLSR of `top` where the server has it, else a listing per
+/// directory.
+fn remote_files(
+    c: &mut Control,
+    top: &str,
+    dirs: &[String],
+) -> HashMap<String, HashMap<String, ListEntry>> {
+    let mut there: HashMap<String, HashMap<String, ListEntry>> = HashMap::new();
+    let tree = c
+        .has_feature("MLSR")
+        .then(|| list_tree(c, top).ok())
+        .flatten();
+    match tree {
+        Some(all) => {
+            for e in all {
+                let full = if top.is_empty() {
+                    e.name.clone()
+                } else {
+                    format!("{top}/{}", e.name)
+                };
+                if let Some((dir, name)) = full.rsplit_once('/') {
+                    let name = name.to_string();
+                    there.entry(dir.to_string()).or_default().insert(name, e);
+                } else {
+                    there.entry(String::new()).or_default().insert(full, e);
+                }
+            }
+        }
+        None => {
+            for dir in dirs {
+                let entries = list_dir(c, dir).unwrap_or_default();
+                let by_name = entries.into_iter().map(|e| (e.name.clone(), e)).collect();
+                there.insert(dir.clone(), by_name);
+            }
+        }
+    }
+    there
 }
 
 /// The queue of files and the sessions that take from it.

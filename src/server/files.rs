@@ -11,6 +11,10 @@ use braid_proto::session::{
 };
 use std::time::SystemTime;
 
+/// The most entries one MLSR lists (about 150 bytes each, held until sent): a larger tree is
+/// listed a directory at a time.
+const TREE_ENTRIES: usize = 500_000;
+
 pub(super) fn fs_blocking(
     root: &Root,
     sums: &ChecksumCache,
@@ -178,12 +182,14 @@ pub(super) fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), F
             let now = unix_now();
             let dir = root.stat(p)?;
             let mut text = String::new();
-            let entries = if dir.kind == EntryKind::Dir {
-                root.list(p)?
-            } else {
-                vec![dir.clone()]
+            let entries = match (dir.kind, style) {
+                (EntryKind::Dir, ListStyle::MachineTree) => {
+                    root.list_tree(p, listing::TREE_DEPTH, TREE_ENTRIES)?
+                }
+                (EntryKind::Dir, _) => root.list(p)?,
+                _ => vec![dir.clone()],
             };
-            if *style == ListStyle::Machine {
+            if matches!(style, ListStyle::Machine | ListStyle::MachineTree) {
                 if dir.kind != EntryKind::Dir {
                     return Err(FsError::NotADirectory);
                 }
@@ -196,7 +202,7 @@ pub(super) fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), F
                 let line = match style {
                     ListStyle::Long => listing::list_line(e, now),
                     ListStyle::Names => e.name.clone(),
-                    ListStyle::Machine => {
+                    ListStyle::Machine | ListStyle::MachineTree => {
                         let facts = listing::mlsx_facts(e, None, t.writable);
                         format!("{} {}", select_facts(&facts, &t.facts), e.name)
                     }

@@ -80,15 +80,18 @@ fn a_tree_goes_down_and_up_again_through_braid_serve() {
     std::fs::create_dir_all(served.join("data")).unwrap();
     std::fs::create_dir_all(&outside).unwrap();
     sample_tree(&served.join("data"), &outside);
+    // A link to a directory of the tree itself: followed, it would be a loop.
+    std::os::unix::fs::symlink("..", served.join("data/sub/loop")).unwrap();
     let server = Server::start(&served, &["--anonymous"]);
     let got = dir.path().join("got");
     std::fs::create_dir(&got).unwrap();
 
-    // The tree lands in DEST/data.
+    // The tree lands in DEST/data, listed at once (MLSR).
     let (code, out, err) = braid(
         &[
             "get",
             "-r",
+            "-v",
             &server.url("data/"),
             got.to_str().unwrap(),
             "--json",
@@ -101,8 +104,16 @@ fn a_tree_goes_down_and_up_again_through_braid_serve() {
     let s = tree_summary(&out);
     assert_eq!(s["files"], 4, "{s}");
     assert_eq!(s["directories"], 4, "{s}");
-    assert_eq!(s["skipped"][0]["path"], "/data/sub/outside", "{s}");
+    let skipped: Vec<&str> = s["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(skipped, ["/data/sub/loop", "/data/sub/outside"], "{s}");
     assert!(s["failed"].as_array().unwrap().is_empty(), "{s}");
+    let listings: Vec<&str> = err.lines().filter(|l| l.starts_with("> MLS")).collect();
+    assert_eq!(listings, ["> MLSR data/"], "{err}");
     // One JSON line per file before the summary.
     assert_eq!(out.lines().count(), 5, "{out}");
     // Modification times come along, for files and directories.
@@ -276,8 +287,9 @@ fn a_symlink_planted_in_the_destination_is_not_followed() {
 }
 
 /// A server that speaks just enough FTP for `get -r` (no MLSD: LIST) and lists `listings`
-/// (directory path → LIST lines); RETR sends `files` (path → bytes) and refuses the rest with
-/// 550. Every command it receives is kept in `seen`.
+/// (directory path → LIST lines; a key `MLSR path` holds MLSR lines, and then FEAT offers
+/// MLSR); RETR sends `files` (path → bytes) and refuses the rest with 550. Every command it
+/// receives is kept in `seen`.
 struct Scripted {
     port: u16,
     seen: Arc<Mutex<Vec<String>>>,
@@ -327,7 +339,13 @@ impl Scripted {
             match verb {
                 "USER" => reply("331 go on\r\n"),
                 "PASS" => reply("230 in\r\n"),
-                "FEAT" => reply("211-Features:\r\n SIZE\r\n EPSV\r\n REST STREAM\r\n211 End\r\n"),
+                "FEAT" => {
+                    let mlsr = listings.keys().any(|k| k.starts_with("MLSR "));
+                    reply(&format!(
+                        "211-Features:\r\n SIZE\r\n EPSV\r\n REST STREAM\r\n{}211 End\r\n",
+                        if mlsr { " MLSR\r\n" } else { "" }
+                    ))
+                }
                 "TYPE" => reply("200 ok\r\n"),
                 "EPSV" => {
                     let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -341,7 +359,7 @@ impl Scripted {
                     Some(b) => reply(&format!("213 {}\r\n", b.len())),
                     None => reply("550 no\r\n"),
                 },
-                "LIST" => match listings.get(arg) {
+                "LIST" | "MLSR" => match listings.get(if verb == "LIST" { arg } else { &line }) {
                     Some(text) => {
                         reply("150 here\r\n");
                         let mut d = data(&mut passive);
@@ -438,6 +456,73 @@ fn names_a_hostile_server_lists_are_refused_and_one_failure_does_not_stop_the_re
             .iter()
             .any(|c| c.contains("escape") || c.contains("b.txt") || c.contains("ctl")),
         "a refused name reached the server: {seen:?}"
+    );
+}
+
+/// The same from a server that lists the whole tree at once (MLSR): paths that climb out, are
+/// absolute, or lie beneath no directory it listed are refused, nothing beneath a symbolic
+/// link is taken, and only the two good files are asked for.
+#[test]
+fn paths_a_hostile_server_lists_in_one_tree_listing_are_refused() {
+    let line = |facts: &str, path: &str| format!("type={facts};modify=20261124113300; {path}\r\n");
+    let mut listings = BTreeMap::new();
+    listings.insert(
+        "MLSR t/",
+        [
+            line("cdir", "."),
+            line("file;size=2", "ok.txt"),
+            line("file;size=5", "../escape.txt"),
+            line("dir", "sub"),
+            line("file;size=3", "sub/inner"),
+            line("file;size=5", "sub/../../up.txt"),
+            line("file;size=5", "/abs.txt"),
+            line("file;size=4", "nodir/x"),
+            line("file;size=1", "sub/ctl\u{1b}[2J"),
+            line("OS.unix=slink:/etc", "lnk"),
+            line("file;size=6", "lnk/passwd"),
+        ]
+        .concat(),
+    );
+    let mut files = BTreeMap::new();
+    files.insert("t/ok.txt", b"ok".to_vec());
+    files.insert("t/sub/inner", b"in!".to_vec());
+    let server = Scripted::start(listings, files);
+    let dir = tempdir();
+    let into = dir.path().join("deep");
+    let url = format!("ftp://127.0.0.1:{}/t/", server.port);
+    let (code, out, err) = braid(&["get", "-r", &url, into.to_str().unwrap(), "--json"], &[]);
+    assert_eq!(code, 11, "{out}{err}");
+    let s = tree_summary(&out);
+    assert_eq!(s["files"], 2, "{s}");
+    let failed: Vec<&str> = s["failed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            "/t/sub/ctl\u{1b}[2J",
+            "/t/..",
+            "/t//abs.txt",
+            "/t/nodir",
+            "/t/sub/../.."
+        ],
+        "{s}"
+    );
+    assert_eq!(s["skipped"][0]["path"], "/t/lnk", "{s}");
+    let names: Vec<String> = tree_of(&into.join("t")).into_keys().collect();
+    assert_eq!(names, ["ok.txt", "sub", "sub/inner"]);
+    let seen = server.seen.lock().unwrap();
+    let asked: Vec<&String> = seen
+        .iter()
+        .filter(|c| c.starts_with("RETR") || c.starts_with("LIST") || c.starts_with("MLS"))
+        .collect();
+    assert_eq!(
+        asked,
+        ["MLSR t/", "RETR t/ok.txt", "RETR t/sub/inner"],
+        "{seen:?}"
     );
 }
 

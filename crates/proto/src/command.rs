@@ -107,6 +107,9 @@ pub enum Command {
     List(Option<String>),
     Nlst(Option<String>),
     Mlsd(Option<String>),
+    /// `MLSR [dir]` (GridFTP): MLSD of the whole tree beneath `dir`, each entry named by its
+    /// path relative to it.
+    Mlsr(Option<String>),
     Mlst(Option<String>),
     Size(String),
     Mdtm(String),
@@ -309,6 +312,7 @@ impl Command {
             "LIST" => Command::List(opt_arg()),
             "NLST" => Command::Nlst(opt_arg()),
             "MLSD" => Command::Mlsd(opt_arg()),
+            "MLSR" => Command::Mlsr(opt_arg()),
             "MLST" => Command::Mlst(opt_arg()),
             "SIZE" => Command::Size(path("SIZE")?),
             "MDTM" => Command::Mdtm(path("MDTM")?),
@@ -423,6 +427,7 @@ impl Command {
             Command::List(a) => opt("LIST", a),
             Command::Nlst(a) => opt("NLST", a),
             Command::Mlsd(a) => opt("MLSD", a),
+            Command::Mlsr(a) => opt("MLSR", a),
             Command::Mlst(a) => opt("MLST", a),
             Command::Size(a) => with("SIZE", a),
             Command::Mdtm(a) => with("MDTM", a),
@@ -456,10 +461,10 @@ impl Command {
 /// Every verb the parser knows (aliases such as XPWD included), for HELP and for tests.
 pub const KNOWN_VERBS: &[&str] = &[
     "ABOR", "ACCT", "ALLO", "APPE", "AUTH", "CDUP", "CKSM", "CWD", "DELE", "EPRT", "EPSV", "FEAT",
-    "HELP", "LIST", "MDTM", "MKD", "MLSD", "MLST", "MODE", "MPRT", "MULT", "NLST", "NOOP", "OPTS",
-    "PASS", "PASV", "PBSZ", "PORT", "PROT", "PWD", "SBUF", "SCKS", "SPAS", "SPOR", "QUIT", "REIN",
-    "REST", "RETR", "RMD", "RNFR", "RNTO", "SITE", "SIZE", "STAT", "STOR", "STRU", "SYST", "TYPE",
-    "USER", "XCUP", "XCWD", "XMKD", "XPWD", "XRMD",
+    "HELP", "LIST", "MDTM", "MKD", "MLSD", "MLSR", "MLST", "MODE", "MPRT", "MULT", "NLST", "NOOP",
+    "OPTS", "PASS", "PASV", "PBSZ", "PORT", "PROT", "PWD", "SBUF", "SCKS", "SPAS", "SPOR", "QUIT",
+    "REIN", "REST", "RETR", "RMD", "RNFR", "RNTO", "SITE", "SIZE", "STAT", "STOR", "STRU", "SYST",
+    "TYPE", "USER", "XCUP", "XCWD", "XMKD", "XPWD", "XRMD",
 ];
 
 fn bad(verb: &'static str, reason: impl ToString) -> ParseError {
@@ -663,6 +668,7 @@ mod tests {
             opt_path().prop_map(Command::List),
             opt_path().prop_map(Command::Nlst),
             opt_path().prop_map(Command::Mlsd),
+            opt_path().prop_map(Command::Mlsr),
             opt_path().prop_map(Command::Mlst),
             path_arg().prop_map(Command::Size),
             path_arg().prop_map(Command::Mdtm),

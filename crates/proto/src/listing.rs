@@ -62,6 +62,10 @@ pub fn list_line(e: &Entry, now: i64) -> String {
     )
 }
 
+/// How deep a tree is walked (MLSR on the server, `get -r` on the client): deeper is a loop
+/// or a tree nobody should mirror blindly.
+pub const TREE_DEPTH: usize = 64;
+
 /// The facts of an MLSx line, without the name: `type=file;size=3;modify=...;perm=r;`.
 /// `kind_name` lets MLSD call the listed directory `cdir`. `writable` says whether this user may
 /// change the entry, which decides the `perm` fact.

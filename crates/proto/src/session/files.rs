@@ -126,6 +126,7 @@ impl Session {
             Command::List(arg) => self.list(arg, ListStyle::Long, writable),
             Command::Nlst(arg) => self.list(arg, ListStyle::Names, writable),
             Command::Mlsd(arg) => self.list(arg, ListStyle::Machine, writable),
+            Command::Mlsr(arg) => self.list(arg, ListStyle::MachineTree, writable),
             Command::Mlst(arg) => {
                 let p = resolve!(arg.as_deref().unwrap_or(""));
                 self.fs(FsOp::Mlst(p))

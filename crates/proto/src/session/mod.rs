@@ -261,6 +261,7 @@ impl Session {
             | Command::List(_)
             | Command::Nlst(_)
             | Command::Mlsd(_)
+            | Command::Mlsr(_)
             | Command::Mlst(_)
             | Command::Size(_)
             | Command::Mdtm(_)

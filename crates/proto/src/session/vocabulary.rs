@@ -97,6 +97,9 @@ pub enum ListStyle {
     Names,
     /// MLSD: RFC 3659 facts.
     Machine,
+    /// MLSR: MLSD lines for every entry beneath the directory, named by their paths relative
+    /// to it; symbolic links are described, not followed.
+    MachineTree,
 }
 
 /// What a transfer moves.
