@@ -71,6 +71,26 @@ impl Conn {
         (us > 0).then(|| std::time::Duration::from_micros(us.into()))
     }
 
+    /// Whether the client has closed the control connection, from what its socket holds at
+    /// this moment (an end of stream, or a reset), without waiting; None under TLS, where the
+    /// socket's bytes are records, not commands.
+    pub(super) fn closed_now(&self) -> Option<bool> {
+        let Channel::Clear { rd, .. } = &self.channel else {
+            return None;
+        };
+        if !self.queued.is_empty() || self.lines.pending() > 0 {
+            return Some(false);
+        }
+        let tcp: &tokio::net::TcpStream = rd.as_ref();
+        let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+        Some(match rustix::net::recv(tcp, &mut [0u8; 1], flags) {
+            // (bytes read, length of the message): a peek at an ended stream reads nothing.
+            Ok((n, _)) => n == 0,
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => false,
+            Err(_) => true,
+        })
+    }
+
     /// The next command: one queued during a transfer first, else one read from the client.
     /// Cancel-safe: bytes are only moved into `lines` once a read completes.
     pub(super) async fn next_input(&mut self) -> Input {
