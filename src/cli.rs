@@ -339,6 +339,24 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Standard error for log lines, where a line that cannot be written is dropped. Whoever
+/// read the log may have gone (a closed pipe); tracing-subscriber reports a failed write with
+/// `eprintln!`, which panics on a closed stderr, and the panic took each new session of the
+/// server with it.
+struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
 /// Log lines on stderr up to `level`, or as `RUST_LOG` says when it is set. The server's
 /// carry time and source, for its log, as text or JSON; the client's (`terse`) only the level
 /// and the message, for the person at the terminal.
@@ -347,7 +365,7 @@ fn init_logging(level: tracing::Level, terse: bool, format: LogFormat) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(level.as_str().to_ascii_lowercase()));
     let fmt = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(|| LogWriter)
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal() && format == LogFormat::Text);
     let _ = match (terse, format) {
@@ -813,13 +831,15 @@ fn serve(cli: ServeArgs) -> anyhow::Result<()> {
         };
         let who = args.who(&config);
         let tls = if config.tls.is_some() { "; AUTH TLS offered" } else { "" };
-        println!("braid serve: serving {} ({who}{tls}) at {}", root.display(), server::url_for(addr));
+        // Written, not printed: a closed stdout must not stop the server.
+        use std::io::Write;
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "braid serve: serving {} ({who}{tls}) at {}", root.display(), server::url_for(addr));
         if let Some(listener) = metrics {
-            println!("braid serve: metrics at http://{}/metrics", listener.local_addr()?);
+            let _ = writeln!(out, "braid serve: metrics at http://{}/metrics", listener.local_addr()?);
             tokio::spawn(server::metrics::serve(listener, config.metrics.clone()));
         }
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
+        let _ = out.flush();
         let (configs_tx, configs) = tokio::sync::watch::channel(Arc::new(config));
         tokio::spawn(reload_on_hangup(cli, args.clone(), configs_tx));
         let (stop, stop_rx) = tokio::sync::watch::channel(Shutdown::Running);

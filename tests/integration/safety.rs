@@ -599,3 +599,49 @@ fn a_flood_of_wrong_passwords_keeps_the_server_small_and_slows_guessers() {
         "{alice:#?}"
     );
 }
+
+/// A server whose log and output readers went away (closed pipes on stdout and stderr) goes
+/// on serving: a log line it cannot write is dropped, not a panic that ends the session.
+#[test]
+fn a_server_whose_log_reader_went_away_keeps_serving() {
+    use std::io::BufRead;
+    let top = tempdir();
+    std::fs::write(top.path().join("f.txt"), b"still here").unwrap();
+    let (read_end, write_end) = std::io::pipe().unwrap();
+    drop(read_end);
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut server = Stop(
+        std::process::Command::new(crate::util::BRAID)
+            .args(["serve", "--listen", "127.0.0.1:0", "--anonymous", "--root"])
+            .arg(top.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::from(write_end))
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    {
+        let stdout = server.0.stdout.take().unwrap();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap();
+    }
+    let addr: SocketAddr = line
+        .split("ftp://")
+        .nth(1)
+        .and_then(|r| r.trim().trim_end_matches('/').parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    // Every session logs lines (login, the transfer); two in a row, each served whole.
+    for _ in 0..2 {
+        let mut c = Raw::login(addr, "anonymous", "x");
+        let (reply, data) = retr(&mut c, "f.txt");
+        assert!(reply.starts_with("226"), "{reply}");
+        assert_eq!(data.as_deref(), Some("still here"));
+    }
+}
