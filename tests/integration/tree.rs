@@ -68,6 +68,26 @@ fn without_links(mut t: BTreeMap<String, String>) -> BTreeMap<String, String> {
     t
 }
 
+/// Where the file named `name` was continued from, in a tree's `--json` lines: more than 0.
+fn continued_from(out: &str, name: &str) -> u64 {
+    let line = out
+        .lines()
+        .map(json)
+        .find(|l| l["local"].as_str().is_some_and(|p| p.ends_with(name)))
+        .unwrap_or_else(|| panic!("no line for {name} in {out}"));
+    let kept = line["resumed_from"].as_u64().unwrap_or(0);
+    assert!(kept > 0, "{line}");
+    kept
+}
+
+/// The paths a tree's summary lists under `key` ("failed" or "skipped").
+fn paths<'a>(s: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
+    s[key]
+        .as_array()
+        .map(|a| a.iter().filter_map(|f| f["path"].as_str()).collect())
+        .unwrap_or_default()
+}
+
 /// The last line of `--json` output: the tree's summary.
 fn tree_summary(out: &str) -> serde_json::Value {
     json(out.lines().last().unwrap_or_default())
@@ -104,13 +124,11 @@ fn a_tree_goes_down_and_up_again_through_braid_serve() {
     let s = tree_summary(&out);
     assert_eq!(s["files"], 4, "{s}");
     assert_eq!(s["directories"], 4, "{s}");
-    let skipped: Vec<&str> = s["skipped"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| k["path"].as_str().unwrap())
-        .collect();
-    assert_eq!(skipped, ["/data/sub/loop", "/data/sub/outside"], "{s}");
+    assert_eq!(
+        paths(&s, "skipped"),
+        ["/data/sub/loop", "/data/sub/outside"],
+        "{s}"
+    );
     assert!(s["failed"].as_array().unwrap().is_empty(), "{s}");
     let listings: Vec<&str> = err.lines().filter(|l| l.starts_with("> MLS")).collect();
     assert_eq!(listings, ["> MLSR data/"], "{err}");
@@ -230,13 +248,7 @@ fn after_ctrl_c_update_moves_only_what_is_missing() {
         (Some(2), Some(5)),
         "{s}"
     );
-    let big_line = out
-        .lines()
-        .map(json)
-        .find(|l| l["local"].as_str().is_some_and(|p| p.ends_with("big.bin")))
-        .unwrap();
-    let kept = big_line["resumed_from"].as_u64().unwrap();
-    assert!(kept > 0, "{big_line}");
+    let kept = continued_from(&out, "big.bin");
     assert_eq!(
         s["bytes"].as_u64(),
         Some(big.len() as u64 - kept + 1004),
@@ -494,14 +506,8 @@ fn paths_a_hostile_server_lists_in_one_tree_listing_are_refused() {
     assert_eq!(code, 11, "{out}{err}");
     let s = tree_summary(&out);
     assert_eq!(s["files"], 2, "{s}");
-    let failed: Vec<&str> = s["failed"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["path"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        failed,
+        paths(&s, "failed"),
         [
             "/t/sub/ctl\u{1b}[2J",
             "/t/..",
@@ -912,13 +918,7 @@ fn a_tree_stopped_part_way_with_globus_gridftp_server_goes_on_with_only_the_miss
             &state_env,
         );
         assert_eq!(code, 0, "{out}{err}");
-        let line = out
-            .lines()
-            .map(json)
-            .find(|l| l["local"].as_str().is_some_and(|p| p.ends_with("big.bin")))
-            .unwrap();
-        let kept = line["resumed_from"].as_u64().unwrap();
-        assert!(kept > 0, "{line}");
+        let kept = continued_from(&out, "big.bin");
         let s = tree_summary(&out);
         assert_eq!(s["files"], 7, "{s}");
         assert_eq!(
