@@ -644,4 +644,8 @@ fn a_server_whose_log_reader_went_away_keeps_serving() {
         assert!(reply.starts_with("226"), "{reply}");
         assert_eq!(data.as_deref(), Some("still here"));
     }
+    // And it stops when told to (its shutdown logs too: it used to spin there instead).
+    crate::util::signal_process(server.0.id(), rustix::process::Signal::TERM);
+    let status = crate::util::wait_timeout(&mut server.0, Duration::from_secs(20));
+    assert!(status.is_some(), "braid serve did not stop after SIGTERM");
 }
