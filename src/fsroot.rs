@@ -67,6 +67,14 @@ fn entry_from_stat(name: &str, st: &Stat) -> Entry {
     }
 }
 
+/// A directory entry's name as a listing shows it; None for `.`, `..`, and names that cannot
+/// be named over an RFC 2640 control connection (not UTF-8, or with control characters).
+fn listable(name: &std::ffi::CStr) -> Option<&str> {
+    name.to_str()
+        .ok()
+        .filter(|n| *n != "." && *n != ".." && !n.chars().any(char::is_control))
+}
+
 /// The hidden name an upload of `name` is written under until it completes.
 pub fn part_name(name: &str) -> String {
     format!(".{name}{PART_SUFFIX}")
@@ -140,12 +148,9 @@ impl Root {
         let mut out = Vec::new();
         for item in dir {
             let item = item.map_err(errno_to_fs)?;
-            let Ok(name) = item.file_name().to_str() else {
-                continue; // not UTF-8: cannot be named over an RFC 2640 control connection
-            };
-            if name == "." || name == ".." || name.chars().any(char::is_control) {
+            let Some(name) = listable(item.file_name()) else {
                 continue;
-            }
+            };
             let child = p.join(name).map_err(|e| FsError::Other(e.to_string()))?;
             match self.stat(&child) {
                 Ok(e) => out.push(e),
@@ -167,7 +172,6 @@ impl Root {
     /// never followed, so the walk stays in the tree and ends; directories `depth` levels
     /// down are listed but not entered. More than `most` entries: refused.
     pub fn list_tree(&self, p: &VPath, depth: usize, most: usize) -> Result<Vec<Entry>, FsError> {
-        self.is_dir(p)?;
         let mut out = Vec::new();
         let mut dirs = VecDeque::from([(p.clone(), String::new(), 0)]);
         while let Some((dir, rel, level)) = dirs.pop_front() {
@@ -187,12 +191,9 @@ impl Root {
             let mut here = Vec::new();
             for item in rustix::fs::Dir::read_from(&fd).map_err(errno_to_fs)? {
                 let item = item.map_err(errno_to_fs)?;
-                let Ok(name) = item.file_name().to_str() else {
-                    continue; // not UTF-8, as in `list`
-                };
-                if name == "." || name == ".." || name.chars().any(char::is_control) {
+                let Some(name) = listable(item.file_name()) else {
                     continue;
-                }
+                };
                 if let Ok(st) = rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
                     here.push(entry_from_stat(name, &st));
                 }

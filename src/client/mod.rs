@@ -670,7 +670,7 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
     let s = if local == Path::new("-") {
         put_stdin(&mut c, target, opts)?
     } else {
-        put_on(&mut c, local, target, opts)?
+        put_on(&mut c, local, target, opts, Held::asked(opts))?
     };
     c.quit();
     Ok(s)
@@ -788,7 +788,7 @@ pub fn put_batch(
         ..opts.clone()
     };
     for local in locals {
-        let s = put_on(&mut c, local, dir, &opts)?;
+        let s = put_on(&mut c, local, dir, &opts, Held::asked(&opts))?;
         batch.add(&s);
         done(&s);
     }
@@ -796,8 +796,37 @@ pub fn put_batch(
     Ok(batch.finish())
 }
 
+/// What an upload takes the server to hold of its file already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Nothing: the whole file goes.
+    Nothing,
+    /// What the record of an earlier MODE E upload of it says, else nothing (`put -r
+    /// --update`: a shorter file on the server may be another version, not a beginning).
+    Recorded,
+    /// What that record says, else the size the server reports, continued in stream mode
+    /// (`--resume`).
+    RecordedOrSize,
+}
+
+impl Held {
+    fn asked(opts: &Options) -> Held {
+        if opts.resume {
+            Held::RecordedOrSize
+        } else {
+            Held::Nothing
+        }
+    }
+}
+
 /// Uploads one file on an open session.
-fn put_on(c: &mut Control, local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
+fn put_on(
+    c: &mut Control,
+    local: &Path,
+    target: &Target,
+    opts: &Options,
+    held: Held,
+) -> Result<Summary> {
     let file = File::open(local).map_err(local_err(format!("cannot read {}", local.display())))?;
     let meta = file
         .metadata()
@@ -818,10 +847,10 @@ fn put_on(c: &mut Control, local: &Path, target: &Target, opts: &Options) -> Res
     }
     if let Some(peer) = parallel::Peer::of(c) {
         let record = records::UploadRecord::new(local, &meta, &target.host, &target.path);
-        let have = if opts.resume {
-            record.load()
-        } else {
-            Some(braid_proto::ranges::RangeSet::new())
+        let have = match held {
+            Held::Nothing => Some(braid_proto::ranges::RangeSet::new()),
+            Held::Recorded => Some(record.load().unwrap_or_default()),
+            Held::RecordedOrSize => record.load(),
         };
         match have {
             Some(have) => {
@@ -850,7 +879,7 @@ fn put_on(c: &mut Control, local: &Path, target: &Target, opts: &Options) -> Res
         stream_mode(opts)?;
     }
     let mut offset = 0;
-    if opts.resume {
+    if held == Held::RecordedOrSize {
         let r = c.size(&target.path)?;
         if r.code == 213 {
             offset = r.text().trim().parse::<u64>().unwrap_or(0);

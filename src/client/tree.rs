@@ -13,8 +13,8 @@ use super::names::{case_collisions, unsafe_name, up_to_date};
 use super::pipeline::{self, Wanted};
 use super::records;
 use super::{
-    Dest, ListEntry, Options, Summary, Target, another_session, display_url, get_on, list_dir,
-    list_tree, parallel, put_on, refuse_read_only, session,
+    Dest, Held, ListEntry, Options, Summary, Target, another_session, display_url, get_on,
+    list_dir, list_tree, put_on, refuse_read_only, session,
 };
 use braid_proto::Command;
 use braid_proto::client::{Direction, Op};
@@ -239,16 +239,6 @@ pub fn get_tree(
     Ok(out.finished())
 }
 
-/// Whether an earlier MODE E upload of this very file (same size and time) to this place
-/// left a record of what the server holds.
-fn upload_recorded(job: &Job, target: &Target) -> bool {
-    std::fs::metadata(&job.local).is_ok_and(|m| {
-        records::UploadRecord::new(&job.local, &m, &target.host, &target.path)
-            .load()
-            .is_some()
-    })
-}
-
 /// Uploads local trees (or single files) to one server: each `(source, top)` pair puts the
 /// source directory's contents into the remote directory `top`, which is created if missing.
 pub fn put_tree(
@@ -295,20 +285,14 @@ pub fn put_tree(
         };
         // Its data waits for STOR's answer.
         c.later(Op::Eager(false), None)?;
-        // A file an earlier run broke off in MODE E goes on from what the server reported
-        // holding. Without such a record it goes whole: a shorter file there may be another
-        // version, not a beginning of this one.
-        let resume =
-            tree.update && parallel::Peer::of(c).is_some() && upload_recorded(job, &target);
-        let s = put_on(
-            c,
-            &job.local,
-            &target,
-            &Options {
-                resume,
-                ..o.clone()
-            },
-        )?;
+        // With --update, a file an earlier run broke off in MODE E goes on from what the
+        // server reported holding.
+        let held = if tree.update {
+            Held::Recorded
+        } else {
+            Held::Nothing
+        };
+        let s = put_on(c, &job.local, &target, o, held)?;
         done(&s);
         Ok(Some(s))
     };
@@ -521,20 +505,11 @@ fn walk_local(
     out: &mut TreeSummary,
 ) {
     let top = top.trim_end_matches('/');
-    // The top's parents first, as `mkdir -p` would.
-    let mut made: Vec<String> = top
-        .match_indices('/')
-        .filter(|&(at, _)| at > 0)
-        .map(|(at, _)| top[..at].to_string())
-        .collect();
     // Here first: every directory and file, before anything is asked of the server.
     let mut found = Vec::new();
     let mut walked = Vec::new();
     let mut dirs = VecDeque::from([(source.to_path_buf(), top.to_string())]);
     while let Some((local, remote)) = dirs.pop_front() {
-        if !remote.is_empty() {
-            made.push(remote.clone());
-        }
         walked.push(remote.clone());
         out.directories += 1;
         let mut entries: Vec<_> = match std::fs::read_dir(&local) {
@@ -592,6 +567,13 @@ fn walk_local(
             }
         }
     }
+    // The top's parents first, as `mkdir -p` would, then the tree's.
+    let made: Vec<String> = top
+        .match_indices('/')
+        .filter(|&(at, _)| at > 0)
+        .map(|(at, _)| top[..at].to_string())
+        .chain(walked.iter().filter(|d| !d.is_empty()).cloned())
+        .collect();
     make_dirs(c, &made);
     let there = if update {
         remote_files(c, top, &walked)
@@ -640,36 +622,30 @@ fn remote_files(
     top: &str,
     dirs: &[String],
 ) -> HashMap<String, HashMap<String, ListEntry>> {
-    let mut there: HashMap<String, HashMap<String, ListEntry>> = HashMap::new();
+    let by_name =
+        |entries: Vec<ListEntry>| entries.into_iter().map(|e| (e.name.clone(), e)).collect();
     let tree = c
         .has_feature("MLSR")
         .then(|| list_tree(c, top).ok())
         .flatten();
     match tree {
-        Some(all) => {
-            for e in all {
-                let full = if top.is_empty() {
-                    e.name.clone()
-                } else {
-                    format!("{top}/{}", e.name)
+        Some(all) => Listed::by_directory(all)
+            .dirs
+            .into_iter()
+            .map(|(rel, entries)| {
+                let dir = match (top.is_empty(), rel.is_empty()) {
+                    (_, true) => top.to_string(),
+                    (true, false) => rel,
+                    (false, false) => format!("{top}/{rel}"),
                 };
-                if let Some((dir, name)) = full.rsplit_once('/') {
-                    let name = name.to_string();
-                    there.entry(dir.to_string()).or_default().insert(name, e);
-                } else {
-                    there.entry(String::new()).or_default().insert(full, e);
-                }
-            }
-        }
-        None => {
-            for dir in dirs {
-                let entries = list_dir(c, dir).unwrap_or_default();
-                let by_name = entries.into_iter().map(|e| (e.name.clone(), e)).collect();
-                there.insert(dir.clone(), by_name);
-            }
-        }
+                (dir, by_name(entries))
+            })
+            .collect(),
+        None => dirs
+            .iter()
+            .map(|dir| (dir.clone(), by_name(list_dir(c, dir).unwrap_or_default())))
+            .collect(),
     }
-    there
 }
 
 /// The queue of files and the sessions that take from it.
