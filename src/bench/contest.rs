@@ -66,6 +66,9 @@ pub struct Round {
     /// second, iperf3's each half second.
     pub braid_series: Vec<(f64, f64)>,
     pub iperf3_series: Vec<(f64, f64)>,
+    /// The controller's trace in that run (braid's `--json` `background`): what it saw and
+    /// the rate it set each second, to tell a slow comeback's cause.
+    pub braid_controller: serde_json::Value,
 }
 
 pub fn run(args: &BenchArgs) -> Result<u8> {
@@ -247,7 +250,11 @@ fn round(place: &Place, braid: &Path) -> Result<Round> {
     let i_start = clock.now();
     let during = iperf3_rates(&finish(i, "iperf3 against braid")?);
     let i_end = i_start + COMPETE;
-    let braid_run = braid_rates(&finish(b, "braid --background")?);
+    let summary = finish(b, "braid --background")?;
+    let braid_run = braid_rates(&summary);
+    r.braid_controller = serde_json::from_str::<serde_json::Value>(summary.trim())
+        .map(|v| v["background"].clone())
+        .unwrap_or_default();
     (r.ping_up_p50_ms, r.ping_up_p95_ms) = ping.rise(4.5, b_start + 5.0, b_start + JOIN);
     // braid's times are since its start, iperf3's since its own.
     r.alone = mean(&braid_run, b_start, b_start + 5.0, b_start + JOIN);

@@ -240,12 +240,12 @@ pub fn receive_next(
     ))
 }
 
-/// A file to upload ahead, open and hashed: its checksum goes out with its STOR, so the server
-/// checks it before the file takes its name.
+/// A file to upload ahead: open, and read once it is its turn to go.
 pub struct Outgoing {
     wanted: Wanted,
     file: std::fs::File,
-    sum: String,
+    /// Its checksum once read; or why it could not be read, and then nothing went out for it.
+    sum: std::result::Result<String, Option<ClientError>>,
     /// Once its data went: the bytes on each connection.
     sent: Vec<u64>,
     started: Instant,
@@ -256,63 +256,106 @@ impl Outgoing {
         let shown = wanted.local.display().to_string();
         let file = std::fs::File::open(&wanted.local)
             .map_err(local_err(format!("cannot read {shown}")))?;
-        let sum = crate::sums::xxh3(&file, wanted.size)
-            .map_err(local_err(format!("cannot read {shown}")))?;
         Ok(Outgoing {
             wanted,
             file,
-            sum: checksum::hex(sum),
+            sum: Err(None),
             sent: Vec::new(),
             started: Instant::now(),
         })
     }
+
+    /// Reads the whole file into `into`, which is its size, and keeps its checksum (or
+    /// why it could not be read).
+    fn read(&mut self, into: &mut [u8]) -> bool {
+        use std::os::unix::fs::FileExt;
+        self.sum = match self.file.read_exact_at(into, 0) {
+            Ok(()) => Ok(checksum::hex(checksum::of(into))),
+            Err(cause) => Err(Some(ClientError::Local {
+                what: format!(
+                    "cannot read {} (did it shrink since the walk?)",
+                    self.wanted.local.display()
+                ),
+                cause,
+            })),
+        };
+        self.sum.is_ok()
+    }
 }
 
-/// Announces uploads of `files`, behind any already out, and sends their data: for each its
-/// checksum (SCKS), its STOR and its end go out together, then its blocks on the kept
+/// Files read at once before their commands go out: a few files' commands per write, and
+/// a session's memory for uploads ahead bounded by this (files are at most [`MAX_SIZE`]).
+const READ_AT_ONCE: u64 = MAX_SIZE;
+
+/// Announces uploads of `files`, behind any already out, and sends their data, a few files
+/// at a time: they are read into `buf` and hashed (each file is read once), then for each
+/// its checksum (SCKS), its STOR and its end go out together, then their blocks on the kept
 /// connections, without waiting for any answer. The server reads the data of each file in
 /// turn, and reads and drops that of a file it refuses (`OPTS STOR Eager=1`), so the
-/// connections stay in step. An error here leaves the session out of step: it must go.
-pub fn announce(c: &mut Control, files: &mut [&mut Outgoing]) -> Result<()> {
+/// connections stay in step. A file that cannot be read fails alone, before anything goes
+/// out for it. Any other error here leaves the session out of step: it must go.
+pub fn announce(c: &mut Control, files: &mut [&mut Outgoing], buf: &mut Vec<u8>) -> Result<()> {
     c.later(Op::Eager(true), None)?;
-    c.begin_all(files.iter().flat_map(|o| {
-        [
-            Op::Simple {
-                cmd: Command::Scks {
-                    alg: checksum::NAME.into(),
-                    value: Some(o.sum.clone()),
+    let mut rest = files;
+    while !rest.is_empty() {
+        let mut n = 0;
+        let mut bytes = 0;
+        while let Some(o) = rest.get(n)
+            && (n == 0 || bytes + o.wanted.size <= READ_AT_ONCE)
+        {
+            bytes += o.wanted.size;
+            n += 1;
+        }
+        let (group, later) = std::mem::take(&mut rest).split_at_mut(n);
+        rest = later;
+        // At most READ_AT_ONCE, or one file of at most MAX_SIZE.
+        let len = bytes as usize;
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        let mut spans = Vec::with_capacity(group.len());
+        let mut at = 0;
+        for o in group.iter_mut() {
+            let end = at + o.wanted.size as usize;
+            spans.push(o.read(&mut buf[at..end]).then_some(at..end));
+            at = end;
+        }
+        c.begin_all(group.iter().filter(|o| o.sum.is_ok()).flat_map(|o| {
+            [
+                Op::Simple {
+                    cmd: Command::Scks {
+                        alg: checksum::NAME.into(),
+                        value: o.sum.as_ref().ok().cloned(),
+                    },
+                    ok: vec![200],
                 },
-                ok: vec![200],
-            },
-            Op::StartTransfer(Command::Stor(o.wanted.remote.clone())),
-            Op::FinishTransfer,
-        ]
-    }))?;
-    for o in files.iter_mut() {
-        let size = o.wanted.size;
-        let mut todo = RangeSet::new();
-        todo.insert(0, size);
-        let transfer = Transfer::new(c.session().elastic());
-        let joins = Joins::cached(c.take_data_connections(), STALL).protected(c.data_tls());
-        let options = crate::engine::send::Options {
-            block: crate::engine::DEFAULT_BLOCK,
-            hash: false,
-            keep: true,
-        };
-        let source = Source::File {
-            file: &o.file,
-            size,
-        };
-        let progress = AtomicU64::new(0);
-        let sent = send(&transfer, source, &todo, joins, options, &progress).map_err(|e| {
-            ClientError::Interrupted {
-                bytes: progress.load(std::sync::atomic::Ordering::Relaxed),
-                why: format!("data connection: {e}"),
-                partial: None,
-            }
-        })?;
-        c.keep_data_connections(Direction::Upload, sent.kept);
-        o.sent = sent.per_conn;
+                Op::StartTransfer(Command::Stor(o.wanted.remote.clone())),
+                Op::FinishTransfer,
+            ]
+        }))?;
+        for (o, span) in group.iter_mut().zip(spans) {
+            let Some(span) = span else { continue };
+            let mut todo = RangeSet::new();
+            todo.insert(0, o.wanted.size);
+            let transfer = Transfer::new(c.session().elastic());
+            let joins = Joins::cached(c.take_data_connections(), STALL).protected(c.data_tls());
+            let options = crate::engine::send::Options {
+                block: crate::engine::DEFAULT_BLOCK,
+                hash: false,
+                keep: true,
+            };
+            let progress = AtomicU64::new(0);
+            let source = Source::Memory(&buf[span]);
+            let sent = send(&transfer, source, &todo, joins, options, &progress).map_err(|e| {
+                ClientError::Interrupted {
+                    bytes: progress.load(std::sync::atomic::Ordering::Relaxed),
+                    why: format!("data connection: {e}"),
+                    partial: None,
+                }
+            })?;
+            c.keep_data_connections(Direction::Upload, sent.kept);
+            o.sent = sent.per_conn;
+        }
     }
     Ok(())
 }
@@ -325,13 +368,21 @@ pub fn send_next(
     o: Outgoing,
     server: &Target,
 ) -> std::result::Result<Summary, Failed> {
+    let sum = match o.sum {
+        Ok(sum) => sum,
+        Err(e) => {
+            // Nothing went out for it: the session has no answer to read.
+            let e = e.unwrap_or_else(|| ClientError::Protocol("a file never announced".into()));
+            return Err(Failed::file(e));
+        }
+    };
     let stor = format!("STOR {}", o.wanted.remote);
     if let Err(e) = c.outcome(Some("SCKS".into())) {
         return Err(Failed::session(e));
     }
     started_on_kept(c, &stor)?;
     c.outcome(Some(stor)).map_err(Failed::file)?;
-    let checksum = Some(format!("{} {}", checksum::NAME, o.sum));
+    let checksum = Some(format!("{} {sum}", checksum::NAME));
     Ok(summary(
         "put",
         server,

@@ -156,6 +156,22 @@ impl Job {
             _ => self.local.display().to_string(),
         }
     }
+
+    /// The options this file moves with: with `-n auto`, a small file goes on one data
+    /// connection, and leaves it for the session's next small files. More would each cost a
+    /// thread per file at both ends and give nothing back, since the session's files in
+    /// flight keep its connection busy: on loopback, 1,000 files of 1 MiB took 2.3 s of which
+    /// 4,048 thread starts on four, against 1.3 s on one.
+    fn options<'a>(&self, opts: &'a Options) -> std::borrow::Cow<'a, Options> {
+        if opts.streams.is_none() && self.size.is_some_and(|s| s <= pipeline::MAX_SIZE) {
+            std::borrow::Cow::Owned(Options {
+                streams: Some(1),
+                ..opts.clone()
+            })
+        } else {
+            std::borrow::Cow::Borrowed(opts)
+        }
+    }
 }
 
 /// Downloads trees (or single files) from one server: each `(source, top)` pair puts the
@@ -789,7 +805,7 @@ impl Work {
                                 }
                             }
                         };
-                        let moved = match one(session, &job, opts) {
+                        let moved = match one(session, &job, &job.options(opts)) {
                             Ok(Some(s)) => Moved::Done(s.bytes),
                             Ok(None) => Moved::UpToDate,
                             Err(e) => {
@@ -988,6 +1004,7 @@ fn put_ahead(
     stop: &dyn Fn() -> bool,
     done: &(impl Fn(&Summary) + Sync),
 ) -> bool {
+    let buf = std::cell::RefCell::new(Vec::new());
     Ahead {
         depth: pipeline::UPLOADS_AHEAD,
         fits: |j: &Job| j.size.is_some_and(|s| s <= pipeline::MAX_SIZE),
@@ -1001,7 +1018,7 @@ fn put_ahead(
         },
         request: |c: &mut Control, ask: &mut [(Job, pipeline::Outgoing)]| {
             let mut files: Vec<_> = ask.iter_mut().map(|(_, o)| o).collect();
-            pipeline::announce(c, &mut files)
+            pipeline::announce(c, &mut files, &mut buf.borrow_mut())
         },
         moved: |c: &mut Control, _: &Job, outgoing: pipeline::Outgoing| {
             let s = pipeline::send_next(c, outgoing, server)?;

@@ -840,6 +840,48 @@ fn files_announced_ahead_fail_alone_and_the_rest_arrive_whole() {
     );
 }
 
+/// With `-n auto`, a tree's small files (600 KiB here: three blocks, which a file on its own
+/// would send over three connections) each go on one data connection, both ways: more would
+/// cost every file a thread per connection at both ends, for nothing.
+#[test]
+fn small_files_of_a_tree_each_go_on_one_data_connection() {
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for i in 0..6u64 {
+        std::fs::write(data.join(format!("f{i}")), random_bytes(600 << 10, i)).unwrap();
+    }
+    let root = dir.path().join("served");
+    std::fs::create_dir_all(root.join("up")).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let got = dir.path().join("got");
+    let runs = [
+        ("put", data.to_str().unwrap().to_string(), server.url("up/")),
+        (
+            "get",
+            server.url("up/data/"),
+            got.to_str().unwrap().to_string(),
+        ),
+    ];
+    for (op, from, to) in runs {
+        let (code, out, err) = braid(&[op, "-r", "-j", "2", "--json", &from, &to], &[]);
+        assert_eq!(code, 0, "{op}: {err}");
+        let files: Vec<serde_json::Value> = out.lines().map(json).collect();
+        let files = &files[..files.len() - 1];
+        assert_eq!(files.len(), 6, "{out}");
+        for f in files {
+            assert_eq!(f["streams"], 1, "{op}: {f}");
+            assert_eq!(
+                f["per_connection_bytes"],
+                serde_json::json!([600 << 10]),
+                "{op}: {f}"
+            );
+        }
+    }
+    assert_eq!(tree_of(&got.join("data")), tree_of(&data));
+    assert_eq!(tree_of(&root.join("up/data")), tree_of(&data));
+}
+
 /// A tree stopped part-way through its large file, against globus-gridftp-server, both ways:
 /// the re-run with `--update` moves the rest of that file and the files not reached, nothing
 /// twice. The upload continues from the server's range markers, checked with CKSM first:
