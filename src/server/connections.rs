@@ -103,6 +103,12 @@ impl Io {
                     (Vec::new(), Some(listener))
                 }
             };
+            // An upload sent ahead comes on the open connections alone: received on the
+            // control task's blocking thread, none started to watch the listener.
+            let (listener, parked) = match b.fixed && !open.is_empty() {
+                true => (None, listener),
+                false => (listener, None),
+            };
             let accept = listener.map(|listener| self.accept(listener, t.buffer));
             let conns = Joins {
                 reused: !open.is_empty(),
@@ -115,6 +121,7 @@ impl Io {
             return Ok(BlockConns::Receive(
                 conns,
                 data::upload_state(&b.have, progress.clone()),
+                parked,
             ));
         }
         if let Some(kept) = cached {

@@ -62,8 +62,13 @@ pub enum BlockConns {
     /// The server sends on these.
     Send(Joins),
     /// The server receives on these, into this state (which the control task reads for the
-    /// 111 Range Markers).
-    Receive(Joins, Arc<engine::receive::Shared>),
+    /// 111 Range Markers); the listener, when no connection may join this transfer, waits
+    /// for the session's next one.
+    Receive(
+        Joins,
+        Arc<engine::receive::Shared>,
+        Option<std::net::TcpListener>,
+    ),
 }
 
 /// The receiving state of a MODE E upload that already holds `have` (REST ranges).
@@ -135,16 +140,17 @@ pub fn run_blocks(
                 },
             })
         }
-        (Job::Stor { upload, file, .. }, BlockConns::Receive(conns, shared)) => {
+        (Job::Stor { upload, file, .. }, BlockConns::Receive(conns, shared, parked)) => {
             let writer = file
                 .try_clone()
                 .map_err(|e| DataError::Local(io_to_fs(&e)))?;
             if let Some(room) = room_for(&file) {
                 shared.limit_to(room);
             }
-            let kept =
+            let mut kept =
                 engine::receive::receive(transfer, conns, &Sink::File(writer), None, &shared)
                     .map_err(engine)?;
+            kept.listener = kept.listener.or(parked);
             let got = shared.snapshot();
             let whole = match got.ranges.iter().collect::<Vec<_>>().as_slice() {
                 [] => Some(0),

@@ -120,7 +120,7 @@ pub(super) async fn transfer(
             tokio::task::spawn_blocking(move || data::run(job, sock, tls, progress))
         }),
         Some(b) => io.block_connections(&t, b, &progress).await.map(|conns| {
-            if let BlockConns::Receive(_, state) = &conns {
+            if let BlockConns::Receive(_, state, _) = &conns {
                 received = Some(state.clone());
             }
             let (progress, moving) = (progress.clone(), moving.clone());

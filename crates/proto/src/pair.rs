@@ -60,6 +60,8 @@ pub struct Pair {
     pub outcomes: VecDeque<TransferOutcome>,
     /// Every command line the server received.
     pub seen: Vec<String>,
+    /// Every transfer the server's session asked for.
+    pub transfers: Vec<crate::session::Transfer>,
     /// Round trips so far (one per command).
     pub round_trips: u32,
     link: Link,
@@ -99,6 +101,7 @@ impl Pair {
             gone: Vec::new(),
             outcomes: VecDeque::new(),
             seen: Vec::new(),
+            transfers: Vec::new(),
             round_trips: 0,
             segments: StdRng::seed_from_u64(link.seed),
             link,
@@ -235,6 +238,7 @@ impl Pair {
                 vec![Reply::new(550, "No such file.")]
             }
             Action::Transfer(t) => {
+                self.transfers.push(t.clone());
                 let size = self.files.get(&t.path().relative()).copied();
                 let outcome = self
                     .outcomes
@@ -613,6 +617,19 @@ mod tests {
         let sent = |p: &Pair| p.seen.iter().filter(|l| l.starts_with("OPTS STOR")).count();
         p.run(Op::Eager(true)).unwrap();
         assert!(p.client.eager() && p.server.drains_refused_upload());
+        // Sent ahead, an upload comes on the open connections alone; the server need not
+        // watch for more (it does for the others).
+        p.run(Op::StartTransfer(Command::Stor("ahead".into())))
+            .unwrap();
+        p.run(Op::FinishTransfer).unwrap();
+        let fixed = |p: &Pair| -> Vec<bool> {
+            let blocks = p
+                .transfers
+                .iter()
+                .map(|t| t.block.as_ref().map(|b| b.fixed));
+            blocks.map(|f| f.expect("MODE E")).collect()
+        };
+        assert_eq!(fixed(&p), [false, true]);
         p.run(Op::Eager(true)).unwrap();
         assert_eq!(sent(&p), 1, "{:?}", p.seen);
         p.run(Op::Eager(false)).unwrap();
@@ -625,6 +642,7 @@ mod tests {
         p.run(Op::StartTransfer(Command::Retr("f".into()))).unwrap();
         p.run(Op::FinishTransfer).unwrap();
         assert!(!p.server.drains_refused_upload());
+        assert_eq!(fixed(&p), [false, true, false], "a download is never fixed");
     }
 
     proptest! {

@@ -34,8 +34,8 @@ impl Session {
             // control session (the client proves it first on each connection).
             // 4: SCKS with a value during an upload that did not defer its own (`SCKS *`) is
             // queued for a later STOR: uploads can be announced ahead, checksum and all; and
-            // OPTS STOR Eager=1: their data may come before STOR's answer (a refused file's
-            // data is read and dropped).
+            // OPTS STOR Eager=1: their data may come before STOR's answer, on the open data
+            // connections only (a refused file's data is read and dropped).
             " BRAID 4".into(),
             " SIZE".into(),
             " SPAS".into(),
@@ -102,7 +102,7 @@ impl Session {
                     self.eager = true;
                     Reply::new(
                         200,
-                        "Eager uploads: data may come before STOR's answer; a refused file's data is dropped.",
+                        "Eager uploads: data may come before STOR's answer, on the open data connections only; a refused file's data is dropped.",
                     )
                 }
                 "eager=0" => {

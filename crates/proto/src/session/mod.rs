@@ -373,6 +373,7 @@ impl Session {
                 max_rate: self.max_rate,
                 congestion: self.congestion,
                 dscp: self.dscp,
+                fixed: upload && self.eager && endpoint == DataEndpoint::Cached,
             })
         } else {
             if rest_ranges.is_some() {

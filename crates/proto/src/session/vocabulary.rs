@@ -76,6 +76,9 @@ pub struct BlockMode {
     pub congestion: Option<crate::retr_opts::CcName>,
     /// The DSCP of the packets it sends (OPTS RETR Dscp).
     pub dscp: Option<u8>,
+    /// An upload sent ahead (`OPTS STOR Eager=1`) on the open data connections: they carry
+    /// all of it and none joins, so the server need not watch for more.
+    pub fixed: bool,
 }
 
 /// An upload's expected checksum.
