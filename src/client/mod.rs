@@ -965,7 +965,7 @@ fn send_file(
 ) -> std::result::Result<u64, (u64, std::io::Error)> {
     let mut at = offset;
     let reached = crate::engine::file_send::FileSender::for_socket(sock)
-        .send(sock, file, offset, len, |now| {
+        .send(sock, file, offset, len, false, |now| {
             at = now;
             bar.set_position(now);
         })

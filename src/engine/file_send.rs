@@ -76,12 +76,15 @@ impl FileSender {
 
     /// Sends `[offset, end)` of `file` on `sock`. `sent` is told the offset reached after each
     /// write. Returns the offset reached, short of `end` when the file is shorter than that.
+    /// `more`: the caller writes more at once (an EOD), so a copied range's last write
+    /// leaves with it, in one segment (see [`send_more`]).
     pub fn send(
         &mut self,
         sock: &TcpStream,
         file: &File,
         offset: u64,
         end: u64,
+        more: bool,
         sent: impl FnMut(u64),
     ) -> std::io::Result<u64> {
         if !self.copy {
@@ -97,7 +100,7 @@ impl FileSender {
             if self.buf.len() < want {
                 self.buf.resize(want, 0);
             }
-            return copy(sock, file, offset, end, &mut self.buf, sent);
+            return copy(sock, file, offset, end, &mut self.buf, more, sent);
         }
         self.send_mapped(sock, file, offset, end, sent)
     }
@@ -116,7 +119,7 @@ impl FileSender {
         let mut faulted = false;
         while at < end {
             let Some(window) = self.window_at(file, at) else {
-                return copy(sock, file, at, end, self.buffer(), sent);
+                return copy(sock, file, at, end, self.buffer(), false, sent);
             };
             // One write per piece, so `sent` hears of progress as often as through a buffer.
             let want = usize::try_from(end - at)
@@ -195,12 +198,27 @@ fn sendfile(
     Ok(offset)
 }
 
+/// Writes `bytes` with MSG_MORE: the kernel holds a partial segment for what the caller
+/// writes next at once (a block's data after its header, an EOD after the data), so they
+/// leave as one segment and the receiver wakes once for them.
+pub(super) fn send_more(sock: &TcpStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        match rustix::net::send(sock, bytes, rustix::net::SendFlags::MORE) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 fn copy(
     mut sock: &TcpStream,
     file: &File,
     mut offset: u64,
     end: u64,
     buf: &mut [u8],
+    more: bool,
     mut sent: impl FnMut(u64),
 ) -> std::io::Result<u64> {
     while offset < end {
@@ -213,7 +231,11 @@ fn copy(
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        sock.write_all(&buf[..n])?;
+        if more && offset + n as u64 == end {
+            send_more(sock, &buf[..n])?;
+        } else {
+            sock.write_all(&buf[..n])?;
+        }
         offset += n as u64;
         sent(offset);
     }
@@ -260,7 +282,7 @@ mod tests {
             });
             let mut reached = Vec::new();
             let end = sender
-                .send(&sock, file, from, to, |at| reached.push(at))
+                .send(&sock, file, from, to, false, |at| reached.push(at))
                 .unwrap();
             drop(sock);
             assert_eq!(reached.last().copied().unwrap_or(from), end, "{way}");
@@ -321,7 +343,10 @@ mod tests {
         let mut sender = FileSender::for_socket(&sock);
         sender.copied = 0;
         let first = 32 << 10;
-        assert_eq!(sender.send(&sock, &file, 0, first, |_| {}).unwrap(), first);
+        assert_eq!(
+            sender.send(&sock, &file, 0, first, false, |_| {}).unwrap(),
+            first
+        );
         assert!(
             matches!(sender.window, Mapped::Window(_)),
             "sent from a mapping"
@@ -332,7 +357,9 @@ mod tests {
         file.set_len(40_000).unwrap();
         let next = first + 4096;
         assert_eq!(
-            sender.send(&sock, &file, first, next, |_| {}).unwrap(),
+            sender
+                .send(&sock, &file, first, next, false, |_| {})
+                .unwrap(),
             next
         );
         let reached = sender.send_mapped(&sock, &file, next, 64 << 10, |_| {});

@@ -4,7 +4,7 @@
 //! or break (their blocks are sent again on the others), so the EOF count is settled only
 //! when the last connection leaves.
 
-use super::file_send::FileSender;
+use super::file_send::{FileSender, send_more};
 use super::roster::{Leave, Roster};
 use super::tls::{DataConn, refused};
 use super::transfer::{Joins, Link, LinkState, Transfer, join_loop};
@@ -434,13 +434,18 @@ impl State<'_> {
             // Each chunk enters the checksum exactly once (it is an XOR): when its block is
             // first taken, never when it is sent again.
             let hash = self.options.hash && fresh;
+            // The last block on the only connection: its EOD follows at once, in the same
+            // segment (a small file moved ahead is then one segment, one wake-up for the peer).
+            let eod_next = self.blocks.left() == 0
+                && self.transfer.open() == 1
+                && !self.redo_waiting.load(Ordering::Acquire);
             match self.send_block(
                 link,
                 &mut sock,
                 &mut out,
                 hash.then_some(&mut sum),
-                offset,
-                len,
+                (offset, len),
+                eod_next,
             ) {
                 Ok(()) => {
                     if elastic {
@@ -493,15 +498,16 @@ impl State<'_> {
     }
 
     /// Sends one block. When `sum` is given the block is hashed into it whole, even if the
-    /// connection breaks halfway (the block is then sent again, unhashed, elsewhere).
+    /// connection breaks halfway (the block is then sent again, unhashed, elsewhere). `more`:
+    /// the caller writes more at once.
     fn send_block(
         &self,
         link: &Link,
         sock: &mut DataConn,
         out: &mut FileSender,
         mut sum: Option<&mut ChunkSum>,
-        offset: u64,
-        len: u64,
+        (offset, len): (u64, u64),
+        more: bool,
     ) -> Result<(), EngineError> {
         let conn = link.id;
         let net = |source| EngineError::Net { conn, source };
@@ -515,7 +521,7 @@ impl State<'_> {
             (Source::File { file, .. }, DataConn::Clear(tcp)) if sum.is_none() => {
                 header.map_err(net)?;
                 let reached = out
-                    .send(tcp, file, offset, offset + len, |_| {})
+                    .send(tcp, file, offset, offset + len, more, |_| {})
                     .map_err(net)?;
                 if reached < offset + len {
                     return Err(EngineError::Local(std::io::Error::other(
@@ -547,7 +553,13 @@ impl State<'_> {
                         let _ = sum.add(at, piece, ends_file);
                     }
                     if broken.is_none() {
-                        match sock.write_all(piece) {
+                        let wrote = match &mut *sock {
+                            DataConn::Clear(tcp) if more && at + n as u64 == end => {
+                                send_more(tcp, piece)
+                            }
+                            conn => conn.write_all(piece),
+                        };
+                        match wrote {
                             Ok(()) => {
                                 self.progress.fetch_add(n as u64, Ordering::Relaxed);
                                 link.add_bytes(n as u64);
@@ -609,18 +621,6 @@ fn peer_half_closed(sock: &TcpStream) -> bool {
     };
     matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
         && fds[0].revents().contains(PollFlags::RDHUP)
-}
-
-/// Writes a header with MSG_MORE so it leaves in the same segment as the data after it.
-fn send_more(sock: &TcpStream, mut bytes: &[u8]) -> std::io::Result<()> {
-    while !bytes.is_empty() {
-        match rustix::net::send(sock, bytes, rustix::net::SendFlags::MORE) {
-            Ok(n) => bytes = &bytes[n..],
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -46,6 +46,12 @@ pub(super) struct Conn {
     pub(super) buf: Box<[u8]>,
     /// Lines read while a transfer ran, handled after it.
     pub(super) queued: VecDeque<Vec<u8>>,
+    /// Replies held back while `cork` is on, sent together with the next one that goes.
+    corked: Vec<u8>,
+    /// Hold replies back: the client has sent more commands (it pipelines), so the answers to
+    /// several go in one write, one segment, one read at its end (a file moved ahead costs
+    /// three: its end, its checksum and the next one's start).
+    pub(super) cork: bool,
     /// Who sent the command being answered, for the log line of a refusal.
     pub(super) peer: SocketAddr,
     pub(super) user: Option<String>,
@@ -89,6 +95,32 @@ impl Conn {
             Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => false,
             Err(_) => true,
         })
+    }
+
+    /// Whether a whole command is waiting, queued or read: the client pipelines.
+    pub(super) fn input_waiting(&self) -> bool {
+        !self.queued.is_empty() || self.lines.has_line()
+    }
+
+    /// Sends the replies held back (see `cork`).
+    pub(super) async fn flush(&mut self) -> std::io::Result<()> {
+        self.cork = false;
+        if self.corked.is_empty() {
+            return Ok(());
+        }
+        let out = std::mem::take(&mut self.corked);
+        self.write(&out).await
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match &mut self.channel {
+            Channel::Clear { wr, .. } => wr.write_all(bytes).await,
+            Channel::Tls { wr, .. } => {
+                wr.write_all(bytes).await?;
+                wr.flush().await
+            }
+            Channel::Closed => Err(std::io::ErrorKind::NotConnected.into()),
+        }
     }
 
     /// The next command: one queued during a transfer first, else one read from the client.
@@ -160,14 +192,16 @@ impl Conn {
     /// the transfer's line already reports with its outcome.
     pub(super) async fn send_unlogged(&mut self, r: &Reply) -> std::io::Result<()> {
         tracing::debug!("> {r}");
-        match &mut self.channel {
-            Channel::Clear { wr, .. } => wr.write_all(&r.to_bytes()).await,
-            Channel::Tls { wr, .. } => {
-                wr.write_all(&r.to_bytes()).await?;
-                wr.flush().await
-            }
-            Channel::Closed => Err(std::io::ErrorKind::NotConnected.into()),
+        r.encode(&mut self.corked);
+        if self.cork {
+            return Ok(());
         }
+        let out = std::mem::take(&mut self.corked);
+        let sent = self.write(&out).await;
+        // The buffer is kept for the next replies.
+        self.corked = out;
+        self.corked.clear();
+        sent
     }
 
     /// AUTH TLS: the handshake, within `limit`. Anything the client sent after AUTH in clear
@@ -231,6 +265,8 @@ pub(super) async fn serve(
         lines: LineBuffer::new(MAX_LINE),
         buf: vec![0u8; 4096].into_boxed_slice(),
         queued: VecDeque::new(),
+        corked: Vec::new(),
+        cork: false,
         peer,
         user: None,
         command: String::new(),
@@ -278,6 +314,10 @@ pub(super) async fn serve(
     }
     let login_deadline = Instant::now() + login_timeout;
     loop {
+        // Nothing more to answer at once: what was held back goes before the wait.
+        if !conn.input_waiting() && conn.flush().await.is_err() {
+            break;
+        }
         let deadline = if session.user().is_none() {
             login_deadline
         } else {
@@ -327,6 +367,7 @@ pub(super) async fn serve(
             c => tracing::debug!(%peer, "< {}", c.to_line()),
         }
         conn.command = cmd.verb().to_string();
+        conn.cork = conn.input_waiting();
         let mut action = session.handle(cmd);
         // Login and passive results may themselves close the session.
         if let Action::Login { user, password } = action {
@@ -346,6 +387,7 @@ pub(super) async fn serve(
                 conn.send(&r).await.is_ok()
             }
             Action::Close(r) => {
+                conn.cork = false;
                 let _ = conn.send(&r).await;
                 false
             }
@@ -363,7 +405,11 @@ pub(super) async fn serve(
             Action::Transfer(t) => {
                 super::supervise::transfer(&mut conn, &mut io, &mut session, t, &mut shutdown).await
             }
-            Action::StartTls(r) => match (&config.tls, conn.send(&r).await) {
+            // The client waits for this answer before its handshake.
+            Action::StartTls(r) => match (&config.tls, {
+                conn.cork = false;
+                conn.send(&r).await
+            }) {
                 (Some(tls), Ok(())) => {
                     match conn.start_tls(tls.clone(), config.login_timeout).await {
                         Ok(binding) => {
@@ -387,6 +433,7 @@ pub(super) async fn serve(
             io.cached = None;
         }
     }
+    let _ = conn.flush().await;
     tracing::info!(
         %peer,
         user = conn.user.as_deref().unwrap_or("-"),

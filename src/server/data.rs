@@ -334,7 +334,7 @@ fn send_binary(
         .len();
     // A file that shrinks meanwhile just ends early: stream mode has no length to keep.
     let reached = engine::file_send::FileSender::for_socket(sock)
-        .send(sock, file, offset, size, |at| {
+        .send(sock, file, offset, size, false, |at| {
             progress.store(at - offset, Ordering::Relaxed)
         })
         .map_err(DataError::Net)?;

@@ -39,6 +39,9 @@ pub(super) async fn transfer(
     t: Transfer,
     shutdown: &mut watch::Receiver<Shutdown>,
 ) -> bool {
+    // Whatever answers were held back go with this transfer's start (or refusal), before
+    // the data: the client may wait for them to go on. So does all that goes meanwhile.
+    conn.cork = false;
     // An eager client's data for an upload refused here is on its way regardless.
     let drains = session.drains_refused_upload()
         && matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_))
@@ -253,6 +256,9 @@ pub(super) async fn transfer(
             }
         }
     };
+    // The data has moved: from here the answers may wait for those to the commands behind
+    // (see `Conn::cork`).
+    conn.cork = conn.input_waiting();
     // The last report, so the client knows how the whole transfer was sent.
     if report_sender
         && !client_gone

@@ -37,6 +37,11 @@ impl LineBuffer {
         self.buf.len()
     }
 
+    /// Whether a complete line is waiting.
+    pub fn has_line(&self) -> bool {
+        self.buf[self.scanned..].contains(&b'\n')
+    }
+
     /// The next complete line without its end of line, `Ok(None)` if more bytes are needed.
     pub fn next_line(&mut self) -> Result<Option<Vec<u8>>, LineError> {
         match self.buf[self.scanned..].iter().position(|&b| b == b'\n') {
