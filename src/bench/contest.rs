@@ -55,6 +55,12 @@ pub struct Round {
     pub braid_kept: Option<f64>,
     /// Seconds from iperf3's end to braid's first second at 90 % of its rate alone.
     pub braid_back_90: Option<f64>,
+    /// Seconds from iperf3's end to the first ping after it within 50 ms of the idle link's
+    /// median: iperf3's sender goes on emptying its socket into the queue for seconds after
+    /// its report ends, and until that queue drains nobody's packets get through faster.
+    pub iperf3_drained: Option<f64>,
+    /// Seconds from then to braid's first second at 90 % of its rate alone.
+    pub braid_back_90_drained: Option<f64>,
     /// The pair's mean rates while both ran (bytes/s, first and second) and Jain's index.
     pub pair: Option<(f64, f64)>,
     pub jain: Option<f64>,
@@ -69,6 +75,8 @@ pub struct Round {
     /// The controller's trace in that run (braid's `--json` `background`): what it saw and
     /// the rate it set each second, to tell a slow comeback's cause.
     pub braid_controller: serde_json::Value,
+    /// Every ping of that run, (seconds since braid started, ms): what the queue really was.
+    pub ping_series: Vec<(f64, f64)>,
 }
 
 pub fn run(args: &BenchArgs) -> Result<u8> {
@@ -255,7 +263,9 @@ fn round(place: &Place, braid: &Path) -> Result<Round> {
     r.braid_controller = serde_json::from_str::<serde_json::Value>(summary.trim())
         .map(|v| v["background"].clone())
         .unwrap_or_default();
-    (r.ping_up_p50_ms, r.ping_up_p95_ms) = ping.rise(4.5, b_start + 5.0, b_start + JOIN);
+    let ((p50, p95), pings) = ping.rise(4.5, b_start + 5.0, b_start + JOIN);
+    (r.ping_up_p50_ms, r.ping_up_p95_ms) = (p50, p95);
+    r.ping_series = pings.iter().map(|&(t, ms)| (t - b_start, ms)).collect();
     // braid's times are since its start, iperf3's since its own.
     r.alone = mean(&braid_run, b_start, b_start + 5.0, b_start + JOIN);
     if let (Some(solo), Some(alone)) = (r.iperf3_alone, r.alone) {
@@ -265,11 +275,16 @@ fn round(place: &Place, braid: &Path) -> Result<Round> {
             .map(|(t, _)| *t);
         r.iperf3_share = mean(&during, 0.0, 2.0, COMPETE).map(|m| m / solo);
         r.braid_kept = mean(&braid_run, b_start, i_start + 3.0, i_end).map(|m| m / alone);
-        r.braid_back_90 = braid_run
-            .iter()
-            .map(|&(t, v)| (t + b_start, v))
-            .find(|&(t, v)| t > i_end && v >= 0.9 * alone)
-            .map(|(t, _)| t - i_end);
+        let back_after = |from: f64| {
+            braid_run
+                .iter()
+                .map(|&(t, v)| (t + b_start, v))
+                .find(|&(t, v)| t > from && v >= 0.9 * alone)
+                .map(|(t, _)| t - from)
+        };
+        r.braid_back_90 = back_after(i_end);
+        r.iperf3_drained = drained(&pings, 4.5, i_end).map(|t| t - i_end);
+        r.braid_back_90_drained = r.iperf3_drained.and_then(|d| back_after(i_end + d));
     }
     r.braid_series = braid_run.clone();
     r.iperf3_series = during
@@ -315,10 +330,28 @@ fn round(place: &Place, braid: &Path) -> Result<Round> {
     let out = finish(spawn(curl)?, "curl from serve --background")?;
     let c_end = clock.now();
     r.server_rate = out.trim().parse().ok();
-    (r.server_ping_up_p50_ms, r.server_ping_up_p95_ms) = ping.rise(3.5, c_start + 3.0, c_end);
+    (r.server_ping_up_p50_ms, r.server_ping_up_p95_ms) = ping.rise(3.5, c_start + 3.0, c_end).0;
     std::thread::sleep(Duration::from_secs(2));
     Ok(r)
 }
+
+/// The time of the first ping sent after `after` whose round trip is back within 50 ms of
+/// the median of those before `idle_until` (pings: seconds on the clock, ms).
+fn drained(pings: &[(f64, f64)], idle_until: f64, after: f64) -> Option<f64> {
+    let idle: Vec<f64> = pings
+        .iter()
+        .filter(|(t, _)| *t < idle_until)
+        .map(|p| p.1)
+        .collect();
+    let idle = Latency::of(&idle)?.p50_ms;
+    pings
+        .iter()
+        .find(|&&(t, ms)| t > after && ms <= idle + 50.0)
+        .map(|p| p.0)
+}
+
+/// A rise of ping's median and 95th percentile, ms.
+type Rise = (Option<f64>, Option<f64>);
 
 /// ping every 200 ms from the client's host, on a clock that starts with it.
 struct Pinging {
@@ -343,8 +376,9 @@ impl Pinging {
     }
 
     /// Stops ping (`ip netns exec` became ping itself) and gives the rise of its median and
-    /// 95th percentile over `[from, to)` above its median before `idle_until`, ms.
-    fn rise(self, idle_until: f64, from: f64, to: f64) -> (Option<f64>, Option<f64>) {
+    /// 95th percentile over `[from, to)` above its median before `idle_until`, ms, and every
+    /// ping (seconds on the clock, ms).
+    fn rise(self, idle_until: f64, from: f64, to: f64) -> (Rise, Vec<(f64, f64)>) {
         if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
         }
@@ -365,13 +399,14 @@ impl Pinging {
                 .map(|p| p.1)
                 .collect()
         };
-        match (
+        let rise = match (
             Latency::of(&during(0.0, idle_until)),
             Latency::of(&during(from, to)),
         ) {
             (Some(i), Some(b)) => (Some(b.p50_ms - i.p50_ms), Some(b.p95_ms - i.p50_ms)),
             _ => (None, None),
-        }
+        };
+        (rise, pings)
     }
 }
 
@@ -385,7 +420,7 @@ fn markdown(rounds: &[Round], payload: f64) -> String {
     let f = |v: Option<f64>, scale: f64, digits: usize| {
         v.map_or("-".into(), |x| format!("{:.*}", digits, x * scale))
     };
-    s.push_str("| round | ping rise p50 / p95 ms | braid alone Mbit/s (of the payload rate) | iperf3 alone Mbit/s | iperf3 at 90 % after s (alone) | iperf3's share | braid kept | braid back at 90 % after s | pair Mbit/s | Jain | curl from serve --background: ping rise ms, Mbit/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("| round | ping rise p50 / p95 ms | braid alone Mbit/s (of the payload rate) | iperf3 alone Mbit/s | iperf3 at 90 % after s (alone) | iperf3's share | braid kept | braid back at 90 % after s: from iperf3's end / from its queue drained (drained after s) | pair Mbit/s | Jain | curl from serve --background: ping rise ms, Mbit/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (i, r) in rounds.iter().enumerate() {
         let _ = writeln!(
             s,
@@ -403,7 +438,12 @@ fn markdown(rounds: &[Round], payload: f64) -> String {
                 .map_or("-".into(), |x| format!("{:.0} %", 100.0 * x)),
             r.braid_kept
                 .map_or("-".into(), |x| format!("{:.0} %", 100.0 * x)),
-            f(r.braid_back_90, 1.0, 0),
+            format!(
+                "{} / {} ({})",
+                f(r.braid_back_90, 1.0, 0),
+                f(r.braid_back_90_drained, 1.0, 0),
+                f(r.iperf3_drained, 1.0, 1)
+            ),
             r.pair.map_or("-".into(), |(a, b)| format!(
                 "{:.3} + {:.3}",
                 a * 8e-6,
@@ -436,5 +476,25 @@ mod tests {
         assert_eq!(mean(&rates, 0.0, 5.0, 6.0), None);
         assert!((jain(&[1.0, 1.0]) - 1.0).abs() < 1e-12);
         assert!((jain(&[2.0, 1.0]) - 0.9).abs() < 1e-12);
+    }
+
+    /// The competitor's queue has drained at the first ping after its end that is back near
+    /// the idle round trip; one that rose before its end does not count.
+    #[test]
+    fn the_queue_drained_at_the_first_ping_back_near_idle_after_the_end() {
+        let pings = [
+            (1.0, 21.0),
+            (2.0, 22.0),
+            (3.0, 20.0),
+            (10.0, 900.0),
+            (12.0, 30.0),
+            (20.0, 950.0),
+            (21.0, 72.0),
+            (21.5, 400.0),
+            (22.0, 69.0),
+        ];
+        assert_eq!(drained(&pings, 4.5, 15.0), Some(22.0));
+        assert_eq!(drained(&pings, 4.5, 30.0), None);
+        assert_eq!(drained(&[], 4.5, 15.0), None);
     }
 }
