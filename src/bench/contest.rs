@@ -424,7 +424,7 @@ fn markdown(rounds: &[Round], payload: f64) -> String {
     for (i, r) in rounds.iter().enumerate() {
         let _ = writeln!(
             s,
-            "| {} | {} / {} | {} ({}) | {} | {} ({}) | {} | {} | {} | {} | {} | {} / {}, {} |",
+            "| {} | {} / {} | {} ({}) | {} | {} ({}) | {} | {} | {} / {} ({}) | {} | {} | {} / {}, {} |",
             i + 1,
             f(r.ping_up_p50_ms, 1.0, 1),
             f(r.ping_up_p95_ms, 1.0, 1),
@@ -438,12 +438,9 @@ fn markdown(rounds: &[Round], payload: f64) -> String {
                 .map_or("-".into(), |x| format!("{:.0} %", 100.0 * x)),
             r.braid_kept
                 .map_or("-".into(), |x| format!("{:.0} %", 100.0 * x)),
-            format!(
-                "{} / {} ({})",
-                f(r.braid_back_90, 1.0, 0),
-                f(r.braid_back_90_drained, 1.0, 0),
-                f(r.iperf3_drained, 1.0, 1)
-            ),
+            f(r.braid_back_90, 1.0, 0),
+            f(r.braid_back_90_drained, 1.0, 0),
+            f(r.iperf3_drained, 1.0, 1),
             r.pair.map_or("-".into(), |(a, b)| format!(
                 "{:.3} + {:.3}",
                 a * 8e-6,
