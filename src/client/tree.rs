@@ -157,15 +157,19 @@ impl Job {
         }
     }
 
-    /// The options this file moves with: with `-n auto`, a small file goes on one data
-    /// connection, and leaves it for the session's next small files. More would each cost a
-    /// thread per file at both ends and give nothing back, since the session's files in
-    /// flight keep its connection busy: on loopback, 1,000 files of 1 MiB took 2.3 s of which
-    /// 4,048 thread starts on four, against 1.3 s on one.
-    fn options<'a>(&self, opts: &'a Options) -> std::borrow::Cow<'a, Options> {
-        if opts.streams.is_none() && self.size.is_some_and(|s| s <= pipeline::MAX_SIZE) {
+    /// The options this file moves with. With `-n auto` from a braid server, a small file is
+    /// one block, so the self-tuning starts it on one data connection (a connection needs a
+    /// block to carry), and the session's next small files go on that one too. More would
+    /// each cost a thread per file at both ends and give nothing back, since the session's
+    /// files in flight keep its connection busy: on loopback, 1,000 files of 1 MiB took 2.3 s
+    /// with 4,048 thread starts on four, 1.3 s on one. It stays auto otherwise (`-n 1` lost
+    /// its choice of cubic over 400 ms: 1,000 × 4 KiB over satellite-t1 took 36.5 s, not 33.5).
+    fn options<'a>(&self, opts: &'a Options, c: &Control) -> std::borrow::Cow<'a, Options> {
+        let small = self.size.is_some_and(|s| s <= pipeline::MAX_SIZE);
+        let auto = opts.streams.is_none() && opts.block_size.is_none();
+        if small && auto && super::parallel::Peer::of(c) == Some(super::parallel::Peer::Braid) {
             std::borrow::Cow::Owned(Options {
-                streams: Some(1),
+                block_size: Some(pipeline::MAX_SIZE),
                 ..opts.clone()
             })
         } else {
@@ -805,7 +809,7 @@ impl Work {
                                 }
                             }
                         };
-                        let moved = match one(session, &job, &job.options(opts)) {
+                        let moved = match one(session, &job, &job.options(opts, session)) {
                             Ok(Some(s)) => Moved::Done(s.bytes),
                             Ok(None) => Moved::UpToDate,
                             Err(e) => {
