@@ -244,8 +244,7 @@ pub fn receive_next(
 pub struct Outgoing {
     wanted: Wanted,
     file: std::fs::File,
-    /// Its checksum once read; or why it could not be read, and then nothing went out for it.
-    sum: std::result::Result<String, Option<ClientError>>,
+    read: Read,
     /// Once its data went: the bytes on each connection.
     sent: Vec<u64>,
     started: Instant,
@@ -259,7 +258,7 @@ impl Outgoing {
         Ok(Outgoing {
             wanted,
             file,
-            sum: Err(None),
+            read: Read::Pending,
             sent: Vec::new(),
             started: Instant::now(),
         })
@@ -267,20 +266,36 @@ impl Outgoing {
 
     /// Reads the whole file into `into`, which is its size, and keeps its checksum (or
     /// why it could not be read).
-    fn read(&mut self, into: &mut [u8]) -> bool {
+    fn read(&mut self, into: &mut [u8]) {
         use std::os::unix::fs::FileExt;
-        self.sum = match self.file.read_exact_at(into, 0) {
-            Ok(()) => Ok(checksum::hex(checksum::of(into))),
-            Err(cause) => Err(Some(ClientError::Local {
+        self.read = match self.file.read_exact_at(into, 0) {
+            Ok(()) => Read::Sum(checksum::hex(checksum::of(into))),
+            Err(cause) => Read::Failed(ClientError::Local {
                 what: format!(
                     "cannot read {} (did it shrink since the walk?)",
                     self.wanted.local.display()
                 ),
                 cause,
-            })),
+            }),
         };
-        self.sum.is_ok()
     }
+
+    /// Its checksum, once it was read whole.
+    fn sum(&self) -> Option<&str> {
+        match &self.read {
+            Read::Sum(sum) => Some(sum),
+            _ => None,
+        }
+    }
+}
+
+/// What reading a file ahead gave.
+enum Read {
+    Pending,
+    /// Read whole: its checksum goes out with its STOR.
+    Sum(String),
+    /// Unreadable: nothing went out for it.
+    Failed(ClientError),
 }
 
 /// Files read at once before their commands go out: a few files' commands per write, and
@@ -313,28 +328,38 @@ pub fn announce(c: &mut Control, files: &mut [&mut Outgoing], buf: &mut Vec<u8>)
         if buf.len() < len {
             buf.resize(len, 0);
         }
-        let mut spans = Vec::with_capacity(group.len());
-        let mut at = 0;
-        for o in group.iter_mut() {
-            let end = at + o.wanted.size as usize;
-            spans.push(o.read(&mut buf[at..end]).then_some(at..end));
-            at = end;
+        // Each file at its place in the buffer, one after the other.
+        let places = group.iter().scan(0, |at, o| {
+            let start = *at;
+            *at += o.wanted.size as usize;
+            Some(start..*at)
+        });
+        let places: Vec<_> = places.collect();
+        for (o, place) in group.iter_mut().zip(&places) {
+            o.read(&mut buf[place.clone()]);
         }
-        c.begin_all(group.iter().filter(|o| o.sum.is_ok()).flat_map(|o| {
-            [
-                Op::Simple {
-                    cmd: Command::Scks {
-                        alg: checksum::NAME.into(),
-                        value: o.sum.as_ref().ok().cloned(),
-                    },
-                    ok: vec![200],
-                },
-                Op::StartTransfer(Command::Stor(o.wanted.remote.clone())),
-                Op::FinishTransfer,
-            ]
-        }))?;
-        for (o, span) in group.iter_mut().zip(spans) {
-            let Some(span) = span else { continue };
+        c.begin_all(
+            group
+                .iter()
+                .filter_map(|o| o.sum().map(|sum| (o, sum)))
+                .flat_map(|(o, sum)| {
+                    [
+                        Op::Simple {
+                            cmd: Command::Scks {
+                                alg: checksum::NAME.into(),
+                                value: Some(sum.to_string()),
+                            },
+                            ok: vec![200],
+                        },
+                        Op::StartTransfer(Command::Stor(o.wanted.remote.clone())),
+                        Op::FinishTransfer,
+                    ]
+                }),
+        )?;
+        for (o, place) in group.iter_mut().zip(places) {
+            if o.sum().is_none() {
+                continue;
+            }
             let mut todo = RangeSet::new();
             todo.insert(0, o.wanted.size);
             let transfer = Transfer::new(c.session().elastic());
@@ -345,7 +370,7 @@ pub fn announce(c: &mut Control, files: &mut [&mut Outgoing], buf: &mut Vec<u8>)
                 keep: true,
             };
             let progress = AtomicU64::new(0);
-            let source = Source::Memory(&buf[span]);
+            let source = Source::Memory(&buf[place]);
             let sent = send(&transfer, source, &todo, joins, options, &progress).map_err(|e| {
                 ClientError::Interrupted {
                     bytes: progress.load(std::sync::atomic::Ordering::Relaxed),
@@ -368,11 +393,12 @@ pub fn send_next(
     o: Outgoing,
     server: &Target,
 ) -> std::result::Result<Summary, Failed> {
-    let sum = match o.sum {
-        Ok(sum) => sum,
-        Err(e) => {
-            // Nothing went out for it: the session has no answer to read.
-            let e = e.unwrap_or_else(|| ClientError::Protocol("a file never announced".into()));
+    // Nothing went out for a file not read whole: the session has no answer to read.
+    let sum = match o.read {
+        Read::Sum(sum) => sum,
+        Read::Failed(e) => return Err(Failed::file(e)),
+        Read::Pending => {
+            let e = ClientError::Protocol("a file never announced (a bug in braid)".into());
             return Err(Failed::file(e));
         }
     };

@@ -162,7 +162,7 @@ impl Job {
     /// block to carry), and the session's next small files go on that one too. More would
     /// each cost a thread per file at both ends and give nothing back, since the session's
     /// files in flight keep its connection busy: on loopback, 1,000 files of 1 MiB took 2.3 s
-    /// with 4,048 thread starts on four, 1.3 s on one. It stays auto otherwise (`-n 1` lost
+    /// with 4,048 thread starts on four, 0.8-1.0 s on one. It stays auto otherwise (`-n 1` lost
     /// its choice of cubic over 400 ms: 1,000 × 4 KiB over satellite-t1 took 36.5 s, not 33.5).
     fn options<'a>(&self, opts: &'a Options, c: &Control) -> std::borrow::Cow<'a, Options> {
         let small = self.size.is_some_and(|s| s <= pipeline::MAX_SIZE);

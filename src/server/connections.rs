@@ -105,9 +105,10 @@ impl Io {
             };
             // An upload sent ahead comes on the open connections alone: received on the
             // control task's blocking thread, none started to watch the listener.
-            let (listener, parked) = match b.fixed && !open.is_empty() {
-                true => (None, listener),
-                false => (listener, None),
+            let (listener, parked) = if b.fixed && !open.is_empty() {
+                (None, listener)
+            } else {
+                (listener, None)
             };
             let accept = listener.map(|listener| self.accept(listener, t.buffer));
             let conns = Joins {

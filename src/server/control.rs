@@ -102,25 +102,25 @@ impl Conn {
         !self.queued.is_empty() || self.lines.has_line()
     }
 
-    /// Sends the replies held back (see `cork`).
+    /// Sends the replies held back (see `cork`), and holds none from now on.
     pub(super) async fn flush(&mut self) -> std::io::Result<()> {
         self.cork = false;
         if self.corked.is_empty() {
             return Ok(());
         }
         let out = std::mem::take(&mut self.corked);
-        self.write(&out).await
-    }
-
-    async fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        match &mut self.channel {
-            Channel::Clear { wr, .. } => wr.write_all(bytes).await,
-            Channel::Tls { wr, .. } => {
-                wr.write_all(bytes).await?;
-                wr.flush().await
-            }
+        let sent = match &mut self.channel {
+            Channel::Clear { wr, .. } => wr.write_all(&out).await,
+            Channel::Tls { wr, .. } => match wr.write_all(&out).await {
+                Ok(()) => wr.flush().await,
+                Err(e) => Err(e),
+            },
             Channel::Closed => Err(std::io::ErrorKind::NotConnected.into()),
-        }
+        };
+        // The buffer serves the next replies.
+        self.corked = out;
+        self.corked.clear();
+        sent
     }
 
     /// The next command: one queued during a transfer first, else one read from the client.
@@ -196,12 +196,7 @@ impl Conn {
         if self.cork {
             return Ok(());
         }
-        let out = std::mem::take(&mut self.corked);
-        let sent = self.write(&out).await;
-        // The buffer is kept for the next replies.
-        self.corked = out;
-        self.corked.clear();
-        sent
+        self.flush().await
     }
 
     /// AUTH TLS: the handshake, within `limit`. Anything the client sent after AUTH in clear

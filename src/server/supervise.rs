@@ -42,10 +42,8 @@ pub(super) async fn transfer(
     // Whatever answers were held back go with this transfer's start (or refusal), before
     // the data: the client may wait for them to go on. So does all that goes meanwhile.
     conn.cork = false;
-    // An eager client's data for an upload refused here is on its way regardless.
-    let drains = session.drains_refused_upload()
-        && matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_))
-        && matches!(t.endpoint, DataEndpoint::Cached);
+    // An upload sent ahead: its data is on its way even if it is refused here.
+    let drains = t.block.as_ref().is_some_and(|b| b.fixed);
     let prepared = match io.root() {
         Ok(root) => {
             let (t, at) = (t.clone(), root.clone());
