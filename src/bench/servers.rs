@@ -68,8 +68,10 @@ impl Servers {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .process_group(0);
+        let shown = format!("{cmd:?}");
         self.children.push(cmd.spawn()?);
-        wait_listening(place, port)
+        let child = self.children.last_mut();
+        wait_listening_for(place, port, child).map_err(|e| e.context(shown))
     }
 }
 
@@ -89,8 +91,25 @@ impl Drop for Servers {
 
 /// Waits (at most 10 s) until something on the servers' host listens on `port`.
 pub fn wait_listening(place: &Place, port: u16) -> anyhow::Result<()> {
+    wait_listening_for(place, port, None)
+}
+
+/// The same, for a server this side started: one that exits first (not installed in the
+/// namespace's `ip netns exec`, say) is reported at once, with its status.
+fn wait_listening_for(
+    place: &Place,
+    port: u16,
+    mut server: Option<&mut std::process::Child>,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
+        if let Some(status) = server.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            anyhow::bail!(
+                "the server exited ({status}) before listening on {}:{port}: is it installed? \
+                 (the test command installs what the benchmarks use)",
+                place.server_addr()
+            );
+        }
         let out = place
             .server_command("ss")
             .args(["-Hltn", &format!("sport = :{port}")])

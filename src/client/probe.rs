@@ -19,8 +19,10 @@ struct Out {
     /// The smoothed RTT when it left, µs.
     srtt_us: u32,
     sent: std::time::Instant,
-    /// Another command went out after it: the kernel may have taken two samples, and this
-    /// one's round trip cannot be told apart from the smoothed RTT; it is timed here instead.
+    /// Another command was unacknowledged when it left, or went out after it: the kernel may
+    /// have taken two samples, and this one's round trip cannot be told apart from the
+    /// smoothed RTT. It is timed from `sent` (then the last command's) to the acknowledgement
+    /// of everything, which the kernel dates.
     spoilt: bool,
 }
 
@@ -42,11 +44,12 @@ impl Prober {
             return None;
         }
         self.out = None;
-        if out.spoilt {
-            // Answered since the last look: the time it was out, to a tick.
-            return Some(out.sent.elapsed());
-        }
-        let rtt = sample(out.srtt_us, info.rtt_us);
+        let rtt = if out.spoilt {
+            let since_ack = Duration::from_millis(u64::from(info.last_ack_recv_ms));
+            out.sent.elapsed().saturating_sub(since_ack)
+        } else {
+            sample(out.srtt_us, info.rtt_us)
+        };
         // No round trip is shorter than the shortest the connection has seen: anything
         // else was not one sample (a retransmission, say), and is dropped.
         (rtt.as_micros() as u64 * 10 >= u64::from(info.min_rtt_us) * 9).then_some(rtt)
@@ -74,7 +77,9 @@ impl Prober {
             if !slower {
                 return Ok(());
             }
+            // The round trip now ends with this command's acknowledgement.
             out.spoilt = true;
+            out.sent = std::time::Instant::now();
             let cmd = self.change(c);
             return c.send(&cmd);
         }

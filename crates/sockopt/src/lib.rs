@@ -50,6 +50,8 @@ pub struct TcpInfo {
     pub rcv_rtt_us: u32,
     /// The receive window the kernel is willing to grow to, bytes.
     pub rcv_space: u32,
+    /// How long ago the last acknowledgement came in, ms (in jiffies: 4 ms steps at HZ=250).
+    pub last_ack_recv_ms: u32,
 }
 
 /// Reads `TCP_INFO`. None if the socket is not TCP or the call fails (it cannot block).
@@ -91,6 +93,7 @@ pub fn tcp_info(sock: &impl AsFd) -> Option<TcpInfo> {
         unacked: raw.tcpi_unacked,
         rcv_rtt_us: raw.tcpi_rcv_rtt,
         rcv_space: raw.tcpi_rcv_space,
+        last_ack_recv_ms: raw.tcpi_last_ack_recv,
     })
 }
 
