@@ -7,8 +7,7 @@
 //! excess is the queue. The law follows LEDBAT++ (draft-irtf-iccrg-ledbat-plus-plus) on a rate
 //! instead of a window, because the actuator is `SO_MAX_PACING_RATE`:
 //! - **slow start** from four segments per RTT, doubling per RTT until the queue reaches ¾
-//!   of the target (or one probe shows four targets: on a long path the median of three
-//!   takes three round trips);
+//!   of the target;
 //! - **increase** below the target: a step in proportion to the room left, a share of the
 //!   best rate seen (the same for every transfer, so two converge to equal shares, as
 //!   additive increase does);
@@ -433,23 +432,12 @@ impl Background {
         };
         // No probe answered yet: slow start goes on from the control connection's round trip
         // (as far as the data gets through); otherwise the rate stays.
-        let Some(mut queue) = self
+        let Some(queue) = self
             .queue()
             .or((self.phase == Phase::SlowStart).then_some(Duration::ZERO))
         else {
             return false;
         };
-        // In slow start one probe far above the target is enough: the rate doubles while the
-        // median waits for the next (a round trip each on a long path), and no burst of the
-        // transfer's own makes that much.
-        if self.phase == Phase::SlowStart
-            && let Some(latest) = self.recent.back()
-        {
-            let latest = latest.saturating_sub(base);
-            if latest > 4 * self.target() {
-                queue = queue.max(latest);
-            }
-        }
         let rtt = (base + queue).max(MIN_RTT);
         let h = rtt.as_secs_f64();
         let floor = self.floor(rtt, queue);
@@ -584,7 +572,13 @@ impl Background {
                 // trip and a tick) stays within half the target.
                 let lag = h + 2.0 * dt;
                 let per_second = 0.5 * target.as_secs_f64() / (lag * lag);
-                let mut grown = self.rate + room * self.peak.max(floor) * per_second * dt;
+                let mut step = self.peak.max(floor) * per_second;
+                if base > DELIVERY_WINDOW {
+                    // On a long path that is slower than TCP's own congestion avoidance (a
+                    // segment per round trip): at least that.
+                    step = step.max(self.s.mss as f64 / (h * h));
+                }
+                let mut grown = self.rate + room * step * dt;
                 let aim = REFILL * self.full;
                 if self.empty_since.is_some() && self.rate < aim {
                     grown = grown.max(self.rate + (aim - self.rate) * (dt / h).min(1.0));
