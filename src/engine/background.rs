@@ -552,6 +552,15 @@ impl Background {
         }
         self.quiet.1 += 1;
         self.quiet.0 += u32::from(empty);
+        // While the queue stays empty the increase speeds up by one for every second of it:
+        // on a long path only below the link's rate, or where no queue has ever shown it (a
+        // window-limited connection): above it, a second there is under two round trips,
+        // and the speed-up overshot.
+        let hurry = if base <= DELIVERY_WINDOW || self.full == 0.0 || self.rate < self.full {
+            1.0 + self.empty_since.map_or(0.0, |t| (now - t).as_secs_f64())
+        } else {
+            1.0
+        };
         match self.phase {
             Phase::SlowStart if queue.as_secs_f64() > 0.75 * target.as_secs_f64() => {
                 self.end_slow_start(now, rtt);
@@ -578,7 +587,7 @@ impl Background {
                     // segment per round trip): at least that.
                     step = step.max(self.s.mss as f64 / (h * h));
                 }
-                let mut grown = self.rate + room * step * dt;
+                let mut grown = self.rate + hurry * room * step * dt;
                 let aim = REFILL * self.full;
                 if self.empty_since.is_some() && self.rate < aim {
                     grown = grown.max(self.rate + (aim - self.rate) * (dt / h).min(1.0));
