@@ -196,7 +196,7 @@ pub struct Background {
     /// The link's rate: the best delivery rate seen while a queue stood (so the link was
     /// busy), bytes/s, decaying by half every FULL_HALF_LIFE.
     full: f64,
-    /// (time, rate paced) over the last two round trips and a second.
+    /// (time, rate paced) over the delivery window and the round trip before it.
     paced_lately: VecDeque<(Duration, f64)>,
     last_tick: Option<Duration>,
     /// Every probe's queueing delay, ms (for the report's percentiles; 10 a second).
@@ -307,11 +307,17 @@ impl Background {
         // Data held up by a loss arrives all at once when the hole is filled (the kernel counts
         // bytes in order): a rate well above any paced over the window and the round trip
         // before it is that, not the link's.
-        let since = now.saturating_sub(self.base().unwrap_or(MIN_RTT) + self.delivery_window());
+        let span = self.base().unwrap_or(MIN_RTT) + window;
+        while self
+            .paced_lately
+            .front()
+            .is_some_and(|&(t, _)| now.saturating_sub(t) > span)
+        {
+            self.paced_lately.pop_front();
+        }
         let then = self
             .paced_lately
             .iter()
-            .filter(|&&(t, _)| t >= since)
             .map(|&(_, r)| r)
             .fold(self.rate, f64::max);
         if let Some(d) = self.delivery_rate()
@@ -327,14 +333,6 @@ impl Background {
             self.yielded += dt;
         }
         let rate = self.paced();
-        let keep = 2 * self.base().unwrap_or(MIN_RTT) + Duration::from_secs(1);
-        while self
-            .paced_lately
-            .front()
-            .is_some_and(|&(t, _)| now.saturating_sub(t) > keep)
-        {
-            self.paced_lately.pop_front();
-        }
         self.paced_lately.push_back((now, rate as f64));
         tracing::trace!(
             t = now.as_secs_f64(),
@@ -442,6 +440,9 @@ impl Background {
         let h = rtt.as_secs_f64();
         let floor = self.floor(rtt, queue);
         let target = self.target();
+        // A path longer than the delivery window: what it counts left a round trip or two
+        // earlier, and a second is under two round trips.
+        let long_path = base > DELIVERY_WINDOW;
         if let Phase::Slowdown {
             until,
             saved,
@@ -556,7 +557,7 @@ impl Background {
         // on a long path only below the link's rate, or where no queue has ever shown it (a
         // window-limited connection): above it, a second there is under two round trips,
         // and the speed-up overshot.
-        let hurry = if base <= DELIVERY_WINDOW || self.full == 0.0 || self.rate < self.full {
+        let hurry = if !long_path || self.full == 0.0 || self.rate < self.full {
             1.0 + self.empty_since.map_or(0.0, |t| (now - t).as_secs_f64())
         } else {
             1.0
@@ -570,7 +571,7 @@ impl Background {
                 // window is a round trip, what it counts left one to two round trips ago: twice
                 // that lets the rate grow by about 1.6 per round trip.
                 let grown = self.rate * (1.0 + dt / h);
-                let ahead = if base > DELIVERY_WINDOW { 2.0 } else { 1.5 };
+                let ahead = if long_path { 2.0 } else { 1.5 };
                 let ceiling = delivered.map_or(self.rate, |d| (ahead * d).max(self.rate));
                 self.rate = grown.min(ceiling);
             }
@@ -582,7 +583,7 @@ impl Background {
                 let lag = h + 2.0 * dt;
                 let per_second = 0.5 * target.as_secs_f64() / (lag * lag);
                 let mut step = self.peak.max(floor) * per_second;
-                if base > DELIVERY_WINDOW {
+                if long_path {
                     // On a long path that is slower than TCP's own congestion avoidance (a
                     // segment per round trip): at least that.
                     step = step.max(self.s.mss as f64 / (h * h));
