@@ -80,7 +80,9 @@ pub fn get(
         block_size: (opts.block_size.is_some() || peer == Peer::Braid).then_some(plan.block),
         congestion: opts
             .congestion
-            .or(background.then(background::congestion).flatten())
+            .or(background
+                .then(|| background::congestion(control_rtt(c)))
+                .flatten())
             .or(plan.start_congestion())
             .filter(|_| peer == Peer::Braid),
         max_rate: pacer.rate(&View::at_start(None)),
@@ -359,6 +361,16 @@ fn extended(
 /// or the rate limit alone where `limits` (a download's sender may not take the limit).
 /// Background mode needs the sender to be told rates (`elastic`: a braid server that also
 /// answers probes while data moves).
+/// The control connection's lowest round trip: a background transfer's first base delay.
+fn control_rtt(c: &Control) -> Duration {
+    braid_sockopt::tcp_info(c.socket())
+        .map(|i| i.min_rtt_us)
+        .filter(|&us| us > 0)
+        .map_or(Duration::from_millis(100), |us| {
+            Duration::from_micros(us.into())
+        })
+}
+
 fn pacer(c: &Control, opts: &Options, elastic: bool, limits: bool) -> Result<Box<dyn Pacer>> {
     let Some(target) = opts.background else {
         return Ok(Box::new(Cap(opts.rate_limit.filter(|_| limits))));
@@ -367,12 +379,7 @@ fn pacer(c: &Control, opts: &Options, elastic: bool, limits: bool) -> Result<Box
         return Err(background_needs_braid());
     }
     let info = braid_sockopt::tcp_info(c.socket());
-    let rtt = info
-        .map(|i| i.min_rtt_us)
-        .filter(|&us| us > 0)
-        .map_or(Duration::from_millis(100), |us| {
-            Duration::from_micros(us.into())
-        });
+    let rtt = control_rtt(c);
     let settings = background::Settings {
         target,
         limit: opts.rate_limit,
@@ -816,7 +823,9 @@ pub fn put(
     let background = opts.background.is_some();
     transfer.set_congestion(
         opts.congestion
-            .or(background.then(background::congestion).flatten())
+            .or(background
+                .then(|| background::congestion(control_rtt(c)))
+                .flatten())
             .or(plan.start_congestion()),
     );
     if background {

@@ -1,4 +1,4 @@
-//! Background mode on loopback: what it does to the connections (probes answered, cubic,
+//! Background mode on loopback: what it does to the connections (probes answered, bbr,
 //! DSCP lower effort, the rate limit as its ceiling) and that files still arrive whole. What
 //! it does to other traffic is measured in the lab (`lab::background_keeps_ping_low`).
 
@@ -62,14 +62,17 @@ fn run_watching(args: &[&str], sender: Option<u32>, port: u16) -> (serde_json::V
     (json(&String::from_utf8_lossy(&out.stdout)), marked)
 }
 
-/// What every background summary must show: probes answered, a base delay, cubic, and a
+/// What every background summary must show: probes answered, a base delay, bbr, and a
 /// rate that never went above the limit.
 fn check_report(s: &serde_json::Value, what: &str) {
     let b = &s["background"];
     assert!(b["probes"].as_u64() >= Some(5), "{what}: few probes: {b}");
     assert!(b["base_ms"].as_f64() > Some(0.0), "{what}: no base: {b}");
     assert_eq!(b["target_ms"], 10.0, "{what}");
-    assert_eq!(s["congestion"], "cubic", "{what}");
+    assert_eq!(
+        s["congestion"], "bbr",
+        "{what}: background mode asks for bbr (is it in /proc/sys/net/ipv4/tcp_available_congestion_control?)"
+    );
     assert_eq!(s["streams"], 1, "{what}: -n auto is one connection");
     let timeline = b["timeline"].as_array().unwrap();
     assert!(timeline.len() >= 2, "{what}: {b}");
