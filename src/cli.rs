@@ -212,10 +212,12 @@ struct TransferArgs {
     /// Yield to other traffic: the transfer measures the queueing delay on the path (probes on
     /// the control connection, which wait in the same queue as everybody's pings) and paces
     /// itself so that it adds little (--background-target), still filling a link nobody else
-    /// uses. Its data packets are marked lower effort (DSCP 1, RFC 8622) and sent with cubic.
-    /// Needs a braid server at the other end (it answers the probes while data moves); with
-    /// -n auto it uses one data connection. -v shows what it sees each second; --json has it
-    /// under "background".
+    /// uses. Its data packets are marked lower effort (DSCP 1, RFC 8622) and sent with bbr
+    /// (one segment at a time on a slow link) where the round trip is under 100 ms, cubic
+    /// beyond. Needs a braid server at the other end (it answers the probes while data
+    /// moves); with -n auto it starts on one data connection and opens more (up to 8) only
+    /// while a window, not the path, holds back the rate it may use. -v shows what it sees
+    /// each second; --json has it under "background".
     #[arg(long)]
     background: bool,
     /// The queueing delay --background may add, e.g. 10ms or 40ms. A lower target leaves

@@ -17,6 +17,7 @@ use crate::engine::sink::{Reorder, Sink};
 use crate::engine::stats::View;
 use crate::engine::transfer::{Accept, Joins, Transfer, Waker};
 use crate::engine::tune::{self, Tuning};
+use crate::engine::widen::Widen;
 use crate::engine::{self, EngineError};
 use braid_proto::checksum;
 use braid_proto::client::{BlockPeer, BlockSetup, Direction, Failure, Op};
@@ -460,17 +461,22 @@ impl PathHint {
             .map(|i| i.min_rtt_us)
             .filter(|&us| us > 0)
             .map(|us| Duration::from_micros(us.into()));
-        let cap = || {
-            let file = match direction {
-                Direction::Download => "/proc/sys/net/ipv4/tcp_rmem",
-                Direction::Upload => "/proc/sys/net/ipv4/tcp_wmem",
-            };
-            let text = std::fs::read_to_string(file).ok()?;
-            text.split_whitespace().nth(2)?.parse::<u64>().ok()
+        let cap = match direction {
+            Direction::Download => kernel_cap(RMEM),
+            Direction::Upload => kernel_cap(WMEM),
         };
-        let window = buffer.or_else(|| cap().map(|c| c / 2));
+        let window = buffer.or(cap.map(|c| c / 2));
         PathHint { rtt, window }
     }
+}
+
+const RMEM: &str = "/proc/sys/net/ipv4/tcp_rmem";
+const WMEM: &str = "/proc/sys/net/ipv4/tcp_wmem";
+
+/// The most the kernel lets a socket's buffer grow to, from `tcp_rmem` or `tcp_wmem`.
+fn kernel_cap(file: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
+    text.split_whitespace().nth(2)?.parse::<u64>().ok()
 }
 
 /// Who chooses the connection count during the transfer.
@@ -481,7 +487,17 @@ enum Choice {
     Schedule(crate::engine::hooks::Schedule),
     /// `-n auto` (the default) against a braid server.
     Auto(Tuning),
+    /// `-n auto` with `--background` against a braid server: what one connection carries
+    /// at most (its window over the round trip).
+    Widen { window: u64, rtt: Duration },
 }
+
+/// The most connections background mode opens by itself.
+const BACKGROUND_MOST: usize = 8;
+
+/// A connection's window where the kernel's caps are unknown: Linux's default `tcp_wmem` cap
+/// (4 MiB), half of it for data.
+const DEFAULT_WINDOW: u64 = 2 << 20;
 
 impl Plan {
     /// `size`: the bytes to move, when known (they bound the useful connections and the
@@ -507,13 +523,25 @@ impl Plan {
                 "braid: --schedule needs a braid server that lets connections join mid-transfer (FEAT BRAID 2); the count stays fixed"
             );
         }
-        // Background mode's limit is its rate, not a window: one connection fills what it
-        // may use, and its probes and slowdowns stay clean.
-        let streams = match opts.streams {
-            None if opts.background.is_some() => Some(1),
-            n => n,
-        };
-        match (&opts.schedule, streams, elastic) {
+        match (&opts.schedule, opts.streams, elastic) {
+            // Background mode's limit is its rate: one connection, more only where a window
+            // holds them back (`engine::widen`).
+            (None, None, true) if opts.background.is_some() => {
+                // Either end's buffer may bind: the sender's cap is not known here, this
+                // host's smaller one stands for it.
+                let least = kernel_cap(RMEM).into_iter().chain(kernel_cap(WMEM)).min();
+                let window = opts.buffer.or(least.map(|c| c / 2));
+                Plan {
+                    start: 1,
+                    max: BACKGROUND_MOST as u32,
+                    policy: Choice::Widen {
+                        window: window.unwrap_or(DEFAULT_WINDOW),
+                        rtt: path().rtt.unwrap_or(Duration::from_millis(100)),
+                    },
+                    elastic,
+                    block: fixed_block(BACKGROUND_MOST as u32),
+                }
+            }
             (Some(s), _, true) => {
                 let max = s.steps.iter().map(|&(_, n)| n).chain([s.start]).max();
                 let max = max.unwrap_or(s.start) as u32;
@@ -544,7 +572,7 @@ impl Plan {
                 }
             }
             (_, n, _) => {
-                let n = match n {
+                let n = match n.or(opts.background.map(|_| 1)) {
                     Some(n) => n.max(1),
                     None => {
                         let path = path();
@@ -577,12 +605,13 @@ impl Plan {
             Choice::Fixed => Box::new(Fixed),
             Choice::Schedule(s) => Box::new(s.clone()),
             Choice::Auto(t) => Box::new(tune::Auto::new(t.clone())),
+            Choice::Widen { window, rtt } => Box::new(Widen::new(BACKGROUND_MOST, *window, *rtt)),
         }
     }
 
     fn tuning(&self) -> &'static str {
         match self.policy {
-            Choice::Auto(_) => "auto",
+            Choice::Auto(_) | Choice::Widen { .. } => "auto",
             _ => "fixed",
         }
     }

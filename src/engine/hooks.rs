@@ -326,6 +326,7 @@ impl Steering {
         view.congestion = self.congestion(transfer);
         view.probes = std::mem::take(&mut self.probes);
         view.probe_out = self.probe_out.take();
+        view.pacing = self.rate;
         let rate = self.pacer.rate(&view);
         let mut told = Tell::default();
         if rate != self.rate {
@@ -437,6 +438,7 @@ mod tests {
             congestion: None,
             probes: Vec::new(),
             probe_out: None,
+            pacing: None,
         }
     }
 

@@ -33,6 +33,7 @@ pub mod stream;
 pub mod tls;
 pub mod transfer;
 pub mod tune;
+pub mod widen;
 
 use braid_proto::block::BlockError;
 use std::net::TcpStream;

@@ -47,6 +47,9 @@ pub struct View {
     pub probes: Vec<Duration>,
     /// How long the probe in flight has been out.
     pub probe_out: Option<Duration>,
+    /// The rate all connections together have been paced at since the last tick, bytes/s
+    /// (None: unpaced): this side's sockets, or the sender's when this side receives.
+    pub pacing: Option<u64>,
 }
 
 impl View {
@@ -63,6 +66,7 @@ impl View {
             congestion: None,
             probes: Vec::new(),
             probe_out: None,
+            pacing: None,
         }
     }
 

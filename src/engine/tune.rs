@@ -1232,6 +1232,7 @@ mod tests {
                 congestion: cc,
                 probes: Vec::new(),
                 probe_out: None,
+                pacing: None,
             };
             for d in auto.decide(&view) {
                 match d {
