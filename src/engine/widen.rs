@@ -17,9 +17,12 @@ use super::stats::View;
 use super::transfer::LinkState;
 use std::time::Duration;
 
-/// How long each measurement runs: a few round trips on most paths, and time for a new
-/// connection to take its share before the next is judged.
-const EVERY: Duration = Duration::from_secs(2);
+/// How long each measurement runs, at least: a second, and eight round trips (a new
+/// connection's slow start to the share of a fast path before the next is judged; on a long
+/// path, the doubling of slow start over more than a round trip of delivery's lag, which
+/// alone shows a shortfall over one or two).
+const EVERY: Duration = Duration::from_secs(1);
+const EVERY_RTTS: u32 = 8;
 
 /// Delivered under the paced rate by more than this factor asks for one more connection.
 const SHORT_BY: f64 = 1.25;
@@ -33,6 +36,7 @@ pub struct Widen {
     max: usize,
     /// The most one connection carries, bytes/s: its window over the round trip.
     window_rate: f64,
+    every: Duration,
     /// When the measurement began, the bytes moved by then, and the lowest rate paced since
     /// (None once a tick was unpaced).
     from: Option<(Duration, u64, Option<u64>)>,
@@ -46,6 +50,7 @@ impl Widen {
         Widen {
             max: max.max(1),
             window_rate: window as f64 / rtt.as_secs_f64().max(1e-3),
+            every: EVERY.max(rtt * EVERY_RTTS),
             from: None,
             notes: Vec::new(),
         }
@@ -64,7 +69,7 @@ impl Policy for Widen {
             return Vec::new();
         };
         let lowest = lowest.zip(view.pacing).map(|(a, b)| a.min(b));
-        if view.elapsed < since + EVERY {
+        if view.elapsed < since + self.every {
             self.from = Some((since, done_then, lowest));
             return Vec::new();
         }
@@ -81,7 +86,7 @@ impl Policy for Widen {
             .count();
         // Too little left for another connection to carry a share of.
         let left = view.total.map(|t| t.saturating_sub(view.done) as f64);
-        let ending = left.is_some_and(|l| l < paced as f64 * EVERY.as_secs_f64());
+        let ending = left.is_some_and(|l| l < paced as f64 * self.every.as_secs_f64());
         let each = paced as f64 / open.max(1) as f64;
         if delivered * SHORT_BY >= paced as f64
             || each < NEAR_WINDOW * self.window_rate
@@ -195,7 +200,7 @@ mod tests {
         let mut w = Widen::new(8, WINDOW, Duration::from_millis(590));
         w.decide(&view(6.0, MB, Some(220_000), 1));
         assert!(
-            w.decide(&view(8.0, MB + 320_000, Some(220_000), 1))
+            w.decide(&view(11.0, MB + 800_000, Some(220_000), 1))
                 .is_empty()
         );
         // On lfn-500m two connections paced at 16 MB/s (8 each) that carry 10 are far
@@ -208,8 +213,8 @@ mod tests {
     #[test]
     fn none_near_the_end() {
         let mut w = Widen::new(8, WINDOW, RTT);
-        // 10 MB/s of 30, but 50 MB left: less than two seconds at the paced rate.
-        w.decide(&view(0.0, 930 * MB, Some(30 * MB), 1));
-        assert!(w.decide(&view(2.0, 950 * MB, Some(30 * MB), 1)).is_empty());
+        // 10 MB/s of 30, but 30 MB left: less than a measurement at the paced rate.
+        w.decide(&view(0.0, 950 * MB, Some(30 * MB), 1));
+        assert!(w.decide(&view(2.0, 970 * MB, Some(30 * MB), 1)).is_empty());
     }
 }
