@@ -358,10 +358,6 @@ fn extended(
     s
 }
 
-/// The transfer's pacer: background mode's controller (with the rate limit as its ceiling),
-/// or the rate limit alone where `limits` (a download's sender may not take the limit).
-/// Background mode needs the sender to be told rates (`elastic`: a braid server that also
-/// answers probes while data moves).
 /// The control connection's lowest round trip: a background transfer's first base delay.
 fn control_rtt(c: &Control) -> Duration {
     braid_sockopt::tcp_info(c.socket())
@@ -372,6 +368,10 @@ fn control_rtt(c: &Control) -> Duration {
         })
 }
 
+/// The transfer's pacer: background mode's controller (with the rate limit as its ceiling),
+/// or the rate limit alone where `limits` (a download's sender may not take the limit).
+/// Background mode needs the sender to be told rates (`elastic`: a braid server that also
+/// answers probes while data moves).
 fn pacer(c: &Control, opts: &Options, elastic: bool, limits: bool) -> Result<Box<dyn Pacer>> {
     let Some(target) = opts.background else {
         return Ok(Box::new(Cap(opts.rate_limit.filter(|_| limits))));
