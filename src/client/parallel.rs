@@ -79,13 +79,7 @@ pub fn get(
     let retr = RetrOpts {
         parallelism: Some((plan.start, plan.start.min(1), plan.max)),
         block_size: (opts.block_size.is_some() || peer == Peer::Braid).then_some(plan.block),
-        congestion: opts
-            .congestion
-            .or(background
-                .then(|| background::congestion(control_rtt(c)))
-                .flatten())
-            .or(plan.start_congestion())
-            .filter(|_| peer == Peer::Braid),
+        congestion: sending_congestion(c, opts, &plan).filter(|_| peer == Peer::Braid),
         max_rate: pacer.rate(&View::at_start(None)),
         dscp: background.then_some(background::LOWER_EFFORT),
     };
@@ -358,14 +352,32 @@ fn extended(
     s
 }
 
-/// The control connection's lowest round trip: a background transfer's first base delay.
-fn control_rtt(c: &Control) -> Duration {
+/// The control connection's lowest round trip, when the kernel has one.
+fn control_min_rtt(c: &Control) -> Option<Duration> {
     braid_sockopt::tcp_info(c.socket())
         .map(|i| i.min_rtt_us)
         .filter(|&us| us > 0)
-        .map_or(Duration::from_millis(100), |us| {
-            Duration::from_micros(us.into())
+        .map(|us| Duration::from_micros(us.into()))
+}
+
+/// The path's round trip where one must be assumed: a background transfer's first base delay
+/// and the choice of its congestion control.
+fn control_rtt(c: &Control) -> Duration {
+    control_min_rtt(c).unwrap_or(ASSUMED_RTT)
+}
+
+/// The round trip assumed where the kernel has not measured one yet.
+const ASSUMED_RTT: Duration = Duration::from_millis(100);
+
+/// The sending side's congestion control: the user's, else background mode's for the path,
+/// else the self-tuning's first choice (None: the system's).
+fn sending_congestion(c: &Control, opts: &Options, plan: &Plan) -> Option<CcName> {
+    opts.congestion
+        .or_else(|| {
+            opts.background
+                .and_then(|_| background::congestion(control_rtt(c)))
         })
+        .or(plan.start_congestion())
 }
 
 /// The transfer's pacer: background mode's controller (with the rate limit as its ceiling),
@@ -457,10 +469,7 @@ struct PathHint {
 
 impl PathHint {
     fn of(c: &Control, direction: Direction, buffer: Option<u64>) -> PathHint {
-        let rtt = braid_sockopt::tcp_info(c.socket())
-            .map(|i| i.min_rtt_us)
-            .filter(|&us| us > 0)
-            .map(|us| Duration::from_micros(us.into()));
+        let rtt = control_min_rtt(c);
         let cap = match direction {
             Direction::Download => kernel_cap(RMEM),
             Direction::Upload => kernel_cap(WMEM),
@@ -536,7 +545,7 @@ impl Plan {
                     max: BACKGROUND_MOST as u32,
                     policy: Choice::Widen {
                         window: window.unwrap_or(DEFAULT_WINDOW),
-                        rtt: path().rtt.unwrap_or(Duration::from_millis(100)),
+                        rtt: path().rtt.unwrap_or(ASSUMED_RTT),
                     },
                     elastic,
                     block: fixed_block(BACKGROUND_MOST as u32),
@@ -850,13 +859,7 @@ pub fn put(
     let progress = AtomicU64::new(0);
     let transfer = Transfer::new(elastic);
     let background = opts.background.is_some();
-    transfer.set_congestion(
-        opts.congestion
-            .or(background
-                .then(|| background::congestion(control_rtt(c)))
-                .flatten())
-            .or(plan.start_congestion()),
-    );
+    transfer.set_congestion(sending_congestion(c, opts, &plan));
     if background {
         transfer.set_dscp(background::LOWER_EFFORT);
     }

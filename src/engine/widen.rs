@@ -14,7 +14,6 @@
 
 use super::hooks::{Decision, Note, Policy};
 use super::stats::View;
-use super::transfer::LinkState;
 use std::time::Duration;
 
 /// How long each measurement runs, at least: a second, and eight round trips (a new
@@ -79,11 +78,7 @@ impl Policy for Widen {
         };
         let secs = (view.elapsed - since).as_secs_f64();
         let delivered = view.done.saturating_sub(done_then) as f64 / secs;
-        let open = view
-            .links
-            .iter()
-            .filter(|l| l.state == LinkState::Open && !l.retiring)
-            .count();
+        let open = view.active().count();
         // Too little left for another connection to carry a share of.
         let left = view.total.map(|t| t.saturating_sub(view.done) as f64);
         let ending = left.is_some_and(|l| l < paced as f64 * self.every.as_secs_f64());
@@ -120,6 +115,7 @@ impl Policy for Widen {
 mod tests {
     use super::*;
     use crate::engine::stats::LinkView;
+    use crate::engine::transfer::LinkState;
 
     const MB: u64 = 1_000_000;
     /// lfn-500m's: one connection carries 20 MB/s at most.

@@ -99,13 +99,7 @@ pub(super) async fn transfer(
         s.client_asks(t.block.as_ref().and_then(|b| b.max_rate), &moving);
     }
     let congestion = t.block.as_ref().and_then(|b| b.congestion);
-    // The server's own controller reads the data's round trip, which with bbr's single
-    // segments on a slow link waits for the receiver's delayed acknowledgement: curl from
-    // `serve --background` on dsl-1m-bloat got 0.62-0.65 Mbit/s with bbr, 0.78 with cubic.
-    let cubic = yields
-        .then(|| braid_proto::retr_opts::CcName::parse("cubic").ok())
-        .flatten();
-    if let Some(cc) = congestion.or(cubic) {
+    if let Some(cc) = congestion.or(sending.as_ref().and_then(pacing::Sending::congestion)) {
         moving.set_congestion(Some(cc));
     }
     let dscp = t.block.as_ref().and_then(|b| b.dscp);

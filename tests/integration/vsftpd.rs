@@ -358,7 +358,8 @@ fn xferlog_lines_read_as_vsftpds() {
 /// 1 MB/s, of a 24 MiB file, once the client's record names a stored range: every range is
 /// then under way (several seconds each: vsftpd lets a session go faster than its limit for
 /// a while, and the record is saved once a second; at 4 MB/s a fast machine finished a
-/// four-way download in 1.1 s, before a record with a range was seen). Returns vsftpd, the file, the URL and the client.
+/// four-way download in 1.1 s, before a record with a range was seen). Returns vsftpd, the
+/// file, the URL and the client.
 fn slow_segmented_get(
     top: &std::path::Path,
     seed: u64,
