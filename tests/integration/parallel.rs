@@ -443,13 +443,15 @@ fn ctrl_c_sends_abor_keeps_the_partial_and_resume_sends_nothing_twice() {
             "4",
             "--block-size",
             "1MiB",
+            "--rate-limit",
+            "200MB",
             "-q",
         ])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     // Freeze the server once data has landed, so the Ctrl-C certainly arrives while the
-    // transfer runs.
+    // transfer runs (paced to 200 MB/s, it cannot end between two looks at the partial).
     let part = top.path().join("big.bin.part");
     // Past 8 blocks of 1 MiB, some connection has begun its second block, so it finished its
     // first: at least one whole block is stored when the Ctrl-C comes.
@@ -648,9 +650,12 @@ fn a_broken_upload_resumes_in_mode_e_without_resending_what_the_server_stored() 
     let content = random_bytes(384 << 20, 12);
     let local = top.path().join("up.bin");
     std::fs::write(&local, &content).unwrap();
+    // Paced to 200 MB/s (about 2 s for the file), so that neither interrupted run can reach
+    // the end between two looks at its progress, however the machine schedules this test.
     let put = |url: &str, resume: bool| {
         let mut cmd = std::process::Command::new(BRAID);
         cmd.args(["put", local.to_str().unwrap(), url, "-n", "4", "-q"])
+            .args(["--rate-limit", "200MB"])
             .env("XDG_STATE_HOME", &state)
             .stderr(std::process::Stdio::piped());
         if resume {

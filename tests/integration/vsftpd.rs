@@ -126,14 +126,15 @@ fn braid_client_against_vsftpd() {
 
 /// Ctrl-C in stream mode (the only mode vsftpd has): ABOR, exit 7, the partial kept, and
 /// `--resume` sends only the rest. vsftpd is stopped while the client gets Ctrl-C, so the
-/// transfer cannot end first.
+/// transfer cannot end first; both directions are paced to 200 MB/s (vsftpd's own limit,
+/// which it applies to uploads too), so neither can end between two looks at its progress.
 #[test]
 fn ctrl_c_in_stream_mode_sends_abor_and_resume_continues() {
     use crate::util::{finish_child, json, signal_process};
     use rustix::process::Signal;
     use std::time::{Duration, Instant};
     let top = tempdir();
-    let vs = start_vsftpd(top.path());
+    let vs = start_vsftpd_with(top.path(), "anon_max_rate=200000000\n");
     let root = top.path().join("root");
     let content = random_bytes(256 << 20, 62);
     std::fs::write(root.join("pub/src.bin"), &content).unwrap();
