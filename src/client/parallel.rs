@@ -225,8 +225,8 @@ pub fn get(
                     {
                         steering.sender_reported(report);
                     }
-                    if let Some(rtt) = prober.as_mut().and_then(|p| p.measure(c)) {
-                        steering.probed(rtt);
+                    if let Some(p) = &mut prober {
+                        p.show(c, &mut steering);
                     }
                     let tell = steering.tick(&transfer);
                     let told = match &mut prober {
@@ -899,10 +899,7 @@ pub fn put(
         || {
             bar.set_position(resumed_from + progress.load(Ordering::Relaxed));
             if let Some(p) = &mut prober {
-                if let Some(rtt) = p.measure(c) {
-                    steering.probed(rtt);
-                }
-                steering.probe_out(p.out_for());
+                p.show(c, &mut steering);
                 if let Err(e) = p.send(c, Tell::default()) {
                     tracing::warn!("could not probe the path: {e}");
                 }

@@ -10,7 +10,7 @@
 
 use super::control::Control;
 use super::error::Result;
-use crate::engine::hooks::Tell;
+use crate::engine::hooks::{Steering, Tell};
 use std::time::Duration;
 
 /// A probe on its way.
@@ -36,8 +36,18 @@ pub struct Prober {
 }
 
 impl Prober {
+    /// Gives the steering what the probes show before its tick: the round trip of one just
+    /// answered, and how long the one in flight has been out (a queue a competitor fills at
+    /// once delays the answer by as much, which counts before it comes).
+    pub fn show(&mut self, c: &Control, steering: &mut Steering) {
+        if let Some(rtt) = self.measure(c) {
+            steering.probed(rtt);
+        }
+        steering.probe_out(self.out_for());
+    }
+
     /// The round trip of the probe in flight, once its acknowledgement is in.
-    pub fn measure(&mut self, c: &Control) -> Option<Duration> {
+    fn measure(&mut self, c: &Control) -> Option<Duration> {
         let out = self.out?;
         let info = braid_sockopt::tcp_info(c.socket())?;
         if info.unacked > 0 {
@@ -56,7 +66,7 @@ impl Prober {
     }
 
     /// How long the probe in flight has been out (its round trip is at least that).
-    pub fn out_for(&self) -> Option<Duration> {
+    fn out_for(&self) -> Option<Duration> {
         self.out.map(|o| o.sent.elapsed())
     }
 

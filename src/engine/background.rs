@@ -418,14 +418,21 @@ impl Background {
     }
 
     /// Two segments per round trip, or FLOOR behind a queue of more than four targets (where
-    /// that many in flight add nothing to it).
+    /// that many in flight add nothing to it); never above the refill's aim, since where a
+    /// round trip carries under two segments (1 Mbit/s at 20 ms) two are more than the link
+    /// takes, and a floor there would stand a queue whenever the controller means to yield.
     fn floor(&self, rtt: Duration, queue: Duration) -> f64 {
         let segments = if queue > 4 * self.s.target {
             FLOOR
         } else {
             2.0
         };
-        segments * self.s.mss as f64 / rtt.max(MIN_RTT).as_secs_f64()
+        let alive = segments * self.s.mss as f64 / rtt.max(MIN_RTT).as_secs_f64();
+        if self.full > 0.0 {
+            alive.min(REFILL * self.full)
+        } else {
+            alive
+        }
     }
 
     /// LEDBAT++: the first slowdown comes two round trips after slow start.
@@ -874,6 +881,19 @@ mod tests {
         // Alone, the queue is seen empty: the base needs no slowdown to be found.
         assert_eq!(rep.slowdowns, 0);
         assert!(rep.probes > 500);
+    }
+
+    #[test]
+    fn where_two_segments_are_more_than_a_round_trip_carries_it_paces_under_the_link() {
+        // The lab's dsl-1m-bloat as measured: 1 Mbit/s, 21 ms. Two segments per round trip
+        // would be 1.1 Mbit/s, over the link's rate.
+        let mut r = Run::new(MBIT, 21, 1.0);
+        r.add(Settings::default());
+        r.run(60.0, &[true], 0.0);
+        let share = r.rate(0, 10, 60) / MBIT;
+        assert!(share > 0.85, "used {share:.2} of the link");
+        let most = r.paced[100..].iter().cloned().fold(0.0, f64::max) / MBIT;
+        assert!(most < 1.1, "paced at up to {most:.2} of the link");
     }
 
     #[test]

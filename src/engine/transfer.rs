@@ -148,6 +148,33 @@ fn set_congestion(sock: &TcpStream, cc: CcName) {
     }
 }
 
+/// How far a pacing cap must rise at once for bbr to be started afresh under it.
+const RESTART_ABOVE: f64 = 2.0;
+
+/// bbr paces at its own estimate of the path's rate and raises it by a quarter per eight
+/// round trips at most: after a while under a low cap (background mode behind a competitor),
+/// a cap raised twentyfold took it two seconds to follow at 1 Mbit/s, 20 ms. Setting the
+/// congestion control again starts it afresh, in startup, which doubles its rate each round
+/// trip up to the cap. The kernel keeps a control set to itself as it is, so reno, always
+/// allowed, goes in between. Other controls are left alone: a raised cap binds cubic's window
+/// at once.
+fn restart_bbr(sock: &TcpStream) {
+    let s = socket2::SockRef::from(sock);
+    let bbr = s
+        .tcp_congestion()
+        .is_ok_and(|name| name.split(|&b| b == 0).next() == Some(b"bbr"));
+    if !bbr {
+        return;
+    }
+    if let Err(e) = s.set_tcp_congestion(b"reno") {
+        tracing::debug!("cannot restart bbr: {e}");
+    } else if let Err(e) = s.set_tcp_congestion(b"bbr") {
+        tracing::warn!(
+            "cannot go back to bbr after restarting it ({e}): this connection runs reno"
+        );
+    }
+}
+
 /// Marks a connection's packets with a DSCP (the upper six bits of the TOS byte, or of the
 /// IPv6 traffic class); a refusal leaves them unmarked, and says so.
 fn set_dscp(sock: &TcpStream, dscp: u8) {
@@ -453,9 +480,18 @@ impl Transfer {
     /// Caps the sending rate of the whole transfer, bytes/s (None: no cap). The cap is split
     /// evenly over the open connections with `SO_MAX_PACING_RATE`, which the kernel enforces
     /// per packet (no fq qdisc needed), and split again when connections join or leave.
+    /// A cap raised more than RESTART_ABOVE times over restarts the connections' bbr (see
+    /// [`restart_bbr`]).
     pub fn set_pacing(&self, total: Option<u64>) {
-        self.pacing.store(total.unwrap_or(0), Ordering::Relaxed);
+        let new = total.unwrap_or(0);
+        let was = self.pacing.swap(new, Ordering::Relaxed);
+        let raised = was > 0 && new as f64 > RESTART_ABOVE * was as f64;
         self.apply_pacing();
+        if raised {
+            for l in self.lock().iter().filter(|l| l.state() == LinkState::Open) {
+                restart_bbr(&l.sock);
+            }
+        }
     }
 
     pub fn pacing(&self) -> Option<u64> {
@@ -697,5 +733,33 @@ mod tests {
             "unpaced: as written"
         );
         assert_eq!(t.rate(&first), Some(0.0));
+    }
+
+    /// bbr follows a raised cap only a quarter per eight round trips: a cap raised more than
+    /// twofold starts it afresh, which sets its rate from the round trip (on loopback, far
+    /// above any cap here), so the kernel then paces at the new cap. With no data moving, bbr
+    /// left as it is keeps the rate it had.
+    #[test]
+    fn a_cap_raised_many_times_over_restarts_bbr() {
+        let bbr = CcName::parse("bbr").unwrap();
+        let available =
+            std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+                .unwrap_or_default();
+        assert!(
+            available.split_whitespace().any(|c| c == "bbr"),
+            "this test needs the bbr congestion control (modprobe tcp_bbr); available: {available}"
+        );
+        let t = Transfer::new(true);
+        t.set_congestion(Some(bbr));
+        let (a, _a) = connected();
+        t.join(&a).unwrap();
+        let paced = || braid_sockopt::tcp_info(&a).unwrap().pacing_rate;
+        t.set_pacing(Some(1_000_000));
+        assert_eq!(paced(), 1_000_000);
+        t.set_pacing(Some(1_500_000));
+        assert_eq!(paced(), 1_000_000, "raised by half: bbr left to follow");
+        t.set_pacing(Some(8_000_000));
+        assert_eq!(paced(), 8_000_000, "raised over twofold: bbr restarted");
+        assert_eq!(t.congestion(), Some(bbr), "back on bbr after the restart");
     }
 }
