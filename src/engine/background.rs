@@ -261,6 +261,13 @@ impl Background {
             self.recent.pop_front();
         }
         self.recent.push_back(rtt);
+        // The base is the lowest of the filtered round trips: one probe read short (its
+        // sample comes from the kernel's smoothed RTT, to a few milliseconds) would otherwise
+        // show a queue that is not there for ten minutes (3.7 ms on lfn-500m, which held the
+        // rate under a third of the link's for ten seconds).
+        let Some(rtt) = self.filtered() else {
+            return;
+        };
         let bucket = now.as_secs() / BUCKET.as_secs();
         match self.base.back_mut() {
             Some((b, min)) if *b == bucket => *min = (*min).min(rtt),
@@ -291,14 +298,18 @@ impl Background {
     /// The queueing delay now: the filtered probe round trip above the base, or more while
     /// a probe is overdue.
     pub fn queue(&self) -> Option<Duration> {
-        let mut recent: Vec<Duration> = self.recent.iter().copied().collect();
-        recent.sort();
-        let median = recent.len().checked_sub(1).map(|last| recent[last / 2]);
-        let current = match (median, self.waiting) {
+        let current = match (self.filtered(), self.waiting) {
             (Some(m), Some(w)) => m.max(w),
             (m, w) => m.or(w)?,
         };
         Some(current.saturating_sub(self.base()?))
+    }
+
+    /// The median of the latest probes.
+    fn filtered(&self) -> Option<Duration> {
+        let mut recent: Vec<Duration> = self.recent.iter().copied().collect();
+        recent.sort();
+        recent.len().checked_sub(1).map(|last| recent[last / 2])
     }
 
     /// The rate to pace at (bytes/s), given the bytes delivered so far at `now`. Called every
@@ -585,12 +596,12 @@ impl Background {
                 self.end_slow_start(now, rtt);
             }
             Phase::SlowStart => {
-                // Doubling per round trip, but never far ahead of what gets through. Where the
-                // window is a round trip, what it counts left one to two round trips ago: twice
-                // that lets the rate grow by about 1.6 per round trip.
+                // Doubling per round trip, but never more than twice what gets through, which
+                // left a round trip and half a window ago: where the window is a round trip that
+                // lets the rate grow by about 1.6 per round trip, and on lfn-500m (150 ms) ten
+                // times a second (1.5 times gave four, and six seconds to reach the window).
                 let grown = self.rate * (1.0 + dt / h);
-                let ahead = if long_path { 2.0 } else { 1.5 };
-                let ceiling = delivered.map_or(self.rate, |d| (ahead * d).max(self.rate));
+                let ceiling = delivered.map_or(self.rate, |d| (2.0 * d).max(self.rate));
                 self.rate = grown.min(ceiling);
             }
             _ => {
@@ -1031,6 +1042,17 @@ mod tests {
         }
         assert!(c.report().slowdowns >= 2, "{}", c.report().slowdowns);
         assert_eq!(lowest, (2.0 * 1448.0 / 0.048f64).round() as u64);
+    }
+
+    #[test]
+    fn one_probe_read_short_does_not_lower_the_base() {
+        let ms = Duration::from_millis;
+        let mut b = Background::new(Settings::default(), ms(150));
+        for (i, rtt) in [150, 150, 146, 150, 150, 150].into_iter().enumerate() {
+            b.on_probe(ms(100 * i as u64), ms(rtt));
+        }
+        assert_eq!(b.base(), Some(ms(150)));
+        assert_eq!(b.queue(), Some(Duration::ZERO));
     }
 
     #[test]

@@ -2,13 +2,14 @@
 //! connection (its probes and slowdowns stay clean, and a slow link gets one flow's bursts).
 //! A connection carries at most its window per round trip, though: on a long fast path
 //! (lfn-500m: about 150 Mbit/s for one at 150 ms) the controller allows more than it can
-//! carry. Another connection opens whenever the ones open moved clearly less than even the
-//! lowest rate they were paced at over a measurement. A queue would not let that last: the
-//! controller cuts to what is delivered when one builds, so what holds them back is not the
-//! network (a window, the sender's buffer, or a slow end, where one more costs little). A
-//! long thin path shows the same shortfall for a while after each change of rate (what is
-//! delivered is a round trip late): only rates that each connection could not carry in a
-//! window, near the most one carries, count.
+//! carry. As many connections again open whenever the ones open moved clearly less than even
+//! the lowest rate they were paced at over a measurement (which takes eight round trips: one
+//! more at a time took five seconds to reach the five lfn-500m needs). A queue would not let
+//! that last: the controller cuts to what is delivered when one builds, so what holds them
+//! back is not the network (a window, the sender's buffer, or a slow end, where more cost
+//! little). A long thin path shows the same shortfall for a while after each change of rate
+//! (what is delivered is a round trip late): only rates that each connection could not carry
+//! in a window, near the most one carries, count.
 //!
 //! Pure: it reads the [`View`] and gives decisions.
 
@@ -98,12 +99,13 @@ impl Policy for Widen {
             loss: None,
             queue: None,
             action: format!(
-                "paced at {:.2} MB/s, carried {:.0}%: one more connection",
+                "paced at {:.2} MB/s, carried {:.0}%: {} more connections",
                 paced as f64 / 1e6,
-                100.0 * delivered / paced as f64
+                100.0 * delivered / paced as f64,
+                open.min(self.max - open)
             ),
         });
-        vec![Decision::Open(1)]
+        vec![Decision::Open(open.min(self.max - open))]
     }
 
     fn notes(&mut self) -> Vec<Note> {
@@ -144,8 +146,8 @@ mod tests {
     }
 
     #[test]
-    fn connections_that_carry_less_than_their_pacing_get_one_more_at_a_time_up_to_the_most() {
-        let mut w = Widen::new(2, WINDOW, RTT);
+    fn connections_that_carry_less_than_their_pacing_double_up_to_the_most() {
+        let mut w = Widen::new(3, WINDOW, RTT);
         assert!(w.decide(&view(0.0, MB, Some(30 * MB), 1)).is_empty());
         assert!(
             w.decide(&view(1.0, 18 * MB, Some(30 * MB), 1)).is_empty(),
@@ -160,9 +162,25 @@ mod tests {
         let mut v = view(4.0, 70 * MB, Some(40 * MB), 1);
         v.opening = 1;
         assert!(w.decide(&v).is_empty(), "one is on its way");
+        assert_eq!(
+            w.decide(&view(6.0, 130 * MB, Some(60 * MB), 2)),
+            vec![Decision::Open(1)],
+            "30 MB/s of 60 on two: as many again, but three is the most"
+        );
         assert!(
-            w.decide(&view(6.0, 110 * MB, Some(40 * MB), 2)).is_empty(),
-            "two is the most"
+            w.decide(&view(8.0, 190 * MB, Some(60 * MB), 3)).is_empty(),
+            "three is the most"
+        );
+    }
+
+    #[test]
+    fn the_count_doubles() {
+        let mut w = Widen::new(8, WINDOW, RTT);
+        w.decide(&view(0.0, MB, Some(60 * MB), 2));
+        assert_eq!(
+            w.decide(&view(2.0, 41 * MB, Some(60 * MB), 2)),
+            vec![Decision::Open(2)],
+            "20 MB/s of 60 on two"
         );
     }
 
