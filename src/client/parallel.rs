@@ -74,7 +74,7 @@ pub fn get(
     // Only braid servers pace (GridFTP servers ignore options they do not know, but there is
     // no need to find out). The pacer's rate goes with OPTS RETR now and again whenever the
     // pacer changes it.
-    let mut pacer = pacer(c, opts, plan.elastic, plan.elastic)?;
+    let mut pacer = pacer(c, opts, &plan, plan.elastic, plan.elastic)?;
     let background = opts.background.is_some();
     let retr = RetrOpts {
         parallelism: Some((plan.start, plan.start.min(1), plan.max)),
@@ -384,7 +384,13 @@ fn sending_congestion(c: &Control, opts: &Options, plan: &Plan) -> Option<CcName
 /// or the rate limit alone where `limits` (a download's sender may not take the limit).
 /// Background mode needs the sender to be told rates (`elastic`: a braid server that also
 /// answers probes while data moves).
-fn pacer(c: &Control, opts: &Options, elastic: bool, limits: bool) -> Result<Box<dyn Pacer>> {
+fn pacer(
+    c: &Control,
+    opts: &Options,
+    plan: &Plan,
+    elastic: bool,
+    limits: bool,
+) -> Result<Box<dyn Pacer>> {
     let Some(target) = opts.background else {
         return Ok(Box::new(Cap(opts.rate_limit.filter(|_| limits))));
     };
@@ -400,8 +406,9 @@ fn pacer(c: &Control, opts: &Options, elastic: bool, limits: bool) -> Result<Box
             .map(|i| u64::from(i.snd_mss))
             .filter(|&m| m >= 500)
             .unwrap_or(1448),
-        // Small probes carry no serialization of their own.
-        segments: 0,
+        // Small probes carry no serialization of their own, but may wait behind the
+        // smallest burst the sender's congestion control makes.
+        segments: background::burst(sending_congestion(c, opts, plan)),
     };
     Ok(Box::new(background::Yielding::new(settings, rtt)))
 }
@@ -863,7 +870,7 @@ pub fn put(
     if background {
         transfer.set_dscp(background::LOWER_EFFORT);
     }
-    let pacer = pacer(c, opts, elastic, true)?;
+    let pacer = pacer(c, opts, &plan, elastic, true)?;
     let mut steering = Steering::new(plan.policy(), pacer, true, Some(todo.len()));
     steering.prime(&transfer);
     let mut prober = background.then(Prober::default);

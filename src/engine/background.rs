@@ -54,6 +54,17 @@ pub fn congestion(rtt: Duration) -> Option<CcName> {
     CcName::parse(if rtt < BBR_UNDER { "bbr" } else { "cubic" }).ok()
 }
 
+/// Segments a congestion control sends at once however slowly it is paced, which a probe
+/// may find in the queue before it: cubic's two (`tcp_min_tso_segs`; 16 ms at 1.5 Mbit/s, over
+/// the default target, so that one probe behind them ended slow start on satellite-t1); bbr's
+/// one below 1.2 Mbit/s, which the default target covers from 1 Mbit/s up.
+pub fn burst(cc: Option<CcName>) -> u32 {
+    match cc {
+        Some(cc) if cc.as_str() == "bbr" => 0,
+        _ => 2,
+    }
+}
+
 /// The round trip up to which a yielding transfer uses bbr: eight of them, bbr's cycle, in
 /// under a second.
 const BBR_UNDER: Duration = Duration::from_millis(100);
@@ -198,6 +209,9 @@ pub struct Background {
     cuts: u32,
     /// Since the last of them, the highest queue seen and when.
     crest: Option<(Duration, Duration)>,
+    /// Probes answered, and how many had been at the last cut.
+    answers: u64,
+    answers_at_cut: u64,
     next_slowdown: Option<Duration>,
     last_slowdown: Duration,
     /// (time, bytes delivered so far).
@@ -235,6 +249,8 @@ impl Background {
             hold_until: Duration::ZERO,
             cuts: 0,
             crest: None,
+            answers: 0,
+            answers_at_cut: 0,
             next_slowdown: None,
             last_slowdown: Duration::ZERO,
             delivered: VecDeque::new(),
@@ -261,6 +277,7 @@ impl Background {
             self.recent.pop_front();
         }
         self.recent.push_back(rtt);
+        self.answers += 1;
         // The base is the lowest of the filtered round trips: one probe read short (its
         // sample comes from the kernel's smoothed RTT, to a few milliseconds) would otherwise
         // show a queue that is not there for ten minutes (3.7 ms on lfn-500m, which held the
@@ -417,15 +434,20 @@ impl Background {
         (span > 0.0).then(|| b1.saturating_sub(b0) as f64 / span)
     }
 
-    /// The target, with room for `segments` at the recent peak rate.
-    fn target(&self) -> Duration {
+    /// The time of `segments` at the recent peak rate: a probe finds from none to all of
+    /// them ahead of it.
+    fn burst(&self) -> Duration {
         let per_segment = if self.peak > 0.0 {
             self.s.mss as f64 / self.peak
         } else {
             0.0
         };
-        let room = Duration::from_secs_f64((f64::from(self.s.segments) * per_segment).min(1.0));
-        self.s.target.max(room)
+        Duration::from_secs_f64((f64::from(self.s.segments) * per_segment).min(1.0))
+    }
+
+    /// The target, with room for a burst.
+    fn target(&self) -> Duration {
+        self.s.target.max(self.burst())
     }
 
     /// Two segments per round trip, or FLOOR behind a queue of more than four targets (where
@@ -501,7 +523,11 @@ impl Background {
             if overshoot {
                 self.end_slow_start(now, rtt);
             }
-            if now < self.hold_until {
+            // On a long path a probe answers about once a round trip, and the reading stays
+            // until the next: the one in flight at a cut left before it, so a further cut
+            // waits for the probe after that (on satellite-t1 a queue of 45 ms, read once,
+            // was cut for twice, to half the link's rate).
+            if now < self.hold_until || (long_path && self.answers < self.answers_at_cut + 2) {
                 return true;
             }
             // A queue that has been falling since its crest after the last cut, fast enough to
@@ -534,6 +560,7 @@ impl Background {
             };
             self.crest = Some((now, queue));
             self.cuts += 1;
+            self.answers_at_cut = self.answers;
             let carried = delivered.map_or(self.peak, |d| d.max(self.peak));
             let anchor = if carried > 0.0 {
                 carried.min(self.rate)
@@ -573,8 +600,10 @@ impl Background {
         }
         let room = 1.0 - queue.as_secs_f64() / target.as_secs_f64();
         // An empty queue means room that nobody takes (a competitor has left, or a cut or a
-        // slowdown went deeper than needed): the refill below.
-        let empty = queue < target / 4;
+        // slowdown went deeper than needed): the refill below. A probe finds half a burst
+        // ahead of it on average even then (cubic's two segments on satellite-t1: 7.8 ms, which
+        // without this kept both the refill and the skipping of slowdowns away).
+        let empty = queue < target / 4 + self.burst() / 2;
         if empty {
             self.empty_since.get_or_insert(now);
         } else {
