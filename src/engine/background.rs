@@ -78,10 +78,11 @@ pub struct Settings {
     pub limit: Option<u64>,
     /// Segment size, bytes: the unit of the floor, of the first rate and of the constant step.
     pub mss: u64,
-    /// The target is at least this many segments' time at the link's rate: where the signal
-    /// is the data's own round trip (a server), each sample carries a segment's
-    /// serialization and the receiver's delayed acknowledgement, which on a slow link alone
-    /// exceed a few milliseconds.
+    /// The target is at least this many segments' time at the link's rate, and an empty
+    /// queue reads as up to half of that: where the signal is the data's own round trip (a
+    /// server), each sample carries a segment's serialization and the receiver's delayed
+    /// acknowledgement, and a probe may wait behind the smallest burst the sender makes
+    /// ([`burst`]); on a slow link either alone exceeds a few milliseconds.
     pub segments: u32,
 }
 
@@ -523,11 +524,13 @@ impl Background {
             if overshoot {
                 self.end_slow_start(now, rtt);
             }
-            // On a long path a probe answers about once a round trip, and the reading stays
-            // until the next: the one in flight at a cut left before it, so a further cut
-            // waits for the probe after that (on satellite-t1 a queue of 45 ms, read once,
-            // was cut for twice, to half the link's rate).
-            if now < self.hold_until || (long_path && self.answers < self.answers_at_cut + 2) {
+            // A probe answers about once a round trip, and the reading stays until the next:
+            // the one in flight at a cut left before it, so a further cut waits for the probe
+            // after that (on satellite-t1 a queue of 45 ms, read once, was cut for twice, to
+            // half the link's rate; on lfn-500m 12 ms to a third). Not behind someone else's
+            // long queue, whose answers come seconds apart while the competitor waits.
+            let stale = self.answers < self.answers_at_cut + 2;
+            if now < self.hold_until || (stale && queue <= 4 * self.s.target) {
                 return true;
             }
             // A queue that has been falling since its crest after the last cut, fast enough to
@@ -611,11 +614,12 @@ impl Background {
         }
         self.quiet.1 += 1;
         self.quiet.0 += u32::from(empty);
-        // While the queue stays empty the increase speeds up by one for every second of it:
-        // on a long path only below the link's rate, or where no queue has ever shown it (a
-        // window-limited connection): above it, a second there is under two round trips,
-        // and the speed-up overshot.
-        let hurry = if !long_path || self.full == 0.0 || self.rate < self.full {
+        // While the queue stays empty the increase speeds up by one for every second of it,
+        // but only below the link's rate, or where no queue has ever shown it (a
+        // window-limited connection): above it the probes show the queue a round trip and
+        // a median late, and the speed-up overshot (on satellite-t1; on lfn-500m to 1.2 times
+        // the link, whose queue then overflowed every few seconds).
+        let hurry = if self.full == 0.0 || self.rate < self.full {
             1.0 + self.empty_since.map_or(0.0, |t| (now - t).as_secs_f64())
         } else {
             1.0

@@ -441,16 +441,18 @@ mod tests {
                 .protected(Some(client(&pki, mine)));
             let got = receive_all(&receiving, joins, &path, data.len());
             assert!(got.is_ok(), "{got:?}");
-            assert_eq!(receiving.handshakes().resumed, 2);
+            // The first may carry all 3 MiB before the second's handshake ends (seen under load).
+            let resumed = receiving.handshakes().resumed;
+            assert!((1..=2).contains(&resumed), "{resumed} resumed");
             assert!(sent.join().unwrap().is_ok());
         });
         assert!(std::fs::read(&path).unwrap() == data, "the file differs");
-        assert_eq!(
-            sending.handshakes().resumed,
-            2,
-            "only connections that proved count"
+        let resumed = sending.handshakes().resumed;
+        assert!(
+            (1..=2).contains(&resumed),
+            "{resumed} counted: only connections that proved count"
         );
-        // The first may carry it all before the second is counted in; never a third.
+        // Never a third.
         assert!(sending.links().len() <= 2, "the stranger joined");
     }
 

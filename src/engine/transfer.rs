@@ -156,8 +156,8 @@ const RESTART_ABOVE: f64 = 2.0;
 /// a cap raised twentyfold took it two seconds to follow at 1 Mbit/s, 20 ms. Setting the
 /// congestion control again starts it afresh, in startup, which doubles its rate each round
 /// trip up to the cap. The kernel keeps a control set to itself as it is, so reno, always
-/// allowed, goes in between. Other controls are left alone: a raised cap binds cubic's window
-/// at once.
+/// allowed, goes in between. Other controls are left alone: cubic sends what its window
+/// allows as soon as the cap rises.
 fn restart_bbr(sock: &TcpStream) {
     let s = socket2::SockRef::from(sock);
     let bbr = s
