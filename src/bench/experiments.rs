@@ -215,7 +215,7 @@ pub fn compare(name: &str, r: &Report, records: &[Record]) -> String {
         }
         "kermit" => kermit(&mut s, records),
         "nice" => {
-            s.push_str("## The nice study (seed 000) beside braid\n\nThe paper: over a 14.4 kbit/s modem, ping rose from about 210 ms to about 12 s during an ftp or http download, and `nice` on the client or the server changed nothing. Here: dsl-1m-bloat (1 Mbit/s, 1 s of drop-tail queue), ping every 200 ms during each run, the client at nice 0 and at nice 19. braid and iperf3 send with cubic; curl and vsftpd with the system's congestion control. The last rows are braid --background, which yields by protocol instead.\n\n");
+            s.push_str("## The nice study (seed 000) beside braid\n\nThe paper: over a 14.4 kbit/s modem, ping rose from about 210 ms to about 12 s during an ftp or http download, and `nice` on the client or the server changed nothing. Here: dsl-1m-bloat (1 Mbit/s, 1 s of drop-tail queue), ping every 200 ms during each run, the client at nice 0 and at nice 19. braid and iperf3 send with cubic; curl and vsftpd with the system's congestion control; braid --background with its own choice (bbr on this path). The last rows are braid --background, which yields by protocol instead.\n\n");
             let idle = r.idle.get("dsl-1m-bloat");
             if let Some(i) = idle {
                 let _ = writeln!(

@@ -158,7 +158,9 @@ impl Context<'_> {
                 if let Some(b) = cell.block {
                     c.args(["--block-size", &b.to_string()]);
                 }
-                if let Some(cc) = self.congestion {
+                // Background mode chooses its own (bbr on short paths, for its single
+                // segments): part of what its cells measure.
+                if let Some(cc) = self.congestion.filter(|_| !cell.background) {
                     c.args(["--congestion", cc]);
                 }
                 if cell.background {

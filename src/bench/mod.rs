@@ -90,7 +90,7 @@ pub struct BenchArgs {
                                       "queue", "loss", "duration"])]
     pub loopback: bool,
     /// Congestion control of braid's and iperf3's sending side (reno, cubic, bbr) [default:
-    /// the system's; the other tools always use it].
+    /// the system's; the other tools always use it, and braid --background its own choice].
     #[arg(long, value_parser = Congestion::parse)]
     pub congestion: Option<Congestion>,
     /// Lab scenarios to measure on (`braid lab scenarios`), comma-separated.
