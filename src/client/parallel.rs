@@ -74,12 +74,13 @@ pub fn get(
     // Only braid servers pace (GridFTP servers ignore options they do not know, but there is
     // no need to find out). The pacer's rate goes with OPTS RETR now and again whenever the
     // pacer changes it.
-    let mut pacer = pacer(c, opts, &plan, plan.elastic, plan.elastic)?;
+    let congestion = sending_congestion(c, opts, &plan);
+    let mut pacer = pacer(c, opts, congestion, plan.elastic, plan.elastic)?;
     let background = opts.background.is_some();
     let retr = RetrOpts {
         parallelism: Some((plan.start, plan.start.min(1), plan.max)),
         block_size: (opts.block_size.is_some() || peer == Peer::Braid).then_some(plan.block),
-        congestion: sending_congestion(c, opts, &plan).filter(|_| peer == Peer::Braid),
+        congestion: congestion.filter(|_| peer == Peer::Braid),
         max_rate: pacer.rate(&View::at_start(None)),
         dscp: background.then_some(background::LOWER_EFFORT),
     };
@@ -383,11 +384,11 @@ fn sending_congestion(c: &Control, opts: &Options, plan: &Plan) -> Option<CcName
 /// The transfer's pacer: background mode's controller (with the rate limit as its ceiling),
 /// or the rate limit alone where `limits` (a download's sender may not take the limit).
 /// Background mode needs the sender to be told rates (`elastic`: a braid server that also
-/// answers probes while data moves).
+/// answers probes while data moves). `congestion`: the sender's.
 fn pacer(
     c: &Control,
     opts: &Options,
-    plan: &Plan,
+    congestion: Option<CcName>,
     elastic: bool,
     limits: bool,
 ) -> Result<Box<dyn Pacer>> {
@@ -408,7 +409,7 @@ fn pacer(
             .unwrap_or(1448),
         // Small probes carry no serialization of their own, but may wait behind the
         // smallest burst the sender's congestion control makes.
-        segments: background::burst(sending_congestion(c, opts, plan)),
+        segments: background::burst_segments(congestion),
     };
     Ok(Box::new(background::Yielding::new(settings, rtt)))
 }
@@ -866,11 +867,12 @@ pub fn put(
     let progress = AtomicU64::new(0);
     let transfer = Transfer::new(elastic);
     let background = opts.background.is_some();
-    transfer.set_congestion(sending_congestion(c, opts, &plan));
+    let congestion = sending_congestion(c, opts, &plan);
+    transfer.set_congestion(congestion);
     if background {
         transfer.set_dscp(background::LOWER_EFFORT);
     }
-    let pacer = pacer(c, opts, &plan, elastic, true)?;
+    let pacer = pacer(c, opts, congestion, elastic, true)?;
     let mut steering = Steering::new(plan.policy(), pacer, true, Some(todo.len()));
     steering.prime(&transfer);
     let mut prober = background.then(Prober::default);

@@ -58,7 +58,7 @@ pub fn congestion(rtt: Duration) -> Option<CcName> {
 /// may find in the queue before it: cubic's two (`tcp_min_tso_segs`; 16 ms at 1.5 Mbit/s, over
 /// the default target, so that one probe behind them ended slow start on satellite-t1); bbr's
 /// one below 1.2 Mbit/s, which the default target covers from 1 Mbit/s up.
-pub fn burst(cc: Option<CcName>) -> u32 {
+pub fn burst_segments(cc: Option<CcName>) -> u32 {
     match cc {
         Some(cc) if cc.as_str() == "bbr" => 0,
         _ => 2,
@@ -82,7 +82,7 @@ pub struct Settings {
     /// queue reads as up to half of that: where the signal is the data's own round trip (a
     /// server), each sample carries a segment's serialization and the receiver's delayed
     /// acknowledgement, and a probe may wait behind the smallest burst the sender makes
-    /// ([`burst`]); on a slow link either alone exceeds a few milliseconds.
+    /// ([`burst_segments`]); on a slow link either alone exceeds a few milliseconds.
     pub segments: u32,
 }
 
@@ -210,9 +210,8 @@ pub struct Background {
     cuts: u32,
     /// Since the last of them, the highest queue seen and when.
     crest: Option<(Duration, Duration)>,
-    /// Probes answered, and how many had been at the last cut.
-    answers: u64,
-    answers_at_cut: u64,
+    /// Probes answered since the last cut.
+    answers_since_cut: u32,
     next_slowdown: Option<Duration>,
     last_slowdown: Duration,
     /// (time, bytes delivered so far).
@@ -250,8 +249,7 @@ impl Background {
             hold_until: Duration::ZERO,
             cuts: 0,
             crest: None,
-            answers: 0,
-            answers_at_cut: 0,
+            answers_since_cut: 0,
             next_slowdown: None,
             last_slowdown: Duration::ZERO,
             delivered: VecDeque::new(),
@@ -278,7 +276,7 @@ impl Background {
             self.recent.pop_front();
         }
         self.recent.push_back(rtt);
-        self.answers += 1;
+        self.answers_since_cut = self.answers_since_cut.saturating_add(1);
         // The base is the lowest of the filtered round trips: one probe read short (its
         // sample comes from the kernel's smoothed RTT, to a few milliseconds) would otherwise
         // show a queue that is not there for ten minutes (3.7 ms on lfn-500m, which held the
@@ -529,7 +527,7 @@ impl Background {
             // after that (on satellite-t1 a queue of 45 ms, read once, was cut for twice, to
             // half the link's rate; on lfn-500m 12 ms to a third). Not behind someone else's
             // long queue, whose answers come seconds apart while the competitor waits.
-            let stale = self.answers < self.answers_at_cut + 2;
+            let stale = self.answers_since_cut < 2;
             if now < self.hold_until || (stale && queue <= 4 * self.s.target) {
                 return true;
             }
@@ -563,7 +561,7 @@ impl Background {
             };
             self.crest = Some((now, queue));
             self.cuts += 1;
-            self.answers_at_cut = self.answers;
+            self.answers_since_cut = 0;
             let carried = delivered.map_or(self.peak, |d| d.max(self.peak));
             let anchor = if carried > 0.0 {
                 carried.min(self.rate)
@@ -908,14 +906,21 @@ mod tests {
         assert_eq!(cc(590).as_deref(), Some("cubic"), "satellite-t1");
     }
 
-    #[test]
-    fn it_fills_an_idle_link_with_little_queue() {
-        // The lab's dsl-1m-bloat: 1 Mbit/s, 40 ms, a second of queue.
-        let mut r = Run::new(MBIT, 40, 1.0);
+    /// One controller alone for 60 s on 1 Mbit/s with a second of queue and a round trip of
+    /// `base_ms`: it uses more than 85 % of the link from 10 s on.
+    fn alone_on_dsl(base_ms: u64) -> Run {
+        let mut r = Run::new(MBIT, base_ms, 1.0);
         r.add(Settings::default());
         r.run(60.0, &[true], 0.0);
         let share = r.rate(0, 10, 60) / MBIT;
         assert!(share > 0.85, "used {share:.2} of the link");
+        r
+    }
+
+    #[test]
+    fn it_fills_an_idle_link_with_little_queue() {
+        // The lab's dsl-1m-bloat as configured: 40 ms.
+        let r = alone_on_dsl(40);
         let q = median(&r.queue_ms[100..]);
         assert!(q <= 10.0, "median queue {q:.1} ms");
         // A plain sender fills the whole second of queue; this stays near the target.
@@ -931,11 +936,7 @@ mod tests {
     fn where_two_segments_are_more_than_a_round_trip_carries_it_paces_under_the_link() {
         // The lab's dsl-1m-bloat as measured: 1 Mbit/s, 21 ms. Two segments per round trip
         // would be 1.1 Mbit/s, over the link's rate.
-        let mut r = Run::new(MBIT, 21, 1.0);
-        r.add(Settings::default());
-        r.run(60.0, &[true], 0.0);
-        let share = r.rate(0, 10, 60) / MBIT;
-        assert!(share > 0.85, "used {share:.2} of the link");
+        let r = alone_on_dsl(21);
         let most = r.paced[100..].iter().cloned().fold(0.0, f64::max) / MBIT;
         assert!(most < 1.1, "paced at up to {most:.2} of the link");
     }

@@ -159,13 +159,10 @@ const RESTART_ABOVE: f64 = 2.0;
 /// allowed, goes in between. Other controls are left alone: cubic sends what its window
 /// allows as soon as the cap rises.
 fn restart_bbr(sock: &TcpStream) {
-    let s = socket2::SockRef::from(sock);
-    let bbr = s
-        .tcp_congestion()
-        .is_ok_and(|name| name.split(|&b| b == 0).next() == Some(b"bbr"));
-    if !bbr {
+    if congestion_of(sock).is_none_or(|cc| cc.as_str() != "bbr") {
         return;
     }
+    let s = socket2::SockRef::from(sock);
     if let Err(e) = s.set_tcp_congestion(b"reno") {
         tracing::debug!("cannot restart bbr: {e}");
     } else if let Err(e) = s.set_tcp_congestion(b"bbr") {
@@ -173,6 +170,13 @@ fn restart_bbr(sock: &TcpStream) {
             "cannot go back to bbr after restarting it ({e}): this connection runs reno"
         );
     }
+}
+
+/// The congestion control a connection runs, as the kernel names it.
+fn congestion_of(sock: &TcpStream) -> Option<CcName> {
+    let name = socket2::SockRef::from(sock).tcp_congestion().ok()?;
+    let name = String::from_utf8_lossy(&name);
+    CcName::parse(name.trim_end_matches('\0')).ok()
 }
 
 /// Marks a connection's packets with a DSCP (the upper six bits of the TOS byte, or of the
@@ -370,11 +374,7 @@ impl Transfer {
 
     /// The congestion control the connections use (that of the first one that says).
     pub fn congestion(&self) -> Option<CcName> {
-        self.lock().iter().find_map(|l| {
-            let name = socket2::SockRef::from(&*l.sock).tcp_congestion().ok()?;
-            let name = String::from_utf8_lossy(&name);
-            CcName::parse(name.trim_end_matches('\0')).ok()
-        })
+        self.lock().iter().find_map(|l| congestion_of(&l.sock))
     }
 
     /// Marks how a connection ended.

@@ -92,6 +92,7 @@ impl Policy for Widen {
         {
             return Vec::new();
         }
+        let more = open.min(self.max - open);
         self.notes.push(Note {
             t: view.elapsed.as_secs_f64(),
             streams: open,
@@ -102,10 +103,10 @@ impl Policy for Widen {
                 "paced at {:.2} MB/s, carried {:.0}%: {} more connections",
                 paced as f64 / 1e6,
                 100.0 * delivered / paced as f64,
-                open.min(self.max - open)
+                more
             ),
         });
-        vec![Decision::Open(open.min(self.max - open))]
+        vec![Decision::Open(more)]
     }
 
     fn notes(&mut self) -> Vec<Note> {
