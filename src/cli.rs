@@ -206,7 +206,8 @@ struct TransferArgs {
     /// Cap the transfer's sending rate, in bytes per second over all its connections, e.g.
     /// 50MB or 4MiB (also --max-rate). The kernel paces each connection
     /// (SO_MAX_PACING_RATE). For `get` the server is the sender: braid servers honour it,
-    /// other servers ignore it. With --background it is the most background mode may use.
+    /// other servers ignore it, except with --background, where it is the most background
+    /// mode may use.
     #[arg(long, alias = "max-rate", value_name = "BYTES_PER_SECOND", value_parser = parse_size)]
     rate_limit: Option<u64>,
     /// Yield to other traffic: the transfer measures the queueing delay on the path (probes on
@@ -214,10 +215,12 @@ struct TransferArgs {
     /// itself so that it adds little (--background-target), still filling a link nobody else
     /// uses. Its data packets are marked lower effort (DSCP 1, RFC 8622) and sent with bbr
     /// (one segment at a time on a slow link) where the round trip is under 100 ms, cubic
-    /// beyond. Needs a braid server at the other end (it answers the probes while data
-    /// moves); with -n auto it starts on one data connection and opens more (up to 8) only
-    /// while a window, not the path, holds back the rate it may use. -v shows what it sees
-    /// each second; --json has it under "background".
+    /// beyond. With -n auto it starts on one data connection and opens more (up to 8) only
+    /// while a window, not the path, holds back the rate it may use. Against a server that is
+    /// not braid it steers its one stream-mode connection by the round trip the kernel
+    /// measures on it: a download by the receive window it advertises (as rLEDBAT, RFC 9840),
+    /// an upload by pacing. -v shows what it sees each second; --json has it under
+    /// "background".
     #[arg(long)]
     background: bool,
     /// The queueing delay --background may add, e.g. 10ms or 40ms. A lower target leaves

@@ -1,19 +1,20 @@
 //! `braid bench --experiment background`: background mode while other traffic comes and goes,
-//! on dsl-1m-bloat (1 Mbit/s, a second of drop-tail queue), downloads:
-//! - **competitor**: a `--background` download runs alone, a cubic iperf3 download joins for
-//!   15 s and leaves. How soon iperf3 gets 90 % of what it gets alone, what braid keeps
-//!   meanwhile, and how soon braid is back at 90 % of its rate before;
-//! - **pair**: two `--background` downloads, the second 15 s after the first: their shares
+//! on dsl-1m-bloat (1 Mbit/s, a second of drop-tail queue), in each direction `--direction`
+//! names (downloads and uploads by default):
+//! - **competitor**: a `--background` transfer runs alone, a cubic iperf3 flow the same way
+//!   joins for 15 s and leaves. How soon iperf3 gets 90 % of what it gets alone, what braid
+//!   keeps meanwhile, and how soon braid is back at 90 % of its rate before;
+//! - **pair**: two `--background` transfers, the second 15 s after the first: their shares
 //!   while both run (Jain's fairness index);
-//! - **server**: curl downloads from `braid serve --background` (the server yields by
-//!   itself, in stream mode);
+//! - **server** (downloads): curl downloads from `braid serve --background` (the server
+//!   yields by itself, in stream mode);
 //! - ping all along: its rise over the idle link while braid runs alone.
 //!
 //! Rates come from each program's own report: braid's `--json` timeline (the kernel's
 //! received bytes each second) and iperf3's half-second intervals.
 
 use super::BenchArgs;
-use super::grid::Tool;
+use super::grid::{Direction, Tool};
 use super::parse::parse_ping_line;
 use super::report::Latency;
 use super::servers::{self, Place, Ports, SERVER};
@@ -35,9 +36,12 @@ const FILE: u64 = 4_000_000;
 /// Where `braid serve --background` listens in the lab.
 const BACKGROUND_PORT: u16 = 2123;
 
-/// One repeat's numbers.
-#[derive(Debug, Clone, Default, Serialize)]
+/// One repeat's numbers in one direction.
+#[derive(Debug, Clone, Serialize)]
 pub struct Round {
+    /// Which repeat, from 1.
+    pub round: u32,
+    pub direction: Direction,
     /// Ping's rise over the idle link while braid ran alone, ms.
     pub ping_up_p50_ms: Option<f64>,
     pub ping_up_p95_ms: Option<f64>,
@@ -64,7 +68,8 @@ pub struct Round {
     /// The pair's mean rates while both ran (bytes/s, first and second) and Jain's index.
     pub pair: Option<(f64, f64)>,
     pub jain: Option<f64>,
-    /// curl from `serve --background`: ping's rise (ms) and curl's rate (bytes/s).
+    /// curl from `serve --background` (downloads only): ping's rise (ms) and curl's rate
+    /// (bytes/s).
     pub server_ping_up_p50_ms: Option<f64>,
     pub server_ping_up_p95_ms: Option<f64>,
     pub server_rate: Option<f64>,
@@ -109,8 +114,17 @@ pub fn run(args: &BenchArgs) -> Result<u8> {
     servers.start(&place, background, BACKGROUND_PORT)?;
     let mut rounds = Vec::new();
     for repeat in 0..args.repeat {
-        eprintln!("round {} of {}", repeat + 1, args.repeat);
-        rounds.push(round(&place, &braid)?);
+        for &direction in &args.direction {
+            eprintln!("round {} of {}, {direction:?}", repeat + 1, args.repeat);
+            let at = Setup {
+                place: &place,
+                braid: &braid,
+                root: &root,
+                round: repeat + 1,
+                direction,
+            };
+            rounds.push(round(&at)?);
+        }
     }
     drop(lab);
     let md = markdown(&rounds, payload);
@@ -148,25 +162,47 @@ fn spawn(mut c: Command) -> Result<Child> {
     c.spawn().context("cannot start a client")
 }
 
-fn braid_get(place: &Place, braid: &Path) -> Result<Child> {
-    let mut c = place.command(&braid.to_string_lossy());
-    let url = format!("ftp://{SERVER}:{}/bg.bin", Ports::LAB.ftp);
-    c.args(["get", "-q", "--json", "--background", &url, "/dev/null"]);
-    spawn(c)
+/// Where a round runs, and which way the data goes.
+struct Setup<'a> {
+    place: &'a Place<'a>,
+    braid: &'a Path,
+    /// The served directory, which holds `bg.bin` (the lab's hosts share the file system).
+    root: &'a Path,
+    round: u32,
+    direction: Direction,
 }
 
-fn iperf3(place: &Place, seconds: f64) -> Result<Child> {
-    let mut c = place.command("iperf3");
-    c.args([
-        "-c",
-        SERVER,
-        "-p",
-        &Ports::LAB.iperf.to_string(),
-        "-R",
-        "-J",
-    ]);
-    c.args(["-C", "cubic", "-i", "0.5", "-t", &format!("{seconds}")]);
-    spawn(c)
+impl Setup<'_> {
+    /// A `--background` transfer of `bg.bin`; an upload goes to `put-{tag}.bin`.
+    fn braid(&self, tag: &str) -> Result<Child> {
+        let mut c = self.place.command(&self.braid.to_string_lossy());
+        let port = Ports::LAB.ftp;
+        c.args(["-q", "--json", "--background"]);
+        match self.direction {
+            Direction::Get => {
+                c.arg("get")
+                    .arg(format!("ftp://{SERVER}:{port}/bg.bin"))
+                    .arg("/dev/null");
+            }
+            Direction::Put => {
+                c.arg("put")
+                    .arg(self.root.join("bg.bin"))
+                    .arg(format!("ftp://{SERVER}:{port}/put-{tag}.bin"));
+            }
+        }
+        spawn(c)
+    }
+
+    /// A cubic iperf3 flow the same way as braid's.
+    fn iperf3(&self, seconds: f64) -> Result<Child> {
+        let mut c = self.place.command("iperf3");
+        c.args(["-c", SERVER, "-p", &Ports::LAB.iperf.to_string(), "-J"]);
+        if self.direction == Direction::Get {
+            c.arg("-R");
+        }
+        c.args(["-C", "cubic", "-i", "0.5", "-t", &format!("{seconds}")]);
+        spawn(c)
+    }
 }
 
 /// Its stdout, once it has ended well.
@@ -238,10 +274,34 @@ pub fn jain(rates: &[f64]) -> f64 {
     sum * sum / (rates.len() as f64 * squares)
 }
 
-fn round(place: &Place, braid: &Path) -> Result<Round> {
-    let mut r = Round::default();
+fn round(at: &Setup) -> Result<Round> {
+    let place = at.place;
+    let mut r = Round {
+        round: at.round,
+        direction: at.direction,
+        ping_up_p50_ms: None,
+        ping_up_p95_ms: None,
+        alone: None,
+        iperf3_alone: None,
+        iperf3_to_90: None,
+        iperf3_to_90_alone: None,
+        iperf3_share: None,
+        braid_kept: None,
+        braid_back_90: None,
+        iperf3_drained: None,
+        braid_back_90_drained: None,
+        pair: None,
+        jain: None,
+        server_ping_up_p50_ms: None,
+        server_ping_up_p95_ms: None,
+        server_rate: None,
+        braid_series: Vec::new(),
+        iperf3_series: Vec::new(),
+        braid_controller: serde_json::Value::Null,
+        ping_series: Vec::new(),
+    };
     // iperf3 alone, without its first two seconds.
-    let solo = iperf3_rates(&finish(iperf3(place, 8.0)?, "iperf3 alone")?);
+    let solo = iperf3_rates(&finish(at.iperf3(8.0)?, "iperf3 alone")?);
     r.iperf3_alone = mean(&solo, 0.0, 2.0, 100.0);
     r.iperf3_to_90_alone = r
         .iperf3_alone
@@ -251,10 +311,10 @@ fn round(place: &Place, braid: &Path) -> Result<Round> {
     // The competitor: braid alone, iperf3 from JOIN for COMPETE seconds, braid alone again.
     let (clock, ping) = Pinging::start(place)?;
     clock.sleep_until(5.0);
-    let b = braid_get(place, braid)?;
+    let b = at.braid("alone")?;
     let b_start = clock.now();
     clock.sleep_until(b_start + JOIN);
-    let i = iperf3(place, COMPETE)?;
+    let i = at.iperf3(COMPETE)?;
     let i_start = clock.now();
     let during = iperf3_rates(&finish(i, "iperf3 against braid")?);
     let i_end = i_start + COMPETE;
@@ -295,9 +355,9 @@ fn round(place: &Place, braid: &Path) -> Result<Round> {
 
     // The pair.
     let clock = Clock(Instant::now());
-    let first = braid_get(place, braid)?;
+    let first = at.braid("first")?;
     clock.sleep_until(JOIN);
-    let second = braid_get(place, braid)?;
+    let second = at.braid("second")?;
     let second_start = clock.now();
     let first_rates = braid_rates(&finish(first, "the first braid --background")?);
     let first_end = clock.now();
@@ -311,6 +371,9 @@ fn round(place: &Place, braid: &Path) -> Result<Round> {
         r.jain = Some(jain(&[a, b]));
     }
     std::thread::sleep(Duration::from_secs(3));
+    if at.direction == Direction::Put {
+        return Ok(r);
+    }
 
     // curl from the background server: 2 MB, about 20 s.
     let (clock, ping) = Pinging::start(place)?;
@@ -414,18 +477,19 @@ fn markdown(rounds: &[Round], payload: f64) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "## Background mode against other traffic ({SCENARIO}, downloads, {} rounds)\n",
+        "## Background mode against other traffic ({SCENARIO}, {} rounds)\n",
         rounds.len()
     );
     let f = |v: Option<f64>, scale: f64, digits: usize| {
         v.map_or("-".into(), |x| format!("{:.*}", digits, x * scale))
     };
-    s.push_str("| round | ping rise p50 / p95 ms | braid alone Mbit/s (of the payload rate) | iperf3 alone Mbit/s | iperf3 at 90 % after s (alone) | iperf3's share | braid kept | braid back at 90 % after s: from iperf3's end / from its queue drained (drained after s) | pair Mbit/s | Jain | curl from serve --background: ping rise ms, Mbit/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (i, r) in rounds.iter().enumerate() {
+    s.push_str("| round | direction | ping rise p50 / p95 ms | braid alone Mbit/s (of the payload rate) | iperf3 alone Mbit/s | iperf3 at 90 % after s (alone) | iperf3's share | braid kept | braid back at 90 % after s: from iperf3's end / from its queue drained (drained after s) | pair Mbit/s | Jain | curl from serve --background: ping rise ms, Mbit/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in rounds {
         let _ = writeln!(
             s,
-            "| {} | {} / {} | {} ({}) | {} | {} ({}) | {} | {} | {} / {} ({}) | {} | {} | {} / {}, {} |",
-            i + 1,
+            "| {} | {} | {} / {} | {} ({}) | {} | {} ({}) | {} | {} | {} / {} ({}) | {} | {} | {} / {}, {} |",
+            r.round,
+            r.direction.name(),
             f(r.ping_up_p50_ms, 1.0, 1),
             f(r.ping_up_p95_ms, 1.0, 1),
             f(r.alone, 8e-6, 3),

@@ -12,6 +12,9 @@ use serde::Serialize;
 #[serde(rename_all = "kebab-case")]
 pub enum Tool {
     Braid,
+    /// braid's client against vsftpd: stream mode (ranges with -n N down); with
+    /// --background it steers the one connection by its receive window or its pacing.
+    BraidVsftpd,
     /// iperf3: TCP with nothing on top, the ceiling for a stream count and buffer.
     Iperf3,
     /// globus-url-copy -p N (MODE E) against globus-gridftp-server.
@@ -26,8 +29,9 @@ pub enum Tool {
 }
 
 impl Tool {
-    pub const ALL: [Tool; 6] = [
+    pub const ALL: [Tool; 7] = [
         Tool::Braid,
+        Tool::BraidVsftpd,
         Tool::Iperf3,
         Tool::GlobusUrlCopy,
         Tool::Lftp,
@@ -41,7 +45,7 @@ impl Tool {
             .find(|t| t.name() == s || (s == "globus" && *t == Tool::GlobusUrlCopy))
             .ok_or_else(|| {
                 format!(
-                    "{s:?}: the tools are braid, iperf3, globus-url-copy, lftp, curl and kermit"
+                    "{s:?}: the tools are braid, braid-vsftpd, iperf3, globus-url-copy, lftp, curl and kermit"
                 )
             })
     }
@@ -49,6 +53,7 @@ impl Tool {
     pub fn name(self) -> &'static str {
         match self {
             Tool::Braid => "braid",
+            Tool::BraidVsftpd => "braid-vsftpd",
             Tool::Iperf3 => "iperf3",
             Tool::GlobusUrlCopy => "globus-url-copy",
             Tool::Lftp => "lftp",
@@ -61,6 +66,7 @@ impl Tool {
     pub fn programs(self) -> &'static [&'static str] {
         match self {
             Tool::Braid => &[],
+            Tool::BraidVsftpd => &["vsftpd"],
             Tool::Iperf3 => &["iperf3"],
             Tool::GlobusUrlCopy => &["globus-url-copy", "globus-gridftp-server"],
             Tool::Lftp => &["lftp", "vsftpd"],
@@ -88,7 +94,7 @@ impl Tool {
         match self {
             Tool::Braid => true,
             Tool::Iperf3 | Tool::GlobusUrlCopy => fixed && block.is_none(),
-            Tool::Lftp => {
+            Tool::Lftp | Tool::BraidVsftpd => {
                 block.is_none()
                     && match direction {
                         Direction::Get => fixed,
@@ -253,7 +259,7 @@ impl Grid {
                                     _ => vec![None],
                                 };
                                 let background: Vec<bool> = match tool {
-                                    Tool::Braid => self.background.clone(),
+                                    Tool::Braid | Tool::BraidVsftpd => self.background.clone(),
                                     _ => vec![false],
                                 };
                                 for &nice in &self.nice {

@@ -143,10 +143,14 @@ impl Context<'_> {
             Streams::Auto => 1,
         };
         match cell.tool {
-            Tool::Braid => {
+            Tool::Braid | Tool::BraidVsftpd => {
                 let mut c = program(&self.braid.to_string_lossy());
-                let get = url(ports.ftp, name, Direction::Get);
-                let put = url(ports.ftp, "put-braid.bin", Direction::Put);
+                let port = match cell.tool {
+                    Tool::Braid => ports.ftp,
+                    _ => ports.vsftpd,
+                };
+                let get = url(port, name, Direction::Get);
+                let put = url(port, "put-braid.bin", Direction::Put);
                 match cell.direction {
                     Direction::Get => c.args(["get", "-q", "--json", &get, "/dev/null"]),
                     Direction::Put => c.args(["put", "-q", "--json", &local, &put]),
@@ -368,7 +372,7 @@ impl Context<'_> {
                 ..Measured::default()
             },
             None => match cell.tool {
-                Tool::Braid => parse_braid(&out),
+                Tool::Braid | Tool::BraidVsftpd => parse_braid(&out),
                 Tool::Iperf3 => parse_iperf3(&out),
                 Tool::Curl => parse_curl(&out),
                 Tool::Lftp | Tool::GlobusUrlCopy | Tool::Kermit => {

@@ -33,7 +33,7 @@ use std::time::Duration;
 pub fn overhead_rtts(tool: Tool) -> f64 {
     match tool {
         Tool::Braid => 2.0,
-        Tool::Curl => 1.0,
+        Tool::Curl | Tool::BraidVsftpd => 1.0,
         Tool::Iperf3 | Tool::Lftp | Tool::GlobusUrlCopy | Tool::Kermit => 0.0,
     }
 }
@@ -125,7 +125,9 @@ pub struct BenchArgs {
     /// Directions, comma-separated: get (the client in `left` downloads) and put.
     #[arg(long, value_delimiter = ',', default_value = "get,put", value_parser = Direction::parse)]
     pub direction: Vec<Direction>,
-    /// Tools, comma-separated: braid (against braid serve); iperf3 (plain TCP with the same
+    /// Tools, comma-separated: braid (against braid serve); braid-vsftpd (braid's client
+    /// against vsftpd: stream mode, ranges with -n N down; with --background on it holds the
+    /// server back by its receive window, RFC 9840); iperf3 (plain TCP with the same
     /// streams and buffers: the ceiling); globus-url-copy -p N (against globus-gridftp-server);
     /// lftp (pget -n N down, one stream up) and curl (one stream), both against vsftpd; kermit
     /// (C-Kermit client and server, see --kermit-*). Each runs the cells it can; a tool that is

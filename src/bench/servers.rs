@@ -165,7 +165,10 @@ pub fn start_servers(
         c.args(["-s", "-B", &addr, "-p", &ports.iperf.to_string()]);
         start(c, ports.iperf)?;
     }
-    if tools.contains(&Tool::Lftp) || tools.contains(&Tool::Curl) {
+    if [Tool::Lftp, Tool::Curl, Tool::BraidVsftpd]
+        .iter()
+        .any(|t| tools.contains(t))
+    {
         // Run as its launching user, vsftpd does not chroot: anon_root is where paths start.
         let empty = work.join("vsftpd-empty");
         std::fs::create_dir_all(&empty)?;

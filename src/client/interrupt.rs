@@ -4,6 +4,7 @@
 
 use super::control::Control;
 use super::error::ClientError;
+use super::stream_yield::OnStream;
 use crate::engine::Abort;
 use braid_proto::Command;
 use std::sync::Arc;
@@ -100,11 +101,19 @@ pub fn send_abort(c: &mut Control) {
 }
 
 /// Runs a stream-mode data phase over one connection, which Ctrl-C closes; says whether it did.
-pub fn on_one_connection<R>(data: &std::net::TcpStream, work: impl FnOnce() -> R) -> (R, bool) {
+/// `background`: background mode's controller, ticked as often as with a braid server.
+pub fn on_one_connection<R>(
+    data: &std::net::TcpStream,
+    background: Option<&mut OnStream>,
+    work: impl FnOnce() -> R,
+) -> (R, bool) {
     let abort = Abort::new();
     abort.register(data);
     let interrupt = Interrupt::install();
-    let r = supervise(&abort, &interrupt, work, || {});
+    let r = match background {
+        Some(b) => supervise_every(TICK / 2, &abort, &interrupt, work, || b.tick()),
+        None => supervise(&abort, &interrupt, work, || {}),
+    };
     (r, interrupt.hit())
 }
 

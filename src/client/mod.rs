@@ -10,6 +10,7 @@ mod pipeline;
 mod probe;
 mod records;
 mod segments;
+mod stream_yield;
 mod tickets;
 pub mod tree;
 mod trust;
@@ -442,7 +443,7 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
     };
     match parallel::Peer::of(c) {
         Some(peer) => return parallel::get(c, peer, target, dest, size, opts),
-        None => stream_mode(opts)?,
+        None => stream_mode(opts),
     }
     // `-n N` against a server without MODE E: N ranges, each on a session of its own. A
     // partial with a record of its ranges (it may have holes) resumes the same way.
@@ -451,6 +452,16 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
         let holes = opts.resume && records::sidecar_path(&part_path(path)).exists();
         let worth = n > 1 && size >= 2 * segments::MIN_SEGMENT && c.has_feature("REST");
         if worth || holes {
+            if opts.background.is_some() {
+                return Err(ClientError::Usage(format!(
+                    "--background against a server without MODE E steers one connection: {}",
+                    if holes {
+                        "this partial was fetched in ranges and resumes that way; run again without --background"
+                    } else {
+                        "drop -n"
+                    }
+                )));
+            }
             return segments::get(c, target, path, size, n, opts);
         }
     }
@@ -496,6 +507,7 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
     };
     let started = Instant::now();
     let mut received = 0u64;
+    let mut background = None;
     // A resumed download whose partial is already whole needs no data connection.
     let already_complete = offset > 0 && size == Some(offset);
     if !already_complete {
@@ -507,7 +519,8 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
             .map_err(local_err("data connection"))?;
         let bar = progress_bar(opts, size, offset);
         let partial_name = part.as_ref().map(|p| p.part.display().to_string());
-        let (copied, stopped) = interrupt::on_one_connection(&tcp, || {
+        background = stream_yield::start(c, &tcp, opts, false);
+        let (copied, stopped) = interrupt::on_one_connection(&tcp, background.as_mut(), || {
             stream::read_to_end(&mut data, &mut out, false, |n| bar.set_position(offset + n))
         });
         bar.finish_and_clear();
@@ -563,7 +576,7 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
         Some(p) => p.commit(None)?,
         None => "-".into(),
     };
-    Ok(summary(
+    let mut s = summary(
         "get",
         target,
         local,
@@ -571,7 +584,9 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
         size.or(Some(total)),
         offset,
         started,
-    ))
+    );
+    s.background = background.and_then(|b| b.report());
+    Ok(s)
 }
 
 /// A partial download longer than the remote file cannot be part of it.
@@ -592,15 +607,16 @@ fn cannot_write(partial: Option<&str>) -> String {
     }
 }
 
-/// Says, in verbose mode, why this transfer uses one plain connection.
-/// Before a stream-mode transfer: background mode cannot run in it; with -v, why it is
-/// stream mode.
-fn stream_mode(opts: &Options) -> Result<()> {
-    if opts.background.is_some() {
-        return Err(parallel::background_needs_braid());
-    }
+/// Says, in verbose mode, why this transfer uses one stream-mode connection, and how
+/// background mode steers it.
+fn stream_mode(opts: &Options) {
     if !opts.verbose {
-        return Ok(());
+        return;
+    }
+    if opts.background.is_some() {
+        eprintln!(
+            "braid: --background on one stream-mode connection: paced by the data connection's own round trip when sending, by the window it advertises when receiving (RFC 9840)"
+        );
     }
     if opts.tls.is_some() {
         eprintln!(
@@ -611,7 +627,6 @@ fn stream_mode(opts: &Options) -> Result<()> {
             "braid: the server offers no MODE E (no PARALLEL in FEAT): using one stream-mode connection"
         );
     }
-    Ok(())
 }
 
 fn summary(
@@ -689,7 +704,8 @@ fn put_stdin(c: &mut Control, target: &Target, opts: &Options) -> Result<Summary
         .map_err(local_err("data connection"))?;
     let bar = progress_bar(opts, None, 0);
     let mut sum = braid_proto::checksum::ChunkSum::new();
-    let (r, stopped) = interrupt::on_one_connection(&tcp, || {
+    let mut background = stream_yield::start(c, &tcp, opts, true);
+    let (r, stopped) = interrupt::on_one_connection(&tcp, background.as_mut(), || {
         copy_hashing(&mut std::io::stdin().lock(), &mut data, &mut sum, &bar)
     });
     bar.finish_and_clear();
@@ -706,6 +722,7 @@ fn put_stdin(c: &mut Control, target: &Target, opts: &Options) -> Result<Summary
     end_upload(data);
     c.finish_transfer(&stor)?;
     let mut s = summary("put", target, "-".into(), sent, Some(sent), 0, started);
+    s.background = background.and_then(|b| b.report());
     if c.has_feature("BRAID") {
         let local = braid_proto::checksum::hex(sum.finish(sent));
         let ours = "standard input hashes to";
@@ -867,7 +884,7 @@ fn put_on(
             // No record of a MODE E upload: whatever the server holds came in stream mode
             // (another tool, or an older braid), so its length says what it holds.
             None => {
-                stream_mode(opts)?;
+                stream_mode(opts);
                 eprintln!(
                     "braid: no record of an earlier MODE E upload of {} ({}); continuing in stream mode from the size the server reports",
                     local.display(),
@@ -876,7 +893,7 @@ fn put_on(
             }
         }
     } else {
-        stream_mode(opts)?;
+        stream_mode(opts);
     }
     let mut offset = 0;
     if held == Held::RecordedOrSize {
@@ -908,10 +925,12 @@ fn put_on(
         .try_clone()
         .map_err(local_err("data connection"))?;
     let bar = progress_bar(opts, Some(len), offset);
-    let (r, stopped) = interrupt::on_one_connection(&tcp, || match &mut data {
-        Wire::Clear(sock) => send_file(&file, offset, len, sock, &bar),
-        tls => send_copied(&file, offset, len, tls, &bar),
-    });
+    let mut background = stream_yield::start(c, &tcp, opts, true);
+    let (r, stopped) =
+        interrupt::on_one_connection(&tcp, background.as_mut(), || match &mut data {
+            Wire::Clear(sock) => send_file(&file, offset, len, sock, &bar),
+            tls => send_copied(&file, offset, len, tls, &bar),
+        });
     bar.finish_and_clear();
     if stopped {
         drop(data);
@@ -936,7 +955,7 @@ fn put_on(
         )),
         e => e,
     })?;
-    Ok(summary(
+    let mut s = summary(
         "put",
         &target,
         local.display().to_string(),
@@ -944,7 +963,9 @@ fn put_on(
         Some(len),
         offset,
         started,
-    ))
+    );
+    s.background = background.and_then(|b| b.report());
+    Ok(s)
 }
 
 /// Ends a stream-mode upload's data (close_notify under TLS, then FIN) and waits for the

@@ -363,7 +363,7 @@ fn control_min_rtt(c: &Control) -> Option<Duration> {
 
 /// The path's round trip where one must be assumed: a background transfer's first base delay
 /// and the choice of its congestion control.
-fn control_rtt(c: &Control) -> Duration {
+pub(super) fn control_rtt(c: &Control) -> Duration {
     control_min_rtt(c).unwrap_or(ASSUMED_RTT)
 }
 

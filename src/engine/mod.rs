@@ -18,16 +18,21 @@
 //! - [`stats`]: per-connection samples (bytes, rate, `TCP_INFO`) taken off the data path.
 //! - [`hooks`]: the **policy** (open and close connections, resize buffers) and the **pacer**
 //!   (cap the rate of the whole transfer), and the steering that applies them.
+//! - [`background`]: background mode's controller; [`background_stream`] runs it on one
+//!   stream-mode connection to a server that is not braid.
+//! - [`sockets`]: congestion control, DSCP and bbr's restart on a data socket.
 //! - [`tune`]: the self-tuning policy (`-n auto`): the connection count from measured
 //!   goodput, loss and queueing delay.
 
 pub mod background;
+pub mod background_stream;
 pub mod file_send;
 pub mod hooks;
 pub mod receive;
 pub mod roster;
 pub mod send;
 pub mod sink;
+pub mod sockets;
 pub mod stats;
 pub mod stream;
 pub mod tls;

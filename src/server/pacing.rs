@@ -8,7 +8,7 @@
 //! control connection; that round trip includes each data packet's own serialization, which
 //! the lowest one, the base, includes too.
 
-use crate::engine::background::{Settings, Yielding};
+use crate::engine::background::{self, Settings, Yielding};
 use crate::engine::hooks::Pacer;
 use crate::engine::stats::Sampler;
 use crate::engine::transfer::Transfer;
@@ -101,7 +101,7 @@ impl Sending {
     ) -> Sending {
         let background = (background || class.background).then(|| {
             let settings = Settings {
-                segments: 2,
+                segments: background::burst_segments(background::congestion_by_data_rtt()),
                 ..Settings::default()
             };
             (
@@ -129,12 +129,11 @@ impl Sending {
         self.background.is_some()
     }
 
-    /// The congestion control of a yielding download, unless the client chose one: cubic.
-    /// This controller reads the data's round trip, which with bbr's single segments on a slow
-    /// link waits for the receiver's delayed acknowledgement (curl from `serve --background`
-    /// on dsl-1m-bloat got 0.62-0.65 Mbit/s with bbr, 0.78 with cubic).
+    /// The congestion control of a yielding download, unless the client chose one.
     pub fn congestion(&self) -> Option<CcName> {
-        self.yields().then(|| CcName::parse("cubic").ok()).flatten()
+        self.yields()
+            .then(background::congestion_by_data_rtt)
+            .flatten()
     }
 
     /// The client's cap (`MaxRate`; None lifts it).

@@ -686,23 +686,50 @@ fn bench_runs_every_tool_against_its_server() {
 
 /// Seed 000's problem and braid's answer, in one run: on a 1 Mbit/s link with a second of
 /// drop-tail queue, ping during a plain single-connection download with cubic (the seed's
-/// ftp), during a `get --background` one, and during curl's download from `serve
-/// --background` (the server yielding by itself, in stream mode). Both background ones keep
-/// the median inflation of ping far below the plain one's, and every file arrives whole.
+/// ftp), during a `get --background` one, during curl's download from `serve --background`
+/// (the server yielding by itself, in stream mode), and during a `get --background` from
+/// vsftpd sending with reno (braid holding it back by its receive window alone). Every
+/// background one keeps the median inflation of ping far below the plain one's, and every
+/// file arrives whole.
 #[test]
 fn background_keeps_ping_low_where_a_plain_transfer_fills_the_queue() {
     require_lab();
     require("ping");
     require("curl");
+    let vsftpd = crate::util::sbin("vsftpd");
     let top = tempdir();
     let root = top.path().join("root");
     std::fs::create_dir(&root).unwrap();
     let data = random_bytes(1 << 20, 22);
     std::fs::write(root.join("f.bin"), &data).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let empty = top.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let conf = top.path().join("vsftpd.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen=YES\nlisten_ipv6=NO\nlisten_address=198.18.0.2\nlisten_port=2123\n\
+             background=NO\nanonymous_enable=YES\nlocal_enable=NO\nanon_root={}\n\
+             no_anon_password=YES\nseccomp_sandbox=NO\nrun_as_launching_user=YES\n\
+             pasv_enable=YES\npasv_address=198.18.0.2\nsecure_chroot_dir={}\nxferlog_enable=NO\n",
+            root.display(),
+            empty.display()
+        ),
+    )
+    .unwrap();
+    // The server's namespace sends with reno (a namespace may only default to a control in
+    // tcp_allowed_congestion_control), which alone would fill the queue as the plain download
+    // does; braid serve sets each connection's own.
     let serve = format!(
-        "{BRAID} serve --root {r} --listen 198.18.0.2:2121 & \
-         {BRAID} serve --root {r} --listen 198.18.0.2:2122 --background",
-        r = root.display()
+        "sysctl -qw net.ipv4.tcp_congestion_control=reno || exit 1; \
+         {BRAID} serve --root {r} --listen 198.18.0.2:2121 & \
+         {BRAID} serve --root {r} --listen 198.18.0.2:2122 --background & \
+         {v} {c}",
+        r = root.display(),
+        v = vsftpd.display(),
+        c = conf.display()
     );
     let dir = top.path().display();
     let run = |tag: &str, cmd: String| {
@@ -722,8 +749,14 @@ fn background_keeps_ping_low_where_a_plain_transfer_fills_the_queue() {
         format!("curl -sS -o {dir}/got-curl.bin ftp://198.18.0.2:2122/f.bin"),
     );
     // Each transfer's queue drains before the next one starts.
+    let from_vsftpd = run(
+        "vs",
+        format!(
+            "{BRAID} get ftp://198.18.0.2:2123/f.bin {dir}/got-vs.bin --background --json > {dir}/vs.json"
+        ),
+    );
     let client = format!(
-        "sleep 0.5; {}; sleep 2; {}; sleep 2; {curl}",
+        "sleep 0.5; {}; sleep 2; {}; sleep 2; {curl}; sleep 2; {from_vsftpd}",
         get("plain", "-n 1 --congestion cubic"),
         get("bg", "--background"),
     );
@@ -741,27 +774,37 @@ fn background_keeps_ping_low_where_a_plain_transfer_fills_the_queue() {
             .map(|t| t.parse().unwrap())
             .collect()
     };
-    let all: Vec<Vec<f64>> = ["plain", "bg", "curl"].iter().map(|t| pings(t)).collect();
+    let all: Vec<Vec<f64>> = ["plain", "bg", "curl", "vs"]
+        .iter()
+        .map(|t| pings(t))
+        .collect();
     let idle = all.iter().flatten().cloned().fold(f64::MAX, f64::min);
     let rise = |v: &[f64]| {
         let mut v = v.to_vec();
         v.sort_by(f64::total_cmp);
         v[v.len() / 2] - idle
     };
-    let (plain, bg, server) = (rise(&all[0]), rise(&all[1]), rise(&all[2]));
-    for (what, up) in [("get --background", bg), ("serve --background", server)] {
+    let plain = rise(&all[0]);
+    for (what, up) in [
+        ("get --background", rise(&all[1])),
+        ("serve --background", rise(&all[2])),
+        ("get --background from vsftpd", rise(&all[3])),
+    ] {
         assert!(
             up < 0.25 * plain,
             "ping's median rose {up:.1} ms over {idle:.1} during {what}, {plain:.1} ms during the plain transfer"
         );
     }
-    for tag in ["plain", "bg", "curl"] {
+    for tag in ["plain", "bg", "curl", "vs"] {
         let got = std::fs::read(top.path().join(format!("got-{tag}.bin"))).unwrap();
         assert!(got == data, "{tag}: the file differs");
     }
-    let summary = crate::util::json(&std::fs::read_to_string(top.path().join("bg.json")).unwrap());
-    assert!(
-        summary["background"]["probes"].as_u64() > Some(10),
-        "{summary}"
-    );
+    for tag in ["bg", "vs"] {
+        let json = std::fs::read_to_string(top.path().join(format!("{tag}.json"))).unwrap();
+        let summary = crate::util::json(&json);
+        assert!(
+            summary["background"]["probes"].as_u64() > Some(10),
+            "{summary}"
+        );
+    }
 }

@@ -485,18 +485,77 @@ fn segmented_download_backs_off_to_the_sessions_the_server_allows() {
     assert!(std::fs::read(&dest).unwrap() == content, "the file differs");
 }
 
-/// Background mode needs a braid server (it tells the sender its rate and times probes by
-/// its answers): against vsftpd it is a usage error before anything is written.
+/// Background mode against a server that is not braid steers the one stream-mode connection
+/// itself: a download by the window it advertises, an upload by pacing its own socket, both
+/// fed by the round trips the kernel measures on the data connection. Both files arrive
+/// whole and the summaries carry what the controller saw; the upload stays under the rate
+/// limit background mode takes as its ceiling. Ranged downloads (-n 4) are refused: one
+/// connection is what it steers.
 #[test]
-fn background_mode_is_refused_against_another_server() {
+fn background_mode_steers_one_stream_connection_to_another_server() {
     let top = tempdir();
-    let vs = start_vsftpd(top.path());
-    std::fs::write(top.path().join("root/pub/src.bin"), b"data").unwrap();
-    let dest = top.path().join("got.bin");
+    // vsftpd sends at 4 MB/s, so the download lasts long enough for the controller to see it.
+    let vs = start_vsftpd_with(top.path(), "anon_max_rate=4000000\n");
+    let content = random_bytes(6 << 20, 88);
+    std::fs::write(top.path().join("root/pub/src.bin"), &content).unwrap();
     let url = format!("ftp://127.0.0.1:{}/pub/src.bin", vs.port);
-    let (code, _, err) = braid(&["get", &url, dest.to_str().unwrap(), "--background"], &[]);
+    let dest = top.path().join("got.bin");
+    let (code, out, err) = braid(
+        &[
+            "get",
+            &url,
+            dest.to_str().unwrap(),
+            "--background",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read(&dest).unwrap() == content,
+        "the download differs"
+    );
+    let s = crate::util::json(&out);
+    assert_eq!(s["mode"], "stream", "{out}");
+    assert!(s["background"]["probes"].as_u64() > Some(0), "{out}");
+
+    let src = top.path().join("up.bin");
+    std::fs::write(&src, &content).unwrap();
+    let up = format!("ftp://127.0.0.1:{}/pub/up.bin", vs.port);
+    let limit = 3_000_000.0;
+    let (code, out, err) = braid(
+        &[
+            "put",
+            src.to_str().unwrap(),
+            &up,
+            "--background",
+            "--rate-limit",
+            "3MB",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read(top.path().join("root/pub/up.bin")).unwrap() == content,
+        "the upload differs"
+    );
+    let s = crate::util::json(&out);
+    assert!(s["background"]["probes"].as_u64() > Some(0), "{out}");
+    let rate = s["bytes_per_second"].as_f64().unwrap();
+    assert!(rate < 1.2 * limit, "{rate} B/s past a limit of {limit}");
+
+    let (code, _, err) = braid(
+        &[
+            "get",
+            &url,
+            dest.to_str().unwrap(),
+            "--background",
+            "-n",
+            "4",
+        ],
+        &[],
+    );
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--background needs a braid server"), "{err}");
-    assert!(!dest.exists());
-    assert!(!top.path().join("got.bin.part").exists());
+    assert!(err.contains("drop -n"), "{err}");
 }

@@ -1,7 +1,8 @@
-//! The two socket options braid needs that socket2 and rustix do not offer: the kernel's view
-//! of a TCP connection (`TCP_INFO`) and a cap on its sending rate (`SO_MAX_PACING_RATE`).
+//! The socket options braid needs that socket2 and rustix do not offer: the kernel's view of a
+//! TCP connection (`TCP_INFO`), a cap on its sending rate (`SO_MAX_PACING_RATE`) and a cap on
+//! the window it advertises (`TCP_WINDOW_CLAMP`).
 //!
-//! This is the only crate in braid with `unsafe` code: two system calls with a pointer and a
+//! This is the only crate in braid with `unsafe` code: system calls with a pointer and a
 //! length, each in a few lines that can be checked by eye.
 
 use std::os::fd::{AsFd, AsRawFd};
@@ -126,6 +127,55 @@ pub fn set_max_pacing_rate(sock: &impl AsFd, bytes_per_second: Option<u64>) -> s
     }
 }
 
+/// Caps the receive window `sock` advertises, bytes (`TCP_WINDOW_CLAMP`): the sender can have
+/// no more than this in flight, whatever its congestion control, so a receiver sets the rate
+/// of a sender it cannot tell (rLEDBAT, RFC 9840). The kernel never takes back a window it
+/// has advertised, so a lower cap holds from the next round trip, and it keeps at least
+/// about 2 kB. Its receive-buffer autotuning may raise the cap again: set it every time.
+pub fn set_window_clamp(sock: &impl AsFd, bytes: u32) -> std::io::Result<()> {
+    let fd = sock.as_fd().as_raw_fd();
+    let clamp: libc::c_int = bytes.clamp(1, i32::MAX as u32) as libc::c_int;
+    // SAFETY: the pointer and length describe `clamp`, which outlives the call.
+    #[allow(unsafe_code)]
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_WINDOW_CLAMP,
+            (&clamp as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The receive window cap in force (`TCP_WINDOW_CLAMP`), bytes.
+pub fn window_clamp(sock: &impl AsFd) -> std::io::Result<u32> {
+    let fd = sock.as_fd().as_raw_fd();
+    let mut clamp: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: the pointer and length describe `clamp`, which outlives the call.
+    #[allow(unsafe_code)]
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_WINDOW_CLAMP,
+            (&mut clamp as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(clamp.max(0) as u32)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,5 +204,19 @@ mod tests {
         assert_eq!(tcp_info(&a).unwrap().max_pacing_rate, u64::MAX);
         let file = std::fs::File::open("/proc/self/stat").unwrap();
         assert_eq!(tcp_info(&file), None, "not a socket");
+    }
+
+    #[test]
+    fn a_window_clamp_is_set_and_read_back_with_the_kernels_minimum() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let _a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        set_window_clamp(&b, 8192).unwrap();
+        assert_eq!(window_clamp(&b).unwrap(), 8192);
+        set_window_clamp(&b, 1).unwrap();
+        let least = window_clamp(&b).unwrap();
+        assert!((1..8192).contains(&least), "{least}");
+        let file = std::fs::File::open("/proc/self/stat").unwrap();
+        assert!(set_window_clamp(&file, 8192).is_err(), "not a socket");
     }
 }
