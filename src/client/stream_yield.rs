@@ -7,7 +7,7 @@ use super::Options;
 use super::control::Control;
 use crate::engine::background::{self, Report, Settings};
 use crate::engine::background_stream::{Apply, StreamYield};
-use crate::engine::sockets::{restart_bbr, set_congestion, set_dscp};
+use crate::engine::sockets::{set_congestion, set_dscp};
 use std::net::TcpStream;
 use std::time::Instant;
 
@@ -63,12 +63,9 @@ impl OnStream {
             return;
         };
         match self.ctl.tick(self.opened.elapsed(), info) {
-            Apply::Pace { rate, restart } => {
+            Apply::Pace(rate) => {
                 if let Err(e) = braid_sockopt::set_max_pacing_rate(&self.sock, Some(rate)) {
                     tracing::debug!("SO_MAX_PACING_RATE: {e}");
-                }
-                if restart {
-                    restart_bbr(&self.sock);
                 }
             }
             // Set every tick: the kernel's receive-buffer autotuning raises the cap as it

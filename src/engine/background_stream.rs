@@ -15,7 +15,6 @@
 
 use super::background::{Report, Settings, Yielding};
 use super::hooks::Pacer;
-use super::sockets::RESTART_ABOVE;
 use super::stats::{LinkView, View, kernel_moved};
 use super::transfer::LinkState;
 use braid_sockopt::TcpInfo;
@@ -24,9 +23,8 @@ use std::time::Duration;
 /// What to set on the data connection after a tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Apply {
-    /// Sending: the pacing cap, bytes/s, and whether bbr should start afresh under it (it
-    /// rose more than twofold).
-    Pace { rate: u64, restart: bool },
+    /// Sending: the pacing cap, bytes/s (under cubic, which follows a raised cap at once).
+    Pace(u64),
     /// Receiving: the receive window's cap, bytes.
     Clamp(u32),
 }
@@ -92,11 +90,8 @@ impl StreamYield {
         // The controller always names a rate; the cap only stands in for "none".
         let rate = self.pacer.rate(&view).unwrap_or(u64::MAX);
         if self.sending {
-            let restart = self
-                .paced
-                .is_some_and(|was| rate as f64 > RESTART_ABOVE * was as f64);
             self.paced = Some(rate);
-            Apply::Pace { rate, restart }
+            Apply::Pace(rate)
         } else {
             // Sized by the base round trip and the target, not by the round trip measured:
             // a window of rate × measured RTT grows with the queue it makes, which then grows
@@ -223,23 +218,34 @@ mod tests {
     }
 
     #[test]
-    fn a_sender_paces_and_restarts_bbr_only_when_the_cap_more_than_doubles() {
+    fn a_sender_paces_from_its_own_round_trip() {
         let mut y = StreamYield::new(settings(), Duration::from_millis(20), true);
         let mut rates: Vec<u64> = Vec::new();
         let mut bytes = 0;
         for i in 0..40 {
             let t = Duration::from_millis(50 * i);
             bytes += 20_000;
-            let Apply::Pace { rate, restart } = y.tick(t, sent(bytes, 20)) else {
+            let Apply::Pace(rate) = y.tick(t, sent(bytes, 20)) else {
                 panic!("a sender paces")
             };
-            let doubled = rates.last().is_some_and(|&was| rate > 2 * was);
-            assert_eq!(restart, doubled, "{rates:?} then {rate}");
             rates.push(rate);
         }
         assert!(
             rates.last() > rates.first(),
             "slow start on an empty queue raises the rate: {rates:?}"
+        );
+        // A queue of five targets: the rate is cut within a few ticks.
+        let before = *rates.last().unwrap();
+        let mut after = before;
+        for i in 40..50 {
+            bytes += 20_000;
+            if let Apply::Pace(rate) = y.tick(Duration::from_millis(50 * i), sent(bytes, 70)) {
+                after = rate;
+            }
+        }
+        assert!(
+            after < before / 2,
+            "{before} then {after} behind 50 ms of queue"
         );
     }
 
