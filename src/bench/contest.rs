@@ -177,16 +177,18 @@ impl Setup<'_> {
     fn braid(&self, tag: &str) -> Result<Child> {
         let mut c = self.place.command(&self.braid.to_string_lossy());
         let port = Ports::LAB.ftp;
+        c.arg(match self.direction {
+            Direction::Get => "get",
+            Direction::Put => "put",
+        });
         c.args(["-q", "--json", "--background"]);
         match self.direction {
             Direction::Get => {
-                c.arg("get")
-                    .arg(format!("ftp://{SERVER}:{port}/bg.bin"))
+                c.arg(format!("ftp://{SERVER}:{port}/bg.bin"))
                     .arg("/dev/null");
             }
             Direction::Put => {
-                c.arg("put")
-                    .arg(self.root.join("bg.bin"))
+                c.arg(self.root.join("bg.bin"))
                     .arg(format!("ftp://{SERVER}:{port}/put-{tag}.bin"));
             }
         }
@@ -197,9 +199,10 @@ impl Setup<'_> {
     fn iperf3(&self, seconds: f64) -> Result<Child> {
         let mut c = self.place.command("iperf3");
         c.args(["-c", SERVER, "-p", &Ports::LAB.iperf.to_string(), "-J"]);
-        if self.direction == Direction::Get {
-            c.arg("-R");
-        }
+        c.arg(match self.direction {
+            Direction::Get => "-R",
+            Direction::Put => "--get-server-output",
+        });
         c.args(["-C", "cubic", "-i", "0.5", "-t", &format!("{seconds}")]);
         spawn(c)
     }
@@ -242,9 +245,15 @@ fn braid_rates(summary: &str) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// iperf3's intervals: (end, seconds since its start; bytes/s).
+/// iperf3's intervals at the receiving end: (end, seconds since its start; bytes/s). An
+/// upload's come from the server's report: the sender's count what entered its socket, and the
+/// first seconds of that fill a second of queue (1.24 Mbit/s "alone" on a 1 Mbit/s link).
 fn iperf3_rates(json: &str) -> Vec<(f64, f64)> {
     let v: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+    let v = match &v["server_output_json"] {
+        serde_json::Value::Null => &v,
+        server => server,
+    };
     v["intervals"]
         .as_array()
         .map(|a| {
@@ -533,6 +542,10 @@ mod tests {
             {"sum":{"end":1.0,"bits_per_second":400000}}]}"#;
         let rates = iperf3_rates(iperf);
         assert_eq!(rates, vec![(0.5, 100000.0), (1.0, 50000.0)]);
+        // An upload's: the receiving server's intervals, not the sender's.
+        let upload = r#"{"intervals":[{"sum":{"end":0.5,"bits_per_second":9000000}}],
+            "server_output_json":{"intervals":[{"sum":{"end":0.5,"bits_per_second":800000}}]}}"#;
+        assert_eq!(iperf3_rates(upload), vec![(0.5, 100000.0)]);
         assert_eq!(mean(&rates, 10.0, 10.6, 20.0), Some(50000.0));
         assert_eq!(mean(&rates, 0.0, 5.0, 6.0), None);
         assert!((jain(&[1.0, 1.0]) - 1.0).abs() < 1e-12);

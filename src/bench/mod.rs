@@ -55,13 +55,13 @@ pub struct BenchArgs {
     /// table), kermit (C-Kermit's window × packet length × streaming on a 70 ms path, with FTP
     /// and braid beside it, as Kermit's trial 2 with its statistics and correlations), nice
     /// (ping during transfers on dsl-1m-bloat with the client at nice 0 and 19, beside
-    /// braid --background), background (--background downloads on dsl-1m-bloat against a
+    /// braid --background), background (--background transfers on dsl-1m-bloat against a
     /// cubic iperf3 that comes and goes, and against each other: yield and recovery times,
-    /// shares, Jain's index). It sets the grid; --repeat, --out, --name, --seed and --timeout
-    /// still apply.
+    /// shares, Jain's index; downloads and uploads). It sets the grid; --direction narrows it
+    /// to one direction; --repeat, --out, --name, --seed and --timeout still apply.
     #[arg(long, value_parser = EXPERIMENTS,
           conflicts_with_all = ["scenario", "mtu", "rate", "delay", "queue", "loss", "streams", "buffer",
-                                "block_size", "direction", "tool", "size", "congestion"])]
+                                "block_size", "tool", "size", "congestion"])]
     pub experiment: Option<String>,
     /// Measure a real path instead of the lab: get cells download this file, put cells upload
     /// the generated --size file as braid-bench-upload.bin into its directory (left there).
@@ -372,7 +372,20 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             args.streams = p.streams;
             args.buffer = p.buffers;
             args.block_size = vec![None];
-            args.direction = p.directions;
+            // --direction narrows an experiment to some of its directions.
+            let asked = std::mem::take(&mut args.direction);
+            args.direction = p
+                .directions
+                .into_iter()
+                .filter(|d| asked.contains(d))
+                .collect();
+            if args.direction.is_empty() {
+                bail!(
+                    "--experiment {} runs no transfer in the direction asked (--direction {})",
+                    args.experiment.as_deref().unwrap_or_default(),
+                    asked.iter().map(|d| d.name()).collect::<Vec<_>>().join(",")
+                );
+            }
             args.tool = p.tools;
             args.size = p.size;
             args.congestion = p.congestion;

@@ -162,7 +162,18 @@ pub fn start_servers(
     };
     if tools.contains(&Tool::Iperf3) {
         let mut c = place.server_command(&program("iperf3"));
-        c.args(["-s", "-B", &addr, "-p", &ports.iperf.to_string()]);
+        // JSON every half second: an upload's rates are read from the server's report
+        // (`--get-server-output`), since the sender's count what entered its socket.
+        c.args([
+            "-s",
+            "-J",
+            "-i",
+            "0.5",
+            "-B",
+            &addr,
+            "-p",
+            &ports.iperf.to_string(),
+        ]);
         start(c, ports.iperf)?;
     }
     if [Tool::Lftp, Tool::Curl, Tool::BraidVsftpd]
