@@ -3,7 +3,7 @@
 braid against the tools people use for trees, each against its best server, in one run.
 
 Rows, each a tree of FILES files of SIZE bytes in 10 directories, from and to /dev/shm:
-  braid get -r / put -r -j 8          against braid serve
+  braid get -r / put -r -j 8          against braid serve, and against globus-gridftp-server
   lftp mirror -P 8 (-R to upload)     against vsftpd
   globus-url-copy -r -cc 8 -pp -fast  against globus-gridftp-server
 Each row runs RUNS times, in turn with the others, each run in a lab of its own (the server in
@@ -85,6 +85,13 @@ def main():
         if gs and shutil.which("globus-url-copy"):
             grid = " ".join(gridftp_command(srv, HOST, 2811))
             guc = "globus-url-copy -r -cc 8 -pp -fast -cd"
+            # braid against the same server: a GridFTP server, not braid's own.
+            cases += [
+                ("braid -r -j 8 <-> gridftp", "get", grid, 2811,
+                 f"{b} get -r -j 8 -q ftp://{HOST}:2811/src/ {dst}", os.path.join(dst, "src")),
+                ("braid -r -j 8 <-> gridftp", "put", grid, 2811,
+                 f"{b} put -r -j 8 -q {local_src} ftp://{HOST}:2811/up/", os.path.join(up, "src")),
+            ]
             cases += [
                 ("globus-url-copy -cc 8 -pp <-> gridftp", "get", grid, 2811,
                  f"{guc} ftp://{HOST}:2811{src}/ file://{dst}/src/", os.path.join(dst, "src")),

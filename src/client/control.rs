@@ -44,6 +44,8 @@ pub struct Control {
     /// read with the transfer's end.
     checksum_after: Option<(String, String)>,
     early_checksum: Option<(String, String, Option<String>)>,
+    /// TREV RESTART 1 was sent: a GridFTP server keeps it for the session.
+    pub range_markers_asked: bool,
 }
 
 /// What AUTH TLS set up: the settings and name the server's certificate was checked with,
@@ -87,6 +89,7 @@ impl Control {
                         early_passive: None,
                         checksum_after: None,
                         early_checksum: None,
+                        range_markers_asked: false,
                     };
                     let greeting = c.greeting(&name)?;
                     if greeting.code != 220 {
@@ -525,6 +528,11 @@ impl Control {
         self.session
             .set_cached((!socks.is_empty()).then_some(direction));
         self.data = socks;
+    }
+
+    /// How many data connections the last transfer left open.
+    pub fn kept_connections(&self) -> u32 {
+        self.data.len() as u32
     }
 
     /// The data connections kept by [`Control::keep_data_connections`].

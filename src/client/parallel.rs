@@ -186,6 +186,25 @@ pub fn get(
                 plan.joins(socks, addr, opts.buffer, &mut steering, transfer.waker())
                     .protected(c.data_tls())
             }
+            // A GridFTP server keeps the connections it opened to us for the next RETR (125)
+            // as long as neither PORT nor the parallelism changed (OPTS RETR, sent above only
+            // when it did, and then the count differs).
+            Peer::GridFtp
+                if c.session().can_reuse(Direction::Download) && c.kept_connections() == n =>
+            {
+                c.restart_ranges(&have)?;
+                let socks = c.take_data_connections();
+                if !c.start_transfer(&retr)? {
+                    return Err(ClientError::Integrity(format!(
+                        "the server answered RETR {} with 150, not 125: it did not keep the data \
+                         connections it left open, and braid no longer listens for new ones; run \
+                         again",
+                        target.path
+                    )));
+                }
+                reused = true;
+                Joins::cached(socks, STALL)
+            }
             Peer::GridFtp => {
                 let listener = c.active_listener()?;
                 c.restart_ranges(&have)?;
@@ -803,12 +822,16 @@ pub fn put(
         Peer::GridFtp => {
             c.expect(&Command::Allo(len.to_string()), &[200, 202])?;
             // Range markers every second instead of every 5: less to resend after a break.
-            // Only the Globus server knows TREV; others may refuse it.
-            let trev = Command::Unknown {
-                verb: "TREV".into(),
-                arg: Some("RESTART 1".into()),
-            };
-            let _ = c.cmd(&trev);
+            // Only the Globus server knows TREV; others may refuse it. It holds for the
+            // session: asked once, not a round trip per file.
+            if !c.range_markers_asked {
+                let trev = Command::Unknown {
+                    verb: "TREV".into(),
+                    arg: Some("RESTART 1".into()),
+                };
+                let _ = c.cmd(&trev);
+                c.range_markers_asked = true;
+            }
         }
     }
     // The record exists from the start: a later --resume then knows this upload was in MODE E.
@@ -820,7 +843,7 @@ pub fn put(
     }
     let stor = Command::Stor(target.path.clone());
     // The last upload of this session left its data connections open: no PASV, no connecting.
-    let reused = peer == Peer::Braid && c.session().can_reuse(Direction::Upload);
+    let reused = c.session().can_reuse(Direction::Upload);
     let (kept, addr) = if reused {
         c.restart_ranges(&have)?;
         c.reset_stored(have.clone());
@@ -881,8 +904,9 @@ pub fn put(
         None => Joins::cached(kept, STALL),
     }
     .protected(c.data_tls());
-    // In a batch the connections stay open for the next upload (EOD without CLOSE).
-    let keep = opts.keep_connections && peer == Peer::Braid;
+    // In a batch the connections stay open for the next upload (EOD without CLOSE), which a
+    // braid and a GridFTP server both take up (125).
+    let keep = opts.keep_connections;
     let bar = progress_bar(opts, Some(len), resumed_from);
     let interrupt = Interrupt::install();
     let mut recorded = have.clone();

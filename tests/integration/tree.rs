@@ -681,6 +681,67 @@ fn a_tree_goes_up_to_globus_gridftp_server_and_down_again() {
     assert_eq!(leaf(&into.join("local")), leaf(&home.join("up/local")));
 }
 
+/// A tree to and from globus-gridftp-server on one session keeps its MODE E data connections
+/// from file to file, as `globus-url-copy -fast` does: only the first file of each direction
+/// opens any (the server answers the others' STOR and RETR with 125), and every file arrives
+/// whole.
+#[test]
+fn a_tree_keeps_its_data_connections_open_from_file_to_file_with_globus_gridftp_server() {
+    let top = tempdir();
+    let home = top.path().join("home");
+    let local = top.path().join("local");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(local.join("sub")).unwrap();
+    for i in 0..6u64 {
+        let dir = if i % 2 == 0 {
+            local.clone()
+        } else {
+            local.join("sub")
+        };
+        std::fs::write(
+            dir.join(format!("f{i}")),
+            random_bytes(3000 + i as usize * 7000, i),
+        )
+        .unwrap();
+    }
+    let server = crate::globus::start_gridftp(&home);
+    let base = format!("ftp://127.0.0.1:{}", server.port);
+    let into = top.path().join("got");
+    let runs = [
+        (
+            "put",
+            local.to_str().unwrap().to_string(),
+            format!("{base}/up/"),
+        ),
+        (
+            "get",
+            format!("{base}/up/local/"),
+            into.to_str().unwrap().to_string(),
+        ),
+    ];
+    for (op, from, to) in runs {
+        let (code, out, err) = braid(&[op, "-r", "-j", "1", "--json", &from, &to], &[]);
+        assert_eq!(code, 0, "{op}: {out}{err}");
+        let files: Vec<serde_json::Value> = out.lines().map(json).collect();
+        let files = &files[..files.len() - 1];
+        assert_eq!(files.len(), 6, "{op}: {out}");
+        let opened: Vec<u64> = files
+            .iter()
+            .map(|f| f["new_data_connections"].as_u64().unwrap_or(u64::MAX))
+            .collect();
+        assert!(
+            opened[0] >= 1,
+            "{op}: the first file opens its connections: {opened:?}"
+        );
+        assert!(
+            opened[1..].iter().all(|&n| n == 0),
+            "{op}: every later file goes on the kept connections: {opened:?}"
+        );
+    }
+    assert_eq!(tree_of(&home.join("up/local")), tree_of(&local));
+    assert_eq!(tree_of(&into.join("local")), tree_of(&local));
+}
+
 /// Small files go requested ahead on one session: the client asks for the next ones before
 /// the server has answered for the first. A file removed from the server after the walk
 /// (while a large file, first in the listing, goes alone at a rate limit) and a file whose
