@@ -46,6 +46,10 @@ pub struct Control {
     early_checksum: Option<(String, String, Option<String>)>,
     /// TREV RESTART 1 was sent: a GridFTP server keeps it for the session.
     pub range_markers_asked: bool,
+    /// The greeting was a braid server's, whose passive listener outlives a change of MODE:
+    /// EPSV can go with the login. (The Globus server drops it at MODE E: a STOR there found
+    /// nothing listening.)
+    braid_greeting: bool,
 }
 
 /// What AUTH TLS set up: the settings and name the server's certificate was checked with,
@@ -90,6 +94,7 @@ impl Control {
                         checksum_after: None,
                         early_checksum: None,
                         range_markers_asked: false,
+                        braid_greeting: false,
                     };
                     let greeting = c.greeting(&name)?;
                     if greeting.code != 220 {
@@ -99,9 +104,11 @@ impl Control {
                         });
                     }
                     // A braid server says so in its greeting, and reads pipelined commands in
-                    // order: the dialogue then costs a round trip per phase, not per command.
+                    // order, as the Globus GridFTP server does: the dialogue then costs a
+                    // round trip per phase, not per command.
                     c.session
-                        .set_pipeline(braid_proto::session::is_braid_greeting(&greeting));
+                        .set_pipeline(braid_proto::session::reads_pipelined(&greeting));
+                    c.braid_greeting = braid_proto::session::is_braid_greeting(&greeting);
                     return Ok(c);
                 }
                 Err(e) => last = e,
@@ -413,9 +420,9 @@ impl Control {
         self.finished(Some(cmd_for_error(cmd))).and_then(done)
     }
 
-    /// Logs in, reads FEAT and sets TYPE I. Pipelined (a braid server), these go in one flight
-    /// with SIZE of `size_of` and EPSV, whose answers are kept for [`Control::size`] and
-    /// [`Control::passive_addr`]: one round trip for all of it.
+    /// Logs in, reads FEAT and sets TYPE I. Pipelined (a braid or Globus server), these go in
+    /// one flight with SIZE of `size_of` (and EPSV to a braid server), whose answers are kept
+    /// for [`Control::size`] and [`Control::passive_addr`]: one round trip for all of it.
     pub fn start(&mut self, target: &Target, size_of: Option<&str>) -> Result<()> {
         self.user = target.user.clone();
         let login = Op::Login {
@@ -435,7 +442,9 @@ impl Control {
         if let Some(path) = size_of {
             self.begin(Op::Ask(Command::Size(path.into())))?;
         }
-        self.begin(Op::Passive)?;
+        if self.braid_greeting {
+            self.begin(Op::Passive)?;
+        }
         // Outcomes come in the order the ops began.
         for _ in 0..3 {
             self.finished(None)?;
@@ -444,9 +453,11 @@ impl Control {
             let r = self.finished(None).and_then(done)?;
             self.early_size = Some((path.into(), r));
         }
-        match self.finished(None)? {
-            Outcome::Passive(port) => self.early_passive = Some(port),
-            o => return Err(unexpected(o)),
+        if self.braid_greeting {
+            match self.finished(None)? {
+                Outcome::Passive(port) => self.early_passive = Some(port),
+                o => return Err(unexpected(o)),
+            }
         }
         Ok(())
     }

@@ -41,6 +41,14 @@ pub enum Peer {
 }
 
 impl Peer {
+    /// The CKSM algorithm a whole file is checked with.
+    pub fn checksum(self) -> &'static str {
+        match self {
+            Peer::Braid => checksum::NAME,
+            Peer::GridFtp => "MD5",
+        }
+    }
+
     /// None also under TLS: MODE E data connections are not encrypted yet, so a TLS session
     /// moves its data over one stream-mode connection, which is.
     pub fn of(c: &Control) -> Option<Peer> {
@@ -221,9 +229,7 @@ pub fn get(
                 )
             }
         };
-        if peer == Peer::Braid {
-            c.checksum_after_transfer(checksum::NAME, &target.path)?;
-        }
+        c.checksum_after_transfer(peer.checksum(), &target.path)?;
         let bar = progress_bar(opts, size, resumed_from);
         let interrupt = Interrupt::install();
         let mut last_save = Instant::now();

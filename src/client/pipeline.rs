@@ -40,14 +40,21 @@ pub const DOWNLOADS_AHEAD: usize = 64;
 /// of 32 stay well under the usual limit of 1024).
 pub const UPLOADS_AHEAD: usize = 32;
 
-/// Whether the session can move files this way: a braid server (which reads pipelined
-/// commands in order) with data connections kept from the file before, carrying data the
-/// same way, and no background mode (whose controller steers each transfer).
+/// Whether the session can move files this way: a server that reads pipelined commands in
+/// order, with data connections kept from the file before, carrying data the same way, and no
+/// background mode (whose controller steers each transfer). Downloads from a braid or a
+/// GridFTP server; uploads only to braid, whose server reads a refused file's data and drops
+/// it (`OPTS STOR Eager=1`).
 pub fn ready(c: &mut Control, opts: &Options, direction: Direction) -> bool {
+    let peer = Peer::of(c);
     c.session().pipelining()
         && c.session().can_reuse(direction)
-        && (direction == Direction::Download || c.session().features().announced_uploads())
-        && Peer::of(c) == Some(Peer::Braid)
+        && match direction {
+            Direction::Download => peer.is_some(),
+            Direction::Upload => {
+                peer == Some(Peer::Braid) && c.session().features().announced_uploads()
+            }
+        }
         && opts.background.is_none()
 }
 
@@ -61,14 +68,15 @@ pub struct Wanted {
 }
 
 /// Requests downloads of `files`, behind any already out: for each its RETR, its end and its
-/// CKSM.
+/// CKSM (braid's own algorithm from a braid server, MD5 from a GridFTP server).
 pub fn request<'a>(c: &mut Control, files: impl IntoIterator<Item = &'a Wanted>) -> Result<()> {
+    let alg = Peer::of(c).unwrap_or(Peer::Braid).checksum();
     c.begin_all(files.into_iter().flat_map(|w| {
         [
             Op::StartTransfer(Command::Retr(w.remote.clone())),
             Op::FinishTransfer,
             Op::Checksum {
-                alg: checksum::NAME.into(),
+                alg: alg.into(),
                 path: w.remote.clone(),
             },
         ]
@@ -147,6 +155,7 @@ pub fn receive_next(
     server: &Target,
 ) -> std::result::Result<Summary, Failed> {
     let started = Instant::now();
+    let peer = Peer::of(c).unwrap_or(Peer::Braid);
     let part = part_path(&w.local);
     // Opened before the start is read: a file that cannot be written still has its data
     // read (and dropped), so the next file's blocks are not taken for its.
@@ -216,12 +225,18 @@ pub fn receive_next(
                 w.size
             )));
         }
-        let ours = got
-            .sum
-            .map(|s| checksum::hex(s.finish(w.size)))
-            .ok_or_else(|| ClientError::Protocol("blocks off the checksum chunks".into()))?;
+        // braid's sum is taken as the blocks arrive; MD5 (a GridFTP server's) only reads
+        // back a file of at most MAX_SIZE, in the page cache.
+        let ours = match peer {
+            Peer::Braid => got
+                .sum
+                .map(|s| checksum::hex(s.finish(w.size)))
+                .ok_or_else(|| ClientError::Protocol("blocks off the checksum chunks".into()))?,
+            Peer::GridFtp => crate::sums::md5(&file, 0, w.size)
+                .map_err(local_err("cannot read the download back to check it"))?,
+        };
         let ours_are = "the data received hashes to";
-        let checksum = agree_with(theirs, checksum::NAME, &w.remote, &ours, ours_are, "")?;
+        let checksum = agree_with(theirs, peer.checksum(), &w.remote, &ours, ours_are, "")?;
         let local = PartFile {
             final_path: w.local.clone(),
             part: part.clone(),

@@ -742,6 +742,76 @@ fn a_tree_keeps_its_data_connections_open_from_file_to_file_with_globus_gridftp_
     assert_eq!(tree_of(&into.join("local")), tree_of(&local));
 }
 
+/// From globus-gridftp-server too, small files go requested ahead on the kept connections:
+/// each one's RETR and CKSM MD5 go out before the server has answered for those in front of
+/// it, as `globus-url-copy -pp` pipelines. A file whose partial cannot be written here fails
+/// alone; its data is read and dropped, and every other file arrives whole.
+#[test]
+fn files_from_globus_gridftp_server_are_requested_ahead_and_fail_alone() {
+    let top = tempdir();
+    let home = top.path().join("home");
+    let data = home.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for i in 0..12u64 {
+        std::fs::write(
+            data.join(format!("f{i:02}")),
+            random_bytes(2000 + 300 * i as usize, i),
+        )
+        .unwrap();
+    }
+    let server = crate::globus::start_gridftp(&home);
+    let got = top.path().join("got");
+    // Where f07's partial would be written, a directory: its data has nowhere to land.
+    std::fs::create_dir_all(got.join("data/f07.part")).unwrap();
+    let url = format!("ftp://127.0.0.1:{}/data/", server.port);
+    let (code, out, err) = braid(
+        &[
+            "get",
+            "-r",
+            "-j",
+            "1",
+            "-v",
+            "--json",
+            &url,
+            got.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 11, "{err}");
+    let s = tree_summary(&out);
+    assert_eq!(s["files"], 11, "{s}");
+    let failed = s["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{s}");
+    assert_eq!(failed[0]["path"], "/data/f07", "{s}");
+    assert!(
+        failed[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot write"),
+        "{s}"
+    );
+    let mut want = tree_of(&data);
+    want.remove("f07");
+    let mut have = tree_of(&got.join("data"));
+    have.remove("f07.part");
+    assert_eq!(have, want);
+    // The first file opens the connections; the rest are asked for in one go, before the
+    // server says it starts the second on the kept connections (125).
+    let dialogue: Vec<&str> = err.lines().collect();
+    let first_reuse = dialogue
+        .iter()
+        .position(|l| l.starts_with("< 125"))
+        .unwrap_or_else(|| panic!("no 125 in {err}"));
+    let ahead = dialogue[..first_reuse]
+        .iter()
+        .filter(|l| l.starts_with("> RETR ") || l.starts_with("> CKSM MD5"))
+        .count();
+    assert!(
+        ahead >= 2 * 11,
+        "{ahead} RETR and CKSM before the first 125: {err}"
+    );
+}
+
 /// Small files go requested ahead on one session: the client asks for the next ones before
 /// the server has answered for the first. A file removed from the server after the walk
 /// (while a large file, first in the listing, goes alone at a rate limit) and a file whose

@@ -733,8 +733,6 @@ fn family(ip: IpAddr) -> u8 {
     if ip.is_ipv4() { 1 } else { 2 }
 }
 
-/// IPv4-mapped IPv6 addresses compare as IPv4, so a dual-stack listener does not make the
-/// peer check refuse a client's own address.
 /// The greeting's first word on a braid server, which reads pipelined commands in order and
 /// answers each in turn, as RFC 959 allows but does not promise of every server.
 const GREETING_MARK: &str = "braid";
@@ -747,6 +745,16 @@ pub fn is_braid_greeting(r: &Reply) -> bool {
     r.code == 220 && r.text().split_whitespace().next() == Some(GREETING_MARK)
 }
 
+/// Whether the server that sent this greeting reads pipelined commands in order, also while a
+/// transfer runs: a braid server, and the Globus GridFTP server ("... GridFTP Server 13.24
+/// ... ready."), whose control library queues what arrives meanwhile, which
+/// `globus-url-copy -pp` counts on.
+pub fn reads_pipelined(r: &Reply) -> bool {
+    is_braid_greeting(r) || (r.code == 220 && r.text().contains("GridFTP Server"))
+}
+
+/// IPv4-mapped IPv6 addresses compare as IPv4, so a dual-stack listener does not make the
+/// peer check refuse a client's own address.
 pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
@@ -769,6 +777,19 @@ mod tests {
             },
             "127.0.0.1".parse().unwrap(),
         )
+    }
+
+    #[test]
+    fn braid_and_globus_greetings_say_they_read_pipelined_commands_and_others_do_not() {
+        let says = |code, text: &str| reads_pipelined(&Reply::new(code, text));
+        assert!(says(220, "braid FTP server ready."));
+        assert!(says(
+            220,
+            "vm GridFTP Server 13.24 (gcc64, 1653033972-1) [Grid Community Toolkit 6.2] ready."
+        ));
+        assert!(!says(220, "(vsFTPd 3.0.3)"));
+        assert!(!says(220, "ProFTPD Server (Debian) [127.0.0.1]"));
+        assert!(!says(421, "GridFTP Server busy"));
     }
 
     #[test]
