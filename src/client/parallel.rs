@@ -826,7 +826,14 @@ pub fn put(
             )?;
         }
         Peer::GridFtp => {
-            c.expect(&Command::Allo(len.to_string()), &[200, 202])?;
+            // Its answer is read before STOR's (with STOR, where the server pipelines).
+            c.later(
+                Op::Simple {
+                    cmd: Command::Allo(len.to_string()),
+                    ok: vec![200, 202],
+                },
+                Some(format!("ALLO {len}")),
+            )?;
             // Range markers every second instead of every 5: less to resend after a break.
             // Only the Globus server knows TREV; others may refuse it. It holds for the
             // session: asked once, not a round trip per file.
