@@ -765,12 +765,7 @@ impl ClientSession {
                 226 | 250 => Step::End(Ok(Outcome::Done(r))),
                 _ => fail("the transfer", r),
             },
-            Wait::Cksm => match r.code {
-                213 => Step::End(Ok(Outcome::Checksum(Some(
-                    r.text().trim().to_ascii_lowercase(),
-                )))),
-                _ => Step::End(Ok(Outcome::Checksum(None))),
-            },
+            Wait::Cksm => Step::End(Ok(Outcome::Checksum(checksum_in(&r)))),
             Wait::Quit => Step::End(Ok(Outcome::Done(r))),
         }
     }
@@ -780,6 +775,12 @@ impl ClientSession {
         self.cached = None;
         Step::End(Ok(Outcome::Passive(port)))
     }
+}
+
+/// The checksum a reply to CKSM gives, lower-case hex: None unless it is a 213 (a server
+/// without that algorithm, or without the file, refuses).
+pub fn checksum_in(r: &Reply) -> Option<String> {
+    (r.code == 213).then(|| r.text().trim().to_ascii_lowercase())
 }
 
 /// What one reply leads to.
