@@ -3,7 +3,7 @@
 for trees, in one run.
 
 Rows, each a whole tree of FILES files of SIZE bytes in 10 directories, from and to /dev/shm:
-  braid get -r / put -r -j 8          against braid serve
+  braid get -r / put -r -j 8          against braid serve, and against globus-gridftp-server
   lftp mirror -P 8 (-R to upload)     against braid serve and against vsftpd
   globus-url-copy -r -cc 8 -pp -fast  against globus-gridftp-server
 Each row runs RUNS times, in turn with the others; the table gives the median seconds, files
@@ -122,8 +122,17 @@ def main():
 
             def g_put():
                 return guc + [f"file://{local_src}/", f"ftp://127.0.0.1:{port}{up}/src/"], os.path.join(up, "src")
+            def b_get():
+                return [args.braid, "get", "-r", "-j", "8", "-q", f"ftp://127.0.0.1:{port}/src/", dst], \
+                    os.path.join(dst, "src")
+
+            def b_put():
+                return [args.braid, "put", "-r", "-j", "8", "-q", local_src, f"ftp://127.0.0.1:{port}/up/"], \
+                    os.path.join(up, "src")
             cases += [("globus-url-copy -cc 8 -pp <-> gridftp", "get", g_get),
-                      ("globus-url-copy -cc 8 -pp <-> gridftp", "put", g_put)]
+                      ("globus-url-copy -cc 8 -pp <-> gridftp", "put", g_put),
+                      ("braid -j 8 <-> gridftp", "get", b_get),
+                      ("braid -j 8 <-> gridftp", "put", b_put)]
         else:
             skipped.append("globus-url-copy: Globus programs not installed")
 
