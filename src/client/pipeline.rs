@@ -41,19 +41,17 @@ pub const DOWNLOADS_AHEAD: usize = 64;
 pub const UPLOADS_AHEAD: usize = 32;
 
 /// Whether the session can move files this way: a server that reads pipelined commands in
-/// order, with data connections kept from the file before, carrying data the same way, and no
-/// background mode (whose controller steers each transfer). Downloads from a braid or a
-/// GridFTP server; uploads only to braid, whose server reads a refused file's data and drops
-/// it (`OPTS STOR Eager=1`).
+/// order (braid, the Globus GridFTP server), with data connections kept from the file before,
+/// carrying data the same way, and no background mode (whose controller steers each
+/// transfer). Uploads to braid go announced ahead ([`announce`]: its server reads a refused
+/// file's data and drops it), to GridFTP stored ahead ([`store`]: data after each `125`).
 pub fn ready(c: &mut Control, opts: &Options, direction: Direction) -> bool {
     let peer = Peer::of(c);
     c.session().pipelining()
         && c.session().can_reuse(direction)
-        && match direction {
-            Direction::Download => peer.is_some(),
-            Direction::Upload => {
-                peer == Some(Peer::Braid) && c.session().features().announced_uploads()
-            }
+        && match (direction, peer) {
+            (Direction::Upload, Some(Peer::Braid)) => c.session().features().announced_uploads(),
+            (_, peer) => peer.is_some(),
         }
         && opts.background.is_none()
 }
@@ -123,6 +121,28 @@ fn started_on_kept(c: &mut Control, what: &str) -> std::result::Result<(), Faile
     }
 }
 
+/// [`started_on_kept`] for a transfer with CKSM asked for behind it: a refused one's CKSM is
+/// answered on its own, and read here.
+fn started_with_checksum_behind(c: &mut Control, what: &str) -> std::result::Result<(), Failed> {
+    started_on_kept(c, what).map_err(|mut f| {
+        if !f.session_broken && c.outcome(None).is_err() {
+            f.session_broken = true;
+        }
+        f
+    })
+}
+
+/// The server's answer to the CKSM asked for behind a transfer.
+fn checksum_behind(c: &mut Control) -> std::result::Result<Option<String>, Failed> {
+    match c.outcome(None) {
+        Ok(Outcome::Checksum(sum)) => Ok(sum),
+        Ok(o) => Err(Failed::session(ClientError::Protocol(format!(
+            "CKSM: unexpected answer {o:?}"
+        )))),
+        Err(e) => Err(Failed::session(e)),
+    }
+}
+
 /// What a file moved ahead reports, as `get` and `put` do for MODE E on kept connections.
 fn summary(
     op: &'static str,
@@ -167,11 +187,7 @@ pub fn receive_next(
         .open(&part)
         .map_err(local_err(format!("cannot write {}", part.display())));
     let retr = format!("RETR {}", w.remote);
-    if let Err(mut f) = started_on_kept(c, &retr) {
-        // CKSM is answered on its own.
-        if !f.session_broken && c.outcome(None).is_err() {
-            f.session_broken = true;
-        }
+    if let Err(f) = started_with_checksum_behind(c, &retr) {
         if let Ok(file) = &file
             && file.metadata().is_ok_and(|m| m.len() == 0)
         {
@@ -204,16 +220,7 @@ pub fn receive_next(
     })?;
     c.keep_data_connections(Direction::Download, kept.socks);
     let end = c.outcome(Some(retr));
-    let theirs = match c.outcome(None) {
-        Ok(Outcome::Checksum(sum)) => sum,
-        Ok(o) => {
-            return Err(Failed::session(ClientError::Protocol(format!(
-                "CKSM {}: unexpected answer {o:?}",
-                w.remote
-            ))));
-        }
-        Err(e) => return Err(Failed::session(e)),
-    };
+    let theirs = checksum_behind(c)?;
     let checked = (|| {
         end?;
         let file = file?;
@@ -293,6 +300,20 @@ impl Outgoing {
                 cause,
             }),
         };
+    }
+
+    /// What its upload reports once the server took it.
+    fn report(self, server: &Target, checksum: Option<String>) -> Summary {
+        let local = String::new();
+        summary(
+            "put",
+            server,
+            &self.wanted,
+            local,
+            self.started,
+            self.sent,
+            checksum,
+        )
     }
 
     /// Its checksum, once it was read whole.
@@ -375,29 +396,92 @@ pub fn announce(c: &mut Control, files: &mut [&mut Outgoing], buf: &mut Vec<u8>)
             if o.sum().is_none() {
                 continue;
             }
-            let mut todo = RangeSet::new();
-            todo.insert(0, o.wanted.size);
-            let transfer = Transfer::new(c.session().elastic());
-            let joins = Joins::cached(c.take_data_connections(), STALL).protected(c.data_tls());
-            let options = crate::engine::send::Options {
-                block: crate::engine::DEFAULT_BLOCK,
-                hash: false,
-                keep: true,
-            };
-            let progress = AtomicU64::new(0);
-            let source = Source::Memory(&buf[place]);
-            let sent = send(&transfer, source, &todo, joins, options, &progress).map_err(|e| {
-                ClientError::Interrupted {
-                    bytes: progress.load(std::sync::atomic::Ordering::Relaxed),
-                    why: format!("data connection: {e}"),
-                    partial: None,
-                }
-            })?;
-            c.keep_data_connections(Direction::Upload, sent.kept);
-            o.sent = sent.per_conn;
+            o.sent = send_on_kept(c, Source::Memory(&buf[place]))?;
         }
     }
     Ok(())
+}
+
+/// Sends one whole file on the session's kept data connections, keeping them open for the
+/// next (EOD without CLOSE); the bytes each carried.
+fn send_on_kept(c: &mut Control, source: Source) -> Result<Vec<u64>> {
+    let mut todo = RangeSet::new();
+    todo.insert(0, source.size());
+    let transfer = Transfer::new(c.session().elastic());
+    let joins = Joins::cached(c.take_data_connections(), STALL).protected(c.data_tls());
+    let options = crate::engine::send::Options {
+        block: crate::engine::DEFAULT_BLOCK,
+        hash: false,
+        keep: true,
+    };
+    let progress = AtomicU64::new(0);
+    let sent = send(&transfer, source, &todo, joins, options, &progress).map_err(|e| {
+        ClientError::Interrupted {
+            bytes: progress.load(std::sync::atomic::Ordering::Relaxed),
+            why: format!("data connection: {e}"),
+            partial: None,
+        }
+    })?;
+    c.keep_data_connections(Direction::Upload, sent.kept);
+    Ok(sent.per_conn)
+}
+
+/// Asks a GridFTP server to store `files`, behind any already asked for: for each its ALLO,
+/// its STOR and CKSM MD5 behind it, all at once. Their data waits for each STOR's `125`
+/// ([`stored_next`]): that server would take a refused file's bytes for the next file's.
+pub fn store(c: &mut Control, files: &[&Outgoing]) -> Result<()> {
+    c.begin_all(files.iter().flat_map(|o| {
+        [
+            Op::Simple {
+                cmd: Command::Allo(o.wanted.size.to_string()),
+                ok: vec![200, 202],
+            },
+            Op::StartTransfer(Command::Stor(o.wanted.remote.clone())),
+            Op::FinishTransfer,
+            Op::Checksum {
+                alg: Peer::GridFtp.checksum().into(),
+                path: o.wanted.remote.clone(),
+            },
+        ]
+    }))
+}
+
+/// The oldest file [`store`] asked for: its ALLO's answer, its STOR's `125`, then its data on
+/// the kept connections, the server's 226 and its MD5 of what it stored, checked against the
+/// file's. A file the server refuses fails alone; the answers to it are read either way.
+pub fn stored_next(
+    c: &mut Control,
+    mut o: Outgoing,
+    server: &Target,
+) -> std::result::Result<Summary, Failed> {
+    if let Err(e) = c.outcome(Some(format!("ALLO {}", o.wanted.size))) {
+        return Err(Failed::session(e));
+    }
+    let stor = format!("STOR {}", o.wanted.remote);
+    started_with_checksum_behind(c, &stor)?;
+    let source = Source::File {
+        file: &o.file,
+        size: o.wanted.size,
+    };
+    o.sent = send_on_kept(c, source).map_err(Failed::session)?;
+    let end = c.outcome(Some(stor));
+    let theirs = checksum_behind(c)?;
+    let checked = (|| {
+        end?;
+        let ours = crate::sums::md5(&o.file, 0, o.wanted.size)
+            .map_err(local_err("cannot read the file back to check it"))?;
+        let alg = Peer::GridFtp.checksum();
+        agree_with(
+            theirs,
+            alg,
+            &o.wanted.remote,
+            &ours,
+            "the file sent hashes to",
+            "",
+        )
+    })();
+    let checksum = checked.map_err(Failed::file)?;
+    Ok(o.report(server, checksum))
 }
 
 /// The server's answers for the oldest file announced ahead: its STOR's, then its verdict
@@ -405,11 +489,11 @@ pub fn announce(c: &mut Control, files: &mut [&mut Outgoing], buf: &mut Vec<u8>)
 /// the server refuses fails alone.
 pub fn send_next(
     c: &mut Control,
-    o: Outgoing,
+    mut o: Outgoing,
     server: &Target,
 ) -> std::result::Result<Summary, Failed> {
     // Nothing went out for a file not read whole: the session has no answer to read.
-    let sum = match o.read {
+    let sum = match std::mem::replace(&mut o.read, Read::Pending) {
         Read::Sum(sum) => sum,
         Read::Failed(e) => return Err(Failed::file(e)),
         Read::Pending => {
@@ -424,13 +508,5 @@ pub fn send_next(
     started_on_kept(c, &stor)?;
     c.outcome(Some(stor)).map_err(Failed::file)?;
     let checksum = Some(format!("{} {sum}", checksum::NAME));
-    Ok(summary(
-        "put",
-        server,
-        &o.wanted,
-        String::new(),
-        o.started,
-        o.sent,
-        checksum,
-    ))
+    Ok(o.report(server, checksum))
 }

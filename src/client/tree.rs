@@ -1010,6 +1010,7 @@ fn put_ahead(
     done: &(impl Fn(&Summary) + Sync),
 ) -> bool {
     let buf = std::cell::RefCell::new(Vec::new());
+    let gridftp = super::parallel::Peer::of(c) == Some(super::parallel::Peer::GridFtp);
     Ahead {
         depth: pipeline::UPLOADS_AHEAD,
         fits: |j: &Job| j.size.is_some_and(|s| s <= pipeline::MAX_SIZE),
@@ -1022,11 +1023,19 @@ fn put_ahead(
             .map(Some)
         },
         request: |c: &mut Control, ask: &mut [(Job, pipeline::Outgoing)]| {
+            if gridftp {
+                let files: Vec<_> = ask.iter().map(|(_, o)| o).collect();
+                return pipeline::store(c, &files);
+            }
             let mut files: Vec<_> = ask.iter_mut().map(|(_, o)| o).collect();
             pipeline::announce(c, &mut files, &mut buf.borrow_mut())
         },
         moved: |c: &mut Control, _: &Job, outgoing: pipeline::Outgoing| {
-            let s = pipeline::send_next(c, outgoing, server)?;
+            let s = if gridftp {
+                pipeline::stored_next(c, outgoing, server)?
+            } else {
+                pipeline::send_next(c, outgoing, server)?
+            };
             done(&s);
             Ok(s)
         },

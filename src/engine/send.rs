@@ -28,7 +28,7 @@ pub enum Source<'a> {
 }
 
 impl Source<'_> {
-    fn size(&self) -> u64 {
+    pub fn size(&self) -> u64 {
         match self {
             Source::File { size, .. } => *size,
             Source::Memory(m) => m.len() as u64,

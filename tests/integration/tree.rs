@@ -88,6 +88,20 @@ fn paths<'a>(s: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
         .unwrap_or_default()
 }
 
+/// How many commands starting with one of `prefixes` the `-v` dialogue in `err` shows sent
+/// before the server's first `125` (a transfer on kept connections).
+fn sent_before_first_reuse(err: &str, prefixes: &[&str]) -> usize {
+    let dialogue: Vec<&str> = err.lines().collect();
+    let first_reuse = dialogue
+        .iter()
+        .position(|l| l.starts_with("< 125"))
+        .unwrap_or_else(|| panic!("no 125 in {err}"));
+    dialogue[..first_reuse]
+        .iter()
+        .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
+        .count()
+}
+
 /// The last line of `--json` output: the tree's summary.
 fn tree_summary(out: &str) -> serde_json::Value {
     json(out.lines().last().unwrap_or_default())
@@ -797,19 +811,65 @@ fn files_from_globus_gridftp_server_are_requested_ahead_and_fail_alone() {
     assert_eq!(have, want);
     // The first file opens the connections; the rest are asked for in one go, before the
     // server says it starts the second on the kept connections (125).
-    let dialogue: Vec<&str> = err.lines().collect();
-    let first_reuse = dialogue
-        .iter()
-        .position(|l| l.starts_with("< 125"))
-        .unwrap_or_else(|| panic!("no 125 in {err}"));
-    let ahead = dialogue[..first_reuse]
-        .iter()
-        .filter(|l| l.starts_with("> RETR ") || l.starts_with("> CKSM MD5"))
-        .count();
+    let ahead = sent_before_first_reuse(&err, &["> RETR ", "> CKSM MD5"]);
     assert!(
         ahead >= 2 * 11,
         "{ahead} RETR and CKSM before the first 125: {err}"
     );
+}
+
+/// To globus-gridftp-server, small files go stored ahead on the kept connections: each one's
+/// ALLO, STOR and CKSM MD5 go out before the server has answered for those in front of it,
+/// and each file's data after its own `125`. A file the server refuses (a directory stands
+/// where it would go) fails alone, and every other file arrives whole.
+#[test]
+fn files_to_globus_gridftp_server_are_stored_ahead_and_fail_alone() {
+    let top = tempdir();
+    let home = top.path().join("home");
+    let data = top.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for i in 0..12u64 {
+        std::fs::write(
+            data.join(format!("f{i:02}")),
+            random_bytes(2000 + 300 * i as usize, i + 50),
+        )
+        .unwrap();
+    }
+    std::fs::create_dir_all(home.join("up/data/f07")).unwrap();
+    let server = crate::globus::start_gridftp(&home);
+    let url = format!("ftp://127.0.0.1:{}/up/", server.port);
+    let (code, out, err) = braid(
+        &[
+            "put",
+            "-r",
+            "-j",
+            "1",
+            "-v",
+            "--json",
+            data.to_str().unwrap(),
+            &url,
+        ],
+        &[],
+    );
+    assert_eq!(code, 11, "{err}");
+    let s = tree_summary(&out);
+    assert_eq!(s["files"], 11, "{s}");
+    let failed = s["failed"].as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{s}");
+    assert!(
+        failed[0]["path"].as_str().unwrap().ends_with("/data/f07"),
+        "{s}"
+    );
+    assert!(failed[0]["error"].as_str().unwrap().contains("STOR"), "{s}");
+    let mut want = tree_of(&data);
+    want.remove("f07");
+    let mut have = tree_of(&home.join("up/data"));
+    assert_eq!(have.remove("f07").as_deref(), Some("dir"));
+    assert_eq!(have, want);
+    // The first file opens the connections; the rest are asked for in one go, before the
+    // server says it takes the second on the kept connections (125).
+    let ahead = sent_before_first_reuse(&err, &["> STOR "]);
+    assert!(ahead >= 12, "{ahead} STOR before the first 125: {err}");
 }
 
 /// Small files go requested ahead on one session: the client asks for the next ones before
