@@ -183,10 +183,21 @@ fn users_get_their_cap_and_their_weighted_share_of_the_uplink() {
     assert!(rate < 2.6e6, "capped at 2 MB/s, got {rate:.0} bytes/s");
 
     // Together: 8 MB/s as 2 and 6, so both take about two seconds. Were the uplink split
-    // evenly, the light one would get 4 MB/s.
+    // evenly, the light one would get 4 MB/s. The heavy one goes first and the light one joins
+    // once its data flows: started the other way round, on a busy machine the light one could
+    // be half done alone, at the whole 8 MB/s, before the heavy one had logged in.
     let (light_dest, heavy_dest) = (top.path().join("light.bin"), top.path().join("heavy.bin"));
-    let light = spawn_get(&server, "light", "small.bin", &light_dest, home.path());
     let heavy = spawn_get(&server, "heavy", "big.bin", &heavy_dest, home.path());
+    let heavy_part = top.path().join("heavy.bin.part");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::metadata(&heavy_part).map_or(true, |m| m.len() == 0) {
+        assert!(
+            Instant::now() < deadline,
+            "the heavy download never started"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let light = spawn_get(&server, "light", "small.bin", &light_dest, home.path());
     let (light, heavy) = (summary_of(light), summary_of(heavy));
     assert!(std::fs::read(&light_dest).unwrap() == small);
     assert!(std::fs::read(&heavy_dest).unwrap() == big);
