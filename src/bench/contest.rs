@@ -177,21 +177,20 @@ impl Setup<'_> {
     fn braid(&self, tag: &str) -> Result<Child> {
         let mut c = self.place.command(&self.braid.to_string_lossy());
         let port = Ports::LAB.ftp;
-        c.arg(match self.direction {
-            Direction::Get => "get",
-            Direction::Put => "put",
-        });
-        c.args(["-q", "--json", "--background"]);
-        match self.direction {
-            Direction::Get => {
-                c.arg(format!("ftp://{SERVER}:{port}/bg.bin"))
-                    .arg("/dev/null");
-            }
-            Direction::Put => {
-                c.arg(self.root.join("bg.bin"))
-                    .arg(format!("ftp://{SERVER}:{port}/put-{tag}.bin"));
-            }
-        }
+        let (op, from, to): (_, std::ffi::OsString, std::ffi::OsString) = match self.direction {
+            Direction::Get => (
+                "get",
+                format!("ftp://{SERVER}:{port}/bg.bin").into(),
+                "/dev/null".into(),
+            ),
+            Direction::Put => (
+                "put",
+                self.root.join("bg.bin").into_os_string(),
+                format!("ftp://{SERVER}:{port}/put-{tag}.bin").into(),
+            ),
+        };
+        c.args([op, "-q", "--json", "--background"]);
+        c.arg(from).arg(to);
         spawn(c)
     }
 

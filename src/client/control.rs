@@ -45,7 +45,7 @@ pub struct Control {
     checksum_after: Option<(String, String)>,
     early_checksum: Option<(String, String, Option<String>)>,
     /// TREV RESTART 1 was sent: a GridFTP server keeps it for the session.
-    pub range_markers_asked: bool,
+    range_markers_asked: bool,
     /// The greeting was a braid server's, whose passive listener outlives a change of MODE:
     /// EPSV can go with the login. (The Globus server drops it at MODE E: a STOR there found
     /// nothing listening.)
@@ -539,6 +539,21 @@ impl Control {
         self.session
             .set_cached((!socks.is_empty()).then_some(direction));
         self.data = socks;
+    }
+
+    /// Asks a GridFTP server for range markers every second instead of every 5 (less to resend
+    /// after a break), once a session: the Globus server keeps it for the session. Others may
+    /// refuse TREV, which changes nothing.
+    pub fn range_markers_every_second(&mut self) {
+        if self.range_markers_asked {
+            return;
+        }
+        let trev = Command::Unknown {
+            verb: "TREV".into(),
+            arg: Some("RESTART 1".into()),
+        };
+        let _ = self.cmd(&trev);
+        self.range_markers_asked = true;
     }
 
     /// How many data connections the last transfer left open.

@@ -179,11 +179,23 @@ pub fn get(
         // Written now, so the space for the next version is reserved before data arrives.
         save(&shared.snapshot());
         let conns = match peer {
-            // The last download left its data connections open: no PASV, no connecting.
-            Peer::Braid if c.session().can_reuse(Direction::Download) => {
+            // The last download left its data connections open: no PASV, no connecting. A
+            // GridFTP server keeps those it opened to us while neither PORT nor the
+            // parallelism changed (OPTS RETR, sent above only when it did, and then the count
+            // differs).
+            _ if c.session().can_reuse(Direction::Download)
+                && (peer == Peer::Braid || c.kept_connections() == n) =>
+            {
                 c.restart_ranges(&have)?;
                 let socks = c.take_data_connections();
-                c.start_transfer(&retr)?;
+                if !c.start_transfer(&retr)? && peer == Peer::GridFtp {
+                    return Err(ClientError::Integrity(format!(
+                        "the server answered RETR {} with 150, not 125: it did not keep the data \
+                         connections it left open, and braid no longer listens for new ones; run \
+                         again",
+                        target.path
+                    )));
+                }
                 reused = true;
                 Joins::cached(socks, STALL).protected(c.data_tls())
             }
@@ -193,25 +205,6 @@ pub fn get(
                 let socks = open_and_start(c, &retr, addr, n, opts.buffer, elastic)?;
                 plan.joins(socks, addr, opts.buffer, &mut steering, transfer.waker())
                     .protected(c.data_tls())
-            }
-            // A GridFTP server keeps the connections it opened to us for the next RETR (125)
-            // as long as neither PORT nor the parallelism changed (OPTS RETR, sent above only
-            // when it did, and then the count differs).
-            Peer::GridFtp
-                if c.session().can_reuse(Direction::Download) && c.kept_connections() == n =>
-            {
-                c.restart_ranges(&have)?;
-                let socks = c.take_data_connections();
-                if !c.start_transfer(&retr)? {
-                    return Err(ClientError::Integrity(format!(
-                        "the server answered RETR {} with 150, not 125: it did not keep the data \
-                         connections it left open, and braid no longer listens for new ones; run \
-                         again",
-                        target.path
-                    )));
-                }
-                reused = true;
-                Joins::cached(socks, STALL)
             }
             Peer::GridFtp => {
                 let listener = c.active_listener()?;
@@ -718,7 +711,7 @@ fn verify(
             ),
         ),
         (Peer::GridFtp, _, Some(f)) => (
-            "MD5",
+            peer.checksum(),
             crate::sums::md5(f, 0, total)
                 .map_err(local_err("cannot read the download back to check it"))?,
         ),
@@ -834,17 +827,7 @@ pub fn put(
                 },
                 Some(format!("ALLO {len}")),
             )?;
-            // Range markers every second instead of every 5: less to resend after a break.
-            // Only the Globus server knows TREV; others may refuse it. It holds for the
-            // session: asked once, not a round trip per file.
-            if !c.range_markers_asked {
-                let trev = Command::Unknown {
-                    verb: "TREV".into(),
-                    arg: Some("RESTART 1".into()),
-                };
-                let _ = c.cmd(&trev);
-                c.range_markers_asked = true;
-            }
+            c.range_markers_every_second();
         }
     }
     // The record exists from the start: a later --resume then knows this upload was in MODE E.
@@ -1011,7 +994,7 @@ pub fn put(
     let cksm_ahead = peer == Peer::GridFtp && c.session().pipelining();
     if cksm_ahead {
         c.send(&Command::Cksm {
-            alg: "MD5".into(),
+            alg: peer.checksum().into(),
             offset: 0,
             length: None,
             path: target.path.clone(),
@@ -1042,11 +1025,11 @@ pub fn put(
             c.final_reply_unless(|| false)?
                 .and_then(|r| braid_proto::client::checksum_in(&r))
         } else {
-            c.checksum("MD5", &target.path)?
+            c.checksum(peer.checksum(), &target.path)?
         };
         let local = crate::sums::md5(file, 0, len).map_err(local_err("cannot read the file"))?;
         let ours = "the file sent hashes to";
-        verified = agree_with(theirs, "MD5", &target.path, &local, ours, "")?;
+        verified = agree_with(theirs, peer.checksum(), &target.path, &local, ours, "")?;
     }
     let s = super::summary(
         "put",

@@ -1,11 +1,13 @@
 //! Small files in a row on a session's kept MODE E data connections, each moved ahead of its
-//! turn. Downloads (from braid or a Globus GridFTP server): the next files' RETR, end and CKSM
-//! go out together; the server reads them in order (it queues what comes during a transfer),
-//! and on every connection its blocks for a file follow the EOD of the file before. Uploads
-//! (to braid): each file's checksum, STOR and data go out together (`OPTS STOR Eager=1`); the
-//! server reads each file's blocks in turn and drops those of a file it refuses. A file then costs no round trip of its own, where asking
-//! for each in turn costs one at least: on a 20 ms path that is 50 files a second per
-//! session, whatever their size.
+//! turn, from and to a server that reads pipelined commands in order (braid, the Globus
+//! GridFTP server). Downloads: the next files' RETR, end and CKSM go out together; the server
+//! queues what comes during a transfer, and on every connection its blocks for a file follow
+//! the EOD of the file before. Uploads to braid: each file's checksum, STOR and data go out
+//! together (`OPTS STOR Eager=1`); the server reads each file's blocks in turn and drops those
+//! of a file it refuses. Uploads to GridFTP: each file's ALLO, STOR and CKSM go out together,
+//! its data after its own `125`. A file then costs at most the wait for that `125`, where
+//! asking for each in turn costs a round trip or more: on a 20 ms path that is 50 files a
+//! second per session, whatever their size.
 
 use super::control::Control;
 use super::error::{ClientError, Result};

@@ -2,8 +2,8 @@
 //! LIST on servers without it, on the remote side), creating directories as it goes; then
 //! `concurrency` sessions take the files from one queue, each file moving as `get`/`put` would
 //! move it (MODE E with its data connections kept across files, or stream mode); against a
-//! braid server (and for downloads a GridFTP one), small files go ahead of their turn, many in
-//! flight per session (`pipeline`).
+//! braid or Globus GridFTP server, small files go ahead of their turn, many in flight per
+//! session (`pipeline`).
 //! A file that fails is listed with why and the others go on; symbolic links are skipped and
 //! listed, never followed, on either side.
 

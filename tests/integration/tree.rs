@@ -102,6 +102,13 @@ fn sent_before_first_reuse(err: &str, prefixes: &[&str]) -> usize {
         .count()
 }
 
+/// The lines of `--json` output before the last: one record per file moved.
+fn file_records(out: &str) -> Vec<serde_json::Value> {
+    let mut lines: Vec<serde_json::Value> = out.lines().map(json).collect();
+    lines.pop();
+    lines
+}
+
 /// The last line of `--json` output: the tree's summary.
 fn tree_summary(out: &str) -> serde_json::Value {
     json(out.lines().last().unwrap_or_default())
@@ -736,8 +743,7 @@ fn a_tree_keeps_its_data_connections_open_from_file_to_file_with_globus_gridftp_
     for (op, from, to) in runs {
         let (code, out, err) = braid(&[op, "-r", "-j", "1", "--json", &from, &to], &[]);
         assert_eq!(code, 0, "{op}: {out}{err}");
-        let files: Vec<serde_json::Value> = out.lines().map(json).collect();
-        let files = &files[..files.len() - 1];
+        let files = file_records(&out);
         assert_eq!(files.len(), 6, "{op}: {out}");
         let opened: Vec<u64> = files
             .iter()
@@ -1057,10 +1063,9 @@ fn small_files_of_a_tree_each_go_on_one_data_connection() {
     for (op, from, to) in runs {
         let (code, out, err) = braid(&[op, "-r", "-j", "2", "--json", &from, &to], &[]);
         assert_eq!(code, 0, "{op}: {err}");
-        let files: Vec<serde_json::Value> = out.lines().map(json).collect();
-        let files = &files[..files.len() - 1];
+        let files = file_records(&out);
         assert_eq!(files.len(), 6, "{out}");
-        for f in files {
+        for f in &files {
             assert_eq!(f["streams"], 1, "{op}: {f}");
             assert_eq!(
                 f["per_connection_bytes"],
