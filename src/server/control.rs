@@ -555,6 +555,12 @@ impl Io {
     async fn fs(&self, op: FsOp) -> Result<FsOutcome, FsError> {
         let root = self.root()?;
         let sums = self.config.checksums.clone();
+        // A tree's file just sent (on connections it left open) was hashed on its way.
+        if self.cached.is_some()
+            && let Some(known) = super::inline::known_checksum(&root, &sums, &op)
+        {
+            return Ok(known);
+        }
         tokio::task::spawn_blocking(move || super::files::fs_blocking(&root, &sums, op))
             .await
             .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))

@@ -22,6 +22,8 @@ pub enum Job {
         file: File,
         offset: u64,
         ascii: bool,
+        /// Read whole already, to be sent from memory (see [`super::inline`]).
+        whole: Option<super::inline::WholeFile>,
     },
     Stor {
         upload: Upload,
@@ -94,18 +96,26 @@ pub fn run_blocks(
         e => DataError::Net(std::io::Error::other(e.to_string())),
     };
     match (job, conns) {
-        (Job::Retr { file, .. }, BlockConns::Send(socks)) => {
-            let size = file
-                .metadata()
-                .map_err(|e| DataError::Local(io_to_fs(&e)))?
-                .len();
+        (Job::Retr { file, whole, .. }, BlockConns::Send(socks)) => {
+            let (source, before) = match &whole {
+                // Sent from memory: hashing it on the way spares CKSM a read.
+                Some(w) => (engine::send::Source::Memory(&w.bytes), Some(w.version)),
+                None => {
+                    let size = file
+                        .metadata()
+                        .map_err(|e| DataError::Local(io_to_fs(&e)))?
+                        .len();
+                    // Under TLS every byte passes through memory to be encrypted, so hashing
+                    // it on the way costs next to nothing and spares CKSM a second read of
+                    // the whole file.
+                    let before = (socks.is_protected() && have.is_empty())
+                        .then(|| super::ChecksumCache::version(&file).ok())
+                        .flatten();
+                    (engine::send::Source::File { file: &file, size }, before)
+                }
+            };
+            let size = source.size();
             let todo = have.missing(size);
-            let source = engine::send::Source::File { file: &file, size };
-            // Under TLS every byte passes through memory to be encrypted, so hashing it on
-            // the way costs next to nothing and spares CKSM a second read of the whole file.
-            let before = (socks.is_protected() && have.is_empty())
-                .then(|| super::ChecksumCache::version(&file).ok())
-                .flatten();
             let options = engine::send::Options {
                 hash: before.is_some(),
                 ..keep(block)
@@ -236,6 +246,7 @@ fn run_tls(
             file,
             offset,
             ascii,
+            ..
         } => (send_copied(&file, offset, ascii, &mut s, progress)?, None),
         Job::Stor {
             upload,
@@ -269,11 +280,13 @@ fn run_clear(job: Job, mut sock: TcpStream, progress: &AtomicU64) -> Result<Fini
             file,
             offset,
             ascii: false,
+            ..
         } => (send_binary(&file, offset, &sock, progress)?, None),
         Job::Retr {
             file,
             offset,
             ascii: true,
+            ..
         } => (send_copied(&file, offset, true, &mut sock, progress)?, None),
         Job::Stor {
             upload,

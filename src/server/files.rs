@@ -142,6 +142,7 @@ pub(super) fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), F
                     file,
                     offset: t.offset,
                     ascii: t.ascii,
+                    whole: None,
                 },
                 Some(entry.size - t.offset),
             )

@@ -1,11 +1,13 @@
 //! `braid serve`: the tokio control plane (accept, limits, sessions, shutdown). Each transfer's
-//! data moves on a blocking thread; see [`data`].
+//! data moves on a blocking thread (see [`data`]), except a tree's small files, which the
+//! control task moves itself when nothing can make it wait (see [`inline`]).
 
 mod connections;
 mod control;
 mod data;
 mod files;
 mod guard;
+mod inline;
 pub mod metrics;
 mod pacing;
 pub mod settings;
@@ -90,13 +92,18 @@ impl ChecksumCache {
 
     pub fn xxh3(&self, file: &std::fs::File, len: u64) -> std::io::Result<u128> {
         let key = Self::version(file)?;
-        let cached = self.lock().get(&key).copied();
-        if let Some(sum) = cached.filter(|_| key.2 == len) {
+        if let Some(sum) = self.known(key, len) {
             return Ok(sum);
         }
         let sum = crate::sums::xxh3(file, len)?;
         self.insert(key, sum);
         Ok(sum)
+    }
+
+    /// The checksum of the first `len` bytes of the file at version `key`, if known: `len` must
+    /// be the whole file.
+    pub fn known(&self, key: FileVersion, len: u64) -> Option<u128> {
+        self.lock().get(&key).copied().filter(|_| key.2 == len)
     }
 
     /// The file's version now: taken before it is read, and compared after.

@@ -5,6 +5,7 @@
 use super::Shutdown;
 use super::control::{Conn, Input, Io, MAX_QUEUED, reached};
 use super::data::{self, BlockConns, DataError, Finished};
+use super::inline;
 use super::pacing;
 use crate::engine;
 use braid_proto::checksum;
@@ -45,6 +46,9 @@ pub(super) async fn transfer(
     // An upload sent ahead: its data is on its way even if it is refused here.
     let drains = t.block.as_ref().is_some_and(|b| b.fixed);
     let prepared = match io.root() {
+        Ok(root) if inline::opens(&t) => {
+            super::files::prepare(&root, &t).map(|(job, size)| (root, job, size))
+        }
         Ok(root) => {
             let (t, at) = (t.clone(), root.clone());
             tokio::task::spawn_blocking(move || super::files::prepare(&at, &t))
@@ -54,7 +58,7 @@ pub(super) async fn transfer(
         }
         Err(e) => Err(e),
     };
-    let (root, job, size) = match prepared {
+    let (root, mut job, size) = match prepared {
         Ok(x) => x,
         Err(e) => {
             io.passive = None;
@@ -115,7 +119,9 @@ pub(super) async fn transfer(
             moving.watch(&sock);
             let progress = progress.clone();
             let tls = io.config.tls.clone().filter(|_| t.private);
-            tokio::task::spawn_blocking(move || data::run(job, sock, tls, progress))
+            Worker::Thread(tokio::task::spawn_blocking(move || {
+                data::run(job, sock, tls, progress)
+            }))
         }),
         Some(b) => io.block_connections(&t, b, &progress).await.map(|conns| {
             if let BlockConns::Receive(_, state, _) = &conns {
@@ -125,12 +131,16 @@ pub(super) async fn transfer(
             let have = b.have.clone();
             let block = b.block_size.unwrap_or(engine::DEFAULT_BLOCK);
             let sums = io.config.checksums.clone();
-            tokio::task::spawn_blocking(move || {
-                data::run_blocks(job, conns, &have, block, progress, &moving, &sums)
-            })
+            let here = inline::moves(&mut job, &conns, &have);
+            let run = move || data::run_blocks(job, conns, &have, block, progress, &moving, &sums);
+            if here {
+                Worker::Done(run())
+            } else {
+                Worker::Thread(tokio::task::spawn_blocking(run))
+            }
         }),
     };
-    let mut worker = match connected {
+    let worker = match connected {
         Ok(w) => w,
         Err(e) => {
             for r in session.transfer_done(&t, TransferOutcome::NoConnection(e)) {
@@ -170,86 +180,89 @@ pub(super) async fn transfer(
     let mut pace = tokio::time::interval(pacing::EVERY);
     let steers = sending.as_ref().is_some_and(|s| s.steers());
     let mut last_marker = (Instant::now(), 0);
-    let result = loop {
-        tokio::select! {
-            r = &mut worker => break r,
-            _ = pace.tick(), if steers => {
-                if let Some(s) = &mut sending {
-                    s.tick(&moving);
-                }
-            }
-            _ = counts.tick(), if live.is_some() => {
-                if let Some(live) = &mut live {
-                    live.update(progress.load(Ordering::Relaxed), open_connections(&t, &moving));
-                }
-            }
-            _ = markers.tick(), if received.is_some() || report_sender => {
-                let (at, then) = last_marker;
-                if let Some(state) = &received {
-                    let bytes = progress.load(Ordering::Relaxed);
-                    if at.elapsed() >= MARKER_INTERVAL || bytes - then >= MARKER_BYTES {
-                        send_markers(conn, &progress, state).await;
-                        last_marker = (Instant::now(), bytes);
+    let result = match worker {
+        Worker::Done(r) => Ok(r),
+        Worker::Thread(mut thread) => loop {
+            tokio::select! {
+                r = &mut thread => break r.map_err(|e| e.to_string()),
+                _ = pace.tick(), if steers => {
+                    if let Some(s) = &mut sending {
+                        s.tick(&moving);
                     }
-                } else if at.elapsed() >= REPORT_INTERVAL
-                    && let Some(r) = sender_report(&moving)
-                    && r.sent.saturating_sub(then) >= REPORT_BYTES
-                {
-                    let _ = conn.send(&braid_proto::markers::sender_marker(&r)).await;
-                    last_marker = (Instant::now(), r.sent);
                 }
-            }
-            input = conn.read_input(), if !client_gone && conn.queued.len() < MAX_QUEUED => match input {
-                Input::Line(l) => match Command::parse(&l) {
-                    Ok(Command::Abor) => kill(&aborted),
-                    Ok(Command::Stat(None)) => {
-                        let r = Reply::new(213, format!("Status: {} bytes transferred so far.", progress.load(Ordering::Relaxed)));
-                        let _ = conn.send(&r).await;
+                _ = counts.tick(), if live.is_some() => {
+                    if let Some(live) = &mut live {
+                        live.update(progress.load(Ordering::Relaxed), open_connections(&t, &moving));
                     }
-                    // The checksum of this upload, when its client said it would come after
-                    // the data (`SCKS XXH3 *`); any other is a pipelined command for a later
-                    // file, and waits its turn.
-                    Ok(Command::Scks { value: Some(v), .. }) if deferred && announced.is_none() => {
-                        announced = Some(v);
-                        let _ = conn.send(&Reply::new(200, "SCKS Command Successful.")).await;
+                }
+                _ = markers.tick(), if received.is_some() || report_sender => {
+                    let (at, then) = last_marker;
+                    if let Some(state) = &received {
+                        let bytes = progress.load(Ordering::Relaxed);
+                        if at.elapsed() >= MARKER_INTERVAL || bytes - then >= MARKER_BYTES {
+                            send_markers(conn, &progress, state).await;
+                            last_marker = (Instant::now(), bytes);
+                        }
+                    } else if at.elapsed() >= REPORT_INTERVAL
+                        && let Some(r) = sender_report(&moving)
+                        && r.sent.saturating_sub(then) >= REPORT_BYTES
+                    {
+                        let _ = conn.send(&braid_proto::markers::sender_marker(&r)).await;
+                        last_marker = (Instant::now(), r.sent);
                     }
-                    Ok(Command::Quit) => quit = true,
-                    // A braid client changing how a running download is sent (its cap, its
-                    // congestion control; the other options apply to the next transfer).
-                    Ok(Command::Opts(o)) if elastic && !is_upload && o.to_ascii_uppercase().starts_with("RETR ") => {
-                        let r = match RetrOpts::parse(&o[5..]) {
-                            Ok(RetrOpts { parallelism: None, block_size: None, max_rate, congestion, dscp: None })
-                                if max_rate.is_some() || congestion.is_some() =>
-                            {
-                                if let (Some(rate), Some(s)) = (max_rate, &mut sending) {
-                                    s.client_asks((rate > 0).then_some(rate), &moving);
+                }
+                input = conn.read_input(), if !client_gone && conn.queued.len() < MAX_QUEUED => match input {
+                    Input::Line(l) => match Command::parse(&l) {
+                        Ok(Command::Abor) => kill(&aborted),
+                        Ok(Command::Stat(None)) => {
+                            let r = Reply::new(213, format!("Status: {} bytes transferred so far.", progress.load(Ordering::Relaxed)));
+                            let _ = conn.send(&r).await;
+                        }
+                        // The checksum of this upload, when its client said it would come after
+                        // the data (`SCKS XXH3 *`); any other is a pipelined command for a later
+                        // file, and waits its turn.
+                        Ok(Command::Scks { value: Some(v), .. }) if deferred && announced.is_none() => {
+                            announced = Some(v);
+                            let _ = conn.send(&Reply::new(200, "SCKS Command Successful.")).await;
+                        }
+                        Ok(Command::Quit) => quit = true,
+                        // A braid client changing how a running download is sent (its cap, its
+                        // congestion control; the other options apply to the next transfer).
+                        Ok(Command::Opts(o)) if elastic && !is_upload && o.to_ascii_uppercase().starts_with("RETR ") => {
+                            let r = match RetrOpts::parse(&o[5..]) {
+                                Ok(RetrOpts { parallelism: None, block_size: None, max_rate, congestion, dscp: None })
+                                    if max_rate.is_some() || congestion.is_some() =>
+                                {
+                                    if let (Some(rate), Some(s)) = (max_rate, &mut sending) {
+                                        s.client_asks((rate > 0).then_some(rate), &moving);
+                                    }
+                                    if congestion.is_some() {
+                                        moving.set_congestion(congestion);
+                                    }
+                                    Reply::new(200, "OPTS Command Successful.")
                                 }
-                                if congestion.is_some() {
-                                    moving.set_congestion(congestion);
-                                }
-                                Reply::new(200, "OPTS Command Successful.")
-                            }
-                            Ok(_) => Reply::new(501, "Only MaxRate and Congestion can change while a transfer runs."),
-                            Err(e) => Reply::new(501, format!("OPTS RETR: {e}.")),
-                        };
-                        let _ = conn.send(&r).await;
+                                Ok(_) => Reply::new(501, "Only MaxRate and Congestion can change while a transfer runs."),
+                                Err(e) => Reply::new(501, format!("OPTS RETR: {e}.")),
+                            };
+                            let _ = conn.send(&r).await;
+                        }
+                        _ => conn.queued.push_back(l),
+                    },
+                    // The client vanished. A download stops now; an upload keeps reading what is
+                    // already in flight (bounded by the socket timeout) but is never committed.
+                    Input::Closed | Input::TooLong => {
+                        client_gone = true;
+                        if !is_upload {
+                            kill(&aborted);
+                        }
                     }
-                    _ => conn.queued.push_back(l),
                 },
-                // The client vanished. A download stops now; an upload keeps reading what is
-                // already in flight (bounded by the socket timeout) but is never committed.
-                Input::Closed | Input::TooLong => {
-                    client_gone = true;
-                    if !is_upload {
-                        kill(&aborted);
-                    }
+                _ = reached(shutdown, Shutdown::Abort), if !stopped_by_shutdown => {
+                    stopped_by_shutdown = true;
+                    kill(&shut);
                 }
-            },
-            _ = reached(shutdown, Shutdown::Abort), if !stopped_by_shutdown => {
-                stopped_by_shutdown = true;
-                kill(&shut);
             }
-        }
+        },
     };
     // The data has moved: from here the answers may wait for those to the commands behind
     // (see `Conn::cork`).
@@ -303,10 +316,16 @@ pub(super) async fn transfer(
                 match verdict {
                     Err(outcome) => outcome,
                     Ok(()) => {
-                        match tokio::task::spawn_blocking(move || upload.commit(file)).await {
-                            Ok(Ok(())) => complete(io, bytes, kept),
-                            Ok(Err(e)) => TransferOutcome::Local(e),
-                            Err(e) => TransferOutcome::Local(FsError::Other(e.to_string())),
+                        let committed = if inline::in_memory(&file) {
+                            upload.commit(file)
+                        } else {
+                            tokio::task::spawn_blocking(move || upload.commit(file))
+                                .await
+                                .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
+                        };
+                        match committed {
+                            Ok(()) => complete(io, bytes, kept),
+                            Err(e) => TransferOutcome::Local(e),
                         }
                     }
                 }
@@ -370,6 +389,13 @@ pub(super) async fn transfer(
         return false;
     }
     true
+}
+
+/// Where a transfer's data moves: on a blocking thread, or already moved on the control task
+/// (see [`inline`]).
+enum Worker {
+    Thread(tokio::task::JoinHandle<Result<Finished, DataError>>),
+    Done(Result<Finished, DataError>),
 }
 
 /// A finished transfer; what it leaves open waits for the next transfer the same way.

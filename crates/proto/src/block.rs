@@ -288,6 +288,49 @@ impl Completion {
     }
 }
 
+/// How far the bytes waiting on a connection reach into its part of a transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// They hold it whole: this many bytes, through its EOD header.
+    Whole(usize),
+    /// They end before its EOD; knowing more takes at least this many bytes.
+    Short(usize),
+    /// A header in them does not decode: the receiver will say why.
+    Broken,
+}
+
+/// Where a connection's part of a transfer ends in `prefix`, the bytes waiting on it, read
+/// ahead without taking them: a receiver that finds the whole of it already there can read it
+/// without ever waiting for the sender.
+pub fn waiting(prefix: &[u8]) -> Waiting {
+    let mut at = 0usize;
+    loop {
+        let Some(raw) = prefix
+            .get(at..at.saturating_add(HEADER_LEN))
+            .and_then(|h| <&[u8; HEADER_LEN]>::try_from(h).ok())
+        else {
+            return Waiting::Short(at.saturating_add(HEADER_LEN));
+        };
+        let Ok(h) = Header::decode(raw) else {
+            return Waiting::Broken;
+        };
+        let Some(next) = usize::try_from(h.payload())
+            .ok()
+            .and_then(|p| at.checked_add(HEADER_LEN)?.checked_add(p))
+        else {
+            return Waiting::Short(usize::MAX);
+        };
+        if h.is_eod() {
+            return if next <= prefix.len() {
+                Waiting::Whole(next)
+            } else {
+                Waiting::Short(next)
+            };
+        }
+        at = next;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,5 +453,42 @@ mod tests {
             d.header(&Header::eof(2), &mut c),
             Err(BlockError::SecondEof { .. })
         ));
+    }
+
+    #[test]
+    fn waiting_finds_the_eod_that_ends_a_connections_part() {
+        let data = Header::data(0, 5).encode();
+        let end = Header::eof(1).keeping_connection().encode();
+        let mut stream = data.to_vec();
+        stream.extend_from_slice(b"hello");
+        stream.extend_from_slice(&end);
+        let whole = stream.len();
+        // The next file's blocks may follow on a kept connection: they are not counted.
+        stream.extend_from_slice(&Header::data(0, 3).encode());
+        assert_eq!(waiting(&stream), Waiting::Whole(whole));
+        assert_eq!(waiting(&stream[..whole]), Waiting::Whole(whole));
+        assert_eq!(waiting(&stream[..whole - 1]), Waiting::Short(whole));
+        assert_eq!(waiting(&stream[..3]), Waiting::Short(HEADER_LEN));
+        assert_eq!(waiting(&stream[..HEADER_LEN + 2]), Waiting::Short(whole));
+        // An empty file: its EOF header alone.
+        assert_eq!(waiting(&end), Waiting::Whole(HEADER_LEN));
+        // EOD on a block that carries data.
+        let mut last = Header::data(0, 2);
+        last.descriptor = desc::EOD;
+        let mut one = last.encode().to_vec();
+        one.extend_from_slice(b"ab");
+        assert_eq!(waiting(&one), Waiting::Whole(HEADER_LEN + 2));
+        let mut bad = stream.clone();
+        bad[0] = 0x01;
+        assert_eq!(waiting(&bad), Waiting::Broken);
+    }
+
+    proptest! {
+        #[test]
+        fn waiting_never_claims_more_than_it_was_given(prefix in proptest::collection::vec(any::<u8>(), 0..200)) {
+            if let Waiting::Whole(n) = waiting(&prefix) {
+                prop_assert!(n <= prefix.len());
+            }
+        }
     }
 }

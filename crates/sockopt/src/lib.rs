@@ -1,6 +1,7 @@
 //! The socket options braid needs that socket2 and rustix do not offer: the kernel's view of a
 //! TCP connection (`TCP_INFO`), a cap on its sending rate (`SO_MAX_PACING_RATE`) and a cap on
-//! the window it advertises (`TCP_WINDOW_CLAMP`).
+//! the window it advertises (`TCP_WINDOW_CLAMP`), and the room left in its send buffer
+//! (`SO_MEMINFO`).
 //!
 //! This is the only crate in braid with `unsafe` code: system calls with a pointer and a
 //! length, each in a few lines that can be checked by eye.
@@ -176,6 +177,43 @@ pub fn window_clamp(sock: &impl AsFd) -> std::io::Result<u32> {
     }
 }
 
+/// `SO_MEMINFO`, the Linux number (the same on every architecture braid builds for except
+/// SPARC and MIPS, which it does not).
+const SO_MEMINFO: libc::c_int = 55;
+
+/// Bytes `sock` can take now without a write blocking: its send buffer's size less what is
+/// queued in it (`SO_MEMINFO`, in the kernel's accounting, which counts each packet's
+/// overhead too). A write blocks only once the queue has reached the buffer's size, so one
+/// that is smaller than this room, with a margin for that overhead, returns at once.
+pub fn send_room(sock: &impl AsFd) -> std::io::Result<u64> {
+    let fd = sock.as_fd().as_raw_fd();
+    // SK_MEMINFO_VARS is 9 today; room for more, which the kernel fills only as far as `len`.
+    let mut info = [0u32; 16];
+    let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+    // SAFETY: the pointer and length describe `info`, which outlives the call.
+    #[allow(unsafe_code)]
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let (sndbuf, queued) = (
+        libc::SK_MEMINFO_SNDBUF as usize,
+        libc::SK_MEMINFO_WMEM_QUEUED as usize,
+    );
+    if (len as usize) < (queued + 1) * 4 {
+        return Err(std::io::Error::other("SO_MEMINFO is too short"));
+    }
+    Ok(u64::from(info[sndbuf]).saturating_sub(u64::from(info[queued])))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,5 +256,26 @@ mod tests {
         assert!((1..8192).contains(&least), "{least}");
         let file = std::fs::File::open("/proc/self/stat").unwrap();
         assert!(set_window_clamp(&file, 8192).is_err(), "not a socket");
+    }
+
+    #[test]
+    fn send_room_shrinks_as_a_peer_that_does_not_read_lets_the_queue_fill() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (_b, _) = l.accept().unwrap();
+        let empty = send_room(&a).unwrap();
+        assert!(empty > 0);
+        // Fill until a write would block: the peer's receive buffer, then this send buffer.
+        a.set_nonblocking(true).unwrap();
+        let chunk = [1u8; 65536];
+        let mut a_ref = &a;
+        while a_ref.write(&chunk).is_ok() {}
+        let full = send_room(&a).unwrap();
+        assert!(
+            full < 65536,
+            "{full} bytes of room with a full queue (empty: {empty})"
+        );
+        let file = std::fs::File::open("/proc/self/stat").unwrap();
+        assert!(send_room(&file).is_err(), "not a socket");
     }
 }
