@@ -3,7 +3,7 @@
 # `right` host serves one file; from `left`, in turn for ROUNDS rounds, `braid get -n 1`,
 # `braid get -n N` (ranges on N sessions) and `lftp pget -n N` fetch it into files. Prints
 # seconds per run and MB/s. Needs root, vsftpd and lftp.
-#     sudo bench/segmented.sh [ROUNDS] [SIZE_MIB] [N] [LAB ARGS...]
+#     sudo [BRAID_N=M] bench/segmented.sh [ROUNDS] [SIZE_MIB] [N] [LAB ARGS...]   (braid -n M, lftp -n N)
 #     sudo bench/segmented.sh 2 256 8 --scenario lfn-500m --rate 200mbit --queue 3750000B
 set -euo pipefail
 rounds=${1:-2}
@@ -45,11 +45,11 @@ t() { s=\$(date +%s.%N); "\$@" >/dev/null 2>&1 || echo "FAILED: \$*"; e=\$(date 
 for r in \$(seq $rounds); do
   a=\$(t $braid get -q -n 1 "\$url" $dir/one.bin)
   rm -f $dir/one.bin
-  b=\$(t $braid get -q -n $n "\$url" $dir/got.bin)
+  b=\$(t $braid get -q -n ${BRAID_N:-$n} "\$url" $dir/got.bin)
   rm -f $dir/got.bin
   c=\$(t lftp -e "set net:max-retries 1; pget -n $n \$url -o $dir/lftp.bin; quit")
   rm -f $dir/lftp.bin
-  echo "round \$r: braid -n 1 \$a s, braid -n $n \$b s, lftp pget -n $n \$c s ($size MiB)"
+  echo "round \$r: braid -n 1 \$a s, braid -n ${BRAID_N:-$n} \$b s, lftp pget -n $n \$c s ($size MiB)"
 done
 EOF
 chmod +x "$dir/client.sh"

@@ -45,6 +45,18 @@ pub fn md5(file: &File, start: u64, end: u64) -> std::io::Result<String> {
     Ok(braid_hex(&h.finalize()))
 }
 
+/// `[start, end)` of `file` in the CKSM algorithm `alg` a GridFTP server was asked for (MD5
+/// or ADLER32), lower-case hex as servers answer.
+pub fn named(alg: &str, file: &File, start: u64, end: u64) -> std::io::Result<String> {
+    match alg {
+        "MD5" => md5(file, start, end),
+        "ADLER32" => adler32(file, start, end),
+        _ => Err(std::io::Error::other(format!(
+            "no local {alg} checksum to compare with the server's"
+        ))),
+    }
+}
+
 pub fn adler32(file: &File, start: u64, end: u64) -> std::io::Result<String> {
     let mut h = adler2::Adler32::new();
     read_range(file, start, end, |b| h.write_slice(b))?;

@@ -487,6 +487,11 @@ impl Control {
         self.session.features().block_peer()
     }
 
+    /// Whether the server's FEAT lists `alg` for CKSM.
+    pub fn checksum_offered(&self, alg: &str) -> bool {
+        self.session.features().checksum_offered(alg)
+    }
+
     /// Opens a passive data connection: EPSV first (it works through NAT and over IPv6), PASV
     /// if the server lacks it. Connects to the control connection's peer whatever address a 227
     /// names, which defeats both private-address replies and bounce tricks.

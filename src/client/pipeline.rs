@@ -68,9 +68,9 @@ pub struct Wanted {
 }
 
 /// Requests downloads of `files`, behind any already out: for each its RETR, its end and its
-/// CKSM (braid's own algorithm from a braid server, MD5 from a GridFTP server).
+/// CKSM (braid's own algorithm from a braid server, ADLER32 or MD5 from a GridFTP server).
 pub fn request<'a>(c: &mut Control, files: impl IntoIterator<Item = &'a Wanted>) -> Result<()> {
-    let alg = Peer::of(c).unwrap_or(Peer::Braid).checksum();
+    let alg = Peer::of(c).unwrap_or(Peer::Braid).checksum(c);
     c.begin_all(files.into_iter().flat_map(|w| {
         [
             Op::StartTransfer(Command::Retr(w.remote.clone())),
@@ -223,6 +223,7 @@ pub fn receive_next(
     c.keep_data_connections(Direction::Download, kept.socks);
     let end = c.outcome(Some(retr));
     let theirs = checksum_behind(c)?;
+    let alg = peer.checksum(c);
     let checked = (|| {
         end?;
         let file = file?;
@@ -234,18 +235,18 @@ pub fn receive_next(
                 w.size
             )));
         }
-        // braid's sum is taken as the blocks arrive; MD5 (a GridFTP server's) only reads
-        // back a file of at most MAX_SIZE, in the page cache.
+        // braid's sum is taken as the blocks arrive; a GridFTP server's only reads back a
+        // file of at most MAX_SIZE, in the page cache.
         let ours = match peer {
             Peer::Braid => got
                 .sum
                 .map(|s| checksum::hex(s.finish(w.size)))
                 .ok_or_else(|| ClientError::Protocol("blocks off the checksum chunks".into()))?,
-            Peer::GridFtp => crate::sums::md5(&file, 0, w.size)
+            Peer::GridFtp => crate::sums::named(alg, &file, 0, w.size)
                 .map_err(local_err("cannot read the download back to check it"))?,
         };
         let ours_are = "the data received hashes to";
-        let checksum = agree_with(theirs, peer.checksum(), &w.remote, &ours, ours_are, "")?;
+        let checksum = agree_with(theirs, alg, &w.remote, &ours, ours_are, "")?;
         let local = PartFile {
             final_path: w.local.clone(),
             part: part.clone(),
@@ -429,9 +430,10 @@ fn send_on_kept(c: &mut Control, source: Source) -> Result<Vec<u64>> {
 }
 
 /// Asks a GridFTP server to store `files`, behind any already asked for: for each its ALLO,
-/// its STOR and CKSM MD5 behind it, all at once. Their data waits for each STOR's `125`
+/// its STOR and CKSM behind it, all at once. Their data waits for each STOR's `125`
 /// ([`stored_next`]): that server would take a refused file's bytes for the next file's.
 pub fn store(c: &mut Control, files: &[&Outgoing]) -> Result<()> {
+    let alg = Peer::GridFtp.checksum(c);
     c.begin_all(files.iter().flat_map(|o| {
         [
             Op::Simple {
@@ -441,7 +443,7 @@ pub fn store(c: &mut Control, files: &[&Outgoing]) -> Result<()> {
             Op::StartTransfer(Command::Stor(o.wanted.remote.clone())),
             Op::FinishTransfer,
             Op::Checksum {
-                alg: Peer::GridFtp.checksum().into(),
+                alg: alg.into(),
                 path: o.wanted.remote.clone(),
             },
         ]
@@ -449,7 +451,7 @@ pub fn store(c: &mut Control, files: &[&Outgoing]) -> Result<()> {
 }
 
 /// The oldest file [`store`] asked for: its ALLO's answer, its STOR's `125`, then its data on
-/// the kept connections, the server's 226 and its MD5 of what it stored, checked against the
+/// the kept connections, the server's 226 and its checksum of what it stored, checked against the
 /// file's. A file the server refuses fails alone; the answers to it are read either way.
 pub fn stored_next(
     c: &mut Control,
@@ -468,11 +470,11 @@ pub fn stored_next(
     o.sent = send_on_kept(c, source).map_err(Failed::session)?;
     let end = c.outcome(Some(stor));
     let theirs = checksum_behind(c)?;
+    let alg = Peer::GridFtp.checksum(c);
     let checked = (|| {
         end?;
-        let ours = crate::sums::md5(&o.file, 0, o.wanted.size)
+        let ours = crate::sums::named(alg, &o.file, 0, o.wanted.size)
             .map_err(local_err("cannot read the file back to check it"))?;
-        let alg = Peer::GridFtp.checksum();
         agree_with(
             theirs,
             alg,

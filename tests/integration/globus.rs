@@ -1,6 +1,6 @@
 //! MODE E interoperability with the Globus programs: `globus-url-copy -p 4` against
 //! `braid serve`, and `braid get/put -n 4` against `globus-gridftp-server`, both directions,
-//! contents compared byte for byte and checksums compared by the client (MD5 through CKSM).
+//! contents compared byte for byte and checksums compared by the client (ADLER32 through CKSM, which that server lists in FEAT).
 use crate::util::{Daemon, Server, braid, random_bytes, require, run, sbin, tempdir};
 use std::process::Command;
 use std::time::Duration;
@@ -183,8 +183,11 @@ fn braid_get_and_put_against_globus_gridftp_server() {
     assert!(std::fs::read(&got).unwrap() == content, "download differs");
     let s: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(s["mode"], "extended-block", "{s}");
-    // braid compared its own MD5 of the file with the server's CKSM.
-    assert!(s["checksum"].as_str().unwrap().starts_with("MD5 "), "{s}");
+    // braid compared its own ADLER32 of the file with the server's CKSM.
+    assert!(
+        s["checksum"].as_str().unwrap().starts_with("ADLER32 "),
+        "{s}"
+    );
     let (code, out, err) = braid(
         &[
             "put",
@@ -203,7 +206,10 @@ fn braid_get_and_put_against_globus_gridftp_server() {
     );
     let s: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(s["streams"], 4, "{s}");
-    assert!(s["checksum"].as_str().unwrap().starts_with("MD5 "), "{s}");
+    assert!(
+        s["checksum"].as_str().unwrap().starts_with("ADLER32 "),
+        "{s}"
+    );
     // Errors from a GridFTP server map to the same exit codes.
     let (code, _, err) = braid(
         &[

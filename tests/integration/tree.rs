@@ -651,7 +651,7 @@ fn a_tree_from_a_server_that_limits_sessions_arrives_whole() {
     assert!(s["sessions"].as_u64().unwrap() <= 2, "{s}");
 }
 
-/// GridFTP lists with MLSD and moves each file in MODE E, checked with CKSM MD5.
+/// GridFTP lists with MLSD and moves each file in MODE E, checked with CKSM ADLER32.
 #[test]
 fn a_tree_goes_up_to_globus_gridftp_server_and_down_again() {
     let top = tempdir();
@@ -763,7 +763,7 @@ fn a_tree_keeps_its_data_connections_open_from_file_to_file_with_globus_gridftp_
 }
 
 /// From globus-gridftp-server too, small files go requested ahead on the kept connections:
-/// each one's RETR and CKSM MD5 go out before the server has answered for those in front of
+/// each one's RETR and CKSM ADLER32 go out before the server has answered for those in front of
 /// it, as `globus-url-copy -pp` pipelines. A file whose partial cannot be written here fails
 /// alone; its data is read and dropped, and every other file arrives whole.
 #[test]
@@ -817,7 +817,7 @@ fn files_from_globus_gridftp_server_are_requested_ahead_and_fail_alone() {
     assert_eq!(have, want);
     // The first file opens the connections; the rest are asked for in one go, before the
     // server says it starts the second on the kept connections (125).
-    let ahead = sent_before_first_reuse(&err, &["> RETR ", "> CKSM MD5"]);
+    let ahead = sent_before_first_reuse(&err, &["> RETR ", "> CKSM ADLER32"]);
     assert!(
         ahead >= 2 * 11,
         "{ahead} RETR and CKSM before the first 125: {err}"
@@ -825,7 +825,7 @@ fn files_from_globus_gridftp_server_are_requested_ahead_and_fail_alone() {
 }
 
 /// To globus-gridftp-server, small files go stored ahead on the kept connections: each one's
-/// ALLO, STOR and CKSM MD5 go out before the server has answered for those in front of it,
+/// ALLO, STOR and CKSM ADLER32 go out before the server has answered for those in front of it,
 /// and each file's data after its own `125`. A file the server refuses (a directory stands
 /// where it would go) fails alone, and every other file arrives whole.
 #[test]

@@ -59,6 +59,18 @@ impl Features {
         })
     }
 
+    /// Whether CKSM takes `alg` here (upper case): the server lists it after CKSM, as
+    /// `CKSM MD5:10;ADLER32:10;` (Globus) or `CKSM XXH3;MD5;ADLER32;` (braid).
+    pub fn checksum_offered(&self, alg: &str) -> bool {
+        self.lines.iter().any(|f| {
+            let mut words = f.split_whitespace();
+            words.next() == Some("CKSM")
+                && words
+                    .next()
+                    .is_some_and(|list| list.split(';').any(|a| a.split(':').next() == Some(alg)))
+        })
+    }
+
     /// A braid server that runs TLS on MODE E data connections under PROT P (`BRAID 3`);
     /// older ones would run them in clear.
     pub fn private_blocks(&self) -> bool {
@@ -802,5 +814,37 @@ fn setting_name(s: &Setting) -> &'static str {
         Setting::Retr(_) => "OPTS RETR",
         Setting::Sbuf(_) => "SBUF",
         Setting::Eager(_) => "OPTS STOR Eager",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn features(lines: &[&str]) -> Features {
+        let mut all = vec!["Extensions supported".to_string()];
+        all.extend(lines.iter().map(|l| l.to_string()));
+        all.push("End".into());
+        Features::parse(&Reply::multi(211, all))
+    }
+
+    #[test]
+    fn checksum_algorithms_are_read_from_the_cksm_feature_line() {
+        // globus-gridftp-server 13's line, and braid's.
+        let globus = features(&[
+            " CKSM MD5:10;ADLER32:10;SHA1:10;SHA256:11;SHA512:12;",
+            " MLSR",
+        ]);
+        assert!(globus.checksum_offered("ADLER32"));
+        assert!(globus.checksum_offered("MD5"));
+        assert!(!globus.checksum_offered("XXH3"));
+        assert!(
+            !globus.checksum_offered("SHA"),
+            "a prefix of a name is not the name"
+        );
+        let braid = features(&[" CKSM XXH3;MD5;ADLER32;"]);
+        assert!(braid.checksum_offered("XXH3") && braid.checksum_offered("ADLER32"));
+        // A server that lists CKSM alone says nothing of its algorithms.
+        assert!(!features(&[" CKSM"]).checksum_offered("MD5"));
     }
 }
