@@ -754,7 +754,30 @@ impl Control {
 
     /// Starts a stream-mode transfer: a passive data connection, REST `offset` when it is
     /// not 0, `cmd` (RETR, STOR) and its 125/150, then TLS on the connection under PROT P.
+    /// To a server that reads pipelined commands, EPSV, REST and `cmd` go in one flight: one
+    /// round trip, not three, before the data (a REST refused there fails the transfer before
+    /// a byte of it is written).
     pub fn stream_transfer(&mut self, cmd: &Command, offset: u64) -> Result<Wire> {
+        if self.session.pipelining() && self.early_passive.is_none() {
+            // EPSV, REST and the command in one flight; the connection opens once the 229
+            // says where, before the server waits for it.
+            self.data.clear();
+            self.begin(Op::Passive)?;
+            if offset > 0 {
+                self.begin(Op::Rest(offset))?;
+            }
+            self.send_transfer(cmd)?;
+            let port = match self.finished(None)? {
+                Outcome::Passive(port) => port,
+                o => return Err(unexpected(o)),
+            };
+            let data = connect_data(SocketAddr::new(self.peer.ip(), port))?;
+            if offset > 0 {
+                self.finished(Some(format!("REST {offset} (the server cannot resume)")))?;
+            }
+            self.transfer_started(cmd)?;
+            return self.protect(data);
+        }
         let data = self.open_data()?;
         if offset > 0 {
             self.restart_at(offset)?;

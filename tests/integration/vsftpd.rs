@@ -559,3 +559,35 @@ fn background_mode_steers_one_stream_connection_to_another_server() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("drop -n"), "{err}");
 }
+
+/// vsftpd reads pipelined commands in order, so braid sends it the login with FEAT, TYPE and
+/// SIZE in one flight, and EPSV, REST and RETR in another: a session set up in two round
+/// trips, not seven (each range of a segmented download starts with one).
+#[test]
+fn commands_to_vsftpd_go_in_flights_and_the_file_arrives_whole() {
+    let top = tempdir();
+    let vs = start_vsftpd(top.path());
+    let content = random_bytes(3 << 20, 65);
+    std::fs::write(top.path().join("root/pub/f.bin"), &content).unwrap();
+    let dest = top.path().join("got.bin");
+    // Half of it already here: the rest is fetched from REST 1572864.
+    std::fs::write(top.path().join("got.bin.part"), &content[..3 << 19]).unwrap();
+    let url = format!("ftp://127.0.0.1:{}/pub/f.bin", vs.port);
+    let (code, _, err) = braid(
+        &["get", "-v", "--resume", &url, dest.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read(&dest).unwrap() == content, "the file differs");
+    let lines: Vec<&str> = err.lines().collect();
+    let at = |prefix: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} in:\n{err}"))
+    };
+    // Sent before the first answer came.
+    assert!(at("> SIZE ") < at("< 230"), "{err}");
+    assert!(at("> REST 1572864") < at("< 229"), "{err}");
+    assert!(at("> RETR ") < at("< 229"), "{err}");
+}

@@ -361,7 +361,8 @@ impl ClientSession {
 
     /// Lets ops overlap: each op's commands go out as soon as it begins, behind those already
     /// sent, and outcomes come out in the order the ops began. Only for servers known to read
-    /// pipelined commands in order (braid); others get one command at a time.
+    /// pipelined commands in order (`session::reads_pipelined`); others get one command at a
+    /// time.
     pub fn set_pipeline(&mut self, on: bool) {
         self.pipeline = on;
     }

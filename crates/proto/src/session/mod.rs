@@ -746,11 +746,17 @@ pub fn is_braid_greeting(r: &Reply) -> bool {
 }
 
 /// Whether the server that sent this greeting reads pipelined commands in order, also while a
-/// transfer runs: a braid server, and the Globus GridFTP server ("... GridFTP Server 13.24
+/// transfer runs: a braid server; the Globus GridFTP server ("... GridFTP Server 13.24
 /// ... ready."), whose control library queues what arrives meanwhile, which
-/// `globus-url-copy -pp` counts on.
+/// `globus-url-copy -pp` counts on; and vsftpd ("(vsFTPd 3.0.3)", its default banner), which
+/// reads each command up to its line's end and leaves the rest in the socket (a login, FEAT,
+/// TYPE, SIZE, EPSV, REST and RETR sent at once are answered in order, PASS after an
+/// anonymous USER's 230 with "230 Already logged in."). A segmented download's sessions then
+/// start in three round trips instead of eight: `bench/segmented.sh` over 150 ms, braid
+/// `-n 8` 15.1-15.5 s instead of 15.8-16.3 s.
 pub fn reads_pipelined(r: &Reply) -> bool {
-    is_braid_greeting(r) || (r.code == 220 && r.text().contains("GridFTP Server"))
+    is_braid_greeting(r)
+        || (r.code == 220 && (r.text().contains("GridFTP Server") || r.text().contains("(vsFTPd ")))
 }
 
 /// IPv4-mapped IPv6 addresses compare as IPv4, so a dual-stack listener does not make the
@@ -780,14 +786,14 @@ mod tests {
     }
 
     #[test]
-    fn braid_and_globus_greetings_say_they_read_pipelined_commands_and_others_do_not() {
+    fn braid_globus_and_vsftpd_greetings_say_they_read_pipelined_commands_and_others_do_not() {
         let says = |code, text: &str| reads_pipelined(&Reply::new(code, text));
         assert!(says(220, "braid FTP server ready."));
         assert!(says(
             220,
             "vm GridFTP Server 13.24 (gcc64, 1653033972-1) [Grid Community Toolkit 6.2] ready."
         ));
-        assert!(!says(220, "(vsFTPd 3.0.3)"));
+        assert!(says(220, "(vsFTPd 3.0.3)"));
         assert!(!says(220, "ProFTPD Server (Debian) [127.0.0.1]"));
         assert!(!says(421, "GridFTP Server busy"));
     }
