@@ -534,18 +534,20 @@ impl State<'_> {
             }
             _ => {
                 let mut broken = header.err();
-                let buf = out.buffer();
                 let mut at = offset;
                 let end = offset + len;
                 while at < end && (broken.is_none() || sum.is_some()) {
                     let n = (end - at).min(PIECE as u64) as usize;
-                    let piece = &mut buf[..n];
-                    match self.source {
+                    // Memory goes as it is: a buffer of a whole piece, zeroed for each small
+                    // file sent from memory, was 11 % of a server's CPU.
+                    let piece: &[u8] = match self.source {
                         Source::File { file, .. } => {
-                            file.read_exact_at(piece, at).map_err(EngineError::Local)?
+                            let piece = &mut out.buffer()[..n];
+                            file.read_exact_at(piece, at).map_err(EngineError::Local)?;
+                            piece
                         }
-                        Source::Memory(m) => piece.copy_from_slice(&m[at as usize..][..n]),
-                    }
+                        Source::Memory(m) => &m[at as usize..][..n],
+                    };
                     if let Some(sum) = sum.as_deref_mut() {
                         let ends_file = at + n as u64 == self.source.size();
                         // Blocks are cut at multiples of the chunk, so this cannot fail; if
