@@ -81,14 +81,18 @@ def main():
         p = servers.start([args.braid, "serve", "--root", srv, "--listen", "127.0.0.1:0", "--anonymous-write",
                            "--max-connections", "1000"])
         braid_port = int(p.stdout.readline().decode().rsplit(":", 1)[1].strip().rstrip("/"))
-        cases = []  # (row, direction, command maker, where the files land)
+        def braid_cases(name, port):
+            def get():
+                return [args.braid, "get", "-r", "-j", "8", "-q", f"ftp://127.0.0.1:{port}/src/", dst], \
+                    os.path.join(dst, "src")
 
-        def braid_get():
-            return [args.braid, "get", "-r", "-j", "8", "-q", f"ftp://127.0.0.1:{braid_port}/src/", dst], os.path.join(dst, "src")
+            def put():
+                return [args.braid, "put", "-r", "-j", "8", "-q", local_src, f"ftp://127.0.0.1:{port}/up/"], \
+                    os.path.join(up, "src")
+            return [(name, "get", get), (name, "put", put)]
 
-        def braid_put():
-            return [args.braid, "put", "-r", "-j", "8", "-q", local_src, f"ftp://127.0.0.1:{braid_port}/up/"], os.path.join(up, "src")
-        cases += [("braid -j 8 <-> braid serve", "get", braid_get), ("braid -j 8 <-> braid serve", "put", braid_put)]
+        # (row, direction, command maker, where the files land)
+        cases = braid_cases("braid -j 8 <-> braid serve", braid_port)
 
         def lftp_cases(name, port, remote_up, landed_up):
             def get():
@@ -122,17 +126,9 @@ def main():
 
             def g_put():
                 return guc + [f"file://{local_src}/", f"ftp://127.0.0.1:{port}{up}/src/"], os.path.join(up, "src")
-            def b_get():
-                return [args.braid, "get", "-r", "-j", "8", "-q", f"ftp://127.0.0.1:{port}/src/", dst], \
-                    os.path.join(dst, "src")
-
-            def b_put():
-                return [args.braid, "put", "-r", "-j", "8", "-q", local_src, f"ftp://127.0.0.1:{port}/up/"], \
-                    os.path.join(up, "src")
             cases += [("globus-url-copy -cc 8 -pp <-> gridftp", "get", g_get),
-                      ("globus-url-copy -cc 8 -pp <-> gridftp", "put", g_put),
-                      ("braid -j 8 <-> gridftp", "get", b_get),
-                      ("braid -j 8 <-> gridftp", "put", b_put)]
+                      ("globus-url-copy -cc 8 -pp <-> gridftp", "put", g_put)]
+            cases += braid_cases("braid -j 8 <-> gridftp", port)
         else:
             skipped.append("globus-url-copy: Globus programs not installed")
 

@@ -63,13 +63,13 @@ def main():
         b = args.braid
         serve = f"{b} serve --root {srv} --listen {HOST}:2121 --anonymous-write --max-connections 1000"
         url = f"ftp://{HOST}:2121"
+        def braid_rows(row, server, port):
+            at = f"ftp://{HOST}:{port}"
+            return [(row, "get", server, port, f"{b} get -r -j 8 -q {at}/src/ {dst}", os.path.join(dst, "src")),
+                    (row, "put", server, port, f"{b} put -r -j 8 -q {local_src} {at}/up/", os.path.join(up, "src"))]
+
         # (row, direction, server, port, client, where the files land)
-        cases = [
-            ("braid -r -j 8 <-> braid serve", "get", serve, 2121,
-             f"{b} get -r -j 8 -q {url}/src/ {dst}", os.path.join(dst, "src")),
-            ("braid -r -j 8 <-> braid serve", "put", serve, 2121,
-             f"{b} put -r -j 8 -q {local_src} {url}/up/", os.path.join(up, "src")),
-        ]
+        cases = braid_rows("braid -r -j 8 <-> braid serve", serve, 2121)
         if shutil.which("lftp") and program("vsftpd"):
             vs = f"{program('vsftpd')} {vsftpd_conf(work, srv, HOST, 2121, writable=True)}"
             lftp = "lftp -e \"set net:max-retries 1; %s; quit\" " + url
@@ -86,12 +86,7 @@ def main():
             grid = " ".join(gridftp_command(srv, HOST, 2811))
             guc = "globus-url-copy -r -cc 8 -pp -fast -cd"
             # braid against the same server: a GridFTP server, not braid's own.
-            cases += [
-                ("braid -r -j 8 <-> gridftp", "get", grid, 2811,
-                 f"{b} get -r -j 8 -q ftp://{HOST}:2811/src/ {dst}", os.path.join(dst, "src")),
-                ("braid -r -j 8 <-> gridftp", "put", grid, 2811,
-                 f"{b} put -r -j 8 -q {local_src} ftp://{HOST}:2811/up/", os.path.join(up, "src")),
-            ]
+            cases += braid_rows("braid -r -j 8 <-> gridftp", grid, 2811)
             cases += [
                 ("globus-url-copy -cc 8 -pp <-> gridftp", "get", grid, 2811,
                  f"{guc} ftp://{HOST}:2811{src}/ file://{dst}/src/", os.path.join(dst, "src")),

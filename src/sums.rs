@@ -1,5 +1,6 @@
 //! The checksums GridFTP peers ask for with CKSM, computed over a byte range of a file.
 
+use braid_proto::session::ChecksumAlg;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
@@ -45,16 +46,24 @@ pub fn md5(file: &File, start: u64, end: u64) -> std::io::Result<String> {
     Ok(braid_hex(&h.finalize()))
 }
 
-/// `[start, end)` of `file` in the CKSM algorithm `alg` a GridFTP server was asked for (MD5
-/// or ADLER32), lower-case hex as servers answer.
-pub fn named(alg: &str, file: &File, start: u64, end: u64) -> std::io::Result<String> {
+/// `[start, end)` of `file` in CKSM's `alg`, lower-case hex as servers answer (XXH3 over the
+/// whole file only: `start` 0, `end` its length).
+pub fn cksm(alg: ChecksumAlg, file: &File, start: u64, end: u64) -> std::io::Result<String> {
     match alg {
-        "MD5" => md5(file, start, end),
-        "ADLER32" => adler32(file, start, end),
-        _ => Err(std::io::Error::other(format!(
-            "no local {alg} checksum to compare with the server's"
-        ))),
+        ChecksumAlg::Xxh3 => Ok(braid_proto::checksum::hex(xxh3(file, end)?)),
+        ChecksumAlg::Md5 => md5(file, start, end),
+        ChecksumAlg::Adler32 => adler32(file, start, end),
     }
+}
+
+/// [`cksm`] of an algorithm named as CKSM names it (`MD5`, `ADLER32`).
+pub fn named(alg: &str, file: &File, start: u64, end: u64) -> std::io::Result<String> {
+    let alg = ChecksumAlg::parse(alg).ok_or_else(|| {
+        std::io::Error::other(format!(
+            "no local {alg} checksum to compare with the server's"
+        ))
+    })?;
+    cksm(alg, file, start, end)
 }
 
 pub fn adler32(file: &File, start: u64, end: u64) -> std::io::Result<String> {

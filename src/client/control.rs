@@ -581,7 +581,13 @@ impl Control {
         if let Some(port) = self.early_passive.take() {
             return Ok(SocketAddr::new(self.peer.ip(), port));
         }
-        match self.run(Op::Passive)? {
+        self.begin(Op::Passive)?;
+        self.passive_answer()
+    }
+
+    /// The address the answer to EPSV or PASV (the oldest op not yet read) gives.
+    fn passive_answer(&mut self) -> Result<SocketAddr> {
+        match self.finished(None)? {
             Outcome::Passive(port) => Ok(SocketAddr::new(self.peer.ip(), port)),
             o => Err(unexpected(o)),
         }
@@ -590,6 +596,11 @@ impl Control {
     /// REST, sent right before the transfer command as RFC 3659 asks.
     pub fn restart_at(&mut self, offset: u64) -> Result<()> {
         self.begin(Op::Rest(offset))?;
+        self.restarted(offset)
+    }
+
+    /// The answer to REST `offset` (the oldest op not yet read).
+    fn restarted(&mut self, offset: u64) -> Result<()> {
         self.finished(Some(format!("REST {offset} (the server cannot resume)")))
             .map(drop)
     }
@@ -767,13 +778,9 @@ impl Control {
                 self.begin(Op::Rest(offset))?;
             }
             self.send_transfer(cmd)?;
-            let port = match self.finished(None)? {
-                Outcome::Passive(port) => port,
-                o => return Err(unexpected(o)),
-            };
-            let data = connect_data(SocketAddr::new(self.peer.ip(), port))?;
+            let data = connect_data(self.passive_answer()?)?;
             if offset > 0 {
-                self.finished(Some(format!("REST {offset} (the server cannot resume)")))?;
+                self.restarted(offset)?;
             }
             self.transfer_started(cmd)?;
             return self.protect(data);

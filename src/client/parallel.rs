@@ -697,8 +697,8 @@ impl Plan {
 }
 
 /// Compares the whole-file checksum with the server's. braid peers: XXH3 from the blocks as
-/// they arrived. GridFTP peers: ADLER32 or MD5 (see [`Peer::checksum`]), which needs one read of the file. Returns what was
-/// checked; a mismatch is an error that says so.
+/// they arrived. GridFTP peers: ADLER32 or MD5 (see [`Peer::checksum`]), which needs one read
+/// of the file. Returns what was checked; a mismatch is an error that says so.
 fn verify(
     c: &mut Control,
     peer: Peer,
@@ -716,11 +716,12 @@ fn verify(
                     .map_err(local_err("cannot read the download back to check it"))?,
             ),
         ),
-        (Peer::GridFtp, _, Some(f)) => (
-            peer.checksum(c),
-            crate::sums::named(peer.checksum(c), f, 0, total)
-                .map_err(local_err("cannot read the download back to check it"))?,
-        ),
+        (Peer::GridFtp, _, Some(f)) => {
+            let alg = peer.checksum(c);
+            let sum = crate::sums::named(alg, f, 0, total)
+                .map_err(local_err("cannot read the download back to check it"))?;
+            (alg, sum)
+        }
         // Standard output from a GridFTP server: nothing to read back.
         _ => return Ok(None),
     };

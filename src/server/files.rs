@@ -76,8 +76,7 @@ pub(super) fn fs_blocking(
             let io = |e: std::io::Error| crate::fsroot::io_to_fs(&e);
             FsOutcome::Checksum(match alg {
                 ChecksumAlg::Xxh3 => checksum::hex(sums.xxh3(&file, entry.size).map_err(io)?),
-                ChecksumAlg::Md5 => crate::sums::md5(&file, offset, end).map_err(io)?,
-                ChecksumAlg::Adler32 => crate::sums::adler32(&file, offset, end).map_err(io)?,
+                alg => crate::sums::cksm(alg, &file, offset, end).map_err(io)?,
             })
         }
         FsOp::StatList(p) => {

@@ -84,13 +84,16 @@ pub fn moves(job: &mut Job, conns: &BlockConns, have: &RangeSet) -> bool {
             let Some(sock) = lone_clear(joins) else {
                 return false;
             };
-            let Ok(size) = file.metadata().map(|m| m.len()) else {
+            // Its version holds its size, and is what the checksum taken on the way is filed
+            // under.
+            let Ok(version) = ChecksumCache::version(file) else {
                 return false;
             };
+            let size = version.2;
             if size > MOST || !takes(sock, size + 2 * HEADER_LEN as u64) {
                 return false;
             }
-            *whole = read_now(file, size);
+            *whole = read_now(file, version);
             whole.is_some()
         }
         (Job::Stor { .. }, BlockConns::Receive(joins, ..)) => {
@@ -141,11 +144,10 @@ fn system_notsent_lowat() -> u64 {
     })
 }
 
-/// The whole of a `size`-byte file if it can be read without waiting for a disk: its pages
+/// The whole of a file at `version` if it can be read without waiting for a disk: its pages
 /// are cached (`RWF_NOWAIT`), or it lives in memory (tmpfs does not take `RWF_NOWAIT`).
-fn read_now(file: &File, size: u64) -> Option<WholeFile> {
-    let version = ChecksumCache::version(file).ok()?;
-    let mut bytes = vec![0u8; usize::try_from(size).ok()?];
+fn read_now(file: &File, version: super::FileVersion) -> Option<WholeFile> {
+    let mut bytes = vec![0u8; usize::try_from(version.2).ok()?];
     let read = rustix::io::preadv2(
         file,
         &mut [std::io::IoSliceMut::new(&mut bytes)],

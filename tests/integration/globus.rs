@@ -1,6 +1,7 @@
 //! MODE E interoperability with the Globus programs: `globus-url-copy -p 4` against
 //! `braid serve`, and `braid get/put -n 4` against `globus-gridftp-server`, both directions,
-//! contents compared byte for byte and checksums compared by the client (ADLER32 through CKSM, which that server lists in FEAT).
+//! contents compared byte for byte and checksums compared by the client (ADLER32 through
+//! CKSM, which that server lists in FEAT).
 use crate::util::{Daemon, Server, braid, random_bytes, require, run, sbin, tempdir};
 use std::process::Command;
 use std::time::Duration;

@@ -109,6 +109,27 @@ fn file_records(out: &str) -> Vec<serde_json::Value> {
     lines
 }
 
+/// `braid put -r -j JOBS --json` of the tree `local` to `up`, then `braid get -r` of `down`
+/// (where it landed) into `into`; each must succeed. Each run's operation and per-file
+/// records.
+fn put_then_get(
+    local: &Path,
+    up: &str,
+    down: &str,
+    into: &Path,
+    jobs: &str,
+) -> [(&'static str, Vec<serde_json::Value>); 2] {
+    let run = |op: &'static str, from: &str, to: &str| {
+        let (code, out, err) = braid(&[op, "-r", "-j", jobs, "--json", from, to], &[]);
+        assert_eq!(code, 0, "{op}: {out}{err}");
+        (op, file_records(&out))
+    };
+    [
+        run("put", local.to_str().unwrap(), up),
+        run("get", down, into.to_str().unwrap()),
+    ]
+}
+
 /// The last line of `--json` output: the tree's summary.
 fn tree_summary(out: &str) -> serde_json::Value {
     json(out.lines().last().unwrap_or_default())
@@ -728,23 +749,9 @@ fn a_tree_keeps_its_data_connections_open_from_file_to_file_with_globus_gridftp_
     let server = crate::globus::start_gridftp(&home);
     let base = format!("ftp://127.0.0.1:{}", server.port);
     let into = top.path().join("got");
-    let runs = [
-        (
-            "put",
-            local.to_str().unwrap().to_string(),
-            format!("{base}/up/"),
-        ),
-        (
-            "get",
-            format!("{base}/up/local/"),
-            into.to_str().unwrap().to_string(),
-        ),
-    ];
-    for (op, from, to) in runs {
-        let (code, out, err) = braid(&[op, "-r", "-j", "1", "--json", &from, &to], &[]);
-        assert_eq!(code, 0, "{op}: {out}{err}");
-        let files = file_records(&out);
-        assert_eq!(files.len(), 6, "{op}: {out}");
+    let (up, down) = (format!("{base}/up/"), format!("{base}/up/local/"));
+    for (op, files) in put_then_get(&local, &up, &down, &into, "1") {
+        assert_eq!(files.len(), 6, "{op}: {files:?}");
         let opened: Vec<u64> = files
             .iter()
             .map(|f| f["new_data_connections"].as_u64().unwrap_or(u64::MAX))
@@ -1052,19 +1059,9 @@ fn small_files_of_a_tree_each_go_on_one_data_connection() {
     std::fs::create_dir_all(root.join("up")).unwrap();
     let server = Server::start(&root, &["--anonymous-write"]);
     let got = dir.path().join("got");
-    let runs = [
-        ("put", data.to_str().unwrap().to_string(), server.url("up/")),
-        (
-            "get",
-            server.url("up/data/"),
-            got.to_str().unwrap().to_string(),
-        ),
-    ];
-    for (op, from, to) in runs {
-        let (code, out, err) = braid(&[op, "-r", "-j", "2", "--json", &from, &to], &[]);
-        assert_eq!(code, 0, "{op}: {err}");
-        let files = file_records(&out);
-        assert_eq!(files.len(), 6, "{out}");
+    let (up, down) = (server.url("up/"), server.url("up/data/"));
+    for (op, files) in put_then_get(&data, &up, &down, &got, "2") {
+        assert_eq!(files.len(), 6, "{op}: {files:?}");
         for f in &files {
             assert_eq!(f["streams"], 1, "{op}: {f}");
             assert_eq!(

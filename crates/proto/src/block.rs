@@ -485,7 +485,9 @@ mod tests {
 
     proptest! {
         #[test]
-        fn waiting_never_claims_more_than_it_was_given(prefix in proptest::collection::vec(any::<u8>(), 0..200)) {
+        fn waiting_never_claims_more_than_it_was_given(
+            prefix in proptest::collection::vec(any::<u8>(), 0..200)
+        ) {
             if let Waiting::Whole(n) = waiting(&prefix) {
                 prop_assert!(n <= prefix.len());
             }
