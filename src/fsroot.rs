@@ -23,8 +23,7 @@ pub struct Root {
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
 
-/// Suffix of the hidden file an upload is written to until it completes.
-pub const PART_SUFFIX: &str = ".braid-part";
+pub use braid_proto::path::PART_SUFFIX;
 
 pub fn errno_to_fs(e: Errno) -> FsError {
     match e {
@@ -67,12 +66,16 @@ fn entry_from_stat(name: &str, st: &Stat) -> Entry {
     }
 }
 
-/// A directory entry's name as a listing shows it; None for `.`, `..`, and names that cannot
-/// be named over an RFC 2640 control connection (not UTF-8, or with control characters).
+/// A directory entry's name as a listing shows it; None for `.`, `..`, uploads in progress,
+/// and names that cannot be named over an RFC 2640 control connection (not UTF-8, or with
+/// control characters).
 fn listable(name: &std::ffi::CStr) -> Option<&str> {
-    name.to_str()
-        .ok()
-        .filter(|n| *n != "." && *n != ".." && !n.chars().any(char::is_control))
+    name.to_str().ok().filter(|n| {
+        *n != "."
+            && *n != ".."
+            && !braid_proto::path::is_part_name(n)
+            && !n.chars().any(char::is_control)
+    })
 }
 
 /// The hidden name an upload of `name` is written under until it completes.
@@ -320,22 +323,16 @@ impl Upload {
         {
             return Err(FsError::NotAFile);
         }
-        // Read as well as write: a resumed MODE E upload is checksummed from the file.
-        let open_part = |flags: OFlags| {
-            rustix::fs::openat(
-                &up.dir,
-                up.part.as_str(),
-                flags | OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW,
-                Mode::from_bits_truncate(0o644),
-            )
-            .map(File::from)
-            .map_err(errno_to_fs)
-        };
+        let part = |create: bool| up.open_part(create);
         let part_len = |f: &File| f.metadata().map(|m| m.len()).map_err(|e| io_to_fs(&e));
         let (file, offset) = match start {
-            UploadStart::Keep => (open_part(OFlags::empty())?, 0),
-            UploadStart::At(0) => (open_part(OFlags::CREATE | OFlags::TRUNC)?, 0),
-            UploadStart::At(n) => match open_part(OFlags::empty()) {
+            UploadStart::Keep => (part(false)?, 0),
+            UploadStart::At(0) => {
+                let f = part(true)?;
+                f.set_len(0).map_err(|e| io_to_fs(&e))?;
+                (f, 0)
+            }
+            UploadStart::At(n) => match part(false) {
                 Ok(f) => {
                     let have = part_len(&f)?;
                     if n > have {
@@ -348,7 +345,8 @@ impl Upload {
                     (f, n)
                 }
                 Err(FsError::NotFound) => {
-                    let f = open_part(OFlags::CREATE | OFlags::TRUNC)?;
+                    let f = part(true)?;
+                    f.set_len(0).map_err(|e| io_to_fs(&e))?;
                     let have = up.seed_from_final(&f, Some(n))?;
                     if have < n {
                         return Err(FsError::BadRestart {
@@ -360,13 +358,14 @@ impl Upload {
                 }
                 Err(e) => return Err(e),
             },
-            UploadStart::Append => match open_part(OFlags::empty()) {
+            UploadStart::Append => match part(false) {
                 Ok(f) => {
                     let have = part_len(&f)?;
                     (f, have)
                 }
                 Err(FsError::NotFound) => {
-                    let f = open_part(OFlags::CREATE | OFlags::TRUNC)?;
+                    let f = part(true)?;
+                    f.set_len(0).map_err(|e| io_to_fs(&e))?;
                     let have = up.seed_from_final(&f, None)?;
                     (f, have)
                 }
@@ -374,6 +373,47 @@ impl Upload {
             },
         };
         Ok((up, file, offset))
+    }
+
+    /// Opens the partial file (creating it if asked), as the one upload that writes it: an
+    /// exclusive lock, held while the file stays open, refuses a second upload of the same
+    /// name at the same time, which would interleave its bytes with this one's. The lock is
+    /// taken on the file under the partial's name now, not on one a finished upload has
+    /// just renamed into place. Read as well as write: a resumed MODE E upload is checksummed
+    /// from the file.
+    fn open_part(&self, create: bool) -> Result<File, FsError> {
+        let flags = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        for _ in 0..8 {
+            let flags = if create {
+                flags | OFlags::CREATE
+            } else {
+                flags
+            };
+            let fd = rustix::fs::openat(
+                &self.dir,
+                self.part.as_str(),
+                flags,
+                Mode::from_bits_truncate(0o644),
+            )
+            .map_err(errno_to_fs)?;
+            match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {}
+                Err(Errno::WOULDBLOCK) => return Err(FsError::Busy),
+                Err(e) => return Err(errno_to_fs(e)),
+            }
+            let held = rustix::fs::fstat(&fd).map_err(errno_to_fs)?;
+            match rustix::fs::statat(&self.dir, self.part.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(named) if (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino) => {
+                    return Ok(File::from(fd));
+                }
+                // Renamed into place (or removed) between the open and the lock: that file
+                // is another upload's, finished; look again.
+                Ok(_) | Err(Errno::NOENT) if create => continue,
+                Ok(_) | Err(Errno::NOENT) => return Err(FsError::NotFound),
+                Err(e) => return Err(errno_to_fs(e)),
+            }
+        }
+        Err(FsError::Busy)
     }
 
     /// Copies the first `limit` bytes (all if `None`) of an existing final file into the new
@@ -412,10 +452,14 @@ impl Upload {
     }
 
     /// Makes the upload visible under its final name, after its data is on disk.
+    /// The file stays open, and so locked, until the rename is done: another upload of the
+    /// name then either waits for it or finds a fresh partial.
     pub fn commit(self, file: File) -> Result<(), FsError> {
         file.sync_data().map_err(|e| io_to_fs(&e))?;
+        let renamed =
+            rustix::fs::renameat(&self.dir, self.part.as_str(), &self.dir, self.name.as_str())
+                .map_err(errno_to_fs);
         drop(file);
-        rustix::fs::renameat(&self.dir, self.part.as_str(), &self.dir, self.name.as_str())
-            .map_err(errno_to_fs)
+        renamed
     }
 }

@@ -138,6 +138,14 @@ impl Users {
         self.accounts.len()
     }
 
+    /// Every account's root directory, each once.
+    pub fn roots(&self) -> Vec<PathBuf> {
+        let mut roots: Vec<PathBuf> = self.accounts.values().map(|a| a.root.clone()).collect();
+        roots.sort();
+        roots.dedup();
+        roots
+    }
+
     pub fn is_empty(&self) -> bool {
         self.accounts.is_empty()
     }

@@ -180,7 +180,7 @@ impl Io {
     /// has a binding, and only a braid client asks for MODE E under PROT P (GridFTP clients
     /// protect data with DCAU and GSI, which braid does not speak).
     fn data_tls(&self, t: &Transfer) -> Option<DataTls> {
-        let config = self.config.tls.clone().filter(|_| t.private)?;
+        let config = self.tls.as_ref().filter(|_| t.private)?.control.clone();
         Some(DataTls::Server {
             config,
             binding: self.binding?,

@@ -240,6 +240,8 @@ pub(super) struct Io {
     pub(super) anonymous_id: Option<String>,
     /// After AUTH TLS: what this session's TLS data connections must prove.
     pub(super) binding: Option<Binding>,
+    /// After AUTH TLS: this session's TLS, for its data connections.
+    pub(super) tls: Option<super::tls::SessionTls>,
 }
 
 pub(super) async fn serve(
@@ -275,6 +277,7 @@ pub(super) async fn serve(
         cached: None,
         anonymous_id: None,
         binding: None,
+        tls: None,
     };
     let mut session = Session::new(
         SessionConfig {
@@ -282,6 +285,7 @@ pub(super) async fn serve(
             max_login_failures: 3,
             max_streams: config.max_streams,
             tls: config.tls.is_some(),
+            private_data_required: config.tls.as_ref().is_some_and(|t| t.data_required),
         },
         peer.ip(),
     );
@@ -406,9 +410,15 @@ pub(super) async fn serve(
                 conn.send(&r).await
             }) {
                 (Some(tls), Ok(())) => {
-                    match conn.start_tls(tls.clone(), config.login_timeout).await {
-                        Ok(binding) => {
+                    let session_tls = tls.session(canonical_ip(peer.ip()));
+                    let started = conn
+                        .start_tls(session_tls.control.clone(), config.login_timeout)
+                        .await
+                        .map(|binding| (binding, session_tls));
+                    match started {
+                        Ok((binding, session_tls)) => {
                             io.binding = Some(binding);
+                            io.tls = Some(session_tls);
                             tracing::info!(%peer, "control connection now uses TLS");
                             true
                         }
@@ -484,6 +494,9 @@ async fn login(io: &mut Io, session: &mut Session, user: String, password: Strin
             Ok(root) => {
                 io.root = Some(root);
                 io.anonymous_id = anonymous_id;
+                if let Some(tls) = &io.tls {
+                    tls.logged_in(if anonymous { "anonymous" } else { &user });
+                }
                 if !anonymous {
                     logins.failures().succeeded(&user);
                 }

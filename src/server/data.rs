@@ -8,6 +8,7 @@ use crate::engine::stream::{self, CopyError};
 use crate::engine::transfer::{Joins, Transfer};
 use crate::engine::{self, EngineError};
 use crate::fsroot::{Upload, io_to_fs};
+use crate::server::tls::SessionTls;
 use braid_proto::ranges::RangeSet;
 use braid_proto::session::FsError;
 use std::fs::File;
@@ -46,6 +47,8 @@ pub enum DataError {
     Net(std::io::Error),
     /// The local file failed.
     Local(FsError),
+    /// A TLS data connection failed its handshake or does not belong to this session.
+    NotSecured(String),
 }
 
 /// A finished upload waits here until the control task decides it is complete.
@@ -216,12 +219,12 @@ fn keep(block: u64) -> engine::send::Options {
 pub fn run(
     job: Job,
     sock: TcpStream,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<SessionTls>,
     progress: Arc<AtomicU64>,
 ) -> Result<Finished, DataError> {
     match tls {
         None => run_clear(job, sock, &progress),
-        Some(config) => run_tls(job, sock, config, &progress),
+        Some(tls) => run_tls(job, sock, &tls, &progress),
     }
 }
 
@@ -230,12 +233,30 @@ pub fn run(
 fn run_tls(
     job: Job,
     sock: TcpStream,
-    config: Arc<rustls::ServerConfig>,
+    tls: &SessionTls,
     progress: &AtomicU64,
 ) -> Result<Finished, DataError> {
-    let conn = rustls::ServerConnection::new(config)
+    let tls = tls.stream_data();
+    let conn = rustls::ServerConnection::new(tls.config.clone())
         .map_err(|e| DataError::Net(std::io::Error::other(e)))?;
     let mut s = rustls::StreamOwned::new(conn, sock);
+    // The handshake comes first, whatever follows: an empty file or listing has nothing to
+    // write, and a close_notify sent before the ServerHello is a broken handshake to the
+    // client (curl, Python and rclone failed on empty files so).
+    while s.conn.is_handshaking() {
+        s.conn
+            .complete_io(&mut s.sock)
+            .map_err(|e| DataError::NotSecured(format!("TLS handshake failed: {e}")))?;
+    }
+    if let Err(why) = tls.admits(&s.conn) {
+        // An orderly end, so that the client goes on to read the reply that says why.
+        s.conn.send_close_notify();
+        let _ = s.flush();
+        return Err(DataError::NotSecured(format!(
+            "{why}, which this server requires so that nobody else can take the connection \
+             (a client that cannot resume needs a server run with --tls-session-reuse optional)"
+        )));
+    }
     let (bytes, upload) = match job {
         Job::List { text } => {
             s.write_all(&text).map_err(DataError::Net)?;

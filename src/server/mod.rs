@@ -10,6 +10,7 @@ mod guard;
 mod inline;
 pub mod metrics;
 mod pacing;
+mod partials;
 pub mod settings;
 mod supervise;
 pub mod tls;
@@ -58,8 +59,10 @@ pub struct Config {
     pub max_streams: u32,
     /// XXH3 checksums already computed, shared by all sessions.
     pub checksums: ChecksumCache,
+    /// How old a partial upload nobody resumes may get before it is removed; `None`: kept.
+    pub partial_max_age: Option<Duration>,
     /// Certificate and key for AUTH TLS (RFC 4217); `None`: no TLS.
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub tls: Option<Arc<tls::Tls>>,
     /// Where a line per transfer goes in the xferlog format (`--xferlog`).
     pub xferlog: Option<Arc<xferlog::XferLog>>,
     /// Counts for `--metrics`, kept whether or not they are served.
@@ -76,6 +79,10 @@ pub struct Config {
     /// opened again.
     roots: Arc<Mutex<HashMap<PathBuf, std::sync::Weak<crate::fsroot::Root>>>>,
 }
+
+/// How long a partial upload nobody resumes is kept: a week, time enough to resume after a
+/// weekend.
+pub const DEFAULT_PARTIAL_MAX_AGE: Duration = Duration::from_secs(7 * 86_400);
 
 /// A file version: device, inode, size, modification and change times (s, ns).
 pub type FileVersion = (u64, u64, u64, i64, i64, i64, i64);
@@ -160,6 +167,7 @@ impl Config {
             max_streams: 64,
             checksums: ChecksumCache::default(),
             tls: None,
+            partial_max_age: Some(DEFAULT_PARTIAL_MAX_AGE),
             xferlog: None,
             metrics: Arc::default(),
             background: false,
@@ -249,6 +257,7 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let counts = Arc::new(Mutex::new(Counts::default()));
     let mut sessions = tokio::task::JoinSet::new();
+    let expiring = tokio::spawn(partials::expire(configs.clone()));
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -301,6 +310,7 @@ pub async fn run(
         }
     }
     drop(listener);
+    expiring.abort();
     tracing::info!("shutting down: waiting for {} session(s)", sessions.len());
     while sessions.join_next().await.is_some() {}
     Ok(())

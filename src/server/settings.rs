@@ -70,6 +70,23 @@ pub struct ServeArgs {
     /// PEM private key for --tls-cert.
     #[arg(long, value_name = "PEM")]
     pub tls_key: Option<PathBuf>,
+    /// Whether a PROT P data connection must resume its control connection's TLS session
+    /// [default: required]. Required is what ties the data connection to its session: anyone
+    /// else who reaches the passive port first is refused instead of being handed the file or
+    /// having their bytes stored. curl, lftp, rclone, wget, C-Kermit and braid resume; Python's
+    /// ftplib does not, and needs `optional`.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    pub tls_session_reuse: Option<Need>,
+    /// Whether data connections must be private (PROT P) once the control connection uses TLS
+    /// [default: required]: a client that logged in over TLS and asks for clear data gets 522,
+    /// so files do not cross the network in clear by mistake. `optional` lets it choose.
+    #[arg(long, value_enum, value_name = "WHEN")]
+    pub tls_data: Option<Need>,
+    /// Seconds a partial upload (the hidden `.NAME.braid-part` a failed or interrupted upload
+    /// leaves for a resume) is kept after its last write; older ones are removed. 0 keeps them
+    /// forever [default: 604800, a week].
+    #[arg(long, value_name = "SECONDS")]
+    pub partial_max_age: Option<u64>,
     /// Most control connections from one client address [default: 16].
     #[arg(long)]
     pub max_per_ip: Option<usize>,
@@ -117,6 +134,15 @@ pub struct ServeArgs {
     pub uplink: Option<u64>,
 }
 
+/// Whether the server insists on a protection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Need {
+    #[default]
+    Required,
+    Optional,
+}
+
 /// The options SIGHUP cannot change in a running server.
 const FIXED: &str = "listen, metrics, log-format and verbose";
 
@@ -142,6 +168,9 @@ impl ServeArgs {
             public_address: self.public_address.or(file.public_address),
             tls_cert: self.tls_cert.clone().or(file.tls_cert),
             tls_key: self.tls_key.clone().or(file.tls_key),
+            tls_session_reuse: self.tls_session_reuse.or(file.tls_session_reuse),
+            tls_data: self.tls_data.or(file.tls_data),
+            partial_max_age: self.partial_max_age.or(file.partial_max_age),
             max_per_ip: self.max_per_ip.or(file.max_per_ip),
             max_connections: self.max_connections.or(file.max_connections),
             login_timeout: self.login_timeout.or(file.login_timeout),
@@ -228,10 +257,18 @@ impl ServeArgs {
         config.passive_ports = self.passive_ports;
         config.public_address = self.public_address;
         config.tls = match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => Some(tls::server_config(cert, key)?),
+            (Some(cert), Some(key)) => Some(Arc::new(tls::Tls::load(
+                cert,
+                key,
+                self.tls_session_reuse.unwrap_or_default() == Need::Required,
+                self.tls_data.unwrap_or_default() == Need::Required,
+            )?)),
             (None, None) => None,
             _ => bail!("--tls-cert and --tls-key go together: give both, or neither"),
         };
+        if let Some(s) = self.partial_max_age {
+            config.partial_max_age = (s > 0).then(|| Duration::from_secs(s));
+        }
         if let Some(n) = self.max_per_ip {
             config.max_per_ip = n.max(1);
         }

@@ -118,7 +118,7 @@ pub(super) async fn transfer(
             // For its pacing, marking and statistics.
             moving.watch(&sock);
             let progress = progress.clone();
-            let tls = io.config.tls.clone().filter(|_| t.private);
+            let tls = io.tls.clone().filter(|_| t.private);
             Worker::Thread(tokio::task::spawn_blocking(move || {
                 data::run(job, sock, tls, progress)
             }))
@@ -280,6 +280,7 @@ pub(super) async fn transfer(
         Err(e) => TransferOutcome::Local(FsError::Other(format!("transfer thread failed: {e}"))),
         Ok(Err(DataError::Net(e))) => TransferOutcome::ConnectionLost(e.to_string()),
         Ok(Err(DataError::Local(e))) => TransferOutcome::Local(e),
+        Ok(Err(DataError::NotSecured(e))) => TransferOutcome::NotSecured(e),
         Ok(Ok(Finished {
             bytes,
             upload,

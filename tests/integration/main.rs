@@ -18,5 +18,6 @@ mod scripted;
 mod tls;
 mod trace;
 mod tree;
+mod uploads;
 mod util;
 mod vsftpd;

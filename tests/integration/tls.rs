@@ -17,6 +17,10 @@ fn certificate(dir: &Path) -> (String, String) {
 
 /// A TLS server over `root` with an account `alice` (password `s3cret`) and anonymous uploads.
 fn start(top: &Path, root: &Path) -> (Server, String) {
+    start_with(top, root, &[])
+}
+
+fn start_with(top: &Path, root: &Path, extra: &[&str]) -> (Server, String) {
     let (cert, key) = certificate(top);
     let users = top.join("users");
     crate::util::add_account(&users, "alice", root, "s3cret", true);
@@ -31,7 +35,7 @@ fn start(top: &Path, root: &Path) -> (Server, String) {
         "--anonymous",
         "--anonymous-write",
     ];
-    (Server::start(root, &args), cert)
+    (Server::start(root, &[&args[..], extra].concat()), cert)
 }
 
 #[test]
@@ -85,7 +89,36 @@ fn ftplib_and_lftp_verify_the_certificate_and_protect_data() {
     std::fs::create_dir(&root).unwrap();
     let content = random_bytes(2 << 20, 82);
     std::fs::write(root.join("f.bin"), &content).unwrap();
+    // Python's ftplib does not resume the control connection's TLS session on data
+    // connections: by default the server refuses them, and says what to change.
     let (server, cert) = start(top.path(), &root);
+    let refused = r#"
+import ftplib, io, ssl, sys
+port, cafile = int(sys.argv[1]), sys.argv[2]
+ftp = ftplib.FTP_TLS(context=ssl.create_default_context(cafile=cafile))
+ftp.connect("127.0.0.1", port, timeout=20)
+ftp.login("alice", "s3cret")
+try:
+    ftp.retrbinary("RETR f.bin", io.BytesIO().write)
+    raise SystemExit("a clear data connection after AUTH TLS was allowed")
+except ftplib.error_perm as e:
+    assert str(e).startswith("522") and "PROT P" in str(e), e
+ftp.prot_p()
+try:
+    ftp.retrbinary("RETR f.bin", io.BytesIO().write)
+    raise SystemExit("a data connection without session reuse was allowed")
+except ftplib.error_perm as e:
+    assert str(e).startswith("522") and "--tls-session-reuse optional" in str(e), e
+print("ok")
+"#;
+    let port = server.port().to_string();
+    let (ok, out, err) = run(
+        Command::new("python3").args(["-c", refused, &port, &cert]),
+        Duration::from_secs(60),
+    );
+    assert!(ok && out.trim() == "ok", "{out}{err}");
+    drop(server);
+    let (server, cert) = start_with(top.path(), &root, &["--tls-session-reuse", "optional"]);
     let script = r#"
 import ftplib, io, ssl, sys
 port, cafile = int(sys.argv[1]), sys.argv[2]
@@ -355,5 +388,88 @@ fn a_tls_parallel_download_resumes() {
     assert!(
         std::fs::read(&dest).unwrap() == content,
         "the resumed file differs"
+    );
+}
+
+/// Starts a TLS server over `root` with `alice` and `bob`, plus `extra` options.
+fn start_two_accounts(top: &Path, root: &Path, extra: &[&str]) -> (Server, String) {
+    let (cert, key) = certificate(top);
+    let users = top.join("users");
+    crate::util::add_account(&users, "alice", root, "s3cret", true);
+    crate::util::add_account(&users, "bob", root, "hunter2", true);
+    let users = users.display().to_string();
+    let mut args = vec!["--tls-cert", &cert, "--tls-key", &key, "--users", &users];
+    args.extend(extra);
+    (Server::start(root, &args), cert)
+}
+
+/// A stranger who reaches the passive port first (from the client's own address, as anyone on
+/// the same host or behind the same NAT can) and completes a TLS handshake gets neither the
+/// download nor has its bytes stored: a PROT P data connection must resume a TLS session of
+/// the same login. Another control connection of the same account may lend its session
+/// (rclone keeps one ticket cache for all its connections); another account's may not.
+#[test]
+fn a_stranger_on_the_passive_port_gets_nothing_and_stores_nothing() {
+    require("python3");
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("secret.bin"), random_bytes(200_000, 85)).unwrap();
+    let (server, cert) = start_two_accounts(top.path(), &root, &[]);
+    let script = r#"
+import ftplib, socket, ssl, sys
+port, cafile = int(sys.argv[1]), sys.argv[2]
+ctx = ssl.create_default_context(cafile=cafile)
+def login(user, password):
+    f = ftplib.FTP_TLS(context=ctx)
+    f.connect("127.0.0.1", port, timeout=20)
+    f.login(user, password)
+    f.prot_p()
+    f.voidcmd("TYPE I")
+    return f
+alice, alice2, bob = login("alice", "s3cret"), login("alice", "s3cret"), login("bob", "hunter2")
+def first_on_port(victim, command, session, payload=None):
+    """Connects to the passive port before the victim's command, so the server takes this
+    connection; returns what it received and the victim's final reply."""
+    host, p = victim.makepasv()
+    sock = socket.create_connection((host, p), timeout=20)
+    victim.putcmd(command)
+    assert victim.getresp().startswith("150")
+    got = b""
+    try:
+        t = ctx.wrap_socket(sock, server_hostname="127.0.0.1", session=session)
+        if payload:
+            t.sendall(payload)
+        else:
+            while chunk := t.recv(65536):
+                got += chunk
+        t.close()
+    except (ssl.SSLError, OSError):
+        pass
+    try:
+        return got, victim.getresp()
+    except ftplib.Error as e:
+        return got, str(e)
+for session in [None, bob.sock.session]:
+    got, reply = first_on_port(alice, "RETR secret.bin", session)
+    assert got == b"", f"the stranger received {len(got)} bytes"
+    assert reply.startswith("522"), reply
+got, reply = first_on_port(alice, "STOR planted.bin", None, b"EVIL" * 1000)
+assert reply.startswith("522"), reply
+# The rightful client: its own session, or another session of the same account.
+for session in [alice2.sock.session, alice.sock.session]:
+    got, reply = first_on_port(alice, "RETR secret.bin", session)
+    assert reply.startswith("226"), reply
+    assert len(got) == 200000, len(got)
+print("ok")
+"#;
+    let (ok, out, err) = run(
+        Command::new("python3").args(["-c", script, &server.port().to_string(), &cert]),
+        Duration::from_secs(60),
+    );
+    assert!(ok && out.trim() == "ok", "{out}{err}\n{}", server.log());
+    assert!(
+        !root.join("planted.bin").exists(),
+        "the stranger's upload was stored"
     );
 }

@@ -78,6 +78,7 @@ pub mod fuzzing {
                 max_login_failures: 3,
                 max_streams: 8,
                 tls: data.first().is_some_and(|b| b & 1 == 1),
+                private_data_required: data.first().is_some_and(|b| b & 2 == 2),
             },
             std::net::IpAddr::from([198, 18, 0, 1]),
         );

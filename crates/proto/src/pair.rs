@@ -89,6 +89,7 @@ impl Pair {
                 max_login_failures: 3,
                 max_streams: 16,
                 tls: false,
+                private_data_required: false,
             },
             IpAddr::V4(Ipv4Addr::LOCALHOST),
         );

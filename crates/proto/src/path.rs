@@ -13,6 +13,18 @@ pub enum PathError {
     BadCharacter,
     #[error("path is longer than {MAX_PATH} bytes")]
     TooLong,
+    #[error("names of the form .NAME{PART_SUFFIX} are reserved for uploads in progress")]
+    Reserved,
+}
+
+/// Suffix of the hidden file an upload of NAME is written to until it completes
+/// (`.NAME.braid-part`). Clients cannot name such files: nobody can block, read, list or
+/// replace another upload's partial.
+pub const PART_SUFFIX: &str = ".braid-part";
+
+/// Whether `name` is an upload's partial file.
+pub fn is_part_name(name: &str) -> bool {
+    name.len() > 1 + PART_SUFFIX.len() && name.starts_with('.') && name.ends_with(PART_SUFFIX)
 }
 
 /// Longest path accepted (Linux PATH_MAX).
@@ -51,6 +63,7 @@ impl VPath {
                         return Err(PathError::Escapes);
                     }
                 }
+                name if is_part_name(name) => return Err(PathError::Reserved),
                 name => parts.push(name.to_string()),
             }
         }
@@ -120,6 +133,15 @@ mod tests {
         assert_eq!(VPath::root().join("a/../../b"), Err(PathError::Escapes));
         assert_eq!(VPath::root().join("a\0b"), Err(PathError::BadCharacter));
         assert_eq!(VPath::root().join("a\r\nb"), Err(PathError::BadCharacter));
+        assert_eq!(
+            VPath::root().join("d/.f.bin.braid-part"),
+            Err(PathError::Reserved)
+        );
+        assert_eq!(
+            VPath::root().join(".braid-part").unwrap().relative(),
+            ".braid-part"
+        );
+        assert!(VPath::root().join("f.braid-part").is_ok());
         assert_eq!(VPath::root().relative(), ".");
         assert_eq!(
             VPath::root().join("say \"hi\"").unwrap().quoted(),

@@ -318,6 +318,12 @@ impl Session {
     ) -> Action {
         let expect = self.expect.take();
         let direction = kind.direction();
+        if self.protection.control && !self.protection.data && self.config.private_data_required {
+            return Action::Reply(Reply::new(
+                522,
+                "Data connections must be encrypted after AUTH TLS on this server: send PBSZ 0 and PROT P.",
+            ));
+        }
         let endpoint = match self.endpoint.take() {
             Some(e) => e,
             None if self.extended && self.cached == Some(direction) => DataEndpoint::Cached,
@@ -679,6 +685,9 @@ impl Session {
                     format!("Data connection lost: {e}; transfer aborted."),
                 )]
             }
+            TransferOutcome::NotSecured(e) => {
+                vec![Reply::new(522, format!("Data connection refused: {e}."))]
+            }
             TransferOutcome::Local(e) => vec![e.reply(t.path())],
             TransferOutcome::Shutdown => vec![Reply::new(
                 426,
@@ -780,6 +789,7 @@ mod tests {
                 max_login_failures: 3,
                 max_streams: 16,
                 tls,
+                private_data_required: false,
             },
             "127.0.0.1".parse().unwrap(),
         )
@@ -796,6 +806,43 @@ mod tests {
         assert!(says(220, "(vsFTPd 3.0.3)"));
         assert!(!says(220, "ProFTPD Server (Debian) [127.0.0.1]"));
         assert!(!says(421, "GridFTP Server busy"));
+    }
+
+    #[test]
+    fn a_server_that_requires_private_data_refuses_clear_transfers_after_auth_tls() {
+        let mut s = fresh(true);
+        s.config.private_data_required = true;
+        // In clear (no AUTH), clear data is all there is: allowed.
+        s.handle(Command::User("anonymous".into()));
+        s.handle(Command::Pass("x".into()));
+        s.login_done(Some(Perm::ReadWrite));
+        s.handle(Command::Pasv);
+        s.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
+        assert!(!transfer(s.handle(Command::Retr("a".into()))).private);
+
+        let mut s = fresh(true);
+        s.config.private_data_required = true;
+        assert!(matches!(
+            s.handle(Command::Auth("TLS".into())),
+            Action::StartTls(_)
+        ));
+        s.handle(Command::User("anonymous".into()));
+        s.handle(Command::Pass("x".into()));
+        s.login_done(Some(Perm::ReadWrite));
+        for prot in [None, Some('C')] {
+            if let Some(level) = prot {
+                s.handle(Command::Pbsz(0));
+                assert_eq!(code(s.handle(Command::Prot(level))), 200);
+            }
+            s.handle(Command::Pasv);
+            s.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
+            assert_eq!(code(s.handle(Command::Retr("a".into()))), 522);
+            assert_eq!(code(s.handle(Command::Nlst(None))), 522);
+        }
+        assert_eq!(code(s.handle(Command::Prot('P'))), 200);
+        s.handle(Command::Pasv);
+        s.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
+        assert!(transfer(s.handle(Command::Retr("a".into()))).private);
     }
 
     #[test]

@@ -25,6 +25,8 @@ pub struct SessionConfig {
     pub max_streams: u32,
     /// The server has a certificate: AUTH TLS, PBSZ and PROT are offered (RFC 4217).
     pub tls: bool,
+    /// After AUTH TLS, transfers need PROT P: clear data is refused with 522.
+    pub private_data_required: bool,
 }
 
 /// Whether `name` asks for anonymous login (RFC 1635: `anonymous` or `ftp`, any case).
@@ -234,6 +236,9 @@ pub enum FsError {
     BadRestart { offset: u64, size: u64 },
     #[error("no partial upload to continue; send STOR without REST")]
     NothingToResume,
+    /// Another upload of the same name is running.
+    #[error("another upload of this name is in progress; try again when it ends")]
+    Busy,
     #[error("{0}")]
     Other(String),
 }
@@ -246,6 +251,8 @@ impl FsError {
                 Reply::new(554, format!("{what}: {self}."))
             }
             FsError::Other(_) => Reply::new(451, format!("{what}: local error: {self}.")),
+            // 450: transient, try again (RFC 959's "file unavailable (e.g., file busy)").
+            FsError::Busy => Reply::new(450, format!("{what}: {self}.")),
             _ => Reply::new(550, format!("{what}: {self}.")),
         }
     }
@@ -265,6 +272,8 @@ pub enum TransferOutcome {
     NoConnection(String),
     /// The data connection broke or the peer went away.
     ConnectionLost(String),
+    /// A TLS data connection failed its handshake or did not prove it belongs to this session.
+    NotSecured(String),
     /// The local file failed (disk full, I/O error).
     Local(FsError),
     /// The server is shutting down.
@@ -282,6 +291,7 @@ impl TransferOutcome {
             TransferOutcome::Aborted => "aborted",
             TransferOutcome::NoConnection(_) => "no_connection",
             TransferOutcome::ConnectionLost(_) => "connection_lost",
+            TransferOutcome::NotSecured(_) => "not_secured",
             TransferOutcome::Local(_) => "local_error",
             TransferOutcome::Shutdown => "shutdown",
             TransferOutcome::ChecksumMismatch { .. } => "checksum_mismatch",
@@ -294,9 +304,9 @@ impl TransferOutcome {
             TransferOutcome::Complete { .. }
             | TransferOutcome::Aborted
             | TransferOutcome::Shutdown => None,
-            TransferOutcome::NoConnection(why) | TransferOutcome::ConnectionLost(why) => {
-                Some(why.clone())
-            }
+            TransferOutcome::NoConnection(why)
+            | TransferOutcome::ConnectionLost(why)
+            | TransferOutcome::NotSecured(why) => Some(why.clone()),
             TransferOutcome::Local(e) => Some(e.to_string()),
             TransferOutcome::ChecksumMismatch { expected, actual } => {
                 Some(format!("announced {expected}, received {actual}"))

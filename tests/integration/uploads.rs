@@ -1,0 +1,132 @@
+//! What a server keeps of uploads: one writer per name, partials out of sight and out of the
+//! way of names users can create, and partials nobody resumes removed in time.
+use crate::util::{Server, random_bytes, require, run, tempdir};
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime};
+
+/// A second upload of a name while the first still sends is refused with 450 (it would have
+/// written into the same partial, and the file committed would have been a mix of both); the
+/// first completes whole, and the second succeeds when tried again. Nobody sees, creates or
+/// removes the partial through FTP.
+#[test]
+fn two_uploads_of_one_name_never_mix_and_partials_stay_out_of_sight() {
+    require("python3");
+    let top = tempdir();
+    let server = Server::start(top.path(), &["--anonymous-write"]);
+    let script = r#"
+import ftplib, io, sys
+port = int(sys.argv[1])
+def login():
+    f = ftplib.FTP()
+    f.connect("127.0.0.1", port, timeout=20)
+    f.login()
+    f.voidcmd("TYPE I")
+    return f
+a, b = login(), login()
+first = bytes([1]) * 3_000_000
+second = bytes([2]) * 2_000_000
+conn = a.transfercmd("STOR same.bin")
+conn.sendall(first[:1_000_000])
+# The first upload's partial is there now (its first megabyte was written or is on its way:
+# wait until the server has opened it, which a second STOR shows by being refused).
+try:
+    b.storbinary("STOR same.bin", io.BytesIO(second))
+    raise SystemExit("a second upload of the same name was accepted while the first ran")
+except ftplib.error_temp as e:
+    assert str(e).startswith("450"), e
+listing = []
+b.retrlines("LIST -a", listing.append)
+assert not any("braid-part" in l for l in listing), listing
+assert not any("braid-part" in n for n in b.nlst()), b.nlst()
+assert not any("braid-part" in n for n, _ in b.mlsd()), "MLSD shows the partial"
+for cmd in ["MKD .same.bin.braid-part", "DELE .same.bin.braid-part", "RNFR .same.bin.braid-part",
+            "RETR .same.bin.braid-part", "SIZE .same.bin.braid-part"]:
+    try:
+        r = b.sendcmd(cmd)
+        raise SystemExit(f"{cmd}: {r}")
+    except ftplib.error_perm as e:
+        assert str(e).startswith("553") and "reserved" in str(e), (cmd, e)
+conn.sendall(first[1_000_000:])
+conn.close()
+assert a.voidresp().startswith("226")
+got = io.BytesIO()
+b.retrbinary("RETR same.bin", got.write)
+assert got.getvalue() == first, "the committed file is not the first upload"
+b.storbinary("STOR same.bin", io.BytesIO(second))
+got = io.BytesIO()
+b.retrbinary("RETR same.bin", got.write)
+assert got.getvalue() == second, "the second upload, tried again, did not replace it"
+print("ok")
+"#;
+    let (ok, out, err) = run(
+        Command::new("python3").args(["-c", script, &server.port().to_string()]),
+        Duration::from_secs(60),
+    );
+    assert!(ok && out.trim() == "ok", "{out}{err}\n{}", server.log());
+}
+
+/// Two `braid put -n 4` of different files to one name at once: whatever the timing, the
+/// name ends up holding one of the two files whole, never a mix.
+#[test]
+fn two_parallel_puts_to_one_name_leave_one_whole_file() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let (a, b) = (top.path().join("a.bin"), top.path().join("b.bin"));
+    let (ca, cb) = (random_bytes(24 << 20, 91), random_bytes(24 << 20, 92));
+    std::fs::write(&a, &ca).unwrap();
+    std::fs::write(&b, &cb).unwrap();
+    let url = server.url("same.bin");
+    let put = |f: &std::path::Path| {
+        crate::util::braid_command(top.path())
+            .args(["put", "-n", "4", "-q"])
+            .arg(f)
+            .arg(&url)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (pa, pb) = (put(&a), put(&b));
+    let (code_a, err_a) = crate::util::finish_child(pa, Duration::from_secs(60));
+    let (code_b, err_b) = crate::util::finish_child(pb, Duration::from_secs(60));
+    assert!(
+        code_a == Some(0) || code_b == Some(0),
+        "neither put succeeded: {err_a}\n{err_b}"
+    );
+    let got = std::fs::read(root.join("same.bin")).unwrap();
+    assert!(
+        got == ca || got == cb,
+        "the file is a mix of both uploads (a: exit {code_a:?} {err_a}; b: exit {code_b:?} {err_b})"
+    );
+}
+
+/// A partial upload older than `--partial-max-age` is removed (the server looks when it
+/// starts and then now and then); a young one stays for its resume.
+#[test]
+fn old_partial_uploads_expire_and_young_ones_stay() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    let old = root.join("d/.big.iso.braid-part");
+    let young = root.join(".fresh.bin.braid-part");
+    for p in [&old, &young] {
+        std::fs::write(p, vec![0u8; 4096]).unwrap();
+    }
+    let f = std::fs::File::options().write(true).open(&old).unwrap();
+    f.set_modified(SystemTime::now() - Duration::from_secs(7200))
+        .unwrap();
+    drop(f);
+    let server = Server::start(&root, &["--partial-max-age", "3600"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while old.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!old.exists(), "the old partial stayed: {}", server.log());
+    assert!(young.exists(), "the young partial was removed");
+    assert!(
+        server.log().contains("expired partial uploads"),
+        "{}",
+        server.log()
+    );
+}
