@@ -284,7 +284,7 @@ pub fn put_tree(
                 local: source.clone(),
                 size: Some(meta.len()),
                 exact: true,
-                mtime: None,
+                mtime: Some(unix_seconds(&meta)),
             });
         } else if meta.is_dir() {
             walk_local(&mut c, source, &top.path, tree.update, &mut jobs, &mut out);
@@ -314,6 +314,7 @@ pub fn put_tree(
             Held::Nothing
         };
         let s = put_on(c, &job.local, &target, o, held)?;
+        keep_time(c, job);
         done(&s);
         Ok(Some(s))
     };
@@ -580,7 +581,7 @@ fn walk_local(
                     local: path,
                     size: Some(meta.len()),
                     exact: true,
-                    mtime: None,
+                    mtime: Some(unix_seconds(&meta)),
                 };
                 found.push((job, unix_seconds(&meta)));
             } else {
@@ -1030,12 +1031,13 @@ fn put_ahead(
             let mut files: Vec<_> = ask.iter_mut().map(|(_, o)| o).collect();
             pipeline::announce(c, &mut files, &mut buf.borrow_mut())
         },
-        moved: |c: &mut Control, _: &Job, outgoing: pipeline::Outgoing| {
+        moved: |c: &mut Control, job: &Job, outgoing: pipeline::Outgoing| {
             let s = if gridftp {
                 pipeline::stored_next(c, outgoing, server)?
             } else {
                 pipeline::send_next(c, outgoing, server)?
             };
+            keep_time(c, job);
             done(&s);
             Ok(s)
         },
@@ -1140,6 +1142,18 @@ fn remote_mtime(c: &mut Control, path: &str) -> Option<i64> {
 fn unix_seconds(meta: &std::fs::Metadata) -> i64 {
     use std::os::unix::fs::MetadataExt;
     meta.mtime()
+}
+
+/// Gives an uploaded file its local modification time on the server (MFMT, where FEAT lists
+/// it), as downloads keep the server's. The answer is read in turn behind the requests
+/// already in flight, and whatever it is only the time is at stake: a refusal is not the
+/// file's failure, and a broken session shows at the next request.
+fn keep_time(c: &mut Control, job: &Job) {
+    if let Some(t) = job.mtime
+        && c.has_feature("MFMT")
+    {
+        let _ = c.later(Op::Ask(Command::Mfmt(t, job.remote.clone())), None);
+    }
 }
 
 /// Gives a downloaded file or directory the server's modification time; a failure only

@@ -34,6 +34,10 @@ pub(super) fn fs_blocking(
             }
             FsOutcome::Mtime(e.mtime)
         }
+        FsOp::SetMtime(p, t) => {
+            root.set_mtime(&p, t)?;
+            FsOutcome::Done
+        }
         FsOp::Mkd(p) => {
             root.mkdir(&p)?;
             FsOutcome::Done

@@ -649,3 +649,51 @@ fn a_server_whose_log_reader_went_away_keeps_serving() {
     let status = crate::util::wait_timeout(&mut server.0, Duration::from_secs(20));
     assert!(status.is_some(), "braid serve did not stop after SIGTERM");
 }
+
+/// A FIFO in the served tree is refused at once, by RETR, SIZE in ASCII and CKSM, and
+/// uploading over it does not wait on it either: opening a FIFO to read blocks until a
+/// writer comes, which held a server thread per request forever.
+#[test]
+fn a_fifo_in_the_served_tree_is_refused_without_blocking() {
+    let top = tempdir();
+    let fifo = top.path().join("pipe");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    std::fs::write(top.path().join("f.txt"), b"hello\n").unwrap();
+    let server = Server::start(top.path(), &["--anonymous-write"]);
+    let mut raw = Raw::login(server.addr, "anonymous", "x");
+    // Each would have held one of the server's blocking threads; more than it has would have
+    // stopped every file operation.
+    for _ in 0..20 {
+        let _data = raw.epsv();
+        raw.send("RETR pipe");
+        let r = raw.reply();
+        assert!(
+            r.starts_with("550") && r.contains("not a plain file"),
+            "{r}"
+        );
+    }
+    raw.expect("TYPE A", "200 Switching to ASCII mode.\r\n");
+    raw.send("SIZE pipe");
+    assert!(raw.reply().starts_with("550"));
+    raw.send("CKSM MD5 0 -1 pipe");
+    assert!(raw.reply().starts_with("5"));
+    raw.expect("TYPE I", "200 Switching to Binary mode.\r\n");
+    // REST then STOR would seed the partial from the file under the name: not from a FIFO.
+    raw.send("REST 3");
+    assert!(raw.reply().starts_with("350"));
+    let _data = raw.epsv();
+    raw.send("STOR pipe");
+    let r = raw.reply();
+    assert!(r.starts_with("550") || r.starts_with("554"), "{r}");
+    // The server still serves.
+    let mut other = Raw::login(server.addr, "anonymous", "x");
+    other.send("SIZE f.txt");
+    assert_eq!(other.reply(), "213 6\r\n");
+}

@@ -130,3 +130,63 @@ fn old_partial_uploads_expire_and_young_ones_stay() {
         server.log()
     );
 }
+
+/// MFMT sets a file's modification time (FEAT lists it), only for users who may write, and
+/// `braid put -r` uses it, so an upload keeps its files' times as a download does.
+#[test]
+fn uploads_keep_their_modification_times() {
+    use crate::util::Raw;
+    let top = tempdir();
+    let root = top.path().join("root");
+    let local = top.path().join("local");
+    std::fs::create_dir_all(local.join("sub")).unwrap();
+    std::fs::create_dir(&root).unwrap();
+    let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_577_934_245);
+    for (name, len) in [("a.txt", 10), ("sub/big.bin", 3 << 20), ("empty", 0)] {
+        let p = local.join(name);
+        std::fs::write(&p, random_bytes(len, 93)).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+    }
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let (code, _, err) = crate::util::braid(
+        &[
+            "put",
+            "-r",
+            "-q",
+            local.to_str().unwrap(),
+            &server.url("up/"),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    for name in ["a.txt", "sub/big.bin", "empty"] {
+        let m = std::fs::metadata(root.join("up/local").join(name)).unwrap();
+        assert_eq!(m.modified().unwrap(), when, "{name} lost its time");
+    }
+    let mut raw = Raw::login(server.addr, "anonymous", "x");
+    raw.send("FEAT");
+    assert!(raw.reply().contains("\r\n MFMT\r\n"));
+    raw.expect(
+        "MFMT 20000229120000 up/local/a.txt",
+        "213 Modify=20000229120000; /up/local/a.txt\r\n",
+    );
+    let m = std::fs::metadata(root.join("up/local/a.txt")).unwrap();
+    assert_eq!(
+        m.modified().unwrap(),
+        SystemTime::UNIX_EPOCH + Duration::from_secs(951_825_600)
+    );
+    raw.send("MFMT 2000 up/local/a.txt");
+    assert!(raw.reply().starts_with("501"));
+    raw.send("MFMT 20000229120000 nothing-here");
+    assert!(raw.reply().starts_with("550"));
+    // Read-only users may not.
+    let ro = Server::start(&root, &[]);
+    let mut raw = Raw::login(ro.addr, "anonymous", "x");
+    raw.send("MFMT 20100101000000 up/local/a.txt");
+    assert!(raw.reply().starts_with("550"));
+}

@@ -113,6 +113,9 @@ pub enum Command {
     Mlst(Option<String>),
     Size(String),
     Mdtm(String),
+    /// MFMT (draft-somers-ftp-mfxx): set a file's modification time, seconds since the epoch
+    /// (UTC), and the path.
+    Mfmt(i64, String),
     Dele(String),
     Mkd(String),
     Rmd(String),
@@ -316,6 +319,18 @@ impl Command {
             "MLST" => Command::Mlst(opt_arg()),
             "SIZE" => Command::Size(path("SIZE")?),
             "MDTM" => Command::Mdtm(path("MDTM")?),
+            "MFMT" => {
+                let (time, name) = path("MFMT")?
+                    .split_once(' ')
+                    .map(|(t, n)| (t.to_string(), n.to_string()))
+                    .ok_or_else(|| bad("MFMT", "expected YYYYMMDDHHMMSS and a path"))?;
+                let civil = crate::time::Civil::parse_mdtm(&time)
+                    .ok_or_else(|| bad("MFMT", "expected a time as YYYYMMDDHHMMSS (UTC)"))?;
+                if name.is_empty() {
+                    return Err(ParseError::MissingArgument("MFMT"));
+                }
+                Command::Mfmt(civil.to_unix(), name)
+            }
             "DELE" => Command::Dele(path("DELE")?),
             "MKD" | "XMKD" => Command::Mkd(path("MKD")?),
             "RMD" | "XRMD" => Command::Rmd(path("RMD")?),
@@ -431,6 +446,7 @@ impl Command {
             Command::Mlst(a) => opt("MLST", a),
             Command::Size(a) => with("SIZE", a),
             Command::Mdtm(a) => with("MDTM", a),
+            Command::Mfmt(t, a) => format!("MFMT {} {a}", crate::time::Civil::from_unix(*t).mdtm()),
             Command::Dele(a) => with("DELE", a),
             Command::Mkd(a) => with("MKD", a),
             Command::Rmd(a) => with("RMD", a),
@@ -461,10 +477,10 @@ impl Command {
 /// Every verb the parser knows (aliases such as XPWD included), for HELP and for tests.
 pub const KNOWN_VERBS: &[&str] = &[
     "ABOR", "ACCT", "ALLO", "APPE", "AUTH", "CDUP", "CKSM", "CWD", "DELE", "EPRT", "EPSV", "FEAT",
-    "HELP", "LIST", "MDTM", "MKD", "MLSD", "MLSR", "MLST", "MODE", "MPRT", "MULT", "NLST", "NOOP",
-    "OPTS", "PASS", "PASV", "PBSZ", "PORT", "PROT", "PWD", "SBUF", "SCKS", "SPAS", "SPOR", "QUIT",
-    "REIN", "REST", "RETR", "RMD", "RNFR", "RNTO", "SITE", "SIZE", "STAT", "STOR", "STRU", "SYST",
-    "TYPE", "USER", "XCUP", "XCWD", "XMKD", "XPWD", "XRMD",
+    "HELP", "LIST", "MDTM", "MFMT", "MKD", "MLSD", "MLSR", "MLST", "MODE", "MPRT", "MULT", "NLST",
+    "NOOP", "OPTS", "PASS", "PASV", "PBSZ", "PORT", "PROT", "PWD", "SBUF", "SCKS", "SPAS", "SPOR",
+    "QUIT", "REIN", "REST", "RETR", "RMD", "RNFR", "RNTO", "SITE", "SIZE", "STAT", "STOR", "STRU",
+    "SYST", "TYPE", "USER", "XCUP", "XCWD", "XMKD", "XPWD", "XRMD",
 ];
 
 fn bad(verb: &'static str, reason: impl ToString) -> ParseError {
@@ -672,6 +688,7 @@ mod tests {
             opt_path().prop_map(Command::Mlst),
             path_arg().prop_map(Command::Size),
             path_arg().prop_map(Command::Mdtm),
+            (0i64..253_402_300_799, path_arg()).prop_map(|(t, p)| Command::Mfmt(t, p)),
             path_arg().prop_map(Command::Dele),
             path_arg().prop_map(Command::Mkd),
             path_arg().prop_map(Command::Rmd),

@@ -140,6 +140,10 @@ impl Session {
                 let p = resolve!(&arg);
                 self.fs(FsOp::Mdtm(p))
             }
+            Command::Mfmt(time, arg) => {
+                let p = resolve!(&arg);
+                need_write(&p).unwrap_or_else(|| self.fs(FsOp::SetMtime(p, time)))
+            }
             Command::Dele(arg) => {
                 let p = resolve!(&arg);
                 need_write(&p).unwrap_or_else(|| self.fs(FsOp::Dele(p)))

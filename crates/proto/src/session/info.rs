@@ -21,6 +21,7 @@ impl Session {
             " EPRT".into(),
             " EPSV".into(),
             " MDTM".into(),
+            " MFMT".into(),
             " MLSR".into(),
             format!(" MLST {mlst}"),
             " PARALLEL".into(),

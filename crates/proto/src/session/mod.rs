@@ -265,6 +265,7 @@ impl Session {
             | Command::Mlst(_)
             | Command::Size(_)
             | Command::Mdtm(_)
+            | Command::Mfmt(..)
             | Command::Dele(_)
             | Command::Mkd(_)
             | Command::Rmd(_)
@@ -601,6 +602,7 @@ impl Session {
             FsOp::ChangeDir(p)
             | FsOp::Size { path: p, .. }
             | FsOp::Mdtm(p)
+            | FsOp::SetMtime(p, _)
             | FsOp::Mkd(p)
             | FsOp::Rmd(p)
             | FsOp::Dele(p)
@@ -623,6 +625,10 @@ impl Session {
             (FsOp::Mdtm(_), FsOutcome::Mtime(t)) => {
                 Reply::new(213, crate::time::Civil::from_unix(t).mdtm())
             }
+            (FsOp::SetMtime(p, t), _) => Reply::new(
+                213,
+                format!("Modify={}; {p}", crate::time::Civil::from_unix(t).mdtm()),
+            ),
             (FsOp::Mkd(p), _) => Reply::new(257, format!("{} created.", p.quoted())),
             (FsOp::Rmd(_), _) => Reply::new(250, "Remove directory operation successful."),
             (FsOp::Dele(_), _) => Reply::new(250, "Delete operation successful."),

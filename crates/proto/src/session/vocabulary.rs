@@ -159,6 +159,8 @@ pub enum FsOp {
         ascii: bool,
     },
     Mdtm(VPath),
+    /// MFMT: set the modification time (seconds since the epoch).
+    SetMtime(VPath, i64),
     Mkd(VPath),
     Rmd(VPath),
     Dele(VPath),
