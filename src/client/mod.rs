@@ -520,9 +520,15 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
         let bar = progress_bar(opts, size, offset);
         let partial_name = part.as_ref().map(|p| p.part.display().to_string());
         background = stream_yield::start(c, &tcp, opts, false);
+        // Never more than SIZE announced: a server that does not stop (or a file that grows
+        // while it is sent) would otherwise fill the disk.
+        let mut capped = Capped::new(&mut data, size.map(|s| s.saturating_sub(offset)));
         let (copied, stopped) = interrupt::on_one_connection(&tcp, background.as_mut(), || {
-            stream::read_to_end(&mut data, &mut out, false, |n| bar.set_position(offset + n))
+            stream::read_to_end(&mut capped, &mut out, false, |n| {
+                bar.set_position(offset + n)
+            })
         });
+        let overran = capped.overran;
         bar.finish_and_clear();
         if stopped {
             out.flush()
@@ -533,6 +539,19 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
         close_data(data);
         received = match copied {
             Ok(n) => n,
+            Err(CopyError::Read(n, _)) if overran => {
+                out.flush()
+                    .map_err(local_err(cannot_write(partial_name.as_deref())))?;
+                return Err(ClientError::Integrity(format!(
+                    "{}: the server sent more than the {} bytes its SIZE announced: the file \
+                     is growing on the server, or the server is broken; the first {} bytes are \
+                     kept{}",
+                    display_url(target),
+                    size.unwrap_or(0),
+                    offset + n,
+                    partial_name.map(|p| format!(" in {p}")).unwrap_or_default()
+                )));
+            }
             Err(CopyError::Read(n, e)) => {
                 return Err(ClientError::Interrupted {
                     bytes: n,
@@ -1114,15 +1133,61 @@ fn list_dir(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
     Ok(entries)
 }
 
+/// The longest listing read (a million entries of 256 bytes): a server whose listing never
+/// ends must not fill the client's memory.
+const MAX_LISTING: u64 = 256 << 20;
+
 fn read_all(mut data: Wire, c: &mut Control, cmd: &Command) -> Result<String> {
     let mut buf = Vec::new();
-    data.read_to_end(&mut buf)
+    (&mut data)
+        .take(MAX_LISTING + 1)
+        .read_to_end(&mut buf)
         .map_err(|e| ClientError::Interrupted {
             bytes: buf.len() as u64,
             why: e.to_string(),
             partial: None,
         })?;
+    if buf.len() as u64 > MAX_LISTING {
+        return Err(ClientError::Protocol(format!(
+            "the server's answer to {} went past {} MiB: a listing that does not end, or a \
+             directory too large to list in one go (list its subdirectories instead)",
+            cmd.verb(),
+            MAX_LISTING >> 20
+        )));
+    }
     close_data(data);
     c.finish_transfer(cmd)?;
     Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// A reader that fails once more than `limit` bytes come (none is passed on of the read that
+/// goes past it), and says so in `overran`.
+struct Capped<R> {
+    inner: R,
+    left: Option<u64>,
+    overran: bool,
+}
+
+impl<R> Capped<R> {
+    fn new(inner: R, limit: Option<u64>) -> Capped<R> {
+        Capped {
+            inner,
+            left: limit,
+            overran: false,
+        }
+    }
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if let Some(left) = &mut self.left {
+            if n as u64 > *left {
+                self.overran = true;
+                return Err(std::io::Error::other("more data than announced"));
+            }
+            *left -= n as u64;
+        }
+        Ok(n)
+    }
 }

@@ -9,6 +9,7 @@ mod diskfull;
 mod elastic;
 mod ftplib;
 mod globus;
+mod hostile;
 mod lab;
 mod lftp;
 mod parallel;
