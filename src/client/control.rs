@@ -278,10 +278,31 @@ impl Control {
             self.show(cmd);
             cmd.encode(&mut out);
         }
-        self.stream
+        match self
+            .stream
             .write_all(&out)
             .and_then(|()| self.stream.flush())
-            .map_err(|e| ClientError::ControlLost(format!("sending {}: {e}", last.verb())))
+        {
+            Ok(()) => Ok(()),
+            // The server closed the connection, most likely right after saying why (vsftpd's
+            // 530 to a login in clear that it requires over TLS, a 421): that reply is what
+            // the user needs, and it is read next, in turn, before the close is noticed.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                if self.verbose {
+                    eprintln!("! sending {}: {e}", last.verb());
+                }
+                Ok(())
+            }
+            Err(e) => Err(ClientError::ControlLost(format!(
+                "sending {}: {e}",
+                last.verb()
+            ))),
+        }
     }
 
     /// Starts an op whose outcome can wait: pipelined, it is read when its turn comes, just

@@ -92,3 +92,38 @@ fn a_server_that_sends_without_end_cannot_fill_the_clients_disk_or_memory() {
     assert_eq!(code, 9, "{err}");
     assert!(err.contains("MLSD") && err.contains("MiB"), "{err}");
 }
+
+/// A server that says why it refuses a login and closes at once (vsftpd requiring TLS does)
+/// while the client's pipelined commands are still on their way.
+const REFUSES_AND_CLOSES: &str = r#"
+import socket, sys
+port = int(sys.argv[1])
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", port))
+l.listen(8)
+for _ in range(1000):
+    c, _ = l.accept()
+    c.sendall(b"220 (vsFTPd 3.0.3)\r\n")
+    if c.recv(4096):
+        c.sendall(b"530 Non-anonymous sessions must use encryption.\r\n")
+    c.close()
+"#;
+
+/// The server's own reason (530, exit 4) is what the user sees, every time, not the broken
+/// pipe of a command sent after the server closed (exit 7), which won the race 3 times in 5.
+#[test]
+fn a_login_refused_before_a_close_reports_the_refusal_not_the_broken_pipe() {
+    require("python3");
+    let server = Daemon::start("a server that refuses and closes", |port| {
+        let mut c = Command::new("python3");
+        c.args(["-c", REFUSES_AND_CLOSES, &port.to_string()]);
+        c
+    });
+    let url = format!("ftp://bob:pw@127.0.0.1:{}/", server.port);
+    for _ in 0..20 {
+        let (code, _, err) = braid(&["ls", &url], &[]);
+        assert_eq!(code, 4, "{err}");
+        assert!(err.contains("530 Non-anonymous"), "{err}");
+    }
+}
