@@ -331,6 +331,13 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 pub fn main() -> ExitCode {
+    // A write past the file size limit (`ulimit -f`) then fails with EFBIG, which fails that
+    // file alone with a message, instead of SIGXFSZ killing the process and every other
+    // transfer with it (a client's tree, a server's sessions).
+    let _ = signal_hook::flag::register(
+        signal_hook::consts::SIGXFSZ,
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => ExitCode::from(code),

@@ -305,6 +305,13 @@ impl Control {
         }
     }
 
+    /// Whether every request sent has been answered and read: a session left otherwise by a
+    /// failure in the middle of a transfer (a local file that could not be written) would
+    /// take the replies still coming for the next file's.
+    pub fn in_step(&self) -> bool {
+        self.session.oldest().is_none() && self.deferred.is_empty()
+    }
+
     /// Starts an op whose outcome can wait: pipelined, it is read when its turn comes, just
     /// before the next outcome anyone asks for (its commands go out with the next ones);
     /// otherwise it runs now.

@@ -815,7 +815,7 @@ impl Work {
                             Ok(Some(s)) => Moved::Done(s.bytes),
                             Ok(None) => Moved::UpToDate,
                             Err(e) => {
-                                if breaks_session(&e) {
+                                if breaks_session(&e) || !session.in_step() {
                                     c = None;
                                 }
                                 Moved::Failed(job.named(work.op), e)

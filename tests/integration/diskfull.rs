@@ -1,6 +1,7 @@
-//! A full disk on either side: a clear error, nothing lost, and `--resume` continues. Each test
-//! mounts a small tmpfs in a private mount namespace (`unshare --mount`), which disappears with
-//! the processes inside it, so nothing is left mounted when a test fails.
+//! A full disk (or a file size limit) on either side: a clear error, nothing lost, and `--resume`
+//! continues. The disk-full tests mount a small tmpfs in a private mount namespace (`unshare
+//! --mount`), which disappears with the processes inside it, so nothing is left mounted when a
+//! test fails.
 use crate::util::{BRAID, Daemon, Server, braid, json, random_bytes, require, run, tempdir};
 use std::process::Command;
 use std::time::Duration;
@@ -115,4 +116,60 @@ fn an_upload_that_fills_the_servers_disk_is_refused_cleanly() {
         .map(|e| e["name"].as_str().unwrap().to_string())
         .collect();
     assert!(names.is_empty(), "{out}");
+}
+
+/// A download tree where some files cannot be written (`ulimit -f`: no file may pass 2 MiB)
+/// fails those files alone: every other file arrives whole, because a session left with a
+/// transfer's replies still coming is dropped rather than reused (its next file took those
+/// replies for its own: "unexpected outcome", "refused: 229 Entering Extended Passive Mode"),
+/// and braid is not killed by SIGXFSZ.
+#[test]
+fn files_too_large_to_write_fail_alone_and_the_rest_of_the_tree_arrives() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    let d = root.join("d");
+    std::fs::create_dir_all(&d).unwrap();
+    for i in 1..=40u64 {
+        std::fs::write(d.join(format!("s{i}")), random_bytes(i as usize * 1000, i)).unwrap();
+    }
+    for i in 1..=6u64 {
+        std::fs::write(d.join(format!("big{i}")), random_bytes(3 << 20, 100 + i)).unwrap();
+    }
+    let server = Server::start(&root, &[]);
+    let dest = top.path().join("got");
+    let (_, out, err) = run(
+        Command::new("sh")
+            .args(["-c", "ulimit -f 2048 && exec \"$0\" \"$@\""])
+            .arg(BRAID)
+            .args(["get", "-r", "--json", &server.url("d/")])
+            .arg(&dest),
+        Duration::from_secs(120),
+    );
+    let summary = json(
+        out.lines()
+            .last()
+            .unwrap_or_else(|| panic!("no summary: {err}")),
+    );
+    let failed: Vec<&str> = summary["failed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            assert!(
+                f["error"].as_str().unwrap().contains("File too large"),
+                "{f}"
+            );
+            f["path"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(failed.len(), 6, "{summary}");
+    assert!(failed.iter().all(|p| p.starts_with("/d/big")), "{summary}");
+    for i in 1..=40 {
+        let name = format!("s{i}");
+        assert_eq!(
+            std::fs::read(dest.join("d").join(&name)).unwrap(),
+            std::fs::read(d.join(&name)).unwrap(),
+            "{name}"
+        );
+    }
 }
