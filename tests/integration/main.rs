@@ -10,6 +10,7 @@ mod elastic;
 mod ftplib;
 mod globus;
 mod hostile;
+mod interop;
 mod lab;
 mod lftp;
 mod parallel;
