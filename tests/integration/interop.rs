@@ -162,6 +162,13 @@ const MATRIX: &[Cell] = &[
     },
     Cell {
         role: SERVER,
+        client: "ProFTPD",
+        security: TLS,
+        covers: "`braid get` / `put` / `ls` with `--tls-ca` (`TLSRequired on`, session reuse required)",
+        test: "proftpd::braid_client_against_proftpd_over_tls",
+    },
+    Cell {
+        role: SERVER,
         client: "pure-ftpd",
         security: CLEAR,
         covers: "the tree up with `braid put -r` and down with `braid get -r`, times kept",

@@ -23,8 +23,10 @@ fn proftpd() -> PathBuf {
     program
 }
 
-/// ProFTPD on a free port, serving `top/root` to anonymous users, `pub/` writable.
-fn start(top: &Path) -> Daemon {
+/// ProFTPD on a free port, serving `top/root` to anonymous users, `pub/` writable; with `tls`
+/// (certificate and key), FTPS required, with its default of data connections that must
+/// resume the control connection's TLS session.
+fn start(top: &Path, tls: Option<(&str, &str)>) -> Daemon {
     assert!(
         rustix::process::geteuid().is_root(),
         "this test needs root: ProFTPD starts as root and drops to nobody"
@@ -39,6 +41,13 @@ fn start(top: &Path) -> Daemon {
     Daemon::start("proftpd", |port| {
         let conf = top.join("proftpd.conf");
         let t = top.display();
+        let tls = tls.map_or(String::new(), |(cert, key)| {
+            format!(
+                "LoadModule mod_tls.c\nTLSEngine on\nTLSRequired on\n\
+                 TLSProtocol TLSv1.2 TLSv1.3\nTLSRSACertificateFile {cert}\n\
+                 TLSRSACertificateKeyFile {key}\nTLSLog {t}/tls.log\n"
+            )
+        });
         std::fs::write(
             &conf,
             format!(
@@ -46,7 +55,7 @@ fn start(top: &Path) -> Daemon {
                  DefaultAddress 127.0.0.1\nUseIPv6 off\nUser nobody\nGroup nogroup\n\
                  PidFile {t}/proftpd.pid\nScoreboardFile {t}/proftpd.scoreboard\n\
                  DelayTable none\nWtmpLog off\nUseFtpUsers off\nUseReverseDNS off\nTimeoutLinger {LINGER_SECONDS}\n\
-                 ModulePath {}\n\
+                 ModulePath {}\n{tls}\
                  <Anonymous {}>\n  User nobody\n  Group nogroup\n  UserAlias anonymous nobody\n\
                  RequireValidShell off\n  Umask 022\n  <Directory pub>\n    <Limit WRITE>\n\
                  AllowAll\n    </Limit>\n  </Directory>\n</Anonymous>\n",
@@ -74,7 +83,7 @@ fn braid_ok(home: &Path, args: &[&str]) -> String {
 #[test]
 fn braid_client_against_proftpd_does_not_wait_for_the_lingering_close() {
     let top = tempdir();
-    let server = start(top.path());
+    let server = start(top.path(), None);
     let root = top.path().join("root");
     let content = random_bytes(5 << 20, 91);
     std::fs::write(root.join("f.bin"), &content).unwrap();
@@ -156,4 +165,43 @@ fn braid_client_against_proftpd_does_not_wait_for_the_lingering_close() {
     );
     assert!(err.contains("not a partial copy"), "{err}");
     assert!(!longer.exists());
+}
+
+/// braid's client over TLS against ProFTPD with `TLSRequired on` and its default session-reuse
+/// requirement: a download, a listing and an upload, each data connection resuming the
+/// control connection's session.
+#[test]
+fn braid_client_against_proftpd_over_tls() {
+    let top = tempdir();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let (c, k) = (top.path().join("cert.pem"), top.path().join("key.pem"));
+    std::fs::write(&c, cert.cert.pem()).unwrap();
+    std::fs::write(&k, cert.signing_key.serialize_pem()).unwrap();
+    let (c, k) = (c.display().to_string(), k.display().to_string());
+    let server = start(top.path(), Some((&c, &k)));
+    let root = top.path().join("root");
+    let content = random_bytes(5 << 20, 92);
+    std::fs::write(root.join("f.bin"), &content).unwrap();
+    let base = format!("ftp://localhost:{}", server.port);
+    let got = top.path().join("got.bin");
+    let home = top.path();
+    let tls = ["--tls-ca", c.as_str(), "-q"];
+    let (file_url, up_url) = (format!("{base}/f.bin"), format!("{base}/pub/up.bin"));
+    let get = [&["get", &file_url, got.to_str().unwrap()][..], &tls].concat();
+    braid_ok(home, &get);
+    assert!(std::fs::read(&got).unwrap() == content, "download differs");
+    let listing = braid_ok(home, &[&["ls", &format!("{base}/")][..], &tls].concat());
+    assert!(listing.contains("f.bin"), "{listing}");
+    let put = [&["put", got.to_str().unwrap(), &up_url][..], &tls].concat();
+    braid_ok(home, &put);
+    assert!(
+        std::fs::read(root.join("pub/up.bin")).unwrap() == content,
+        "upload differs"
+    );
+    // In clear, ProFTPD refuses the login, and braid says why.
+    let (ok, _, err) = run(
+        braid_command(home).args(["ls", &format!("{base}/")]),
+        Duration::from_secs(60),
+    );
+    assert!(!ok && (err.contains("550") || err.contains("530")), "{err}");
 }
