@@ -1018,6 +1018,10 @@ fn braid_tree_round_trip(top: &Path, served: &Path, url: &str, extra: &[&str], t
 /// pure-ftpd with one virtual account (`alice`, password `pw`) mapped to `nobody` (65534),
 /// chrooted into `root`, TLS offered with the given certificate.
 fn pure_ftpd(top: &Path, root: &Path, cert: &str, key: &str) -> crate::util::Daemon {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test needs root: pure-ftpd chroots into the served directory and works as nobody"
+    );
     require("pure-pw");
     let passwd = top.join("pure.passwd");
     let db = top.join("pure.pdb");
