@@ -1022,7 +1022,16 @@ fn pure_ftpd(top: &Path, root: &Path, cert: &str, key: &str) -> crate::util::Dae
         rustix::process::geteuid().is_root(),
         "this test needs root: pure-ftpd chroots into the served directory and works as nobody"
     );
-    require("pure-pw");
+    let unpacked = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/interop/pure-ftpd/usr");
+    let (pure, pure_pw) = (
+        unpacked.join("sbin/pure-ftpd"),
+        unpacked.join("bin/pure-pw"),
+    );
+    assert!(
+        pure.exists() && pure_pw.exists(),
+        "this test needs pure-ftpd unpacked under {}: run ./scripts/test, which does it",
+        unpacked.display()
+    );
     let passwd = top.join("pure.passwd");
     let db = top.join("pure.pdb");
     // The account written as `pure-pw useradd` writes it, but with a SHA-512 crypt hash:
@@ -1042,7 +1051,7 @@ fn pure_ftpd(top: &Path, root: &Path, cert: &str, key: &str) -> crate::util::Dae
     )
     .unwrap();
     let (ok, _, err) = run(
-        Command::new("pure-pw")
+        Command::new(&pure_pw)
             .arg("mkdb")
             .arg(&db)
             .arg("-f")
@@ -1053,7 +1062,6 @@ fn pure_ftpd(top: &Path, root: &Path, cert: &str, key: &str) -> crate::util::Dae
     // The server works as nobody inside the root.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let pure = crate::util::sbin("pure-ftpd");
     crate::util::Daemon::start("pure-ftpd", |port| {
         let mut c = Command::new(&pure);
         c.arg("-S")
