@@ -66,6 +66,10 @@ enum Cmd {
         /// Continue a partial download (DEST.part) from where it stopped.
         #[arg(long)]
         resume: bool,
+        /// The file is still being written on the server: take what comes past the size the
+        /// server announced instead of stopping there with an error (exit 8).
+        #[arg(long)]
+        growing: bool,
         #[command(flatten)]
         tree: TreeArgs,
         #[command(flatten)]
@@ -405,13 +409,17 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             args,
             input,
             resume,
+            growing,
             tree,
             transfer,
             out,
             tls,
         } => {
             let (urls, dest) = get_args(args, input.as_deref())?;
-            let opts = options(&out, resume, Some(&transfer), &tls)?;
+            let opts = Options {
+                growing,
+                ..options(&out, resume, Some(&transfer), &tls)?
+            };
             let sources = url::CredentialSources::from_env();
             if tree.recursive {
                 let targets = urls
@@ -769,6 +777,7 @@ fn options(
         background: t.filter(|t| t.background).map(|t| t.background_target),
         congestion: t.and_then(|t| t.congestion),
         keep_connections: false,
+        growing: false,
     })
 }
 

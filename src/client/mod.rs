@@ -63,6 +63,9 @@ pub struct Options {
     /// MODE E uploads end with EOD but without CLOSE, so the next upload of the session can
     /// use the same data connections (set for batches).
     pub keep_connections: bool,
+    /// `--growing`: a download may go past the size the server announced (a file still being
+    /// written); otherwise more than announced is an error.
+    pub growing: bool,
 }
 
 /// What a braid server said of its sending during a download (`113 Sender`, the last one).
@@ -522,7 +525,8 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
         background = stream_yield::start(c, &tcp, opts, false);
         // Never more than SIZE announced: a server that does not stop (or a file that grows
         // while it is sent) would otherwise fill the disk.
-        let mut capped = Capped::new(&mut data, size.map(|s| s.saturating_sub(offset)));
+        let limit = size.filter(|_| !opts.growing);
+        let mut capped = Capped::new(&mut data, limit.map(|s| s.saturating_sub(offset)));
         let (copied, stopped) = interrupt::on_one_connection(&tcp, background.as_mut(), || {
             stream::read_to_end(&mut capped, &mut out, false, |n| {
                 bar.set_position(offset + n)
@@ -544,8 +548,8 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
                     .map_err(local_err(cannot_write(partial_name.as_deref())))?;
                 return Err(ClientError::Integrity(format!(
                     "{}: the server sent more than the {} bytes its SIZE announced: the file \
-                     is growing on the server, or the server is broken; the first {} bytes are \
-                     kept{}",
+                     is growing on the server (take what comes with --growing), or the server \
+                     is broken; the first {} bytes are kept{}",
                     display_url(target),
                     size.unwrap_or(0),
                     offset + n,
@@ -585,7 +589,7 @@ fn get_inner(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> R
     drop(out);
     let total = offset + received;
     if let Some(s) = size
-        && total != s
+        && (total < s || (total > s && !opts.growing))
     {
         return Err(ClientError::Integrity(format!(
             "received {total} bytes but the server announced {s}; the partial data is kept, run again with --resume"

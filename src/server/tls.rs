@@ -5,11 +5,12 @@ use anyhow::{Context, Result};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::ProducesTickets;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// The server's TLS: its certificate, and what it demands of data connections.
 #[derive(Debug)]
@@ -66,7 +67,7 @@ impl SessionTls {
     /// sessions count as one account: anyone who can log in anonymously from the same address
     /// could as well transfer that file themselves.
     pub fn logged_in(&self, account: &str) {
-        holders().insert(self.holder.mark, (self.holder.ip, Some(account.to_owned())));
+        holders().logged_in(self.holder.mark, account);
     }
 
     /// A stream-mode (PROT P) data connection's TLS: no session tickets after the handshake.
@@ -120,42 +121,101 @@ impl StreamDataTls {
         if mark == own.mark {
             return Ok(());
         }
-        let holders = holders();
-        match (holders.get(&own.mark), holders.get(&mark)) {
-            (Some((ip, Some(user))), Some((their_ip, Some(theirs))))
-                if ip == their_ip && user == theirs =>
-            {
-                Ok(())
+        // The ticket may come from a control connection still logging in: a client that
+        // shares one ticket cache among its connections (rclone) stores a new connection's
+        // ticket before that connection's login is answered.
+        let deadline = Instant::now() + LOGIN_WAIT;
+        loop {
+            match holders().same_login(own.mark, mark) {
+                Some(true) => return Ok(()),
+                Some(false) => break,
+                None if Instant::now() < deadline => std::thread::sleep(LOGIN_POLL),
+                None => break,
             }
-            _ => Err("the data connection resumed the TLS session of another login"),
         }
+        Err("the data connection resumed the TLS session of another login")
     }
 }
+
+/// How long a data connection waits for the login of the control connection whose session it
+/// resumed, and how often it looks.
+const LOGIN_WAIT: Duration = Duration::from_secs(3);
+const LOGIN_POLL: Duration = Duration::from_millis(5);
+
+/// How long, and how many, ended logins are remembered: a client may resume the session of a
+/// control connection it has since closed.
+const ENDED_KEPT: Duration = Duration::from_secs(3600);
+const ENDED_MOST: usize = 10_000;
 
 /// A control connection's TLS session, known by a mark unique in this process.
 #[derive(Debug)]
 struct Holder {
     mark: u64,
-    ip: IpAddr,
 }
 
 impl Holder {
     fn new(ip: IpAddr) -> Holder {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let mark = NEXT.fetch_add(1, Ordering::Relaxed);
-        holders().insert(mark, (ip, None));
-        Holder { mark, ip }
+        holders().started(mark, ip);
+        Holder { mark }
     }
 }
 
 impl Drop for Holder {
     fn drop(&mut self) {
-        holders().remove(&self.mark);
+        holders().ended(self.mark, Instant::now());
     }
 }
 
-/// The live control connections under TLS: mark, address and account (once logged in).
-type Holders = HashMap<u64, (IpAddr, Option<String>)>;
+/// The control connections under TLS by mark: address, account once logged in, and when the
+/// connection ended (kept a while after, if it had logged in).
+#[derive(Debug, Default)]
+struct Holders {
+    by_mark: HashMap<u64, (IpAddr, Option<String>)>,
+    /// Ended logins, oldest first.
+    ended: VecDeque<(Instant, u64)>,
+}
+
+impl Holders {
+    fn started(&mut self, mark: u64, ip: IpAddr) {
+        self.by_mark.insert(mark, (ip, None));
+    }
+
+    fn logged_in(&mut self, mark: u64, account: &str) {
+        if let Some(h) = self.by_mark.get_mut(&mark) {
+            h.1 = Some(account.to_owned());
+        }
+    }
+
+    fn ended(&mut self, mark: u64, now: Instant) {
+        match self.by_mark.get(&mark) {
+            Some((_, Some(_))) => self.ended.push_back((now, mark)),
+            _ => {
+                self.by_mark.remove(&mark);
+            }
+        }
+        while let Some(&(at, old)) = self.ended.front() {
+            if now.duration_since(at) < ENDED_KEPT && self.ended.len() <= ENDED_MOST {
+                break;
+            }
+            self.ended.pop_front();
+            self.by_mark.remove(&old);
+        }
+    }
+
+    /// Whether the logins behind two marks are of the same account from the same address:
+    /// `None` while the second has not logged in yet (undecided).
+    fn same_login(&self, own: u64, theirs: u64) -> Option<bool> {
+        match (self.by_mark.get(&own), self.by_mark.get(&theirs)) {
+            (Some((ip, Some(user))), Some((their_ip, Some(their_user)))) => {
+                Some(ip == their_ip && user == their_user)
+            }
+            (Some((ip, Some(_))), Some((their_ip, None))) if ip == their_ip => None,
+            _ => Some(false),
+        }
+    }
+}
 
 fn holders() -> MutexGuard<'static, Holders> {
     static HOLDERS: LazyLock<Mutex<Holders>> = LazyLock::new(Default::default);
@@ -238,4 +298,55 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
     config.ticketer = rustls::crypto::ring::Ticketer::new().context("TLS session tickets")?;
     config.max_tls13_tickets = 64;
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HERE: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 18, 0, 1));
+    const THERE: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 18, 0, 2));
+
+    #[test]
+    fn a_session_lends_itself_only_to_the_same_account_from_the_same_address() {
+        let mut h = Holders::default();
+        for (mark, ip) in [(1, HERE), (2, HERE), (3, HERE), (4, THERE), (5, HERE)] {
+            h.started(mark, ip);
+        }
+        h.logged_in(1, "alice");
+        h.logged_in(2, "alice");
+        h.logged_in(3, "bob");
+        h.logged_in(4, "alice");
+        assert_eq!(h.same_login(1, 2), Some(true));
+        assert_eq!(h.same_login(1, 3), Some(false), "another account");
+        assert_eq!(h.same_login(1, 4), Some(false), "another address");
+        assert_eq!(h.same_login(1, 5), None, "still logging in: wait");
+        assert_eq!(h.same_login(1, 99), Some(false), "no such session");
+        // Not logged in itself: nobody's session is its own.
+        assert_eq!(h.same_login(5, 1), Some(false));
+        // A login that ended is remembered a while; one that never logged in is not.
+        let now = Instant::now();
+        h.ended(2, now);
+        h.ended(5, now);
+        assert_eq!(h.same_login(1, 2), Some(true));
+        assert!(!h.by_mark.contains_key(&5));
+        h.ended(3, now + ENDED_KEPT + Duration::from_secs(1));
+        assert_eq!(
+            h.same_login(1, 2),
+            Some(false),
+            "forgotten after ENDED_KEPT"
+        );
+    }
+
+    #[test]
+    fn ended_logins_are_bounded() {
+        let mut h = Holders::default();
+        let now = Instant::now();
+        for mark in 0..(ENDED_MOST as u64 + 50) {
+            h.started(mark, HERE);
+            h.logged_in(mark, "anonymous");
+            h.ended(mark, now);
+        }
+        assert!(h.by_mark.len() <= ENDED_MOST + 1, "{}", h.by_mark.len());
+    }
 }

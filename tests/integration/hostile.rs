@@ -41,8 +41,11 @@ def serve(c):
             d, _ = data.accept()
             chunk = retr if verb == "RETR" else listing
             try:
-                for _ in range(200000):  # bounded: about 13 GB at most
-                    d.sendall(chunk)
+                if arg.endswith("grows.bin"):
+                    d.sendall(b"y" * 1010)  # 10 announced, 1000 written since
+                else:
+                    for _ in range(200000):  # bounded: about 13 GB at most
+                        d.sendall(chunk)
             except OSError:
                 pass
             d.close()
@@ -61,9 +64,9 @@ while True:
 "#;
 
 /// A download that goes past the size the server announced stops there with an integrity
-/// error (exit 8), keeping no more than was announced; a listing that never ends stops at the
-/// client's bound with a protocol error (exit 9). Before, the first wrote 57.7 GB in a minute
-/// and the second grew the client to 1.3 GB.
+/// error (exit 8), keeping no more than was announced, unless `--growing` says the file grows;
+/// a listing that never ends stops at the client's bound with a protocol error (exit 9).
+/// Before, the first wrote 57.7 GB in a minute and the second grew the client to 1.3 GB.
 #[test]
 fn a_server_that_sends_without_end_cannot_fill_the_clients_disk_or_memory() {
     require("python3");
@@ -91,6 +94,16 @@ fn a_server_that_sends_without_end_cannot_fill_the_clients_disk_or_memory() {
     let (code, _, err) = braid(&["ls", &format!("{base}/")], &[]);
     assert_eq!(code, 9, "{err}");
     assert!(err.contains("MLSD") && err.contains("MiB"), "{err}");
+
+    // A file that grows while it is fetched: an error, unless the user says it grows.
+    let grows = format!("{base}/grows.bin");
+    let dest = top.path().join("grows.bin");
+    let (code, _, err) = braid(&["get", &grows, dest.to_str().unwrap()], &[]);
+    assert_eq!(code, 8, "{err}");
+    assert!(err.contains("--growing"), "{err}");
+    let (code, _, err) = braid(&["get", "--growing", &grows, dest.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(&dest).unwrap(), vec![b'y'; 1010]);
 }
 
 /// A server that says why it refuses a login and closes at once (vsftpd requiring TLS does)
