@@ -326,6 +326,21 @@ impl Control {
         }
     }
 
+    /// Starts ops whose outcomes can wait, their commands in one write: pipelined, each is
+    /// read when its turn comes, as with [`Control::later`]; otherwise they run now, in turn.
+    pub fn later_all(&mut self, ops: impl IntoIterator<Item = Op>) -> Result<()> {
+        let ids: Vec<u64> = ops.into_iter().map(|op| self.session.begin(op)).collect();
+        self.send_queued()?;
+        if self.session.pipelining() {
+            self.deferred.extend(ids.into_iter().map(|id| (id, None)));
+            return Ok(());
+        }
+        for _ in ids {
+            self.finished(None)?;
+        }
+        Ok(())
+    }
+
     /// Carries the running op to its end: reads replies, sends what the session asks next.
     fn finish(&mut self) -> std::result::Result<Outcome, Failure> {
         loop {
@@ -865,6 +880,16 @@ impl Control {
 
     pub fn quit(mut self) {
         if self.session.pipelining() {
+            // What was begun to be read later is read now: a server that finds its client gone
+            // stops carrying out the requests still queued (an MFMT would be lost).
+            while let Some(&(id, _)) = self.deferred.front()
+                && self.session.oldest() == Some(id)
+            {
+                self.deferred.pop_front();
+                if self.finish().is_err() {
+                    return;
+                }
+            }
             // A braid server closes after QUIT; its 221 is not worth a round trip.
             let _ = self.send(&Command::Quit);
             return;

@@ -314,7 +314,8 @@ pub fn put_tree(
             Held::Nothing
         };
         let s = put_on(c, &job.local, &target, o, held)?;
-        keep_time(c, job);
+        let mut time = keep_time(c, job).into_iter().collect();
+        send_times(c, &mut time);
         done(&s);
         Ok(Some(s))
     };
@@ -1011,8 +1012,9 @@ fn put_ahead(
     done: &(impl Fn(&Summary) + Sync),
 ) -> bool {
     let buf = std::cell::RefCell::new(Vec::new());
+    let times = std::cell::RefCell::new(Vec::new());
     let gridftp = super::parallel::Peer::of(c) == Some(super::parallel::Peer::GridFtp);
-    Ahead {
+    let ok = Ahead {
         depth: pipeline::UPLOADS_AHEAD,
         fits: |j: &Job| j.size.is_some_and(|s| s <= pipeline::MAX_SIZE),
         prepare: |job: &Job| {
@@ -1037,13 +1039,23 @@ fn put_ahead(
             } else {
                 pipeline::send_next(c, outgoing, server)?
             };
-            keep_time(c, job);
+            let mut times = times.borrow_mut();
+            times.extend(keep_time(c, job));
+            if times.len() >= TIMES_PER_WRITE {
+                send_times(c, &mut times);
+            }
             done(&s);
             Ok(s)
         },
     }
-    .run(c, work, results, stop)
+    .run(c, work, results, stop);
+    send_times(c, &mut times.borrow_mut());
+    ok
 }
+
+/// MFMTs sent in one write: one each would cost a write and a server wake-up per file
+/// (10,000 small files' upload took 12 % longer so).
+const TIMES_PER_WRITE: usize = 64;
 
 /// Whether a download's destination already has its size and is not older than `mtime`
 /// (`--update`).
@@ -1144,15 +1156,20 @@ fn unix_seconds(meta: &std::fs::Metadata) -> i64 {
     meta.mtime()
 }
 
-/// Gives an uploaded file its local modification time on the server (MFMT, where FEAT lists
-/// it), as downloads keep the server's. The answer is read in turn behind the requests
-/// already in flight, and whatever it is only the time is at stake: a refusal is not the
+/// The MFMT that gives an uploaded file its local modification time on the server, where
+/// FEAT lists MFMT (as downloads keep the server's times).
+fn keep_time(c: &Control, job: &Job) -> Option<Command> {
+    let t = job.mtime?;
+    c.has_feature("MFMT")
+        .then(|| Command::Mfmt(t, job.remote.clone()))
+}
+
+/// Sends the MFMTs gathered, in one write. Their answers are read in turn behind the requests
+/// already in flight, and whatever they are only the times are at stake: a refusal is not a
 /// file's failure, and a broken session shows at the next request.
-fn keep_time(c: &mut Control, job: &Job) {
-    if let Some(t) = job.mtime
-        && c.has_feature("MFMT")
-    {
-        let _ = c.later(Op::Ask(Command::Mfmt(t, job.remote.clone())), None);
+fn send_times(c: &mut Control, times: &mut Vec<Command>) {
+    if !times.is_empty() {
+        let _ = c.later_all(times.drain(..).map(Op::Ask));
     }
 }
 
