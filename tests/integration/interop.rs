@@ -101,7 +101,7 @@ const MATRIX: &[Cell] = &[
         role: CLIENT,
         client: "C-Kermit `ftp`",
         security: CLEAR,
-        covers: "`get`, `put` of the big and the empty file",
+        covers: "`get`, `put` of the big and the empty file, `reget` and `put /recover` resumes",
         test: "interop::kermit_in_clear",
     },
     Cell {
@@ -803,11 +803,16 @@ fn kermit(lab: &Lab, tls: bool) {
          ftp user anonymous me@example.org\nif fail exit 1\nftp type binary\n\
          ftp put {src}/big.bin up-big.bin\nif fail exit 1\nftp put {src}/empty up-empty\n\
          if fail exit 1\nftp get tree/big.bin {down}/big.bin\nif fail exit 1\n\
-         ftp get tree/empty {down}/empty\nif fail exit 1\nftp bye\nexit 0\n",
+         ftp get tree/empty {down}/empty\nif fail exit 1\n\
+         ftp reget tree/big.bin {down}/resumed.bin\nif fail exit 1\n\
+         ftp put /recover {src}/big.bin resumed-up.bin\nif fail exit 1\nftp bye\nexit 0\n",
         port = lab.port(),
         src = lab.src().display(),
         down = down.display(),
     );
+    // Partial copies on both sides, for `reget` and `put /recover` to finish.
+    lab.partial(&down.join("resumed.bin"));
+    lab.partial(&lab.root().join("resumed-up.bin"));
     let file = lab.top.path().join("script.ksc");
     std::fs::write(&file, script).unwrap();
     lab.ok(
@@ -822,6 +827,8 @@ fn kermit(lab: &Lab, tls: bool) {
         ("empty", lab.root().join("up-empty")),
         ("big.bin", down.join("big.bin")),
         ("empty", down.join("empty")),
+        ("big.bin", down.join("resumed.bin")),
+        ("big.bin", lab.root().join("resumed-up.bin")),
     ] {
         assert!(
             std::fs::read(&copy).unwrap() == std::fs::read(lab.src().join(name)).unwrap(),
@@ -829,6 +836,14 @@ fn kermit(lab: &Lab, tls: bool) {
             copy.display()
         );
     }
+    // Each resume moved only the missing two thirds.
+    let rest = format!("bytes={} ", BIG - BIG / 3);
+    assert_eq!(
+        lab.server.log().matches(&rest).count(),
+        2,
+        "kermit did not resume both ways:\n{}",
+        lab.server.log()
+    );
 }
 
 #[test]
