@@ -73,8 +73,9 @@ pub struct ServeArgs {
     /// Whether a PROT P data connection must resume its control connection's TLS session
     /// [default: required]. Required is what ties the data connection to its session: anyone
     /// else who reaches the passive port first is refused instead of being handed the file or
-    /// having their bytes stored. curl, lftp, rclone, wget, C-Kermit and braid resume; Python's
-    /// ftplib does not, and needs `optional`.
+    /// having their bytes stored. curl, lftp, rclone, wget and braid resume; Python's ftplib
+    /// never does, and C-Kermit only on its first data connection under TLS 1.3: they need
+    /// `optional`.
     #[arg(long, value_enum, value_name = "WHEN")]
     pub tls_session_reuse: Option<Need>,
     /// Whether data connections must be private (PROT P) once the control connection uses TLS
