@@ -23,7 +23,7 @@ pub struct Root {
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
 
-pub use braid_proto::path::PART_SUFFIX;
+use braid_proto::path::PART_SUFFIX;
 
 pub fn errno_to_fs(e: Errno) -> FsError {
     match e {
@@ -132,9 +132,9 @@ impl Root {
         self.open_at(p, OFlags::PATH | OFlags::DIRECTORY).map(drop)
     }
 
-    /// Opens a regular file for reading; returns it with its size.
-    /// Opens a plain file to read. Anything else is refused without waiting on it: opening a
-    /// FIFO to read blocks until a writer comes, which held a thread per RETR forever.
+    /// Opens a plain file to read; returns it with its facts. Anything else is refused without
+    /// waiting on it: opening a FIFO to read blocks until a writer comes, which held a thread
+    /// per RETR forever.
     pub fn open_read(&self, p: &VPath) -> Result<(File, Entry), FsError> {
         let fd = self.open_at(p, OFlags::RDONLY | OFlags::NONBLOCK)?;
         let st = rustix::fs::fstat(&fd).map_err(errno_to_fs)?;
@@ -345,15 +345,11 @@ impl Upload {
         {
             return Err(FsError::NotAFile);
         }
-        let part = |create: bool| up.open_part(create);
+        let part = |fresh: bool| up.open_part(fresh);
         let part_len = |f: &File| f.metadata().map(|m| m.len()).map_err(|e| io_to_fs(&e));
         let (file, offset) = match start {
             UploadStart::Keep => (part(false)?, 0),
-            UploadStart::At(0) => {
-                let f = part(true)?;
-                f.set_len(0).map_err(|e| io_to_fs(&e))?;
-                (f, 0)
-            }
+            UploadStart::At(0) => (part(true)?, 0),
             UploadStart::At(n) => match part(false) {
                 Ok(f) => {
                     let have = part_len(&f)?;
@@ -368,7 +364,6 @@ impl Upload {
                 }
                 Err(FsError::NotFound) => {
                     let f = part(true)?;
-                    f.set_len(0).map_err(|e| io_to_fs(&e))?;
                     let have = up.seed_from_final(&f, Some(n))?;
                     if have < n {
                         return Err(FsError::BadRestart {
@@ -387,7 +382,6 @@ impl Upload {
                 }
                 Err(FsError::NotFound) => {
                     let f = part(true)?;
-                    f.set_len(0).map_err(|e| io_to_fs(&e))?;
                     let have = up.seed_from_final(&f, None)?;
                     (f, have)
                 }
@@ -397,20 +391,18 @@ impl Upload {
         Ok((up, file, offset))
     }
 
-    /// Opens the partial file (creating it if asked), as the one upload that writes it: an
-    /// exclusive lock, held while the file stays open, refuses a second upload of the same
-    /// name at the same time, which would interleave its bytes with this one's. The lock is
-    /// taken on the file under the partial's name now, not on one a finished upload has
-    /// just renamed into place. Read as well as write: a resumed MODE E upload is checksummed
-    /// from the file.
-    fn open_part(&self, create: bool) -> Result<File, FsError> {
-        let flags = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    /// Opens the partial file as the one upload that writes it, `fresh`: created if missing
+    /// and emptied. An exclusive lock, held while the file stays open, refuses a second upload
+    /// of the same name at the same time, which would interleave its bytes with this one's;
+    /// the file is emptied only once the lock is held. The lock is taken on the file under
+    /// the partial's name now, not on one a finished upload has just renamed into place. Read
+    /// as well as write: a resumed MODE E upload is checksummed from the file.
+    fn open_part(&self, fresh: bool) -> Result<File, FsError> {
+        let mut flags = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        if fresh {
+            flags |= OFlags::CREATE;
+        }
         for _ in 0..8 {
-            let flags = if create {
-                flags | OFlags::CREATE
-            } else {
-                flags
-            };
             let fd = rustix::fs::openat(
                 &self.dir,
                 self.part.as_str(),
@@ -426,11 +418,15 @@ impl Upload {
             let held = rustix::fs::fstat(&fd).map_err(errno_to_fs)?;
             match rustix::fs::statat(&self.dir, self.part.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(named) if (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino) => {
-                    return Ok(File::from(fd));
+                    let file = File::from(fd);
+                    if fresh {
+                        file.set_len(0).map_err(|e| io_to_fs(&e))?;
+                    }
+                    return Ok(file);
                 }
                 // Renamed into place (or removed) between the open and the lock: that file
                 // is another upload's, finished; look again.
-                Ok(_) | Err(Errno::NOENT) if create => continue,
+                Ok(_) | Err(Errno::NOENT) if fresh => continue,
                 Ok(_) | Err(Errno::NOENT) => return Err(FsError::NotFound),
                 Err(e) => return Err(errno_to_fs(e)),
             }
@@ -451,11 +447,12 @@ impl Upload {
             Err(Errno::NOENT) => return Ok(0),
             Err(e) => return Err(errno_to_fs(e)),
         };
+        let meta = src.metadata().map_err(|e| io_to_fs(&e))?;
         // Only a plain file has data to keep (a FIFO would block the copy).
-        if !src.metadata().map_err(|e| io_to_fs(&e))?.is_file() {
+        if !meta.is_file() {
             return Err(FsError::NotAFile);
         }
-        let len = src.metadata().map_err(|e| io_to_fs(&e))?.len();
+        let len = meta.len();
         let want = limit.map_or(len, |l| l.min(len));
         let mut copied = 0;
         while copied < want {
@@ -477,9 +474,9 @@ impl Upload {
         Ok(copied)
     }
 
-    /// Makes the upload visible under its final name, after its data is on disk.
-    /// The file stays open, and so locked, until the rename is done: another upload of the
-    /// name then either waits for it or finds a fresh partial.
+    /// Makes the upload visible under its final name, after its data is on disk. The file
+    /// stays open, and so locked, until the rename is done: another upload of the name then
+    /// either is refused or finds a fresh partial.
     pub fn commit(self, file: File) -> Result<(), FsError> {
         file.sync_data().map_err(|e| io_to_fs(&e))?;
         let renamed =

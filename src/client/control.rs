@@ -309,7 +309,7 @@ impl Control {
     /// failure in the middle of a transfer (a local file that could not be written) would
     /// take the replies still coming for the next file's.
     pub fn in_step(&self) -> bool {
-        self.session.oldest().is_none() && self.deferred.is_empty()
+        self.session.oldest().is_none()
     }
 
     /// Starts an op whose outcome can wait: pipelined, it is read when its turn comes, just
@@ -402,13 +402,20 @@ impl Control {
                 "waited for the answer to nothing (a bug in braid)".into(),
             ));
         }
+        self.read_deferred()?;
+        self.finish().map_err(|f| self.error(f, what))
+    }
+
+    /// Reads the outcomes of ops begun with [`Control::later`] that are the oldest still
+    /// running.
+    fn read_deferred(&mut self) -> Result<()> {
         while let Some(&(id, _)) = self.deferred.front()
             && self.session.oldest() == Some(id)
         {
             let before = self.deferred.pop_front().and_then(|(_, w)| w);
             self.finish().map_err(|f| self.error(f, before))?;
         }
-        self.finish().map_err(|f| self.error(f, what))
+        Ok(())
     }
 
     /// The client error for a failed op; `what` names the request better than its verb.
@@ -882,13 +889,8 @@ impl Control {
         if self.session.pipelining() {
             // What was begun to be read later is read now: a server that finds its client gone
             // stops carrying out the requests still queued (an MFMT would be lost).
-            while let Some(&(id, _)) = self.deferred.front()
-                && self.session.oldest() == Some(id)
-            {
-                self.deferred.pop_front();
-                if self.finish().is_err() {
-                    return;
-                }
+            if self.read_deferred().is_err() {
+                return;
             }
             // A braid server closes after QUIT; its 221 is not worth a round trip.
             let _ = self.send(&Command::Quit);

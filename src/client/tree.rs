@@ -314,8 +314,9 @@ pub fn put_tree(
             Held::Nothing
         };
         let s = put_on(c, &job.local, &target, o, held)?;
-        let mut time = keep_time(c, job).into_iter().collect();
-        send_times(c, &mut time);
+        if let Some(mfmt) = keep_time(c, job) {
+            let _ = c.later(Op::Ask(mfmt), None);
+        }
         done(&s);
         Ok(Some(s))
     };

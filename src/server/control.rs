@@ -574,10 +574,11 @@ impl Io {
         {
             return Ok(known);
         }
-        if self.cached.is_some()
-            && let Some(done) = super::inline::set_time_now(&root, &op)
-        {
-            return done;
+        // So is its MFMT: the file was just written, so opening it and setting its time wait
+        // for nothing, and a thread per MFMT made a tree of 10,000 small files take 50 % longer
+        // to upload (0.61 s against 0.40 s on loopback).
+        if self.cached.is_some() && matches!(op, FsOp::SetMtime(..)) {
+            return super::files::fs_blocking(&root, &sums, op);
         }
         tokio::task::spawn_blocking(move || super::files::fs_blocking(&root, &sums, op))
             .await

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 
-/// Entries one sweep looks at, at most: a huge tree is swept in parts, never in one go.
+/// Entries one sweep looks at, at most, so a sweep of a huge tree stays bounded (partials
+/// past that many entries are not reached).
 const MOST_ENTRIES: usize = 1_000_000;
 
 /// What one sweep removed.

@@ -5,7 +5,7 @@
 //! the client keeps them. `MATRIX` names every cell and the test that proves it;
 //! `docs/interop.md` is generated from it (`BRAID_BLESS=1 cargo test interop_table`), and a
 //! test fails when the two differ, so the documented table is the tested one.
-use crate::util::{Server, random_bytes, require, run, tempdir};
+use crate::util::{Server, certificate, random_bytes, require, run, tempdir};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -352,17 +352,6 @@ fn assert_times_kept(copy: &Path, what: &str) {
             );
         }
     }
-}
-
-/// A certificate for 127.0.0.1 and localhost: (cert, key) paths.
-fn certificate(dir: &Path) -> (String, String) {
-    let cert =
-        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-            .unwrap();
-    let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&c, cert.cert.pem()).unwrap();
-    std::fs::write(&k, cert.signing_key.serialize_pem()).unwrap();
-    (c.display().to_string(), k.display().to_string())
 }
 
 /// One cell's world: a source tree, a served root holding a copy of it under `tree/`, a

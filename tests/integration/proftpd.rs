@@ -173,11 +173,7 @@ fn braid_client_against_proftpd_does_not_wait_for_the_lingering_close() {
 #[test]
 fn braid_client_against_proftpd_over_tls() {
     let top = tempdir();
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
-    let (c, k) = (top.path().join("cert.pem"), top.path().join("key.pem"));
-    std::fs::write(&c, cert.cert.pem()).unwrap();
-    std::fs::write(&k, cert.signing_key.serialize_pem()).unwrap();
-    let (c, k) = (c.display().to_string(), k.display().to_string());
+    let (c, k) = crate::util::certificate(top.path());
     let server = start(top.path(), Some((&c, &k)));
     let root = top.path().join("root");
     let content = random_bytes(5 << 20, 92);

@@ -1,19 +1,9 @@
 //! Explicit FTPS (RFC 4217) on `braid serve`: curl, lftp and Python's ftplib, each checking
 //! the server's certificate, log in over TLS and move files over TLS data connections.
-use crate::util::{Raw, Server, random_bytes, require, run, tempdir};
+use crate::util::{Raw, Server, certificate, random_bytes, require, run, tempdir};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-
-/// A certificate for 127.0.0.1 and localhost, written as `cert.pem` and `key.pem` in `dir`.
-fn certificate(dir: &Path) -> (String, String) {
-    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
-    let cert = rcgen::generate_simple_self_signed(names).unwrap();
-    let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&c, cert.cert.pem()).unwrap();
-    std::fs::write(&k, cert.signing_key.serialize_pem()).unwrap();
-    (c.display().to_string(), k.display().to_string())
-}
 
 /// A TLS server over `root` with an account `alice` (password `s3cret`) and anonymous uploads.
 fn start(top: &Path, root: &Path) -> (Server, String) {

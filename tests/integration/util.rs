@@ -473,6 +473,17 @@ pub fn add_account(users: &Path, name: &str, root: &Path, password: &str, rw: bo
     said
 }
 
+/// A certificate for 127.0.0.1 and localhost, written as `cert.pem` and `key.pem` in `dir`;
+/// returns (cert, key) paths.
+pub fn certificate(dir: &Path) -> (String, String) {
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let cert = rcgen::generate_simple_self_signed(names).unwrap();
+    let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&c, cert.cert.pem()).unwrap();
+    std::fs::write(&k, cert.signing_key.serialize_pem()).unwrap();
+    (c.display().to_string(), k.display().to_string())
+}
+
 /// Makes a self-signed certificate the way admins do, `openssl req -x509 -nodes`, which marks
 /// it `CA:TRUE`; returns (cert, key) paths.
 pub fn openssl_certificate(dir: &Path, stem: &str, names: &str) -> (String, String) {
