@@ -15,3 +15,4 @@ pub mod server;
 pub mod sums;
 pub mod trace;
 pub mod users;
+pub mod warnings;

@@ -223,6 +223,9 @@ pub fn hash_password(password: &str) -> anyhow::Result<String> {
 }
 
 /// Adds or replaces a user's line in a users file (created if missing), keeping other lines.
+/// A symlinked file is written at its target; runs at once take turns (a lock on the file), so
+/// none loses another's entry; the file keeps its owner and group, and its mode less any access
+/// for others (it holds password hashes).
 pub fn write_entry(
     file: &Path,
     name: &str,
@@ -240,11 +243,9 @@ pub fn write_entry(
     if root_text.contains(['\n', '\r']) {
         bail!("root directory must not contain line breaks");
     }
-    let existing = match std::fs::read_to_string(file) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
-    };
+    let hash = hash_password(password)?;
+    let file = &link_target(file)?;
+    let (_lock, existing, meta) = lock_and_read(file)?;
     let perm = match perm {
         Perm::ReadOnly => "ro",
         Perm::ReadWrite => "rw",
@@ -256,25 +257,71 @@ pub fn write_entry(
         .and_then(|l| l.split(':').nth(2))
         .and_then(|p| p.split_once(','))
         .map_or(String::new(), |(_, c)| format!(",{c}"));
-    let entry = format!(
-        "{name}:{}:{perm}{class}:{root_text}",
-        hash_password(password)?
-    );
+    let entry = format!("{name}:{hash}:{perm}{class}:{root_text}");
     let mut out: Vec<String> = existing
         .lines()
         .filter(|l| l.split(':').next() != Some(name))
         .map(str::to_string)
         .collect();
     out.push(entry);
-    replace_private(file, (out.join("\n") + "\n").as_bytes())
+    replace_private(file, (out.join("\n") + "\n").as_bytes(), &meta)
 }
 
-/// Replaces `file` with `bytes`, readable by its owner only: the file holds password hashes. A
-/// fresh temporary file beside it (random name, created exclusively, 0600 from the start), so a
-/// link planted at a predictable name is never followed, then renamed over `file`, so a reader
-/// sees the old file or the new one, never half of one.
-fn replace_private(file: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+/// Where `path` leads through symlinks (at most 40, as the kernel allows): the file to
+/// replace, so that a link an admin made keeps pointing at the accounts.
+fn link_target(path: &Path) -> anyhow::Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to = std::fs::read_link(&p)
+                    .with_context(|| format!("cannot read the link {}", p.display()))?;
+                p = match p.parent() {
+                    Some(dir) => dir.join(to),
+                    None => to,
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    bail!("{}: too many levels of symbolic links", path.display())
+}
+
+/// Opens `file` (created empty and private if missing), waits for its lock, and reads it. A
+/// run that replaced the file while this one waited leaves the lock on the old one, so the lock
+/// is taken again on the file now at the path.
+fn lock_and_read(file: &Path) -> anyhow::Result<(std::fs::File, String, std::fs::Metadata)> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    loop {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(file)
+            .with_context(|| format!("cannot open {}", file.display()))?;
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive)
+            .with_context(|| format!("cannot lock {}", file.display()))?;
+        let meta = f.metadata()?;
+        let now = std::fs::metadata(file).ok();
+        if now.is_some_and(|n| n.dev() == meta.dev() && n.ino() == meta.ino()) {
+            let mut text = String::new();
+            f.read_to_string(&mut text)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            return Ok((f, text, meta));
+        }
+    }
+}
+
+/// Replaces `file` with `bytes`: a fresh temporary file beside it (random name, created
+/// exclusively, 0600 from the start, so a link planted at a predictable name is never
+/// followed), given the old file's owner, group and mode less others' access, then renamed
+/// over it, so a reader sees the old file or the new one, never half of one.
+fn replace_private(file: &Path, bytes: &[u8], old: &std::fs::Metadata) -> anyhow::Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let dir = match file.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -283,6 +330,20 @@ fn replace_private(file: &Path, bytes: &[u8]) -> anyhow::Result<()> {
         .prefix(".braid-users-")
         .tempfile_in(dir)
         .with_context(|| format!("cannot create a temporary file in {}", dir.display()))?;
+    let f = tmp.as_file();
+    let mine = f.metadata()?;
+    if (mine.uid(), mine.gid()) != (old.uid(), old.gid()) {
+        std::os::unix::fs::fchown(f, Some(old.uid()), Some(old.gid())).with_context(|| {
+            format!(
+                "cannot give the new {} its owner and group ({}:{}) back; run braid passwd \
+                 as that owner or as root",
+                file.display(),
+                old.uid(),
+                old.gid()
+            )
+        })?;
+    }
+    f.set_permissions(std::fs::Permissions::from_mode(old.mode() & 0o770))?;
     tmp.write_all(bytes)
         .and_then(|()| tmp.as_file().sync_all())
         .with_context(|| format!("cannot write {}", tmp.path().display()))?;

@@ -2,6 +2,7 @@
 //! directions and tools, with ping across the link during every run, statistics per cell, the
 //! model's prediction beside each measurement, and JSON, CSV, Markdown and SVG results.
 
+pub mod attack;
 pub mod contest;
 pub mod experiments;
 pub mod grid;
@@ -69,6 +70,24 @@ pub struct BenchArgs {
     /// root needed.
     #[arg(long, value_name = "URL", conflicts_with_all = ["experiment", "mtu", "rate", "delay", "queue", "loss"])]
     pub url: Option<String>,
+    /// Attack a braid server started on loopback with --attack-config (your serve config)
+    /// instead of measuring transfers, while an honest user logs in every half second; each
+    /// scenario runs --duration seconds (default 20). Comma-separated: guessing (8 guessers
+    /// at the honest user's account, a fresh /24 per guess, the password planted as guess
+    /// 150), queue (200 guesses at once for unknown accounts: the check queue overflows),
+    /// startups (256 connections that never log in, from 8 /24s), startups-v6 (the same from 8
+    /// /64s of one /48; needs 2001:2::/48 on loopback, as in a network namespace), neighbour
+    /// (31 failures from the honest user's own /24). Prints what each side got, writes
+    /// attack.json into --out; exit code 1 if a target was missed (honest logins within 2 s
+    /// in 95% of tries, server peak ≤ 100 MiB, the planted password not found, no thread
+    /// left behind).
+    #[arg(long, value_delimiter = ',', value_parser = attack::SCENARIOS,
+          conflicts_with_all = ["experiment", "url", "loopback", "scenario", "tool"])]
+    pub attack: Vec<String>,
+    /// With --attack: the serve config file (TOML, as `braid serve --config`) whose limits
+    /// to attack; its users, root and listen address are replaced by the bench's own.
+    #[arg(long, value_name = "FILE", requires = "attack")]
+    pub attack_config: Option<PathBuf>,
     /// Kermit's window slots, comma-separated (1-32; streaming ignores them).
     #[arg(long, value_delimiter = ',', default_value = "15",
           value_parser = clap::value_parser!(u32).range(1..=32))]
@@ -364,6 +383,14 @@ fn remote_target(u: &str) -> Result<servers::Remote> {
 }
 
 pub fn main(mut args: BenchArgs) -> Result<u8> {
+    if !args.attack.is_empty() {
+        return attack::main(
+            &args.attack,
+            args.attack_config.as_deref(),
+            args.duration.unwrap_or(20.0),
+            &args.out,
+        );
+    }
     let (nice, background) = match args.experiment.as_deref().and_then(experiments::plan) {
         Some(p) => {
             args.scenario = vec![p.scenario.to_string()];

@@ -167,10 +167,14 @@ pub(super) fn refused(
     fail: impl Fn(super::EngineError),
 ) {
     match tls {
-        DataTls::Server { .. } => {
-            let from = from.map_or_else(|| "?".into(), |a| a.to_string());
-            tracing::warn!(%from, "refused a data connection: {e}");
-        }
+        DataTls::Server { .. } => match from {
+            Some(from) => crate::warnings::warn(
+                "refused-data-tls",
+                from.ip(),
+                format_args!("refused a data connection from {from}: {e}"),
+            ),
+            None => tracing::warn!("refused a data connection: {e}"),
+        },
         DataTls::Client { .. } if elastic && e.is_connection_loss() => {
             tracing::debug!("a data connection closed during its TLS handshake: {e}");
         }

@@ -586,11 +586,24 @@ pub(super) fn join_loop(
             match a.listener.accept() {
                 Ok((sock, from)) => {
                     if braid_proto::session::canonical_ip(from.ip()) != a.peer {
-                        tracing::warn!(%from, "refused data connection from a host other than the client");
+                        crate::warnings::warn(
+                            "stranger-data",
+                            from.ip(),
+                            format_args!(
+                                "refused data connection from {from}, a host other than the client"
+                            ),
+                        );
                     } else if transfer.links().len() + transfer.handshaking.load(Ordering::Acquire)
                         >= a.max
                     {
-                        tracing::warn!(%from, max = a.max, "refused data connection beyond the limit");
+                        crate::warnings::warn(
+                            "data-beyond-limit",
+                            from.ip(),
+                            format_args!(
+                                "refused data connection from {from} beyond the limit of {}",
+                                a.max
+                            ),
+                        );
                     } else {
                         let _ = sock.set_nonblocking(false);
                         let _ = sock.set_read_timeout(a.timeout);

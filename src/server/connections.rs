@@ -230,7 +230,11 @@ async fn accept_from(
         if canonical_ip(from.ip()) == want {
             return Ok(s);
         }
-        tracing::warn!(%from, "refused data connection from a host other than the client");
+        crate::warnings::warn(
+            "stranger-data",
+            from.ip(),
+            format_args!("refused data connection from {from}, a host other than the client"),
+        );
     }
 }
 

@@ -293,21 +293,20 @@ pub(super) async fn serve(
     tracing::info!(%peer, "connected");
     let connected = Instant::now();
     let ip = canonical_ip(peer.ip());
-    let waiting = config.logins.waiting().enter(ip, config.max_connections);
-    if let Err(why) = waiting {
-        tracing::warn!(%peer, "refused: {why}");
-        let _ = conn.send(&Reply::new(421, why)).await;
-        return;
-    }
-    // The pre-login place, given back on login or when the session ends.
-    let mut waiting = Some(Waiting {
-        config: config.clone(),
-        ip,
-    });
+    let mut place = match config
+        .guard
+        .enter(config.ranges.of(ip), config.max_startups)
+    {
+        Ok(place) => Some(place),
+        Err(why) => {
+            crate::warnings::warn("prelogin-full", ip, format_args!("refused: {why}"));
+            let _ = conn.send_unlogged(&Reply::new(421, why)).await;
+            return;
+        }
+    };
     let login_timeout = config
-        .logins
-        .waiting()
-        .login_timeout(config.login_timeout, config.max_connections);
+        .guard
+        .login_timeout(config.login_timeout, config.max_startups);
     if conn.send(&Session::greeting()).await.is_err() {
         return;
     }
@@ -328,6 +327,11 @@ pub(super) async fn serve(
                 let why = if session.user().is_none() { "Login timeout" } else { "Idle timeout" };
                 let _ = conn.send(&Reply::new(421, format!("{why}; closing control connection."))).await;
                 tracing::info!(%peer, "{why}");
+                break;
+            }
+            () = super::login::pushed_out(place.as_mut()), if place.is_some() => {
+                let _ = conn.send_unlogged(&Reply::new(421, super::login::PUSHED_OUT)).await;
+                tracing::debug!(%peer, "pushed out by a newer connection before logging in");
                 break;
             }
             _ = reached(&mut shutdown, Shutdown::Graceful) => {
@@ -370,10 +374,26 @@ pub(super) async fn serve(
         let mut action = session.handle(cmd);
         // Login and passive results may themselves close the session.
         if let Action::Login { user, password } = action {
-            action = login(&mut io, &mut session, user, password).await;
+            let answered = super::login::login(
+                &mut conn,
+                &mut io,
+                &mut session,
+                place.as_mut(),
+                user,
+                password,
+            )
+            .await;
+            let Some(answered) = answered else {
+                tracing::info!(%peer, "gone before the login was answered");
+                break;
+            };
+            action = answered;
+            if let Some(p) = &place {
+                p.checking(false, false);
+            }
             // Logged in: the pre-login place goes before the reply says so.
             if session.user().is_some() {
-                drop(waiting.take());
+                place = None;
                 conn.user = session.user().map(str::to_string);
             }
         }
@@ -445,84 +465,6 @@ pub(super) async fn serve(
         seconds = (connected.elapsed().as_secs_f64() * 1e3).round() / 1e3,
         "disconnected"
     );
-}
-
-/// A connection's place among those waiting to log in.
-struct Waiting {
-    config: Arc<Config>,
-    ip: IpAddr,
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        self.config.logins.waiting().leave(self.ip);
-    }
-}
-
-async fn login(io: &mut Io, session: &mut Session, user: String, password: String) -> Action {
-    let config = io.config.clone();
-    let anonymous = braid_proto::session::is_anonymous(&user);
-    let ip = canonical_ip(io.peer.ip());
-    let logins = &config.logins;
-    let anonymous_id = anonymous.then(|| password.clone());
-    let checked = if anonymous {
-        config.anonymous.map(|p| (p, config.root.clone()))
-    } else if logins
-        .failures()
-        .stop_checking(ip, std::time::Instant::now())
-    {
-        tracing::warn!(peer = %io.peer, user, "too many failed logins from this address range lately: password not checked");
-        None
-    } else {
-        let (name, users) = (user.clone(), config.clone());
-        let checked = logins
-            .checks
-            .run(move || {
-                users
-                    .users
-                    .verify(&name, &password)
-                    .map(|a| (a.perm, a.root.clone()))
-            })
-            .await;
-        if checked.is_none() {
-            tracing::warn!(peer = %io.peer, user, "too many password checks waiting: login refused unchecked");
-        }
-        checked.flatten()
-    };
-    let granted = match checked {
-        Some((perm, root_path)) => match config.open_root(&root_path) {
-            Ok(root) => {
-                io.root = Some(root);
-                io.anonymous_id = anonymous_id;
-                if let Some(tls) = &io.tls {
-                    tls.logged_in(if anonymous { "anonymous" } else { &user });
-                }
-                if !anonymous {
-                    logins.failures().succeeded(&user);
-                }
-                tracing::info!(peer = %io.peer, user, "logged in");
-                Some(perm)
-            }
-            Err(e) => {
-                tracing::error!(user, "root directory {} unusable: {e}", root_path.display());
-                None
-            }
-        },
-        None => {
-            let now = std::time::Instant::now();
-            let delay = {
-                let mut failures = logins.failures();
-                let delay = failures.delay(config.login_fail_delay, ip, &user, now);
-                failures.failed(ip, &user, now);
-                delay
-            };
-            config.metrics.login_failed();
-            tracing::warn!(peer = %io.peer, user, delay_ms = delay.as_millis() as u64, "failed login");
-            tokio::time::sleep(delay).await;
-            None
-        }
-    };
-    session.login_done(granted)
 }
 
 impl Io {

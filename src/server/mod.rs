@@ -8,6 +8,7 @@ mod data;
 mod files;
 mod guard;
 mod inline;
+mod login;
 pub mod metrics;
 mod pacing;
 mod partials;
@@ -50,11 +51,16 @@ pub struct Config {
     pub passive_ports: Option<(u16, u16)>,
     /// The address PASV and SPAS replies give (NAT); `None`: the control connection's local one.
     pub public_address: Option<std::net::Ipv4Addr>,
-    /// Delay before answering a first failed login; it doubles with each further failure from
-    /// the same address range or for the same account (slows down guessing).
+    /// Most connections not logged in yet, all told (as OpenSSH's `MaxStartups`): past it, a
+    /// newcomer pushes out the oldest of the range holding most of them.
+    pub max_startups: usize,
+    /// How addresses are grouped into ranges for the limits on logins.
+    pub ranges: braid_proto::addr::Ranges,
+    /// Delay before answering a first failed login; it doubles with each further failure of
+    /// the same (address range, account) (slows down guessing).
     pub login_fail_delay: Duration,
-    /// Password checks and the failures seen, shared by all sessions.
-    pub logins: Arc<Logins>,
+    /// Password checks, failures, budgets and pre-login places, shared by all sessions.
+    pub guard: Arc<guard::Guard>,
     /// Most data connections for one MODE E transfer.
     pub max_streams: u32,
     /// XXH3 checksums already computed, shared by all sessions.
@@ -160,10 +166,12 @@ impl Config {
             data_timeout: Duration::from_secs(30),
             max_per_ip: 16,
             max_connections: 256,
+            max_startups: 64,
+            ranges: braid_proto::addr::Ranges::default(),
             passive_ports: None,
             public_address: None,
             login_fail_delay: Duration::from_millis(500),
-            logins: Arc::default(),
+            guard: Arc::default(),
             max_streams: 64,
             checksums: ChecksumCache::default(),
             tls: None,
@@ -187,25 +195,6 @@ impl Config {
         let root = Arc::new(crate::fsroot::Root::open(path)?);
         roots.insert(path.to_path_buf(), Arc::downgrade(&root));
         Ok(root)
-    }
-}
-
-/// What all sessions share about logins: the pool that checks passwords and the failures
-/// seen lately.
-#[derive(Debug, Default)]
-pub struct Logins {
-    checks: guard::Checks,
-    failures: Mutex<guard::Failures>,
-    waiting: Mutex<guard::Waiting>,
-}
-
-impl Logins {
-    fn failures(&self) -> std::sync::MutexGuard<'_, guard::Failures> {
-        self.failures.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn waiting(&self) -> std::sync::MutexGuard<'_, guard::Waiting> {
-        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -286,7 +275,7 @@ pub async fn run(
                     }
                 };
                 if let Some(msg) = refusal {
-                    tracing::warn!(%peer, "refused: {}", msg.trim_end());
+                    crate::warnings::warn("connection-limit", ip, format_args!("refused {peer}: {}", msg.trim_end()));
                     tokio::spawn(async move {
                         use tokio::io::AsyncWriteExt;
                         let mut stream = stream;

@@ -94,6 +94,20 @@ pub struct ServeArgs {
     /// Most control connections in all [default: 256].
     #[arg(long)]
     pub max_connections: Option<usize>,
+    /// Most connections that have not logged in yet, all told [default: a quarter of
+    /// --max-connections, 64]. Past it a newcomer gets in and the oldest connection of the
+    /// address range holding most of them is closed, so idle attackers push out only their
+    /// own; one range holds a quarter at most. As OpenSSH's MaxStartups.
+    #[arg(long, value_name = "N")]
+    pub max_startups: Option<usize>,
+    /// Prefix length that groups IPv4 addresses into one range for the limits on logins
+    /// (pre-login places, password-check budgets, failed-login penalties) [default: 24].
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(8..=32))]
+    pub ipv4_prefix: Option<u8>,
+    /// Prefix length that groups IPv6 addresses into one range [default: 48: a site; one
+    /// host is often given a /64 or more, and must not count as thousands of sources].
+    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(16..=128))]
+    pub ipv6_prefix: Option<u8>,
     /// Seconds a client has to log in [default: 60].
     #[arg(long, value_name = "SECONDS")]
     pub login_timeout: Option<u64>,
@@ -174,6 +188,9 @@ impl ServeArgs {
             partial_max_age: self.partial_max_age.or(file.partial_max_age),
             max_per_ip: self.max_per_ip.or(file.max_per_ip),
             max_connections: self.max_connections.or(file.max_connections),
+            max_startups: self.max_startups.or(file.max_startups),
+            ipv4_prefix: self.ipv4_prefix.or(file.ipv4_prefix),
+            ipv6_prefix: self.ipv6_prefix.or(file.ipv6_prefix),
             login_timeout: self.login_timeout.or(file.login_timeout),
             idle_timeout: self.idle_timeout.or(file.idle_timeout),
             shutdown_grace: self.shutdown_grace.or(file.shutdown_grace),
@@ -226,7 +243,7 @@ impl ServeArgs {
         }
         let mut config = Config::new(root);
         if let Some(old) = running {
-            config.logins = old.logins.clone();
+            config.guard = old.guard.clone();
             config.checksums = old.checksums.clone();
             config.metrics = old.metrics.clone();
             config.shares = old.shares.clone();
@@ -275,6 +292,24 @@ impl ServeArgs {
         }
         if let Some(n) = self.max_connections {
             config.max_connections = n.max(1);
+        }
+        config.max_startups = match self.max_startups {
+            Some(n) if n > config.max_connections => bail!(
+                "--max-startups {n} is more than --max-connections {}: connections that have \
+                 not logged in are counted among all connections; lower it",
+                config.max_connections
+            ),
+            Some(n) => n.max(1),
+            None => (config.max_connections / 4).max(1),
+        };
+        if let Some(bits) = self.ipv4_prefix {
+            config.ranges.v4 = bits;
+        }
+        if let Some(bits) = self.ipv6_prefix {
+            config.ranges.v6 = bits;
+        }
+        if !(8..=32).contains(&config.ranges.v4) || !(16..=128).contains(&config.ranges.v6) {
+            bail!("ipv4-prefix must be 8 to 32 and ipv6-prefix 16 to 128 bits");
         }
         if let Some(s) = self.login_timeout {
             config.login_timeout = Duration::from_secs(s);

@@ -496,9 +496,10 @@ fn credentials_from_env_and_netrc_never_only_the_command_line() {
     drop(server);
 }
 
-/// The users file holds password hashes: `braid passwd` leaves it readable by its owner only
-/// (even one an admin had left 0644), writes it through a temporary file no one can plant a
-/// link at, and warns when the root it names is missing.
+/// The users file holds password hashes: `braid passwd` makes it readable by its owner only,
+/// takes others' access away from one an admin had left 0644 (its group keeps its own),
+/// writes it through a temporary file no one can plant a link at, and warns when the root it
+/// names is missing.
 #[test]
 fn passwd_writes_a_private_file_without_following_a_planted_link() {
     use std::os::unix::fs::PermissionsExt;
@@ -517,11 +518,7 @@ fn passwd_writes_a_private_file_without_following_a_planted_link() {
     assert_eq!(mode(&users), 0o600);
     std::fs::set_permissions(&users, std::fs::Permissions::from_mode(0o644)).unwrap();
     add("frank");
-    assert_eq!(
-        mode(&users),
-        0o600,
-        "a second account made the file readable again"
-    );
+    assert_eq!(mode(&users), 0o640, "others can still read the hashes");
     let text = std::fs::read_to_string(&users).unwrap();
     assert!(
         text.starts_with("erin:") && text.contains("\nfrank:"),
@@ -544,6 +541,70 @@ fn passwd_writes_a_private_file_without_following_a_planted_link() {
         Duration::from_secs(20),
     );
     assert!(!ok && err.contains("add --anonymous"), "{err}");
+}
+
+/// Eight `braid passwd` runs at once on one file: every account is kept (each run waits for
+/// the others' lock, and reads what they wrote).
+#[test]
+fn passwd_runs_at_once_keep_every_account() {
+    let top = tempdir();
+    let users = top.path().join("users");
+    crate::util::add_account(&users, "first", ".".as_ref(), "pw", false);
+    let runs: Vec<_> = (0..8)
+        .map(|i| {
+            let users = users.clone();
+            std::thread::spawn(move || {
+                crate::util::add_account(&users, &format!("u{i}"), ".".as_ref(), "pw", false)
+            })
+        })
+        .collect();
+    for r in runs {
+        r.join().unwrap();
+    }
+    let text = std::fs::read_to_string(&users).unwrap();
+    let mut names: Vec<_> = text.lines().filter_map(|l| l.split(':').next()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        ["first", "u0", "u1", "u2", "u3", "u4", "u5", "u6", "u7"],
+        "{text}"
+    );
+}
+
+/// Root adding an account to a users file the service account reads (root:nogroup 0640, a
+/// server running as nobody, as contrib/braid.service suggests) keeps its owner, group and
+/// mode, so the next reload and restart still read it; a symlinked users file is written at
+/// its target and stays a link.
+#[test]
+fn passwd_keeps_the_files_owner_group_mode_and_link() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test gives the users file to another group, which needs root"
+    );
+    let top = tempdir();
+    let real = top.path().join("accounts");
+    crate::util::add_account(&real, "first", ".".as_ref(), "pw", false);
+    let nogroup = 65534;
+    std::os::unix::fs::chown(&real, Some(0), Some(nogroup)).unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let link = top.path().join("users");
+    std::os::unix::fs::symlink("accounts", &link).unwrap();
+    crate::util::add_account(&link, "second", ".".as_ref(), "pw", false);
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link was replaced by a file"
+    );
+    let m = std::fs::metadata(&real).unwrap();
+    assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (0, nogroup, 0o640));
+    let text = std::fs::read_to_string(&real).unwrap();
+    assert!(
+        text.contains("first:") && text.contains("\nsecond:"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! One integration-test binary (linking is the slow part on two cores), one module per area.
 #![allow(clippy::unwrap_used)] // test code: a panic is the failure report
 
+mod abuse;
 mod admin;
 mod background;
 mod cli;

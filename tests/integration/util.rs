@@ -554,3 +554,14 @@ pub fn upload_record(state: &std::path::Path) -> Option<braid_proto::ranges::Ran
     }
     braid_proto::ranges::RangeSet::parse(ranges).ok()
 }
+
+/// A connection to `server` from the local address `from` (loopback answers all of 127/8, so
+/// 127.x.y.z stand in for clients of separate ranges).
+pub fn connect_from(server: SocketAddr, from: std::net::Ipv4Addr) -> TcpStream {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(&SocketAddr::from((from, 0)).into()).unwrap();
+    sock.connect(&server.into()).unwrap();
+    let s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    s
+}

@@ -110,6 +110,54 @@ pub fn parse_229(text: &str) -> Result<u16, AddrError> {
     parse_port(fields[3]).ok_or(AddrError::BadExtended)
 }
 
+/// How addresses are grouped into ranges for every limit here: one host or one customer
+/// usually holds an IPv4 /24 or an IPv6 /48 (a site: a single host is commonly given a /64,
+/// and often a /56 or /48, so /64s would let one host count as thousands of sources).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ranges {
+    /// Prefix length for IPv4 addresses.
+    pub v4: u8,
+    /// Prefix length for IPv6 addresses.
+    pub v6: u8,
+}
+
+impl Default for Ranges {
+    fn default() -> Ranges {
+        Ranges { v4: 24, v6: 48 }
+    }
+}
+
+impl Ranges {
+    /// The range `ip` is in: its address with the host bits cleared. IPv4-mapped IPv6
+    /// addresses count as IPv4.
+    pub fn of(&self, ip: IpAddr) -> IpAddr {
+        match crate::session::canonical_ip(ip) {
+            IpAddr::V4(v4) => {
+                let bits = u32::from(v4) & mask32(self.v4);
+                IpAddr::from(bits.to_be_bytes())
+            }
+            IpAddr::V6(v6) => {
+                let bits = u128::from(v6) & mask128(self.v6);
+                IpAddr::from(bits.to_be_bytes())
+            }
+        }
+    }
+}
+
+fn mask32(len: u8) -> u32 {
+    match len.min(32) {
+        0 => 0,
+        n => u32::MAX << (32 - n),
+    }
+}
+
+fn mask128(len: u8) -> u128 {
+    match len.min(128) {
+        0 => 0,
+        n => u128::MAX << (128 - n),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +218,27 @@ mod tests {
             let addr = match addr { SocketAddr::V6(v6) => SocketAddr::new(IpAddr::V6(*v6.ip()), v6.port()), a => a };
             prop_assert_eq!(parse_eprt(&format_eprt(addr)).unwrap(), addr);
         }
+    }
+
+    #[test]
+    fn ranges_group_v4_by_24_and_v6_by_48_unless_told_otherwise() {
+        let r = Ranges::default();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(r.of(ip("198.18.7.9")), ip("198.18.7.0"));
+        assert_eq!(r.of(ip("::ffff:198.18.7.9")), ip("198.18.7.0"));
+        // Eight /64s of one site are one range.
+        let site: Vec<IpAddr> = (0..8)
+            .map(|i| r.of(ip(&format!("2001:2:0:{i}::1"))))
+            .collect();
+        assert!(site.iter().all(|s| *s == ip("2001:2::")));
+        assert_ne!(r.of(ip("2001:2:1::1")), ip("2001:2::"));
+        let narrow = Ranges { v4: 32, v6: 64 };
+        assert_eq!(narrow.of(ip("198.18.7.9")), ip("198.18.7.9"));
+        assert_ne!(
+            narrow.of(ip("2001:2:0:1::1")),
+            narrow.of(ip("2001:2:0:2::1"))
+        );
+        let none = Ranges { v4: 0, v6: 0 };
+        assert_eq!(none.of(ip("198.18.7.9")), ip("0.0.0.0"));
     }
 }

@@ -1,0 +1,187 @@
+//! USER and PASS, the way an attacker meets them: a check waits for the account's (and
+//! range's) budget, runs on the password pool, and is answered no sooner than the penalties
+//! say; a client that hangs up or is pushed out meanwhile gives its place back at once; a
+//! check that cannot be had soon is answered 421 "try later" and counts as no failure. The
+//! decisions are [`super::guard`]'s; this is the waiting.
+
+use super::control::{Conn, Input, Io, MAX_QUEUED};
+use super::guard::Place;
+use super::guard::budget::Turn;
+use braid_proto::Reply;
+use braid_proto::session::{Action, Session, canonical_ip};
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// How long a login may wait for its account's budget before it is told to try later.
+pub const MOST_BUDGET_WAIT: Duration = Duration::from_secs(5);
+
+/// What a connection pushed out before it logged in is told.
+pub(super) const PUSHED_OUT: &str =
+    "Too many connections waiting to log in; yours waited longest. Try again.";
+
+/// Checks a login and answers it; None when the client went away or its place was taken, and
+/// the session ends.
+pub(super) async fn login(
+    conn: &mut Conn,
+    io: &mut Io,
+    session: &mut Session,
+    mut place: Option<&mut Place>,
+    user: String,
+    password: String,
+) -> Option<Action> {
+    let config = io.config.clone();
+    let anonymous = braid_proto::session::is_anonymous(&user);
+    let ip = canonical_ip(io.peer.ip());
+    let range = config.ranges.of(ip);
+    let guard = &config.guard;
+    let anonymous_id = anonymous.then(|| password.clone());
+    let checked = if anonymous {
+        config.anonymous.map(|p| (p, config.root.clone()))
+    } else {
+        let asked = Instant::now();
+        if let Some(p) = place.as_deref() {
+            p.checking(true, guard.budget().is_familiar(range, &user, asked));
+        }
+        let familiar = loop {
+            let turn = guard.budget().take(range, &user, Instant::now());
+            match turn {
+                Turn::Now { familiar } => break familiar,
+                Turn::Later(at) if at.saturating_duration_since(asked) > MOST_BUDGET_WAIT => {
+                    crate::warnings::warn(
+                        "login-budget",
+                        ip,
+                        format_args!("too many logins of {user} lately: told to try later"),
+                    );
+                    return Some(Action::Close(Reply::new(
+                        421,
+                        "Too many login attempts for this account lately; try again in a minute.",
+                    )));
+                }
+                Turn::Later(at) => {
+                    let wait = tokio::time::sleep_until(at.into());
+                    unless_gone(conn, place.as_deref_mut(), wait).await?;
+                }
+            }
+        };
+        let start = Instant::now();
+        let answer = guard
+            .failures()
+            .answer(config.login_fail_delay, range, &user, start);
+        let stop = guard.failures().stop_checking(range, &user, start);
+        let checked = if stop {
+            crate::warnings::warn(
+                "login-unchecked",
+                ip,
+                format_args!(
+                    "{user}: too many failed logins from this range lately; password not checked"
+                ),
+            );
+            None
+        } else {
+            let users = config.clone();
+            let name = user.clone();
+            let check = config.guard.checks.run(familiar, move || {
+                users
+                    .users
+                    .verify(&name, &password)
+                    .map(|a| (a.perm, a.root.clone()))
+            });
+            match unless_gone(conn, place.as_deref_mut(), check).await? {
+                Some(checked) => checked,
+                None => {
+                    crate::warnings::warn(
+                        "login-queue",
+                        ip,
+                        format_args!("too many password checks waiting: {user} told to try later"),
+                    );
+                    return Some(Action::Close(Reply::new(
+                        421,
+                        "Too many logins being checked; try again in a minute.",
+                    )));
+                }
+            }
+        };
+        let after = match checked {
+            Some(_) => answer.success_after,
+            None => {
+                // Counted before the wait: hanging up early saves the guesser nothing.
+                guard.failures().failed(range, &user, Instant::now());
+                config.metrics.login_failed();
+                // One line per failure, for fail2ban and the like: the budget bounds them.
+                tracing::warn!(
+                    peer = %io.peer,
+                    user,
+                    delay_ms = answer.failure_after.as_millis() as u64,
+                    "failed login"
+                );
+                answer.failure_after
+            }
+        };
+        let answer_at = tokio::time::sleep_until((start + after).into());
+        unless_gone(conn, place, answer_at).await?;
+        checked
+    };
+    let granted = match checked {
+        Some((perm, root_path)) => match config.open_root(&root_path) {
+            Ok(root) => {
+                io.root = Some(root);
+                io.anonymous_id = anonymous_id;
+                if let Some(tls) = &io.tls {
+                    tls.logged_in(if anonymous { "anonymous" } else { &user });
+                }
+                if !anonymous {
+                    guard.failures().succeeded(range, &user);
+                    guard.budget().succeeded(range, &user, Instant::now());
+                }
+                tracing::info!(peer = %io.peer, user, "logged in");
+                Some(perm)
+            }
+            Err(e) => {
+                tracing::error!(user, "root directory {} unusable: {e}", root_path.display());
+                None
+            }
+        },
+        None if anonymous => {
+            tokio::time::sleep(config.login_fail_delay).await;
+            None
+        }
+        None => None,
+    };
+    Some(session.login_done(granted))
+}
+
+/// Runs `fut` while watching the control connection: None if the client hangs up or the
+/// connection's pre-login place is taken by a newcomer first. Commands the client pipelines
+/// meanwhile are kept for after.
+async fn unless_gone<F: Future>(
+    conn: &mut Conn,
+    place: Option<&mut Place>,
+    fut: F,
+) -> Option<F::Output> {
+    tokio::pin!(fut);
+    let mut place = place;
+    loop {
+        tokio::select! {
+            out = &mut fut => return Some(out),
+            input = conn.read_input(), if conn.queued.len() < MAX_QUEUED => match input {
+                Input::Line(l) => conn.queued.push_back(l),
+                Input::TooLong | Input::Closed => return None,
+            },
+            () = pushed_out(place.as_deref_mut()) => {
+                let why = Reply::new(421, PUSHED_OUT);
+                let _ = conn.send_unlogged(&why).await;
+                return None;
+            }
+        }
+    }
+}
+
+/// Resolves when the connection's pre-login place is taken (never without one).
+pub(super) async fn pushed_out(place: Option<&mut Place>) {
+    match place {
+        Some(p) => {
+            let _ = (&mut p.pushed_out).await;
+        }
+        None => std::future::pending().await,
+    }
+}
