@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 pub const INTERVAL: Duration = Duration::from_secs(10);
 /// Sources remembered at most; beyond, everything of a kind is counted under one entry.
 pub const MOST_SOURCES: usize = 4096;
+/// Lines of one kind at most in an interval, whatever the sources: an attacker with a fresh
+/// range for every attempt is held back too.
+pub const MOST_LINES: u32 = 10;
 
 /// What to do with one more event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,14 +30,43 @@ pub enum Say {
 #[derive(Debug, Default)]
 pub struct Throttle {
     seen: HashMap<(&'static str, Option<IpAddr>), (Instant, u64)>,
+    /// Per kind: when its interval began, the lines written in it, and the events held back
+    /// by the cap on lines, said with its next line.
+    kinds: HashMap<&'static str, (Instant, u32, u64)>,
 }
 
 impl Throttle {
     /// One more event of `kind` from `range`.
     pub fn event(&mut self, kind: &'static str, range: IpAddr, now: Instant) -> Say {
+        let Say::Write { held_back } = self.per_source(kind, range, now) else {
+            return Say::Quiet;
+        };
+        let (start, written, over) = self.kinds.entry(kind).or_insert((now, 0, 0));
+        if now.saturating_duration_since(*start) >= INTERVAL {
+            (*start, *written) = (now, 0);
+        }
+        if *written >= MOST_LINES {
+            *over += held_back + 1;
+            return Say::Quiet;
+        }
+        *written += 1;
+        Say::Write {
+            held_back: held_back + std::mem::take(over),
+        }
+    }
+
+    fn per_source(&mut self, kind: &'static str, range: IpAddr, now: Instant) -> Say {
         if self.seen.len() >= MOST_SOURCES {
-            self.seen
-                .retain(|_, (last, _)| now.saturating_duration_since(*last) < INTERVAL);
+            // Sources quiet for an interval go; what they held back is said with their kind's
+            // next line.
+            let kinds = &mut self.kinds;
+            self.seen.retain(|(k, _), (last, held)| {
+                let keep = now.saturating_duration_since(*last) < INTERVAL;
+                if !keep && *held > 0 {
+                    kinds.entry(k).or_insert((*last, 0, 0)).2 += *held;
+                }
+                keep
+            });
         }
         // Too many sources at once: one entry for the kind stands for all of them.
         let key =
@@ -66,6 +98,7 @@ impl Throttle {
 pub fn warn(kind: &'static str, from: IpAddr, message: std::fmt::Arguments<'_>) {
     static THROTTLE: Mutex<Option<Throttle>> = Mutex::new(None);
     let range = Ranges::default().of(from);
+    // (Ranges as the login limits count them by default.)
     let say = {
         let mut t = THROTTLE.lock().unwrap_or_else(|p| p.into_inner());
         t.get_or_insert_with(Throttle::default)
@@ -75,7 +108,7 @@ pub fn warn(kind: &'static str, from: IpAddr, message: std::fmt::Arguments<'_>) 
         Say::Write { held_back: 0 } => tracing::warn!(%from, "{message}"),
         Say::Write { held_back } => tracing::warn!(
             %from,
-            "{message} (and {held_back} more like it from {range} since the last such line)"
+            "{message} (and {held_back} more like it since the last such line)"
         ),
         Say::Quiet => tracing::debug!(%from, "{message}"),
     }
@@ -109,17 +142,27 @@ mod tests {
     }
 
     #[test]
-    fn many_sources_stay_bounded() {
+    fn a_fresh_range_for_every_event_is_held_back_too_and_memory_stays_bounded() {
         let t0 = Instant::now();
         let mut t = Throttle::default();
         let mut lines = 0;
-        for i in 0..(MOST_SOURCES as u32 * 3) {
+        let n = MOST_SOURCES as u32 * 3;
+        for i in 0..n {
             let range = IpAddr::from((i << 8).to_be_bytes());
             if let Say::Write { .. } = t.event("stranger", range, t0) {
                 lines += 1;
             }
         }
         assert!(t.seen.len() <= MOST_SOURCES + 1);
-        assert_eq!(lines, MOST_SOURCES + 1);
+        assert_eq!(lines, MOST_LINES);
+        // The next interval's first line counts what was held back.
+        let later = t0 + INTERVAL;
+        let next = t.event("stranger", IpAddr::from([198, 51, 100, 0]), later);
+        assert_eq!(
+            next,
+            Say::Write {
+                held_back: u64::from(n - MOST_LINES)
+            }
+        );
     }
 }

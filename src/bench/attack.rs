@@ -182,7 +182,8 @@ impl Target {
         if let Some(c) = config {
             cmd.arg("--config").arg(c);
         }
-        cmd.args(["--listen", listen, "--users"])
+        // Beside a production server on the same host: its own metrics port, not the config's.
+        cmd.args(["--listen", listen, "--metrics", "127.0.0.1:0", "--users"])
             .arg(&users)
             .arg("--root")
             .arg(&root)
@@ -285,6 +286,9 @@ fn connect_from(server: SocketAddr, from: IpAddr, wait: Duration) -> std::io::Re
     };
     let sock = socket2::Socket::new(domain, socket2::Type::STREAM, None)?;
     sock.bind(&SocketAddr::new(from, 0).into())?;
+    // Closed with a reset: a hundred thousand attack connections leave no TIME_WAIT holding
+    // ephemeral ports that other programs on the machine are about to listen on.
+    sock.set_linger(Some(Duration::ZERO))?;
     sock.connect_timeout(&server.into(), wait)?;
     let s: TcpStream = sock.into();
     s.set_read_timeout(Some(wait))?;
@@ -476,6 +480,9 @@ fn run(braid: &Path, name: &str, config: Option<&Path>, length: Duration) -> Res
                         );
                         if got == Got::Refused {
                             attack.refused.fetch_add(1, Ordering::Relaxed);
+                            // Back soon: hard enough to keep the queue full, without taking
+                            // every CPU and ephemeral port of the machine the bench runs on.
+                            std::thread::sleep(Duration::from_millis(50));
                         }
                     }
                     "neighbour" => {
@@ -517,7 +524,7 @@ fn run(braid: &Path, name: &str, config: Option<&Path>, length: Duration) -> Res
                             attacker_v4((k % 8) as u32, (k / 8 + 1) as u8)
                         };
                         hold(server, from, &running, deadline, &attack);
-                        std::thread::sleep(Duration::from_millis(20));
+                        std::thread::sleep(Duration::from_millis(100));
                     }
                 }
             }

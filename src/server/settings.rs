@@ -414,6 +414,9 @@ mod tests {
             tls-key = "key.pem"
             max-per-ip = 4
             max-connections = 500
+            max-startups = 100
+            ipv4-prefix = 22
+            ipv6-prefix = 56
             login-timeout = 20
             idle-timeout = 600
             shutdown-grace = 5
@@ -436,6 +439,10 @@ mod tests {
         assert_eq!(args.tls_key, Some(PathBuf::from("key.pem")));
         assert_eq!(args.max_per_ip, Some(4));
         assert_eq!(args.max_connections, Some(500));
+        assert_eq!(
+            (args.max_startups, args.ipv4_prefix, args.ipv6_prefix),
+            (Some(100), Some(22), Some(56))
+        );
         assert_eq!(args.login_timeout, Some(20));
         assert_eq!(args.idle_timeout, Some(600));
         assert_eq!(args.shutdown_grace(), Duration::from_secs(5));
@@ -445,6 +452,27 @@ mod tests {
         assert!(args.background);
         assert_eq!(args.uplink, Some(12_000_000));
         assert_eq!(parse("uplink = 1000\n").unwrap().uplink, Some(1000));
+    }
+
+    #[test]
+    fn login_limits_default_from_the_connection_cap_and_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let with = |text: &str| {
+            let mut args = parse(text).unwrap();
+            args.root = Some(dir.path().to_path_buf());
+            args.config(None)
+        };
+        let c = with("max-connections = 1000\n").unwrap();
+        assert_eq!(c.max_startups, 250);
+        assert_eq!(
+            (c.ranges.v4, c.ranges.v6),
+            (24, 48),
+            "IPv6 by site, not by /64"
+        );
+        let e = with("max-connections = 10\nmax-startups = 11\n").unwrap_err();
+        assert!(e.to_string().contains("--max-startups 11"), "{e}");
+        let e = with("ipv6-prefix = 8\n").unwrap_err();
+        assert!(e.to_string().contains("ipv6-prefix"), "{e}");
     }
 
     #[test]
