@@ -33,7 +33,8 @@ pub fn errno_to_fs(e: Errno) -> FsError {
         Errno::EXIST => FsError::Exists,
         Errno::NOTEMPTY => FsError::NotEmpty,
         Errno::XDEV | Errno::LOOP => FsError::Escapes,
-        Errno::NOSPC | Errno::DQUOT => FsError::NoSpace,
+        Errno::NOSPC => FsError::NoSpace,
+        Errno::DQUOT => FsError::Quota("no room left in it".into()),
         Errno::ISDIR => FsError::NotAFile,
         e => FsError::Other(std::io::Error::from(e).to_string()),
     }

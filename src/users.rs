@@ -29,6 +29,10 @@ pub struct Class {
     /// `weight=4`: the user's share of `--uplink` against other running transfers' (1 by
     /// default): preferred customers get more.
     pub weight: u32,
+    /// `quota=10GB`: most bytes under the user's root (uploads past it get 552).
+    pub quota: Option<u64>,
+    /// `quota-files=N`: most files under the user's root.
+    pub quota_files: Option<u64>,
 }
 
 impl Default for Class {
@@ -37,6 +41,8 @@ impl Default for Class {
             background: false,
             rate: None,
             weight: 1,
+            quota: None,
+            quota_files: None,
         }
     }
 }
@@ -52,6 +58,13 @@ impl Class {
             match o.split_once('=') {
                 None if o == "background" => c.background = true,
                 Some(("rate", v)) => c.rate = Some(crate::cli::parse_size(v)?),
+                Some(("quota", v)) => c.quota = Some(crate::cli::parse_size(v)?),
+                Some(("quota-files", v)) => {
+                    c.quota_files = Some(
+                        v.parse()
+                            .map_err(|_| format!("quota-files must be a count, not {v:?}"))?,
+                    )
+                }
                 Some(("weight", v)) => {
                     c.weight = match v.parse::<u32>() {
                         Ok(w) if (1..=MAX_WEIGHT).contains(&w) => w,
@@ -64,7 +77,7 @@ impl Class {
                 }
                 _ => {
                     return Err(format!(
-                        "{o:?} is not a class option (background, rate=SIZE, weight=N)"
+                        "{o:?} is not a class option (background, rate=SIZE, weight=N, quota=SIZE, quota-files=N)"
                     ));
                 }
             }
@@ -378,6 +391,8 @@ mod tests {
             "rw,rate=lots",
             "rw,weight=0",
             "rw,weight=1001",
+            "rw,quota=much",
+            "rw,quota-files=-1",
             "rx,background",
         ] {
             let line = format!("alice:{hash}:{bad}:/x");
@@ -389,13 +404,15 @@ mod tests {
     fn classes_of_service_and_a_new_password_keeps_them() {
         let hash = hash_password("p").unwrap();
         let text = format!(
-            "alice:{hash}:rw,background,rate=2MB:/a\nbob:{hash}:ro,weight=4:/b:c\ncarol:{hash}:ro:/c\n"
+            "alice:{hash}:rw,background,rate=2MB,quota=10GB,quota-files=500:/a\nbob:{hash}:ro,weight=4:/b:c\ncarol:{hash}:ro:/c\n"
         );
         let users = Users::parse(&text, Path::new("/")).unwrap();
         let alice = Class {
             background: true,
             rate: Some(2_000_000),
             weight: 1,
+            quota: Some(10_000_000_000),
+            quota_files: Some(500),
         };
         assert_eq!(users.class("alice"), alice);
         assert_eq!(users.class("bob").weight, 4);

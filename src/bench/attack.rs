@@ -144,6 +144,9 @@ fn print_outcome(o: &Outcome) {
 /// A braid server for one scenario, stopped when dropped.
 struct Target {
     child: Child,
+    /// Kept open: the server prints a line per listener, and one written to a closed pipe
+    /// would fail it.
+    _stdout: Option<std::io::BufReader<std::process::ChildStdout>>,
     addr: SocketAddr,
     log: PathBuf,
     _dir: tempfile::TempDir,
@@ -193,8 +196,9 @@ impl Target {
             .stderr(std::fs::File::create(&log)?);
         let mut child = cmd.spawn().context("cannot start braid serve")?;
         let mut line = String::new();
-        if let Some(stdout) = child.stdout.take() {
-            std::io::BufReader::new(stdout).read_line(&mut line)?;
+        let mut stdout = child.stdout.take().map(std::io::BufReader::new);
+        if let Some(out) = &mut stdout {
+            out.read_line(&mut line)?;
         }
         let addr = line
             .split("ftp://")
@@ -202,6 +206,7 @@ impl Target {
             .and_then(|r| r.trim().trim_end_matches('/').parse().ok());
         let mut target = Target {
             child,
+            _stdout: stdout,
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             log,
             _dir: dir,

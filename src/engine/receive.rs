@@ -46,7 +46,12 @@ struct State {
     writing: Vec<(usize, u64, u64)>,
     /// No block may reach past this (what the disk can hold, for an upload of unknown size).
     room: Option<u64>,
+    /// Told of every block's end before it is written; an error (a quota) refuses it.
+    charge: Option<Charge>,
 }
+
+/// See [`Shared::charge_with`].
+pub type Charge = Box<dyn FnMut(u64) -> std::io::Result<()> + Send>;
 
 impl State {
     /// Admits the block `[offset, end)` on connection `conn`: refused if it overlaps a block
@@ -132,6 +137,12 @@ impl Shared {
     /// the disk, or a block far out would leave a huge sparse file behind.
     pub fn limit_to(&self, room: u64) {
         self.lock().room = Some(room);
+    }
+
+    /// Tells `charge` of every block's end before the block is written: the server's quota
+    /// counts the furthest byte of a file, and refuses a block it has no room for.
+    pub fn charge_with(&self, charge: Charge) {
+        self.lock().charge = Some(charge);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -333,6 +344,9 @@ fn receive_conn(
                 Next::Done => return Ok(ended(&checks, sock)),
                 Next::Payload { offset, count } => (offset, count),
             };
+            if let Some(charge) = state.charge.as_mut() {
+                charge(offset + count).map_err(EngineError::Local)?;
+            }
             // Past the room there is, the disk is full for this file, as a write there would
             // find: the sender is told so (no space), not of a fault.
             let stored = state

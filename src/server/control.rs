@@ -242,6 +242,8 @@ pub(super) struct Io {
     pub(super) binding: Option<Binding>,
     /// After AUTH TLS: this session's TLS, for its data connections.
     pub(super) tls: Option<super::tls::SessionTls>,
+    /// The account's quota, if it has one.
+    pub(super) quota: Option<super::quota::Quota>,
 }
 
 pub(super) async fn serve(
@@ -278,6 +280,7 @@ pub(super) async fn serve(
         anonymous_id: None,
         binding: None,
         tls: None,
+        quota: None,
     };
     let mut session = Session::new(
         SessionConfig {
@@ -522,9 +525,21 @@ impl Io {
         if self.cached.is_some() && matches!(op, FsOp::SetMtime(..)) {
             return super::files::fs_blocking(&root, &sums, op);
         }
-        tokio::task::spawn_blocking(move || super::files::fs_blocking(&root, &sums, op))
-            .await
-            .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
+        let quota = self.quota.clone();
+        tokio::task::spawn_blocking(move || {
+            // A deleted file gives its bytes back to the account's quota.
+            let size = match (&quota, &op) {
+                (Some(_), FsOp::Dele(p)) => root.stat(p).ok().map(|e| e.size),
+                _ => None,
+            };
+            let done = super::files::fs_blocking(&root, &sums, op);
+            if let (Some(q), Some(size), Ok(_)) = (&quota, size, &done) {
+                q.deleted(size);
+            }
+            done
+        })
+        .await
+        .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
     }
 }
 

@@ -34,6 +34,8 @@ pub enum Job {
         /// Stream mode: hash the whole file once it is in, for a checksum the client
         /// announced (SCKS; MODE E hashes as blocks arrive).
         check: bool,
+        /// The account's quota, charged as the file grows.
+        charge: Option<super::quota::Charge>,
     },
     List {
         text: Vec<u8>,
@@ -153,12 +155,23 @@ pub fn run_blocks(
                 },
             })
         }
-        (Job::Stor { upload, file, .. }, BlockConns::Receive(conns, shared, parked)) => {
+        (
+            Job::Stor {
+                upload,
+                file,
+                charge,
+                ..
+            },
+            BlockConns::Receive(conns, shared, parked),
+        ) => {
             let writer = file
                 .try_clone()
                 .map_err(|e| DataError::Local(io_to_fs(&e)))?;
             if let Some(room) = room_for(&file) {
                 shared.limit_to(room);
+            }
+            if let Some(mut charge) = charge {
+                shared.charge_with(Box::new(move |end| charge.reach(end)));
             }
             let mut kept =
                 engine::receive::receive(transfer, conns, &Sink::File(writer), None, &shared)
@@ -275,8 +288,9 @@ fn run_tls(
             offset,
             ascii,
             check,
+            charge,
         } => {
-            let n = receive(&file, offset, ascii, &mut s, progress)?;
+            let n = receive(&file, offset, ascii, charge, &mut s, progress)?;
             (n, Some((upload, file, check)))
         }
     };
@@ -315,8 +329,9 @@ fn run_clear(job: Job, mut sock: TcpStream, progress: &AtomicU64) -> Result<Fini
             offset,
             ascii,
             check,
+            charge,
         } => {
-            let n = receive(&file, offset, ascii, &mut sock, progress)?;
+            let n = receive(&file, offset, ascii, charge, &mut sock, progress)?;
             (n, Some((upload, file, check)))
         }
     };
@@ -397,18 +412,62 @@ fn receive(
     file: &File,
     offset: u64,
     ascii: bool,
+    charge: Option<super::quota::Charge>,
     sock: &mut impl Read,
     progress: &AtomicU64,
 ) -> Result<u64, DataError> {
-    let mut to = stream::AtOffset { file, offset };
+    let mut to = Charged {
+        to: stream::AtOffset { file, offset },
+        charge,
+    };
     let mut tolerant = EofIsEnd(sock);
     stream::read_to_end(&mut tolerant, &mut to, ascii, |n| {
         progress.store(n, Ordering::Relaxed)
     })
     .map_err(|e| match e {
         CopyError::Read(_, e) => DataError::Net(e),
-        CopyError::Write(_, e) => DataError::Local(io_to_fs(&e)),
+        CopyError::Write(_, e) => {
+            // Over the quota: the rest is read and dropped (within bounds) before the data
+            // connection closes, so that the client, still sending, gets the 552 that says
+            // why instead of a reset.
+            if e.raw_os_error() == Some(rustix::io::Errno::DQUOT.raw_os_error()) {
+                drain(tolerant.0);
+            }
+            DataError::Local(io_to_fs(&e))
+        }
     })
+}
+
+/// Reads and drops what a sender still sends: up to 64 MiB or 10 s.
+fn drain(sock: &mut impl Read) {
+    let started = std::time::Instant::now();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut left: u64 = 64 << 20;
+    while left > 0 && started.elapsed() < std::time::Duration::from_secs(10) {
+        match sock.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => left = left.saturating_sub(n as u64),
+        }
+    }
+}
+
+/// Writes at offsets, each one charged to the account's quota first.
+struct Charged<'a> {
+    to: stream::AtOffset<'a>,
+    charge: Option<super::quota::Charge>,
+}
+
+impl Write for Charged<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Some(c) = &mut self.charge {
+            c.reach(self.to.offset + buf.len() as u64)?;
+        }
+        self.to.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A TLS client that closed without close_notify, as many FTPS clients do, ended its upload

@@ -3,6 +3,7 @@
 
 use super::ChecksumCache;
 use super::data::Job;
+use super::quota::Quota;
 use crate::fsroot::{Root, Upload, UploadStart};
 use braid_proto::checksum;
 use braid_proto::listing::{self, EntryKind};
@@ -130,7 +131,11 @@ pub fn unix_now() -> i64 {
 }
 
 /// Opens the local side of a transfer, before anything is promised to the client.
-pub(super) fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), FsError> {
+pub(super) fn prepare(
+    root: &Root,
+    t: &Transfer,
+    quota: Option<&Quota>,
+) -> Result<(Job, Option<u64>), FsError> {
     Ok(match &t.kind {
         TransferKind::Retr(p) => {
             let (file, entry) = root.open_read(p)?;
@@ -157,6 +162,16 @@ pub(super) fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), F
                 (_, Some(_)) => UploadStart::Keep,
                 _ => UploadStart::At(t.offset),
             };
+            if let Some(q) = quota {
+                q.admit(root.stat(p).is_err())?;
+                // ALLO gave the size: what is not there yet must fit before a byte moves.
+                if let Some(size) = t.allocate {
+                    let there = have
+                        .and_then(|h| h.iter().last())
+                        .map_or(t.offset, |(_, end)| end.max(t.offset));
+                    q.fits(size.saturating_sub(there))?;
+                }
+            }
             let (upload, file, offset) = Upload::begin(root, p, start).map_err(|e| match e {
                 FsError::NotFound if have.is_some() => FsError::NothingToResume,
                 e => e,
@@ -171,6 +186,17 @@ pub(super) fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), F
                     return Err(FsError::BadRestart { offset: end, size });
                 }
             }
+            // What the partial holds is on the disk, and counted already.
+            let charge = match quota {
+                Some(q) => Some(
+                    q.charge(
+                        file.metadata()
+                            .map_err(|e| crate::fsroot::io_to_fs(&e))?
+                            .len(),
+                    ),
+                ),
+                None => None,
+            };
             (
                 Job::Stor {
                     upload,
@@ -178,6 +204,7 @@ pub(super) fn prepare(root: &Root, t: &Transfer) -> Result<(Job, Option<u64>), F
                     offset,
                     ascii: t.ascii,
                     check: t.expect.is_some(),
+                    charge,
                 },
                 None,
             )

@@ -7,6 +7,7 @@
 use super::control::{Conn, Input, Io, MAX_QUEUED};
 use super::guard::Place;
 use super::guard::budget::Turn;
+use super::quota::{Limits, Quota};
 use braid_proto::Reply;
 use braid_proto::session::{Action, Session, canonical_ip};
 use std::future::Future;
@@ -122,9 +123,10 @@ pub(super) async fn login(
         checked
     };
     let granted = match checked {
-        Some((perm, root_path)) => match config.open_root(&root_path) {
-            Ok(root) => {
+        Some((perm, root_path)) => match open(&config, &root_path, &user, anonymous).await {
+            Ok((root, quota)) => {
                 io.root = Some(root);
+                io.quota = quota;
                 io.anonymous_id = anonymous_id;
                 if let Some(tls) = &io.tls {
                     tls.logged_in(if anonymous { "anonymous" } else { &user });
@@ -148,6 +150,33 @@ pub(super) async fn login(
         None => None,
     };
     Some(session.login_done(granted))
+}
+
+/// The account's root, and its quota if it has one (the first login to a root with a quota
+/// counts what is under it).
+async fn open(
+    config: &std::sync::Arc<super::Config>,
+    root_path: &std::path::Path,
+    user: &str,
+    anonymous: bool,
+) -> std::io::Result<(std::sync::Arc<crate::fsroot::Root>, Option<Quota>)> {
+    let root = config.open_root(root_path)?;
+    let class = config.users.class(user);
+    let limits = Limits {
+        bytes: class.quota,
+        files: class.quota_files,
+    };
+    if anonymous || !limits.any() {
+        return Ok((root, None));
+    }
+    let (usages, at) = (config.usages.clone(), root_path.to_path_buf());
+    let usage = tokio::task::spawn_blocking(move || usages.of(&at))
+        .await
+        .map_err(std::io::Error::other)?
+        .map_err(|e| {
+            std::io::Error::new(e.kind(), format!("counting its usage for the quota: {e}"))
+        })?;
+    Ok((root, Some(Quota { limits, usage })))
 }
 
 /// Runs `fut` while watching the control connection: None if the client hangs up or the

@@ -12,6 +12,7 @@ mod login;
 pub mod metrics;
 mod pacing;
 mod partials;
+mod quota;
 pub mod settings;
 mod supervise;
 pub mod tls;
@@ -65,6 +66,9 @@ pub struct Config {
     pub max_streams: u32,
     /// XXH3 checksums already computed, shared by all sessions.
     pub checksums: ChecksumCache,
+    /// Bytes and files under the roots of accounts with a quota, counted afresh per
+    /// configuration (a reload counts again).
+    pub usages: Arc<quota::Usages>,
     /// How old a partial upload nobody resumes may get before it is removed; `None`: kept.
     pub partial_max_age: Option<Duration>,
     /// Certificate and key for AUTH TLS (RFC 4217); `None`: no TLS.
@@ -174,6 +178,7 @@ impl Config {
             guard: Arc::default(),
             max_streams: 64,
             checksums: ChecksumCache::default(),
+            usages: Arc::default(),
             tls: None,
             partial_max_age: Some(DEFAULT_PARTIAL_MAX_AGE),
             xferlog: None,

@@ -47,11 +47,11 @@ pub(super) async fn transfer(
     let drains = t.block.as_ref().is_some_and(|b| b.fixed);
     let prepared = match io.root() {
         Ok(root) if inline::opens(&t) => {
-            super::files::prepare(&root, &t).map(|(job, size)| (root, job, size))
+            super::files::prepare(&root, &t, io.quota.as_ref()).map(|(job, size)| (root, job, size))
         }
         Ok(root) => {
-            let (t, at) = (t.clone(), root.clone());
-            tokio::task::spawn_blocking(move || super::files::prepare(&at, &t))
+            let (t, at, quota) = (t.clone(), root.clone(), io.quota.clone());
+            tokio::task::spawn_blocking(move || super::files::prepare(&at, &t, quota.as_ref()))
                 .await
                 .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
                 .map(|(job, size)| (root, job, size))
@@ -317,13 +317,27 @@ pub(super) async fn transfer(
                 match verdict {
                     Err(outcome) => outcome,
                     Ok(()) => {
-                        let committed = if inline::in_memory(&file) {
-                            upload.commit(file)
-                        } else {
-                            tokio::task::spawn_blocking(move || upload.commit(file))
-                                .await
-                                .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
+                        // With a quota: a new name must fit the file count, and a file the
+                        // upload replaces gives its bytes back.
+                        let replaced = io.quota.as_ref().map(|_| root.stat(t.path()).ok());
+                        let counted = match (&io.quota, &replaced) {
+                            (Some(q), Some(None)) => q.new_file(),
+                            _ => Ok(()),
                         };
+                        let committed = match counted {
+                            Err(e) => Err(e),
+                            Ok(()) if inline::in_memory(&file) => upload.commit(file),
+                            Ok(()) => tokio::task::spawn_blocking(move || upload.commit(file))
+                                .await
+                                .unwrap_or_else(|e| Err(FsError::Other(e.to_string()))),
+                        };
+                        match (&io.quota, replaced, &committed) {
+                            (Some(q), Some(Some(old)), Ok(())) => q.replaced(old.size),
+                            (Some(q), Some(None), Err(e)) if !matches!(e, FsError::Quota(_)) => {
+                                q.no_new_file()
+                            }
+                            _ => {}
+                        }
                         match committed {
                             Ok(()) => complete(io, bytes, kept),
                             Err(e) => TransferOutcome::Local(e),

@@ -16,6 +16,7 @@ mod lab;
 mod lftp;
 mod parallel;
 mod proftpd;
+mod quota;
 mod safety;
 mod scripted;
 mod tls;

@@ -81,6 +81,8 @@ pub struct Session {
     eager: bool,
     rest_ranges: Option<RangeSet>,
     expect: Option<Expected>,
+    /// ALLO: the size the next upload will have.
+    allocate: Option<u64>,
     buffer: Option<u64>,
     /// The pending passive request came as SPAS (multi-line reply).
     spas: bool,
@@ -115,6 +117,7 @@ impl Session {
             eager: false,
             rest_ranges: None,
             expect: None,
+            allocate: None,
             buffer: None,
             spas: false,
             cached: None,
@@ -318,6 +321,7 @@ impl Session {
         writable: bool,
     ) -> Action {
         let expect = self.expect.take();
+        let allocate = self.allocate.take();
         let direction = kind.direction();
         if self.protection.control && !self.protection.data && self.config.private_data_required {
             return Action::Reply(Reply::new(
@@ -396,6 +400,7 @@ impl Session {
             writable,
             facts: self.facts.clone(),
             expect: expect.filter(|_| direction == Direction::FromClient),
+            allocate: allocate.filter(|_| direction == Direction::FromClient),
             block,
             buffer: self.buffer,
             private: self.protection.data,

@@ -119,7 +119,12 @@ impl Session {
                     format!("Restarting at {n}. Send STOR or RETR to initiate transfer."),
                 ))
             }
-            Command::Allo(_) => reply(200, "ALLO command successful."),
+            // ALLO N [R M] (RFC 959): the next upload's size, which a server with quotas
+            // checks before any data moves.
+            Command::Allo(arg) => {
+                self.allocate = arg.split_whitespace().next().and_then(|n| n.parse().ok());
+                reply(200, "ALLO command successful.")
+            }
             Command::Sbuf(n) => {
                 // Past 1 GiB the kernel clamps anyway; zero means "let the kernel tune".
                 self.buffer = (n > 0).then_some(n.min(1 << 30));

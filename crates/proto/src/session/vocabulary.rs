@@ -147,6 +147,8 @@ pub struct Transfer {
     /// What an upload's checksum must be (SCKS), in either mode: the whole file, REST prefix
     /// or ranges included, must hash to it before it takes its name.
     pub expect: Option<Expected>,
+    /// ALLO before an upload: the size the file will have.
+    pub allocate: Option<u64>,
 }
 
 /// A file-system request for the caller.
@@ -234,6 +236,9 @@ pub enum FsError {
     Escapes,
     #[error("no space left on the server's disk")]
     NoSpace,
+    /// The account's quota (or the kernel's disk quota) has no room for this.
+    #[error("over your storage quota ({0})")]
+    Quota(String),
     #[error("restart offset {offset} is beyond the {size} bytes already stored")]
     BadRestart { offset: u64, size: u64 },
     #[error("no partial upload to continue; send STOR without REST")]
@@ -248,7 +253,10 @@ pub enum FsError {
 impl FsError {
     pub fn reply(&self, what: &VPath) -> Reply {
         match self {
-            FsError::NoSpace => Reply::new(552, format!("{what}: {self}; transfer aborted.")),
+            // 552: RFC 959's "exceeded storage allocation".
+            FsError::NoSpace | FsError::Quota(_) => {
+                Reply::new(552, format!("{what}: {self}; transfer aborted."))
+            }
             FsError::BadRestart { .. } | FsError::NothingToResume => {
                 Reply::new(554, format!("{what}: {self}."))
             }
