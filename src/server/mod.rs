@@ -53,7 +53,7 @@ pub struct Config {
     /// The address PASV and SPAS replies give (NAT); `None`: the control connection's local one.
     pub public_address: Option<std::net::Ipv4Addr>,
     /// Most connections not logged in yet, all told (as OpenSSH's `MaxStartups`): past it, a
-    /// newcomer pushes out the oldest of the range holding most of them.
+    /// newcomer pushes out one of the oldest of the range holding most of them.
     pub max_startups: usize,
     /// How addresses are grouped into ranges for the limits on logins.
     pub ranges: braid_proto::addr::Ranges,
@@ -269,7 +269,9 @@ pub async fn run(
                 let refusal = {
                     let mut c = counts.lock().unwrap_or_else(|p| p.into_inner());
                     let here = c.per_ip.get(&ip).copied().unwrap_or(0);
-                    if c.total >= config.max_connections {
+                    // Full: a connection that has not logged in makes way, as past
+                    // --max-startups (the one pushed out closes at once).
+                    if c.total >= config.max_connections && !config.guard.push_out_one() {
                         Some(format!("421 Too many connections ({}); try again later.\r\n", config.max_connections))
                     } else if here >= config.max_per_ip {
                         Some(format!("421 Too many connections from your address (limit {}).\r\n", config.max_per_ip))

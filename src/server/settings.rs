@@ -95,9 +95,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_connections: Option<usize>,
     /// Most connections that have not logged in yet, all told [default: a quarter of
-    /// --max-connections, 64]. Past it a newcomer gets in and the oldest connection of the
-    /// address range holding most of them is closed, so idle attackers push out only their
-    /// own; one range holds a quarter at most. As OpenSSH's MaxStartups.
+    /// --max-connections, 64]. Past it a newcomer gets in and one of the oldest connections
+    /// of the address range holding most of them is closed, so idle attackers push out only
+    /// their own; one range holds a quarter at most. As OpenSSH's MaxStartups.
     #[arg(long, value_name = "N")]
     pub max_startups: Option<usize>,
     /// Prefix length that groups IPv4 addresses into one range for the limits on logins

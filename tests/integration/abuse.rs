@@ -288,3 +288,44 @@ fn a_stranger_hammering_the_passive_port_writes_a_line_not_thousands() {
         "{lines} lines about the stranger:\n{log}"
     );
 }
+
+/// At --max-connections a newcomer pushes out a connection that has not logged in (so 256
+/// idle ones cannot fill the server), never a logged-in session; with every place logged in,
+/// it is refused.
+#[test]
+fn at_the_connection_cap_a_newcomer_pushes_out_one_not_logged_in() {
+    let dir = tempdir();
+    let server = Server::start(
+        dir.path(),
+        &["--max-connections", "2", "--max-per-ip", "10"],
+    );
+    let first_line = |s: &mut TcpStream| {
+        let mut got = Vec::new();
+        let mut byte = [0u8; 1];
+        while !got.ends_with(b"\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+            got.push(byte[0]);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    let mut logged_in = crate::util::Raw::login(server.addr, "anonymous", "x");
+    let mut idle = connect_from(server.addr, Ipv4Addr::new(127, 0, 45, 1));
+    assert!(first_line(&mut idle).starts_with("220 "));
+    let mut newcomer = connect_from(server.addr, Ipv4Addr::new(127, 0, 46, 1));
+    assert!(first_line(&mut newcomer).starts_with("220 "));
+    let gone = first_line(&mut idle);
+    assert!(
+        gone.starts_with("421 ") && gone.contains("waited longest"),
+        "{gone}"
+    );
+    newcomer.write_all(b"USER anonymous\r\nPASS x\r\n").unwrap();
+    assert!(first_line(&mut newcomer).starts_with("331 "));
+    assert!(first_line(&mut newcomer).starts_with("230 "));
+    // Both places are logged in now: nobody is pushed out for a third.
+    let mut third = connect_from(server.addr, Ipv4Addr::new(127, 0, 47, 1));
+    let refused = first_line(&mut third);
+    assert!(
+        refused.starts_with("421 Too many connections (2)"),
+        "{refused}"
+    );
+    logged_in.expect("NOOP", "200 NOOP ok.\r\n");
+}

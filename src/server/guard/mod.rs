@@ -4,7 +4,7 @@
 //! than a guess costs the attacker, so checks are budgeted per account, per range and in total
 //! ([`budget`], [`pool`]); failures slow down the (range, account) they came from, never a
 //! whole range ([`failures`]); and connections that have not logged in are capped in total,
-//! the oldest of the range holding most of them making way for newcomers ([`startups`]).
+//! one of the oldest of the range holding most of them making way for newcomers ([`startups`]).
 
 pub mod budget;
 pub mod failures;
@@ -51,7 +51,7 @@ impl Guard {
         let now = Instant::now();
         let known = self.budget().is_known(range, now);
         let mut doors = lock(&self.startups);
-        let entered = doors.table.enter(range, known, max, now)?;
+        let entered = doors.table.enter(range, known, max, now, rand::random())?;
         if let Some(victim) = entered.evict
             && let Some(tell) = doors.evict.remove(&victim)
         {
@@ -64,6 +64,20 @@ impl Guard {
             id: entered.id,
             pushed_out: rx,
         })
+    }
+
+    /// Makes room for a connection that would pass the cap on all connections by pushing out
+    /// one that has not logged in (as a newcomer does past `--max-startups`); false if every
+    /// connection has logged in.
+    pub fn push_out_one(&self) -> bool {
+        let mut doors = lock(&self.startups);
+        let Some(victim) = doors.table.push_out(rand::random()) else {
+            return false;
+        };
+        if let Some(tell) = doors.evict.remove(&victim) {
+            let _ = tell.send(());
+        }
+        true
     }
 
     /// The login timeout for a connection starting now.

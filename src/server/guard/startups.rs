@@ -1,8 +1,8 @@
 //! Connections that have not logged in yet ("startups", as OpenSSH calls them). They are
 //! capped in total, well below the cap on all connections, and per address range; when the
-//! total is reached a newcomer is let in and the oldest connection of the range holding the
-//! most places is closed instead, preferring one that is not in the middle of a password
-//! check. An attacker holding every place from a few ranges so only ever pushes out its own
+//! total is reached a newcomer is let in and one of the oldest connections of the range
+//! holding the most places is closed instead, preferring one that is not in the middle of a
+//! password check. An attacker holding every place from a few ranges so only ever pushes out its own
 //! connections, and an honest user's newer one from a quieter range stays (before, 256 idle
 //! connections from 8 ranges locked everyone out for the login timeout).
 
@@ -51,13 +51,14 @@ impl Startups {
     }
 
     /// Takes a place for a connection from `range` (`known`: someone logged in from there
-    /// lately), of `max` in all, or says why not.
+    /// lately), of `max` in all, or says why not; `pick` is a random number (see `victim`).
     pub fn enter(
         &mut self,
         range: IpAddr,
         known: bool,
         max: usize,
         now: Instant,
+        pick: u64,
     ) -> Result<Entered, String> {
         let max = max.max(1);
         let here = self.by_range.get(&range).copied().unwrap_or(0);
@@ -68,7 +69,7 @@ impl Startups {
             ));
         }
         let evict = if self.places.len() >= max {
-            let victim = self.victim();
+            let victim = self.victim(pick);
             if let Some(v) = victim {
                 self.leave(v);
             }
@@ -94,21 +95,33 @@ impl Startups {
 
     /// The place to free: in the range holding most places, a stranger before a connection
     /// from a range someone logged in from lately or an owner logging in from where they did
-    /// before, one not being checked before one that is, the oldest first.
-    fn victim(&self) -> Option<u64> {
-        self.places
+    /// before, one not being checked before one that is; then one of the four oldest of those,
+    /// at random (`pick`), as OpenSSH's random early drop, so that an attacker cannot tell which
+    /// of its connections will go.
+    fn victim(&self, pick: u64) -> Option<u64> {
+        let class = |p: &Place| {
+            let held = self.by_range.get(&p.range).copied().unwrap_or(0);
+            (held, !(p.known || p.familiar), !p.checking)
+        };
+        let worst = self.places.values().map(class).max()?;
+        let mut oldest: Vec<(Instant, u64)> = self
+            .places
             .iter()
-            .max_by_key(|(id, p)| {
-                let held = self.by_range.get(&p.range).copied().unwrap_or(0);
-                (
-                    held,
-                    !(p.known || p.familiar),
-                    !p.checking,
-                    std::cmp::Reverse(p.since),
-                    std::cmp::Reverse(**id),
-                )
-            })
-            .map(|(id, _)| *id)
+            .filter(|(_, p)| class(p) == worst)
+            .map(|(id, p)| (p.since, *id))
+            .collect();
+        oldest.sort_unstable();
+        oldest.truncate(4);
+        let i = usize::try_from(pick % oldest.len() as u64).unwrap_or(0);
+        oldest.get(i).map(|(_, id)| *id)
+    }
+
+    /// Frees a place for a connection that would pass the cap on all connections: the one
+    /// `victim` picks goes, if any connection has not logged in yet.
+    pub fn push_out(&mut self, pick: u64) -> Option<u64> {
+        let victim = self.victim(pick)?;
+        self.leave(victim);
+        Some(victim)
     }
 
     /// Marks a connection as waiting for its password check (or done with it), and whether
@@ -163,19 +176,20 @@ mod tests {
         for i in 0..256u32 {
             t += Duration::from_millis(1);
             let r = range((i % 8) as u8);
-            if let Ok(e) = s.enter(r, false, max, t) {
+            if let Ok(e) = s.enter(r, false, max, t, 0) {
                 ids.insert(e.id, r);
             }
         }
         assert_eq!(s.len(), max);
         // The honest newcomer gets in and pushes out an attacker's oldest connection.
-        let honest = s.enter(range(200), false, max, t).unwrap();
+        let honest = s.enter(range(200), false, max, t, 0).unwrap();
         let victim = honest.evict.expect("full: someone makes room");
         assert_ne!(ids[&victim], range(200));
-        // The attacker keeps reconnecting; the honest connection stays.
+        // The attacker keeps reconnecting; whatever the random picks, the honest connection
+        // stays.
         for i in 0..1000u32 {
             t += Duration::from_millis(1);
-            if let Ok(e) = s.enter(range((i % 8) as u8), false, max, t) {
+            if let Ok(e) = s.enter(range((i % 8) as u8), false, max, t, u64::from(i) * 7919) {
                 assert_ne!(e.evict, Some(honest.id));
             }
         }
@@ -188,16 +202,19 @@ mod tests {
         let max = 8;
         let mut s = Startups::default();
         let a: Vec<Entered> = (0..2)
-            .map(|_| s.enter(range(1), false, max, t0).unwrap())
+            .map(|_| s.enter(range(1), false, max, t0, 0).unwrap())
             .collect();
-        assert!(s.enter(range(1), false, max, t0).is_err(), "a quarter of 8");
+        assert!(
+            s.enter(range(1), false, max, t0, 0).is_err(),
+            "a quarter of 8"
+        );
         for i in 2..8 {
-            s.enter(range(i), false, max, t0 + Duration::from_secs(1))
+            s.enter(range(i), false, max, t0 + Duration::from_secs(1), 0)
                 .unwrap();
         }
         s.checking(a[0].id, true, false);
         let e = s
-            .enter(range(9), false, max, t0 + Duration::from_secs(2))
+            .enter(range(9), false, max, t0 + Duration::from_secs(2), 0)
             .unwrap();
         assert_eq!(
             e.evict,
@@ -214,17 +231,17 @@ mod tests {
         let max = 8;
         let mut s = Startups::default();
         // Every place from its own range (a botnet), all being checked; the owner's oldest.
-        let owner = s.enter(range(0), false, max, t0).unwrap();
+        let owner = s.enter(range(0), false, max, t0, 0).unwrap();
         s.checking(owner.id, true, true);
         for i in 1..max as u8 {
             let e = s
-                .enter(range(i), false, max, t0 + Duration::from_secs(1))
+                .enter(range(i), false, max, t0 + Duration::from_secs(1), 0)
                 .unwrap();
             s.checking(e.id, true, false);
         }
         for i in 0..100u8 {
             let e = s
-                .enter(range(100 + i), false, max, t0 + Duration::from_secs(2))
+                .enter(range(100 + i), false, max, t0 + Duration::from_secs(2), 0)
                 .unwrap();
             assert_ne!(e.evict, Some(owner.id));
             s.checking(e.id, true, false);
@@ -232,9 +249,49 @@ mod tests {
         // Done checking (logged in or not), it is an ordinary place again.
         s.checking(owner.id, false, true);
         let e = s
-            .enter(range(250), false, max, t0 + Duration::from_secs(3))
+            .enter(range(250), false, max, t0 + Duration::from_secs(3), 0)
             .unwrap();
         assert_eq!(e.evict, Some(owner.id));
+    }
+
+    #[test]
+    fn the_place_pushed_out_is_one_of_the_four_oldest_at_random() {
+        let t0 = Instant::now();
+        let max = 16;
+        let mut s = Startups::default();
+        let ids: Vec<u64> = (0..max as u64)
+            .map(|i| {
+                let at = t0 + Duration::from_secs(i);
+                s.enter(range(1 + (i % 4) as u8), false, max, at, 0)
+                    .unwrap()
+                    .id
+            })
+            .collect();
+        let mut seen = std::collections::BTreeSet::new();
+        for pick in 0..8 {
+            let mut trial = Startups {
+                places: s.places.clone(),
+                by_range: s.by_range.clone(),
+                next_id: s.next_id,
+            };
+            let e = trial.enter(range(100), false, max, t0 + Duration::from_secs(99), pick);
+            seen.insert(e.unwrap().evict.unwrap());
+        }
+        // Four ranges of four: every place is in a fattest range, and the four oldest are the
+        // first four to arrive.
+        assert_eq!(seen, ids[..4].iter().copied().collect());
+    }
+
+    #[test]
+    fn a_connection_over_the_total_cap_pushes_out_one_not_logged_in() {
+        let t0 = Instant::now();
+        let mut s = Startups::default();
+        assert_eq!(s.push_out(0), None, "nobody to push out");
+        let a = s.enter(range(1), false, 8, t0, 0).unwrap();
+        let b = s.enter(range(2), true, 8, t0, 0).unwrap();
+        assert_eq!(s.push_out(0), Some(a.id), "the stranger first");
+        assert_eq!(s.push_out(0), Some(b.id));
+        assert_eq!(s.len(), 0);
     }
 
     #[test]
@@ -243,10 +300,10 @@ mod tests {
         let mut s = Startups::default();
         let configured = Duration::from_secs(60);
         for i in 0..4 {
-            s.enter(range(i), false, 8, t0).unwrap();
+            s.enter(range(i), false, 8, t0, 0).unwrap();
         }
         assert_eq!(s.login_timeout(configured, 8), configured);
-        s.enter(range(9), false, 8, t0).unwrap();
+        s.enter(range(9), false, 8, t0, 0).unwrap();
         assert_eq!(s.login_timeout(configured, 8), SHORT_LOGIN_TIMEOUT);
     }
 }
