@@ -4,6 +4,7 @@ use crate::client::error::{ClientError, exit};
 use crate::client::{self, Options, url};
 use crate::server::settings::{LogFormat, ServeArgs};
 use crate::server::{self, Config, Shutdown};
+use crate::units::parse_size;
 use crate::users;
 use anyhow::{Context, bail};
 use braid_proto::session::Perm;
@@ -307,31 +308,6 @@ fn parse_delay(s: &str) -> Result<std::time::Duration, String> {
         0 => Err(format!("{s:?}: give a delay above zero, e.g. 10ms")),
         ns => Ok(std::time::Duration::from_nanos(ns)),
     }
-}
-
-pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size like 1000, 64KiB or 1GiB"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1000,
-        "kib" => 1 << 10,
-        "m" | "mb" => 1_000_000,
-        "mib" => 1 << 20,
-        "g" | "gb" => 1_000_000_000,
-        "gib" => 1 << 30,
-        u => {
-            return Err(format!(
-                "unknown size unit {u:?} (use B, KB, KiB, MB, MiB, GB, GiB)"
-            ));
-        }
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 pub fn main() -> ExitCode {
@@ -942,11 +918,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_and_ranges() {
-        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
-        assert_eq!(parse_size("1000"), Ok(1000));
-        assert_eq!(parse_size("2 GB"), Ok(2_000_000_000));
-        assert!(parse_size("12XB").is_err());
+    fn port_ranges() {
         assert_eq!(
             server::settings::parse_range("50000-50100"),
             Ok((50000, 50100))

@@ -14,5 +14,6 @@ pub mod model;
 pub mod server;
 pub mod sums;
 pub mod trace;
+pub mod units;
 pub mod users;
 pub mod warnings;

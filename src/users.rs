@@ -57,8 +57,8 @@ impl Class {
         for o in options.map(str::trim).filter(|o| !o.is_empty()) {
             match o.split_once('=') {
                 None if o == "background" => c.background = true,
-                Some(("rate", v)) => c.rate = Some(crate::cli::parse_size(v)?),
-                Some(("quota", v)) => c.quota = Some(crate::cli::parse_size(v)?),
+                Some(("rate", v)) => c.rate = Some(crate::units::parse_size(v)?),
+                Some(("quota", v)) => c.quota = Some(crate::units::parse_size(v)?),
                 Some(("quota-files", v)) => {
                     c.quota_files = Some(
                         v.parse()

@@ -157,7 +157,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub repeat: u32,
     /// Bytes each run moves, e.g. 4MB.
-    #[arg(long, default_value = "4MB", value_parser = crate::cli::parse_size)]
+    #[arg(long, default_value = "4MB", value_parser = crate::units::parse_size)]
     pub size: u64,
     /// Instead of --size: give each scenario a payload that takes about this many seconds at
     /// its link's payload rate (the slower direction), so that one sweep fits links from
@@ -248,7 +248,25 @@ fn size_or_default(s: &str) -> Result<Option<u64>, String> {
     if s == "default" {
         return Ok(None);
     }
-    crate::cli::parse_size(s).map(Some)
+    crate::units::parse_size(s).map(Some)
+}
+
+/// Writes report.json, results.csv, report.md and the plots into `dir`.
+fn write_results(
+    dir: &std::path::Path,
+    report: &report::Report,
+    records: &[report::Record],
+    comparison: &str,
+) -> Result<Vec<String>> {
+    let plots = plot::plots(report, records, dir)?;
+    let put = |name: &str, text: String| {
+        std::fs::write(dir.join(name), text)
+            .with_context(|| format!("cannot write {}", dir.join(name).display()))
+    };
+    put("report.json", serde_json::to_string_pretty(report)?)?;
+    put("results.csv", report::csv(records))?;
+    put("report.md", report::markdown(report, &plots, comparison))?;
+    Ok(plots)
 }
 
 /// A line above the progress bar, or on stderr when there is no bar (not a terminal).
@@ -723,8 +741,13 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         .iter()
         .map(|(name, spec)| (name.clone(), path_info(spec)))
         .collect();
-    let plots = report::write(&args.out, &rep, &records)?;
-    print!("{}", report::markdown(&rep, &records, &[]));
+    let comparison = rep
+        .experiment
+        .as_deref()
+        .map(|name| experiments::compare(name, &rep, &records))
+        .unwrap_or_default();
+    let plots = write_results(&args.out, &rep, &records, &comparison)?;
+    print!("{}", report::markdown(&rep, &[], &comparison));
     eprintln!(
         "braid bench: {} runs; results in {} (report.md, report.json, results.csv, results.jsonl{})",
         records.len(),

@@ -6,11 +6,9 @@ use super::grid::{Cell, Direction, Run, Streams, Tool};
 use super::parse::Measured;
 use super::stats::{Summary, pearson, percentile};
 use crate::model::limits::{LimitKind, Prediction};
-use anyhow::{Context, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
 
 /// One measurement, as results.jsonl keeps it.
 #[derive(Debug, Clone, Serialize)]
@@ -337,7 +335,9 @@ pub fn csv(records: &[Record]) -> String {
     s
 }
 
-pub fn markdown(r: &Report, records: &[Record], plots: &[String]) -> String {
+/// The report as Markdown; `comparison`: the seed's numbers beside braid's, for an experiment
+/// (see `experiments::compare`).
+pub fn markdown(r: &Report, plots: &[String], comparison: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# braid bench\n\n`{}`\n", r.command);
     let _ = writeln!(
@@ -497,24 +497,9 @@ pub fn markdown(r: &Report, records: &[Record], plots: &[String]) -> String {
             let _ = writeln!(s, "- [{p}]({p})");
         }
     }
-    if let Some(name) = &r.experiment {
-        s.push_str(&super::experiments::compare(name, r, records));
-    }
+    s.push_str(comparison);
     s.push_str("\nThroughput is TCP payload in Mbit/s (10^6 bit/s). The model is `braid model` for the cell's link, streams and buffer; its error is the measured median against the prediction.\n");
     s
-}
-
-/// Writes report.json, results.csv, report.md and the plots into `dir`.
-pub fn write(dir: &Path, report: &Report, records: &[Record]) -> Result<Vec<String>> {
-    let plots = super::plot::plots(report, records, dir)?;
-    let put = |name: &str, text: String| {
-        std::fs::write(dir.join(name), text)
-            .with_context(|| format!("cannot write {}", dir.join(name).display()))
-    };
-    put("report.json", serde_json::to_string_pretty(report)?)?;
-    put("results.csv", csv(records))?;
-    put("report.md", markdown(report, records, &plots))?;
-    Ok(plots)
 }
 
 #[cfg(test)]

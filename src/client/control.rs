@@ -18,6 +18,9 @@ use std::time::Duration;
 const REPLY_TIMEOUT: Duration = Duration::from_secs(120);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The round trip assumed where the kernel has not measured one yet.
+pub const ASSUMED_RTT: Duration = Duration::from_millis(100);
+
 pub struct Control {
     stream: Wire,
     parser: ReplyParser,
@@ -124,6 +127,20 @@ impl Control {
     /// The control connection's socket (for `TCP_INFO`).
     pub fn socket(&self) -> &TcpStream {
         self.stream.tcp()
+    }
+
+    /// The control connection's lowest round trip, when the kernel has one.
+    pub fn min_rtt(&self) -> Option<Duration> {
+        braid_sockopt::tcp_info(self.socket())
+            .map(|i| i.min_rtt_us)
+            .filter(|&us| us > 0)
+            .map(|us| Duration::from_micros(us.into()))
+    }
+
+    /// The path's round trip where one must be assumed (a background transfer's first base
+    /// delay, the choice of its congestion control): the measured one, else [`ASSUMED_RTT`].
+    pub fn path_rtt(&self) -> Duration {
+        self.min_rtt().unwrap_or(ASSUMED_RTT)
     }
 
     pub fn set_verbose(&mut self, v: bool) {

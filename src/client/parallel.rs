@@ -377,30 +377,13 @@ fn extended(
     s
 }
 
-/// The control connection's lowest round trip, when the kernel has one.
-fn control_min_rtt(c: &Control) -> Option<Duration> {
-    braid_sockopt::tcp_info(c.socket())
-        .map(|i| i.min_rtt_us)
-        .filter(|&us| us > 0)
-        .map(|us| Duration::from_micros(us.into()))
-}
-
-/// The path's round trip where one must be assumed: a background transfer's first base delay
-/// and the choice of its congestion control.
-pub(super) fn control_rtt(c: &Control) -> Duration {
-    control_min_rtt(c).unwrap_or(ASSUMED_RTT)
-}
-
-/// The round trip assumed where the kernel has not measured one yet.
-const ASSUMED_RTT: Duration = Duration::from_millis(100);
-
 /// The sending side's congestion control: the user's, else background mode's for the path,
 /// else the self-tuning's first choice (None: the system's).
 fn sending_congestion(c: &Control, opts: &Options, plan: &Plan) -> Option<CcName> {
     opts.congestion
         .or_else(|| {
             opts.background
-                .and_then(|_| background::congestion(control_rtt(c)))
+                .and_then(|_| background::congestion(c.path_rtt()))
         })
         .or(plan.start_congestion())
 }
@@ -423,7 +406,7 @@ fn pacer(
         return Err(background_needs_braid());
     }
     let info = braid_sockopt::tcp_info(c.socket());
-    let rtt = control_rtt(c);
+    let rtt = c.path_rtt();
     let settings = background::Settings {
         target,
         limit: opts.rate_limit,
@@ -501,7 +484,7 @@ struct PathHint {
 
 impl PathHint {
     fn of(c: &Control, direction: Direction, buffer: Option<u64>) -> PathHint {
-        let rtt = control_min_rtt(c);
+        let rtt = c.min_rtt();
         let cap = match direction {
             Direction::Download => kernel_cap(RMEM),
             Direction::Upload => kernel_cap(WMEM),
@@ -577,7 +560,7 @@ impl Plan {
                     max: BACKGROUND_MOST as u32,
                     policy: Choice::Widen {
                         window: window.unwrap_or(DEFAULT_WINDOW),
-                        rtt: path().rtt.unwrap_or(ASSUMED_RTT),
+                        rtt: path().rtt.unwrap_or(super::control::ASSUMED_RTT),
                     },
                     elastic,
                     block: fixed_block(BACKGROUND_MOST as u32),

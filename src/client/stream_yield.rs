@@ -28,7 +28,7 @@ pub fn start(c: &Control, data: &TcpStream, opts: &Options, sending: bool) -> Op
             return None;
         }
     };
-    let rtt = super::parallel::control_rtt(c);
+    let rtt = c.path_rtt();
     // When braid sends, the control a yielding braid server uses; when it receives, the
     // sender's is unknown and assumed to burst as cubic does.
     let congestion = sending.then(background::congestion_by_data_rtt).flatten();

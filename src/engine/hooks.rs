@@ -82,7 +82,7 @@ pub trait Pacer: Send {
     fn rate(&mut self, view: &View) -> Option<u64>;
 
     /// What background mode's controller saw and did, for the summary.
-    fn report(&self) -> Option<super::background::Report> {
+    fn report(&self) -> Option<super::yield_report::Report> {
         None
     }
 }
@@ -404,7 +404,7 @@ pub struct Record {
     /// The sending peer's last report (downloads from a braid server).
     pub sender: Option<braid_proto::markers::SenderReport>,
     /// Background mode's controller, when it paced the transfer.
-    pub background: Option<super::background::Report>,
+    pub background: Option<super::yield_report::Report>,
 }
 
 #[cfg(test)]

@@ -39,6 +39,7 @@ pub mod tls;
 pub mod transfer;
 pub mod tune;
 pub mod widen;
+pub mod yield_report;
 
 use braid_proto::block::BlockError;
 use std::net::TcpStream;

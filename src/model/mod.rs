@@ -110,7 +110,7 @@ fn usage(msg: impl Into<String>) -> anyhow::Error {
 }
 
 fn size(s: &str) -> Result<f64> {
-    crate::cli::parse_size(s).map(|v| v as f64).map_err(usage)
+    crate::units::parse_size(s).map(|v| v as f64).map_err(usage)
 }
 
 /// One direction of a lab link as the model sees it.

@@ -1,8 +1,8 @@
 //! Opening data connections: the one of a stream-mode transfer, and the set of a MODE E one
 //! (accepted, connected concurrently, or cached from the last transfer).
 
-use super::control::Io;
 use super::data::{self, BlockConns};
+use super::io::Io;
 use crate::engine;
 use crate::engine::tls::{DataConn, DataTls};
 use crate::engine::transfer::{Accept, Joins};

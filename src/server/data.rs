@@ -24,7 +24,7 @@ pub enum Job {
         offset: u64,
         ascii: bool,
         /// Read whole already, to be sent from memory (see [`super::inline`]).
-        whole: Option<super::inline::WholeFile>,
+        whole: Option<WholeFile>,
     },
     Stor {
         upload: Upload,
@@ -40,6 +40,14 @@ pub enum Job {
     List {
         text: Vec<u8>,
     },
+}
+
+/// A download's bytes, read whole before it starts, and the file's version then (for the
+/// checksum computed while they are sent).
+#[derive(Debug)]
+pub struct WholeFile {
+    pub bytes: Vec<u8>,
+    pub version: super::FileVersion,
 }
 
 /// Why the data phase failed.

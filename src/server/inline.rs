@@ -21,7 +21,7 @@
 //! socket whose peer is not keeping up, an upload still on its way, TLS.
 
 use super::ChecksumCache;
-use super::data::{BlockConns, Job};
+use super::data::{BlockConns, Job, WholeFile};
 use crate::engine::tls::DataConn;
 use crate::engine::transfer::Joins;
 use crate::fsroot::Root;
@@ -39,14 +39,6 @@ pub const MOST: u64 = 64 << 10;
 /// The socket's room must exceed what is written by this much and twice over: the kernel
 /// counts each packet's overhead against the send buffer too.
 const SLACK: u64 = 16 << 10;
-
-/// A download's bytes, read whole before it starts, and the file's version then (for the
-/// checksum computed while they are sent).
-#[derive(Debug)]
-pub struct WholeFile {
-    pub bytes: Vec<u8>,
-    pub version: super::FileVersion,
-}
 
 /// Whether the file of `t` is opened on the control task: one of a tree's files, moved in MODE
 /// E on the connections the last one left open.

@@ -4,9 +4,10 @@
 //! check that cannot be had soon is answered 421 "try later" and counts as no failure. The
 //! decisions are [`super::guard`]'s; this is the waiting.
 
-use super::control::{Conn, Input, Io, MAX_QUEUED};
+use super::conn::{Conn, Input, MAX_QUEUED};
 use super::guard::Place;
 use super::guard::budget::Turn;
+use super::io::Io;
 use super::quota::{Limits, Quota};
 use braid_proto::Reply;
 use braid_proto::session::{Action, Session, canonical_ip};

@@ -2,12 +2,14 @@
 //! data moves on a blocking thread (see [`data`]), except a tree's small files, which the
 //! control task moves itself when nothing can make it wait (see [`inline`]).
 
+mod conn;
 mod connections;
 mod control;
 mod data;
 mod files;
 mod guard;
 mod inline;
+mod io;
 mod login;
 pub mod metrics;
 mod pacing;
@@ -310,6 +312,13 @@ pub async fn run(
     tracing::info!("shutting down: waiting for {} session(s)", sessions.len());
     while sessions.join_next().await.is_some() {}
     Ok(())
+}
+
+/// Resolves once the server's shutdown has reached `level` (never, if the sender is gone).
+pub(crate) async fn reached(rx: &mut watch::Receiver<Shutdown>, level: Shutdown) {
+    if rx.wait_for(|s| *s >= level).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Describes where the server listens, for the startup line.

@@ -144,7 +144,7 @@ pub struct ServeArgs {
     /// The server's uplink in bytes/s, e.g. 12MB for about 100 Mbit/s: running downloads then
     /// share it by their users' weights (`rw,weight=4` in the users file; 1 by default),
     /// each paced to its share, so preferred customers get more when the uplink is busy.
-    #[arg(long, value_name = "BYTES_PER_SECOND", value_parser = crate::cli::parse_size)]
+    #[arg(long, value_name = "BYTES_PER_SECOND", value_parser = crate::units::parse_size)]
     #[serde(default, deserialize_with = "size")]
     pub uplink: Option<u64>,
 }
@@ -389,7 +389,7 @@ fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error>
     }
     match Size::deserialize(d)? {
         Size::Bytes(n) => Ok(Some(n)),
-        Size::Text(t) => crate::cli::parse_size(&t)
+        Size::Text(t) => crate::units::parse_size(&t)
             .map(Some)
             .map_err(serde::de::Error::custom),
     }

@@ -3,10 +3,12 @@
 //! upload takes its final name only once it is known whole and its checksum matches.
 
 use super::Shutdown;
-use super::control::{Conn, Input, Io, MAX_QUEUED, reached};
+use super::conn::{Conn, Input, MAX_QUEUED};
 use super::data::{self, BlockConns, DataError, Finished};
 use super::inline;
+use super::io::Io;
 use super::pacing;
+use super::reached;
 use crate::engine;
 use braid_proto::checksum;
 use braid_proto::retr_opts::RetrOpts;

@@ -13,6 +13,7 @@ mod globus;
 mod hostile;
 mod interop;
 mod lab;
+mod layers;
 mod lftp;
 mod parallel;
 mod proftpd;

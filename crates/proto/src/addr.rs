@@ -110,6 +110,15 @@ pub fn parse_229(text: &str) -> Result<u16, AddrError> {
     parse_port(fields[3]).ok_or(AddrError::BadExtended)
 }
 
+/// IPv4-mapped IPv6 addresses compare as IPv4, so a dual-stack listener does not make the
+/// peer check refuse a client's own address.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
 /// How addresses are grouped into ranges for every limit here: one host or one customer
 /// usually holds an IPv4 /24 or an IPv6 /48 (a site: a single host is commonly given a /64,
 /// and often a /56 or /48, so /64s would let one host count as thousands of sources).
@@ -131,7 +140,7 @@ impl Ranges {
     /// The range `ip` is in: its address with the host bits cleared. IPv4-mapped IPv6
     /// addresses count as IPv4.
     pub fn of(&self, ip: IpAddr) -> IpAddr {
-        match crate::session::canonical_ip(ip) {
+        match canonical_ip(ip) {
             IpAddr::V4(v4) => {
                 let bits = u32::from(v4) & mask32(self.v4);
                 IpAddr::from(bits.to_be_bytes())

@@ -779,14 +779,7 @@ pub fn reads_pipelined(r: &Reply) -> bool {
         || (r.code == 220 && (r.text().contains("GridFTP Server") || r.text().contains("(vsFTPd ")))
 }
 
-/// IPv4-mapped IPv6 addresses compare as IPv4, so a dual-stack listener does not make the
-/// peer check refuse a client's own address.
-pub fn canonical_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
-}
+pub use crate::addr::canonical_ip;
 
 #[cfg(test)]
 mod tests {
