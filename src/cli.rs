@@ -204,9 +204,10 @@ struct TransferArgs {
     /// a few blocks].
     #[arg(long, value_parser = parse_block_size)]
     block_size: Option<u64>,
-    /// Socket buffer size for each data connection (SO_SNDBUF/SO_RCVBUF), e.g. 16MiB. Without
-    /// it the kernel tunes buffers itself, which is usually better.
-    #[arg(long, value_parser = parse_size)]
+    /// Socket buffer size for each data connection (SO_SNDBUF/SO_RCVBUF), e.g. 16MiB, from
+    /// 16KiB to 1GiB; the kernel caps it at net.core.rmem_max/wmem_max (braid warns when it
+    /// will). Without it the kernel tunes buffers itself, which is usually better.
+    #[arg(long, value_parser = parse_buffer)]
     buffer: Option<u64>,
     /// Cap the transfer's sending rate, in bytes per second over all its connections, e.g.
     /// 50MB or 4MiB (also --max-rate). The kernel paces each connection
@@ -236,14 +237,15 @@ struct TransferArgs {
     /// -n): "1,8@20%,2@60%" starts with one connection, uses eight once 20% of the bytes have
     /// moved and two from 60%; "4,8@2s" goes from four to eight two seconds in. For
     /// experiments: it shows what a count costs on a path while the rest stays the same.
-    #[arg(long, value_name = "SPEC", value_parser = crate::engine::hooks::Schedule::parse)]
+    #[arg(long, value_name = "SPEC", value_parser = crate::engine::hooks::Schedule::parse,
+          conflicts_with = "streams")]
     schedule: Option<crate::engine::hooks::Schedule>,
     /// TCP congestion control for the sending side's data connections, e.g. cubic or bbr
     /// (see /proc/sys/net/ipv4/tcp_available_congestion_control). For `get` the braid server
     /// is the sender and is told with OPTS RETR; other servers keep theirs. Default: the
     /// system's, which `-n auto` may trade for the other of bbr and cubic after measuring
     /// both on the path (--json reports which was used).
-    #[arg(long, value_name = "NAME", value_parser = braid_proto::retr_opts::CcName::parse)]
+    #[arg(long, value_name = "NAME", value_parser = parse_congestion)]
     congestion: Option<braid_proto::retr_opts::CcName>,
 }
 
@@ -260,6 +262,35 @@ fn parse_streams(s: &str) -> Result<Streams, String> {
         _ => Err(format!(
             "{s:?}: give a number of connections from 1 to 64, or auto"
         )),
+    }
+}
+
+/// `--buffer`: a socket buffer the kernel takes as it is meant. Below 16 KiB a connection
+/// crawls (8 KiB moved 0.2 MB/s on loopback); the kernel takes an int and doubles it, so past
+/// 1 GiB a value wraps (4 GiB became 0).
+fn parse_buffer(s: &str) -> Result<u64, String> {
+    let n = parse_size(s)?;
+    if !(16 << 10..=1 << 30).contains(&n) {
+        return Err(format!(
+            "{s}: a socket buffer must be from 16KiB to 1GiB (or leave --buffer out: the kernel \
+             tunes buffers itself)"
+        ));
+    }
+    Ok(n)
+}
+
+/// `--congestion`: a name the kernel has (tcp_available_congestion_control); one it lacks
+/// would be dropped silently on every data connection.
+fn parse_congestion(s: &str) -> Result<braid_proto::retr_opts::CcName, String> {
+    let name = braid_proto::retr_opts::CcName::parse(s)?;
+    let available = "/proc/sys/net/ipv4/tcp_available_congestion_control";
+    match std::fs::read_to_string(available) {
+        Ok(list) if !list.split_whitespace().any(|n| n == s) => Err(format!(
+            "{s}: this system has no such congestion control (it has: {}); an installed one \
+             loads with `modprobe tcp_{s}`",
+            list.trim()
+        )),
+        _ => Ok(name),
     }
 }
 
@@ -298,7 +329,7 @@ struct OutputArgs {
     #[arg(short, long)]
     quiet: bool,
     /// Show the control-connection dialogue on stderr.
-    #[arg(short, long)]
+    #[arg(short, long, conflicts_with = "quiet")]
     verbose: bool,
 }
 
@@ -740,6 +771,9 @@ fn options(
         (None, false) => None,
     };
     client_logging(out);
+    if let Some(b) = t.and_then(|t| t.buffer) {
+        warn_buffer_capped(b);
+    }
     Ok(Options {
         resume,
         progress: !out.quiet && !out.json,
@@ -755,6 +789,23 @@ fn options(
         keep_connections: false,
         growing: false,
     })
+}
+
+/// Says so when the kernel will cap `--buffer` (net.core.rmem_max/wmem_max): the transfer
+/// would otherwise run with less than asked, silently.
+fn warn_buffer_capped(bytes: u64) {
+    for name in ["rmem_max", "wmem_max"] {
+        let path = format!("/proc/sys/net/core/{name}");
+        let max = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok());
+        if let Some(max) = max.filter(|&m| bytes > m) {
+            eprintln!(
+                "braid: warning: --buffer {bytes} is above net.core.{name} ({max}): the kernel \
+                 caps it there; `sysctl -w net.core.{name}={bytes}` raises the cap"
+            );
+        }
+    }
 }
 
 fn report(summary: &client::Summary, out: &OutputArgs, data_on_stdout: bool) -> anyhow::Result<u8> {

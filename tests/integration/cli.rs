@@ -862,3 +862,61 @@ fn bench_on_loopback_runs_each_tool_and_stops_its_servers() {
         );
     }
 }
+
+/// Options that cannot work are refused before anything is sent (exit code 2, saying why),
+/// by get and put alike: a congestion control the kernel lacks (get used to ignore it and put
+/// to warn four times), a socket buffer that would wrap (4 GiB became 0) or crawl (8 KiB),
+/// --quiet with --verbose, --schedule with -n. A buffer above the kernel's cap is taken with a
+/// warning that says so.
+#[test]
+fn options_that_cannot_work_are_refused_up_front() {
+    let top = tempdir();
+    let file = top.path().join("f");
+    std::fs::write(&file, b"x").unwrap();
+    let f = file.to_str().unwrap();
+    // Nothing listens there: a refused option never gets as far as connecting.
+    let url = "ftp://127.0.0.1:9/x";
+    for (args, says) in [
+        (
+            vec!["get", url, "--congestion", "foo"],
+            "no such congestion control",
+        ),
+        (
+            vec!["put", f, url, "--congestion", "foo"],
+            "no such congestion control",
+        ),
+        (vec!["get", url, "--buffer", "4GiB"], "from 16KiB to 1GiB"),
+        (
+            vec!["put", f, url, "--buffer", "8KiB"],
+            "from 16KiB to 1GiB",
+        ),
+        (vec!["get", url, "-q", "-v"], "cannot be used with"),
+        (
+            vec!["get", url, "-n", "4", "--schedule", "1,8@20%"],
+            "cannot be used with",
+        ),
+    ] {
+        let (code, _, err) = braid(&args, &[]);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(
+            !err.contains("cannot connect"),
+            "{args:?} got as far as connecting: {err}"
+        );
+    }
+    let (_, _, err) = braid(
+        &["get", url, "--congestion", "cubic", "--buffer", "16MiB"],
+        &[],
+    );
+    assert!(err.contains("cannot connect"), "{err}");
+    let rmem_max: u64 = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        err.contains("above net.core.rmem_max"),
+        rmem_max < 16 << 20,
+        "rmem_max {rmem_max}: {err}"
+    );
+}

@@ -61,7 +61,14 @@ impl Startups {
         pick: u64,
     ) -> Result<Entered, String> {
         let max = max.max(1);
-        let here = self.by_range.get(&range).copied().unwrap_or(0);
+        // Only connections that are not logging in count here: a neighbour's guesses waiting
+        // for their checks must not keep an honest user of the same network out (the places
+        // they hold are still capped in total, and the range's are pushed out first).
+        let here = self
+            .places
+            .values()
+            .filter(|p| p.range == range && !p.checking)
+            .count();
         let cap = per_range(max).min(max);
         if here >= cap {
             return Err(format!(
@@ -292,6 +299,25 @@ mod tests {
         assert_eq!(s.push_out(0), Some(a.id), "the stranger first");
         assert_eq!(s.push_out(0), Some(b.id));
         assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn connections_logging_in_do_not_fill_their_networks_share() {
+        let t0 = Instant::now();
+        let max = 64;
+        let mut s = Startups::default();
+        // 16 guessers from one NAT, each waiting for its check.
+        for _ in 0..16 {
+            let e = s.enter(range(1), true, max, t0, 0).unwrap();
+            s.checking(e.id, true, false);
+        }
+        let honest = s.enter(range(1), true, max, t0, 0);
+        assert!(honest.is_ok(), "a neighbour is let in");
+        // Idle ones still count: 15 more fill the share.
+        for _ in 0..15 {
+            s.enter(range(1), true, max, t0, 0).unwrap();
+        }
+        assert!(s.enter(range(1), true, max, t0, 0).is_err());
     }
 
     #[test]
