@@ -920,3 +920,63 @@ fn options_that_cannot_work_are_refused_up_front() {
         "rmem_max {rmem_max}: {err}"
     );
 }
+
+/// Every relative link in README.md and docs/ leads to a file that exists, and every `#anchor`
+/// to one of its headings (as GitHub and mdBook make them: lower case, spaces as dashes).
+#[test]
+fn the_docs_links_resolve() {
+    let top = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages = vec![top.join("README.md")];
+    for e in std::fs::read_dir(top.join("docs")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "md") {
+            pages.push(p);
+        }
+    }
+    let anchors = |page: &std::path::Path| -> Vec<String> {
+        std::fs::read_to_string(page)
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.strip_prefix('#'))
+            .map(|h| {
+                h.trim_start_matches('#')
+                    .trim()
+                    .to_lowercase()
+                    .chars()
+                    .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+                    .map(|c| if c == ' ' { '-' } else { c })
+                    .collect()
+            })
+            .collect()
+    };
+    let mut broken = Vec::new();
+    let mut links = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        for (at, _) in text.match_indices("](") {
+            let rest = &text[at + 2..];
+            let Some(end) = rest.find(')') else { continue };
+            let target = &rest[..end];
+            if target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
+                continue;
+            }
+            links += 1;
+            let (file, anchor) = target.split_once('#').unwrap_or((target, ""));
+            let dest = if file.is_empty() {
+                page.clone()
+            } else {
+                page.parent().unwrap().join(file)
+            };
+            if !dest.exists() {
+                broken.push(format!("{}: {target}", page.display()));
+            } else if !anchor.is_empty() && !anchors(&dest).iter().any(|a| a == anchor) {
+                broken.push(format!("{}: {target} (no such heading)", page.display()));
+            }
+        }
+    }
+    assert!(
+        links > 0,
+        "no relative links found: the check reads nothing"
+    );
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
