@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The lab's accuracy as the README's two tables, measured by `braid bench`: this script only
+"""The lab's accuracy as the two tables in docs/lab.md, measured by `braid bench`: this script only
 chooses the runs and prints bench's report.json.
 
 1. Each named scenario: a ping's RTT on the idle link against the configured one, and one

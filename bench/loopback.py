@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Loopback throughput and CPU cost of braid next to the tools it means to beat, measured in
 one run by `braid bench --loopback`; this script only chooses the runs and prints bench's
-results as the README's table.
+results as the table in docs/benchmarks.md.
 
 Rows: iperf3 (memory to memory: the ceiling) with 1, 4 and 8 streams, braid get with -n auto
 (the default) and 1, 4 and 8 connections to /dev/null (the data still checked against the

@@ -571,7 +571,7 @@ fn a_flood_of_wrong_passwords_keeps_the_server_small_and_slows_guessers() {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap();
-    // Shown with --nocapture: the number the README gives.
+    // Shown with --nocapture: the number docs/guide.md gives.
     println!(
         "server peak after 128 wrong passwords: {} MiB",
         peak_kib >> 10
