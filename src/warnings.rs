@@ -7,7 +7,7 @@
 use braid_proto::addr::Ranges;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 /// At most one line per kind and range in this long.
@@ -96,14 +96,13 @@ impl Throttle {
 /// Writes a warning about `from` unless one of the same `kind` from its range was written in
 /// the last [`INTERVAL`]; the next one written says how many were held back.
 pub fn warn(kind: &'static str, from: IpAddr, message: std::fmt::Arguments<'_>) {
-    static THROTTLE: Mutex<Option<Throttle>> = Mutex::new(None);
+    static THROTTLE: LazyLock<Mutex<Throttle>> = LazyLock::new(Mutex::default);
+    // Ranges as the login limits count them by default.
     let range = Ranges::default().of(from);
-    // (Ranges as the login limits count them by default.)
-    let say = {
-        let mut t = THROTTLE.lock().unwrap_or_else(|p| p.into_inner());
-        t.get_or_insert_with(Throttle::default)
-            .event(kind, range, Instant::now())
-    };
+    let say = THROTTLE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .event(kind, range, Instant::now());
     match say {
         Say::Write { held_back: 0 } => tracing::warn!(%from, "{message}"),
         Say::Write { held_back } => tracing::warn!(

@@ -66,10 +66,13 @@ pub(super) async fn login(
             }
         };
         let start = Instant::now();
-        let answer = guard
-            .failures()
-            .answer(config.login_fail_delay, range, &user, start);
-        let stop = guard.failures().stop_checking(range, &user, start);
+        let (answer, stop) = {
+            let failures = guard.failures();
+            (
+                failures.answer(config.login_fail_delay, range, &user, start),
+                failures.stop_checking(range, &user, start),
+            )
+        };
         let checked = if stop {
             crate::warnings::warn(
                 "login-unchecked",
