@@ -3,18 +3,15 @@
 //! exits at once, as it would without braid's handler.
 
 use super::control::Control;
-use super::error::ClientError;
-use super::stream_yield::OnStream;
-use crate::engine::Abort;
 use braid_proto::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::time::Duration;
 
 /// Ctrl-C (or SIGTERM) handling for one data phase; dropping it restores "exit at once".
 pub struct Interrupt {
     flag: Arc<AtomicBool>,
+    /// Set by SIGTERM only: a service manager's stop is not the user's Ctrl-C.
+    term: Arc<AtomicBool>,
     ids: Vec<signal_hook::SigId>,
 }
 
@@ -39,11 +36,24 @@ impl Interrupt {
                 ids.push(id);
             }
         }
-        Interrupt { flag, ids }
+        let term = Arc::new(AtomicBool::new(false));
+        if let Ok(id) = signal_hook::flag::register(SIGTERM, term.clone()) {
+            ids.push(id);
+        }
+        Interrupt { flag, term, ids }
     }
 
     pub fn hit(&self) -> bool {
         self.flag.load(Ordering::SeqCst)
+    }
+
+    /// What stopped the transfer, as a user would name it.
+    pub fn cause(&self) -> &'static str {
+        if self.term.load(Ordering::SeqCst) {
+            "SIGTERM"
+        } else {
+            "Ctrl-C"
+        }
     }
 }
 
@@ -98,70 +108,4 @@ pub fn send_abort(c: &mut Control) {
             Err(_) => return,
         }
     }
-}
-
-/// Runs a stream-mode data phase over one connection, which Ctrl-C closes; says whether it did.
-/// `background`: background mode's controller, ticked as often as with a braid server.
-pub fn on_one_connection<R>(
-    data: &std::net::TcpStream,
-    background: Option<&mut OnStream>,
-    work: impl FnOnce() -> R,
-) -> (R, bool) {
-    let abort = Abort::new();
-    abort.register(data);
-    let interrupt = Interrupt::install();
-    let r = match background {
-        Some(b) => supervise_every(TICK / 2, &abort, &interrupt, work, || b.tick()),
-        None => supervise(&abort, &interrupt, work, || {}),
-    };
-    (r, interrupt.hit())
-}
-
-/// What a transfer stopped by Ctrl-C reports, once the server has been told with ABOR.
-pub fn stopped(c: &mut Control, bytes: u64, advice: &str, partial: Option<String>) -> ClientError {
-    send_abort(c);
-    ClientError::Interrupted {
-        bytes,
-        why: format!("stopped by Ctrl-C; the server was sent ABOR{advice}"),
-        partial,
-    }
-}
-
-/// Runs a data phase on this thread while a watcher thread turns Ctrl-C into `abort` (which
-/// closes the data connections, waking the phase from its blocking calls) and calls `tick`
-/// (progress bar, resume record) every 100 ms.
-pub fn supervise<R>(
-    abort: &Abort,
-    interrupt: &Interrupt,
-    work: impl FnOnce() -> R,
-    tick: impl FnMut() + Send,
-) -> R {
-    supervise_every(TICK, abort, interrupt, work, tick)
-}
-
-/// The watcher's period.
-pub const TICK: Duration = Duration::from_millis(100);
-
-/// [`supervise`], calling `tick` every `period` (background mode steers twice as often).
-pub fn supervise_every<R>(
-    period: Duration,
-    abort: &Abort,
-    interrupt: &Interrupt,
-    work: impl FnOnce() -> R,
-    mut tick: impl FnMut() + Send,
-) -> R {
-    let (done, finished) = mpsc::channel::<()>();
-    std::thread::scope(|scope| {
-        scope.spawn(move || {
-            while let Err(mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(period) {
-                if interrupt.hit() {
-                    abort.abort();
-                }
-                tick();
-            }
-        });
-        let r = work();
-        drop(done);
-        r
-    })
 }

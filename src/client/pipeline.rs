@@ -9,11 +9,14 @@
 //! asking for each in turn costs a round trip or more: on a 20 ms path that is 50 files a
 //! second per session, whatever their size.
 
+use super::Options;
 use super::control::Control;
 use super::error::{ClientError, Result};
-use super::parallel::{Peer, STALL, agree_with};
+use super::job::{PartFile, local_err, part_path};
+use super::peer::{Peer, STALL};
+use super::summary::Summary;
 use super::url::Target;
-use super::{Options, PartFile, Summary, local_err, part_path};
+use super::verify::agree_with;
 use crate::engine::receive::{Progress, Shared, receive};
 use crate::engine::send::{Source, send};
 use crate::engine::sink::Sink;
@@ -22,7 +25,6 @@ use braid_proto::Command;
 use braid_proto::checksum;
 use braid_proto::client::{Direction, Op, Outcome};
 use braid_proto::ranges::RangeSet;
-use std::fs::OpenOptions;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -159,7 +161,7 @@ fn summary(
         path: w.remote.clone(),
         ..server.clone()
     };
-    let mut s = super::summary(op, &target, local, w.size, Some(w.size), 0, started);
+    let mut s = super::summary::summary(op, &target, local, w.size, Some(w.size), 0, started);
     s.mode = "extended-block";
     s.streams = per_connection_bytes.len() as u32;
     s.checksum = checksum;
@@ -181,27 +183,22 @@ pub fn receive_next(
     let part = part_path(&w.local);
     // Opened before the start is read: a file that cannot be written still has its data
     // read (and dropped), so the next file's blocks are not taken for its.
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&part)
-        .map_err(local_err(format!("cannot write {}", part.display())));
+    let file = PartFile::open(&w.local, false);
     let retr = format!("RETR {}", w.remote);
     if let Err(f) = started_with_checksum_behind(c, &retr) {
-        if let Ok(file) = &file
-            && file.metadata().is_ok_and(|m| m.len() == 0)
+        if let Ok(p) = &file
+            && p.held().is_ok_and(|l| l == 0)
         {
             let _ = std::fs::remove_file(&part);
         }
         return Err(f);
     }
-    let (sink, file) = match file.and_then(|f| {
-        let writer = f
+    let (sink, file) = match file.and_then(|p| {
+        let writer = p
+            .file
             .try_clone()
             .map_err(local_err("cannot duplicate file handle"))?;
-        Ok((writer, f))
+        Ok((writer, p))
     }) {
         Ok((writer, f)) => (Sink::File(writer), Ok(f)),
         Err(e) => (Sink::Discard, Err(e)),
@@ -242,17 +239,12 @@ pub fn receive_next(
                 .sum
                 .map(|s| checksum::hex(s.finish(w.size)))
                 .ok_or_else(|| ClientError::Protocol("blocks off the checksum chunks".into()))?,
-            Peer::GridFtp => crate::sums::named(alg, &file, 0, w.size)
+            Peer::GridFtp => crate::sums::named(alg, &file.file, 0, w.size)
                 .map_err(local_err("cannot read the download back to check it"))?,
         };
         let ours_are = "the data received hashes to";
         let checksum = agree_with(theirs, alg, &w.remote, &ours, ours_are, "")?;
-        let local = PartFile {
-            final_path: w.local.clone(),
-            part: part.clone(),
-            file,
-        }
-        .commit(Some(w.size))?;
+        let local = file.commit(Some(w.size))?;
         Ok((local, checksum))
     })();
     let (local, checksum) = checked.map_err(|e| {

@@ -17,7 +17,7 @@ use std::time::UNIX_EPOCH;
 
 /// `DEST.part.braid`: what a download has stored.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct Sidecar {
+struct Stored {
     /// The remote path and size identify the file (not host and port: a restarted server may
     /// listen elsewhere).
     path: String,
@@ -30,6 +30,57 @@ pub fn sidecar_path(part: &Path) -> PathBuf {
     let mut s = part.as_os_str().to_owned();
     s.push(".braid");
     PathBuf::from(s)
+}
+
+/// The record of what a partial download holds, for one remote file.
+#[derive(Debug, Clone)]
+pub struct Sidecar {
+    path: PathBuf,
+    remote: String,
+    /// The remote file's size (None: unknown, and then nothing is recorded).
+    size: Option<u64>,
+}
+
+impl Sidecar {
+    /// The record beside the partial `part` of the remote file `remote`.
+    pub fn beside(part: &Path, remote: &str, size: Option<u64>) -> Sidecar {
+        Sidecar {
+            path: sidecar_path(part),
+            remote: remote.to_string(),
+            size,
+        }
+    }
+
+    pub fn exists(&self) -> bool {
+        self.path.exists()
+    }
+
+    pub fn location(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    /// What an earlier run stored, if the record describes this same remote file.
+    pub fn load(&self) -> Option<Progress> {
+        load_sidecar(&self.path, &self.remote, self.size)
+    }
+
+    /// Records what the partial holds now (nothing for a file of unknown size).
+    pub fn save(&self, p: &Progress) {
+        if let Some(size) = self.size {
+            save_sidecar(&self.path, &self.remote, size, p);
+        }
+    }
+
+    /// Records what the partial holds as the download stops unfinished, and gives back the
+    /// space kept for the record's next version (no empty `.braid-tmp` stays behind).
+    pub fn save_last(&self, p: &Progress) {
+        self.save(p);
+        let _ = std::fs::remove_file(self.path.with_extension("braid-tmp"));
+    }
+
+    pub fn remove(&self) {
+        remove_sidecar(&self.path);
+    }
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so a crash mid-write leaves
@@ -68,13 +119,13 @@ fn write_into_reserved(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// Removes a sidecar and the space reserved for its next version.
-pub fn remove_sidecar(path: &Path) {
+fn remove_sidecar(path: &Path) {
     let _ = std::fs::remove_file(path);
     let _ = std::fs::remove_file(path.with_extension("braid-tmp"));
 }
 
-pub fn save_sidecar(path: &Path, remote: &str, size: u64, p: &Progress) {
-    let sc = Sidecar {
+fn save_sidecar(path: &Path, remote: &str, size: u64, p: &Progress) {
+    let sc = Stored {
         path: remote.to_string(),
         size,
         ranges: p.ranges.to_string(),
@@ -88,8 +139,8 @@ pub fn save_sidecar(path: &Path, remote: &str, size: u64, p: &Progress) {
 }
 
 /// What an earlier run stored, if its sidecar describes this same remote file.
-pub fn load_sidecar(path: &Path, remote: &str, size: Option<u64>) -> Option<Progress> {
-    let sc: Sidecar = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+fn load_sidecar(path: &Path, remote: &str, size: Option<u64>) -> Option<Progress> {
+    let sc: Stored = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
     if sc.path != remote || Some(sc.size) != size {
         return None;
     }
@@ -282,5 +333,35 @@ mod tests {
         forget_old_records(dir.path());
         assert!(!stale.exists());
         assert!(fresh.exists() && other.exists());
+    }
+
+    #[test]
+    fn a_download_record_describes_one_remote_file_and_leaves_nothing_once_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let part = dir.path().join("f.part");
+        let rec = Sidecar::beside(&part, "pub/f", Some(100));
+        assert!(rec.load().is_none() && !rec.exists());
+        let held = Progress::holding(RangeSet::parse("0-10,50-60").unwrap());
+        rec.save(&held);
+        assert!(rec.exists());
+        assert_eq!(
+            rec.load().map(|p| p.ranges.to_string()),
+            Some("0-10,50-60".into())
+        );
+        // Another file, or the same path grown since: not this partial's record.
+        assert!(Sidecar::beside(&part, "pub/g", Some(100)).load().is_none());
+        assert!(Sidecar::beside(&part, "pub/f", Some(101)).load().is_none());
+        // Space is kept for the next version while the download runs, given back when it
+        // stops, and the record goes with the completed download.
+        let reserve = sidecar_path(&part).with_extension("braid-tmp");
+        assert!(reserve.exists());
+        rec.save_last(&held);
+        assert!(!reserve.exists() && rec.exists());
+        rec.remove();
+        assert!(!rec.exists() && !reserve.exists());
+        // A file of unknown size is not recorded.
+        let unknown = Sidecar::beside(&part, "pub/f", None);
+        unknown.save(&held);
+        assert!(!unknown.exists());
     }
 }

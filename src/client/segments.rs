@@ -4,19 +4,22 @@
 //! the transfer aborted) once its range has arrived. What is stored is recorded in the same
 //! sidecar as a MODE E download, so `--resume` fetches only the holes.
 
+use super::Options;
 use super::control::Control;
 use super::error::{ClientError, Result};
-use super::interrupt::{self, Interrupt, send_abort, supervise};
-use super::records::{load_sidecar, remove_sidecar, save_sidecar, sidecar_path};
-use super::{
-    Options, PartFile, Summary, Target, another_session, local_err, part_path, session, summary,
-};
+use super::interrupt::send_abort;
+use super::job::{PartFile, local_err, not_a_partial};
+use super::records::Sidecar;
+use super::sessions::{another_session, session};
+use super::summary::{Summary, summary};
+use super::url::Target;
+use super::watch::Watch;
 use crate::engine::Abort;
 use crate::engine::receive::Progress;
 use braid_proto::Command;
 use braid_proto::ranges::RangeSet;
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -119,6 +122,14 @@ impl Shared<'_> {
         Some((middle, end, 0))
     }
 
+    fn opened(&self) -> u32 {
+        self.opened.load(Ordering::Relaxed) as u32
+    }
+
+    fn sessions(&self) -> u32 {
+        self.sessions.load(Ordering::Relaxed) as u32
+    }
+
     fn failed(&self) -> std::sync::MutexGuard<'_, Option<ClientError>> {
         self.failed.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -148,29 +159,20 @@ pub fn get(
     n: usize,
     opts: &Options,
 ) -> Result<Summary> {
-    let remote = target.path.as_str();
-    let part = part_path(dest);
-    let sidecar = sidecar_path(&part);
+    let part = PartFile::open(dest, opts.resume)?;
+    let record = part.record(&target.path, Some(size));
     let have = if opts.resume {
-        held(&part, &sidecar, remote, size)?
+        held(&part, &record, size)?
     } else {
         RangeSet::new()
     };
-    let file = OpenOptions::new()
-        .write(true)
-        .read(true)
-        .create(true)
-        .truncate(!opts.resume)
-        .open(&part)
-        .map_err(local_err(format!("cannot write {}", part.display())))?;
     let resumed_from = have.len();
-    let missing = have.missing(size);
-    let segments = plan(&missing, n);
+    let segments = plan(&have.missing(size), n);
     let started = Instant::now();
     let shared = Shared {
         target,
         opts,
-        file: &file,
+        file: &part.file,
         size,
         queue: Mutex::new(segments.iter().map(|&(s, e)| (s, e, 0)).collect()),
         running: Mutex::new(Vec::new()),
@@ -181,50 +183,27 @@ pub fn get(
         abort: Abort::new(),
         failed: Mutex::new(None),
     };
-    let save = |p: &Progress| save_sidecar(&sidecar, remote, size, p);
-    save(&shared.progress());
+    record.save(&shared.progress());
     let sessions = n.min(segments.len()).max(1);
-    let bar = super::progress_bar(opts, Some(size), resumed_from);
-    let interrupt = Interrupt::install();
+    let watch = Watch::start(opts, Some(size), resumed_from);
     let mut last_save = Instant::now();
-    supervise(
-        &shared.abort,
-        &interrupt,
-        || {
-            std::thread::scope(|scope| {
-                for _ in 1..sessions {
-                    scope.spawn(|| match session(target, opts, None) {
-                        Ok(mut extra) => {
-                            shared.sessions.fetch_add(1, Ordering::Relaxed);
-                            work(&mut extra, &shared);
-                            extra.quit();
-                        }
-                        // One session fewer (a server's per-client limit, 421): the others
-                        // take its ranges.
-                        Err(e) => tracing::info!("a segment's session could not start: {e}"),
-                    });
-                }
-                work(c, &shared);
-            })
-        },
-        || {
-            bar.set_position(resumed_from + shared.bytes.load(Ordering::Relaxed));
-            if last_save.elapsed() > Duration::from_secs(1) {
-                save(&shared.progress());
-                last_save = Instant::now();
-            }
-        },
-    );
-    bar.finish_and_clear();
+    let work = || on_sessions(c, &shared, sessions);
+    watch.run(&shared.abort, work, || {
+        watch
+            .bar
+            .set_position(resumed_from + shared.bytes.load(Ordering::Relaxed));
+        if last_save.elapsed() > Duration::from_secs(1) {
+            record.save(&shared.progress());
+            last_save = Instant::now();
+        }
+    });
     let got = shared.progress();
     let received = shared.bytes.load(Ordering::Relaxed);
-    let opened = shared.opened.load(Ordering::Relaxed) as u32;
-    let logged_in = shared.sessions.load(Ordering::Relaxed) as u32;
-    let partial = Some(part.display().to_string());
     if !got.ranges.covers(0, size) {
-        save(&got);
-        if interrupt.hit() {
-            return Err(interrupt::stopped(c, received, "", partial));
+        record.save_last(&got);
+        let partial = Some(part.name());
+        if watch.stopped() {
+            return Err(watch.stop(c, received, "", partial));
         }
         let why = match shared.failed().take() {
             // A local failure (a full disk) keeps its own exit code; what arrived is kept.
@@ -238,13 +217,9 @@ pub fn get(
             partial,
         });
     }
-    let local = PartFile {
-        final_path: dest.to_path_buf(),
-        part,
-        file,
-    }
-    .commit(Some(size))?;
-    remove_sidecar(&sidecar);
+    let (opened, logged_in) = (shared.opened(), shared.sessions());
+    let local = part.commit(Some(size))?;
+    record.remove();
     let mut s = summary(
         "get",
         target,
@@ -260,15 +235,34 @@ pub fn get(
     Ok(s)
 }
 
+/// Runs the ranges on `sessions` sessions: `c` and as many more as log in.
+fn on_sessions(c: &mut Control, shared: &Shared, sessions: usize) {
+    std::thread::scope(|scope| {
+        for _ in 1..sessions {
+            scope.spawn(|| match session(shared.target, shared.opts, None) {
+                Ok(mut extra) => {
+                    shared.sessions.fetch_add(1, Ordering::Relaxed);
+                    work(&mut extra, shared);
+                    extra.quit();
+                }
+                // One session fewer (a server's per-client limit, 421): the others take its
+                // ranges.
+                Err(e) => tracing::info!("a segment's session could not start: {e}"),
+            });
+        }
+        work(c, shared);
+    })
+}
+
 /// What a partial download holds: its sidecar's ranges, or (a stream-mode partial, which has
 /// none) its bytes from the start, which must not be more than the file has.
-fn held(part: &Path, sidecar: &Path, remote: &str, size: u64) -> Result<RangeSet> {
-    if let Some(p) = load_sidecar(sidecar, remote, Some(size)) {
+fn held(part: &PartFile, record: &Sidecar, size: u64) -> Result<RangeSet> {
+    if let Some(p) = record.load() {
         return Ok(p.ranges);
     }
-    let len = std::fs::metadata(part).map_or(0, |m| m.len());
+    let len = part.held()?;
     if len > size {
-        return Err(super::not_a_partial(part, len, size));
+        return Err(not_a_partial(&part.part, len, size));
     }
     Ok([(0, len)].into_iter().collect())
 }

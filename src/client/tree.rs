@@ -7,16 +7,19 @@
 //! A file that fails is listed with why and the others go on; symbolic links are skipped and
 //! listed, never followed, on either side.
 
+use super::Options;
 use super::control::Control;
 use super::error::{ClientError, Result, exit};
 use super::interrupt::Interrupt;
+use super::job::{Dest, Held, refuse_read_only};
+use super::listing::{ListEntry, list_dir, list_tree};
 use super::names::{case_collisions, unsafe_name, up_to_date};
 use super::pipeline::{self, Wanted};
 use super::records;
-use super::{
-    Dest, Held, ListEntry, Options, Summary, Target, another_session, display_url, get_on,
-    list_dir, list_tree, put_on, refuse_read_only, session,
-};
+use super::route::{get_on, put_on};
+use super::sessions::{another_session, session};
+use super::summary::{Summary, display_url};
+use super::url::Target;
 use braid_proto::Command;
 use braid_proto::client::{Direction, Op};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -168,7 +171,7 @@ impl Job {
     fn options<'a>(&self, opts: &'a Options, c: &Control) -> std::borrow::Cow<'a, Options> {
         let small = self.size.is_some_and(|s| s <= pipeline::MAX_SIZE);
         let auto = opts.streams.is_none() && opts.block_size.is_none();
-        if small && auto && super::parallel::Peer::of(c) == Some(super::parallel::Peer::Braid) {
+        if small && auto && super::peer::Peer::of(c) == Some(super::peer::Peer::Braid) {
             std::borrow::Cow::Owned(Options {
                 block_size: Some(pipeline::MAX_SIZE),
                 ..opts.clone()
@@ -760,80 +763,27 @@ impl Work {
         one: impl Fn(&mut Control, &Job, &Options) -> Result<Option<Summary>> + Sync,
         ahead: impl Fn(&mut Control, &Work, &Results, &dyn Fn() -> bool) -> bool + Sync,
     ) {
-        let interrupt = Interrupt::install();
-        let logins = AtomicU32::new(0);
-        let results = Mutex::new(Vec::new());
+        let crew = Crew {
+            work: &self,
+            opts,
+            interrupt: Interrupt::install(),
+            logins: AtomicU32::new(0),
+            results: Mutex::new(Vec::new()),
+            last_error: Mutex::new(None),
+        };
         let workers = tree.concurrency.clamp(1, self.total.max(1));
-        let walker = Mutex::new(Some(walker));
-        let last_error = Mutex::new(None::<String>);
+        let mut walker = Some(walker);
         std::thread::scope(|scope| {
-            for w in 0..workers {
-                let (work, one, ahead, results, logins, interrupt, walker, last_error) = (
-                    &self,
-                    &one,
-                    &ahead,
-                    &results,
-                    &logins,
-                    &interrupt,
-                    &walker,
-                    &last_error,
-                );
-                scope.spawn(move || {
-                    let mut c = if w == 0 {
-                        walker.lock().unwrap_or_else(|e| e.into_inner()).take()
-                    } else {
-                        None
-                    };
-                    let stop = || interrupt.hit();
-                    while !interrupt.hit() {
-                        // The files that can go requested ahead, first; a session that broke
-                        // doing so is dropped, and its files wait for the next.
-                        if let Some(s) = c.as_mut()
-                            && !ahead(s, work, results, &stop)
-                        {
-                            c = None;
-                            continue;
-                        }
-                        let Some(job) = work.next() else { break };
-                        let Some(session) = c.as_mut() else {
-                            // The file waits for this session or another's.
-                            work.put_back(job);
-                            // Not when the others have taken every file meanwhile.
-                            let give_up = || interrupt.hit() || work.is_empty();
-                            match another_session(&work.server, opts, give_up) {
-                                Ok(s) => {
-                                    logins.fetch_add(1, Ordering::Relaxed);
-                                    c = Some(s);
-                                    continue;
-                                }
-                                Err(e) => {
-                                    *last_error.lock().unwrap_or_else(|e| e.into_inner()) =
-                                        Some(e.to_string());
-                                    break;
-                                }
-                            }
-                        };
-                        let moved = match one(session, &job, &job.options(opts, session)) {
-                            Ok(Some(s)) => Moved::Done(s.bytes),
-                            Ok(None) => Moved::UpToDate,
-                            Err(e) => {
-                                if breaks_session(&e) || !session.in_step() {
-                                    c = None;
-                                }
-                                Moved::Failed(job.named(work.op), e)
-                            }
-                        };
-                        work.record(&job, moved, results);
-                    }
-                    if let Some(s) = c {
-                        s.quit();
-                    }
-                });
+            for _ in 0..workers {
+                let (crew, one, ahead) = (&crew, &one, &ahead);
+                let first = walker.take();
+                scope.spawn(move || crew.worker(first, one, ahead));
             }
         });
         self.bar.finish_and_clear();
-        out.sessions += logins.into_inner();
-        for moved in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        out.sessions += crew.logins.into_inner();
+        let results = crew.results.into_inner().unwrap_or_else(|e| e.into_inner());
+        for moved in results {
             match moved {
                 Moved::Done(bytes) => {
                     out.files += 1;
@@ -843,13 +793,14 @@ impl Work {
                 Moved::Failed(path, e) => out.fail(path, &e),
             }
         }
-        out.interrupted = interrupt.hit();
+        out.interrupted = crew.interrupt.hit();
+        let why = crew
+            .last_error
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or_else(|| "no session could be opened".into());
         let left = self.jobs.into_inner().unwrap_or_else(|e| e.into_inner());
         if !out.interrupted {
-            let why = last_error
-                .into_inner()
-                .unwrap_or_else(|e| e.into_inner())
-                .unwrap_or_else(|| "no session could be opened".into());
             for job in left {
                 out.fail(
                     job.named(self.op),
@@ -872,6 +823,84 @@ impl Work {
         self.bar.inc(job.size.unwrap_or(bytes));
         self.bar
             .set_message(format!("{}/{} files", results.len(), self.total));
+    }
+}
+
+/// What the sessions working through a tree's queue share.
+struct Crew<'a> {
+    work: &'a Work,
+    opts: &'a Options,
+    interrupt: Interrupt,
+    /// Sessions opened beyond the walker's.
+    logins: AtomicU32,
+    results: Results,
+    /// Why the last session that could not be opened failed.
+    last_error: Mutex<Option<String>>,
+}
+
+impl Crew<'_> {
+    /// One session's work: files requested ahead where they can be, else one at a time, until
+    /// the queue is empty or Ctrl-C. A session that breaks is dropped and another opened (its
+    /// file waits in the queue meanwhile). `c`: the walker's session, for the first worker.
+    fn worker(
+        &self,
+        mut c: Option<Control>,
+        one: &(impl Fn(&mut Control, &Job, &Options) -> Result<Option<Summary>> + Sync),
+        ahead: &(impl Fn(&mut Control, &Work, &Results, &dyn Fn() -> bool) -> bool + Sync),
+    ) {
+        let (work, interrupt) = (self.work, &self.interrupt);
+        let stop = || interrupt.hit();
+        while !interrupt.hit() {
+            // The files that can go requested ahead, first; a session that broke doing so is
+            // dropped, and its files wait for the next.
+            if let Some(s) = c.as_mut()
+                && !ahead(s, work, &self.results, &stop)
+            {
+                c = None;
+                continue;
+            }
+            let Some(job) = work.next() else { break };
+            let Some(session) = c.as_mut() else {
+                // The file waits for this session or another's.
+                work.put_back(job);
+                match self.another() {
+                    Some(s) => {
+                        c = Some(s);
+                        continue;
+                    }
+                    None => break,
+                }
+            };
+            let moved = match one(session, &job, &job.options(self.opts, session)) {
+                Ok(Some(s)) => Moved::Done(s.bytes),
+                Ok(None) => Moved::UpToDate,
+                Err(e) => {
+                    if breaks_session(&e) || !session.in_step() {
+                        c = None;
+                    }
+                    Moved::Failed(job.named(work.op), e)
+                }
+            };
+            work.record(&job, moved, &self.results);
+        }
+        if let Some(s) = c {
+            s.quit();
+        }
+    }
+
+    /// A new session, unless Ctrl-C or the others have taken every file meanwhile.
+    fn another(&self) -> Option<Control> {
+        let give_up = || self.interrupt.hit() || self.work.is_empty();
+        match another_session(&self.work.server, self.opts, give_up) {
+            Ok(s) => {
+                self.logins.fetch_add(1, Ordering::Relaxed);
+                Some(s)
+            }
+            Err(e) => {
+                *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                None
+            }
+        }
     }
 }
 
@@ -1014,7 +1043,7 @@ fn put_ahead(
 ) -> bool {
     let buf = std::cell::RefCell::new(Vec::new());
     let times = std::cell::RefCell::new(Vec::new());
-    let gridftp = super::parallel::Peer::of(c) == Some(super::parallel::Peer::GridFtp);
+    let gridftp = super::peer::Peer::of(c) == Some(super::peer::Peer::GridFtp);
     let ok = Ahead {
         depth: pipeline::UPLOADS_AHEAD,
         fits: |j: &Job| j.size.is_some_and(|s| s <= pipeline::MAX_SIZE),
@@ -1184,5 +1213,190 @@ fn set_mtime(path: &Path, unix: i64) {
     };
     if let Ok(f) = std::fs::File::open(path) {
         let _ = f.set_modified(when);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str, kind: &str) -> ListEntry {
+        ListEntry {
+            name: name.into(),
+            kind: Some(kind.into()),
+            size: Some(1),
+            modify: None,
+            raw: None,
+        }
+    }
+
+    fn job(remote: &str, size: Option<u64>) -> Job {
+        Job {
+            remote: remote.into(),
+            local: PathBuf::from(format!("/tmp/x/{remote}")),
+            size,
+            exact: true,
+            mtime: None,
+        }
+    }
+
+    fn work(jobs: Vec<Job>) -> Work {
+        let server = Target {
+            host: "h".into(),
+            port: 21,
+            user: "anonymous".into(),
+            password: String::new(),
+            path: String::new(),
+        };
+        Work::new(jobs, &Options::default(), "get", &server)
+    }
+
+    #[test]
+    fn a_recursive_listing_is_split_into_its_directories() {
+        let all = vec![
+            entry("a", "dir"),
+            entry("a/f", "file"),
+            entry("a/b", "dir"),
+            entry("a/b/g", "file"),
+            entry("top.txt", "file"),
+        ];
+        let mut listed = Listed::by_directory(all);
+        let top: Vec<String> = listed.take("").into_iter().map(|e| e.name).collect();
+        assert_eq!(top, ["a", "top.txt"]);
+        let a: Vec<String> = listed.take("a").into_iter().map(|e| e.name).collect();
+        assert_eq!(a, ["f", "b"], "names are relative to their directory");
+        assert_eq!(listed.take("a/b").len(), 1);
+        assert!(listed.take("a/b").is_empty(), "taken once");
+        let mut out = TreeSummary::new("get-tree");
+        listed.report_strays("pub", &mut out);
+        assert!(out.failed.is_empty(), "{:?}", out.failed);
+    }
+
+    #[test]
+    fn entries_under_paths_that_are_no_directory_of_the_tree_are_refused_once() {
+        let all = vec![
+            entry("a", "dir"),
+            entry("a/f", "file"),
+            // Made-up paths: absolute, a doubled slash, and under a directory never listed.
+            entry("/etc/passwd", "file"),
+            entry("a//x", "file"),
+            entry("ghost/y", "file"),
+            entry("ghost/z", "file"),
+        ];
+        let mut listed = Listed::by_directory(all);
+        listed.take("");
+        listed.take("a");
+        let mut out = TreeSummary::new("get-tree");
+        listed.report_strays("pub/", &mut out);
+        let refused: Vec<&str> = out.failed.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(refused, ["/pub//etc/passwd", "/pub/a//x", "/pub/ghost"]);
+        assert!(out.failed.iter().all(|f| f.exit_code == exit::PROTOCOL));
+    }
+
+    #[test]
+    fn the_queue_gives_files_in_order_and_takes_one_back_at_its_front() {
+        let w = work(vec![
+            job("a", Some(1)),
+            job("b", Some(1 << 30)),
+            job("c", None),
+        ]);
+        let first = w.next().expect("a");
+        assert_eq!(first.remote, "a");
+        w.put_back(first);
+        assert_eq!(w.next().map(|j| j.remote), Some("a".into()));
+        // Only a small file goes ahead of its turn.
+        let small = |j: &Job| j.size.is_some_and(|s| s <= pipeline::MAX_SIZE);
+        assert!(w.next_if(small).is_none(), "b is large: it stays");
+        assert_eq!(w.next().map(|j| j.remote), Some("b".into()));
+        assert!(!w.is_empty());
+        assert_eq!(w.next().map(|j| j.remote), Some("c".into()));
+        assert!(w.is_empty() && w.next().is_none());
+    }
+
+    #[test]
+    fn what_each_file_came_to_is_recorded_in_the_order_they_ended() {
+        let w = work(vec![job("a", Some(5)), job("b", None)]);
+        let results: Results = Mutex::new(Vec::new());
+        w.record(&job("a", Some(5)), Moved::Done(5), &results);
+        let e = ClientError::Protocol("x".into());
+        w.record(&job("b", None), Moved::Failed("/b".into(), e), &results);
+        let r = results.into_inner().expect("results");
+        assert!(matches!(r[0], Moved::Done(5)));
+        assert!(matches!(&r[1], Moved::Failed(p, _) if p == "/b"));
+    }
+
+    #[test]
+    fn a_tree_exits_0_when_all_moved_11_when_some_failed_and_7_when_stopped() {
+        let mut out = TreeSummary::new("put-tree");
+        assert_eq!(out.exit_code(), exit::OK);
+        out.skip("link", "a symbolic link (not followed)");
+        assert_eq!(out.exit_code(), exit::OK, "a skipped link is no failure");
+        out.fail("f", &ClientError::Protocol("x".into()));
+        assert_eq!(out.exit_code(), exit::SOME_FAILED);
+        out.interrupted = true;
+        assert_eq!(out.exit_code(), exit::INTERRUPTED);
+        let done = out.finished();
+        assert!(done.seconds >= 0.0 && done.bytes_per_second == 0.0);
+    }
+
+    #[test]
+    fn a_session_survives_a_refused_file_but_not_a_broken_connection() {
+        let refused = ClientError::Remote {
+            what: "RETR x".into(),
+            reply: braid_proto::Reply::new(550, "no"),
+        };
+        assert!(!breaks_session(&refused));
+        let local = ClientError::Local {
+            what: "w".into(),
+            cause: std::io::Error::other("full"),
+        };
+        assert!(!breaks_session(&local));
+        assert!(breaks_session(&ClientError::ControlLost("gone".into())));
+        assert!(breaks_session(&ClientError::Protocol("confused".into())));
+    }
+
+    #[test]
+    fn files_are_named_by_the_side_they_come_from() {
+        let j = job("//pub/a", Some(1));
+        assert_eq!(j.named("get"), "/pub/a");
+        assert_eq!(j.named("put"), "/tmp/x///pub/a");
+        assert_eq!(shown("x/y"), "/x/y");
+        let link = remote_kind(Some("OS.unix=symlink"), &entry("l", "x"));
+        assert!(link.contains("symbolic link"));
+        let mut e = entry("?", "x");
+        e.raw = Some("garbage line".into());
+        assert!(remote_kind(None, &e).contains("garbage line"));
+    }
+
+    #[test]
+    fn a_local_directory_is_created_but_never_through_a_symbolic_link() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let deep = dir.path().join("a/b/c");
+        local_dir(&deep).expect("created");
+        assert!(deep.is_dir());
+        local_dir(&deep).expect("already there");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(dir.path().join("a"), &link).expect("symlink");
+        let e = local_dir(&link).expect_err("a link is not followed");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").expect("write");
+        assert!(local_dir(&file).is_err());
+    }
+
+    #[test]
+    fn a_file_of_the_same_size_and_not_older_is_already_here() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let local = dir.path().join("f");
+        std::fs::write(&local, b"12345").expect("write");
+        let mtime = unix_seconds(&std::fs::metadata(&local).expect("stat"));
+        let mut j = job("f", Some(5));
+        j.local = local;
+        assert!(already_here(&j, Some(mtime)));
+        assert!(!already_here(&j, Some(mtime + 3600)), "the source is newer");
+        j.size = Some(6);
+        assert!(!already_here(&j, Some(mtime)), "another size");
+        j.size = None;
+        assert!(!already_here(&j, Some(mtime)), "size unknown");
     }
 }

@@ -215,7 +215,10 @@ pub fn receive(
                     // The sender sends what it carried again on the others (an ordered sink
                     // then lets blocks wait on disk, so no connection stops reading).
                     Err(e) if transfer.elastic() && e.is_connection_loss() => {
-                        tracing::warn!(conn = link.id, "data connection lost: {e}");
+                        // Ctrl-C closes every connection: that is no news worth a line each.
+                        if !transfer.abort().is_aborted() {
+                            tracing::warn!(conn = link.id, "data connection lost: {e}");
+                        }
                         transfer.end(&link, LinkState::Lost);
                         if transfer.open() == 0 && !shared.complete() {
                             fail(EngineError::AllLost);

@@ -396,11 +396,13 @@ impl State<'_> {
         }
         self.transfer.end(link, LinkState::Lost);
         self.wake.notify_all();
-        tracing::warn!(
-            conn = link.id,
-            resend,
-            "data connection lost; its blocks go out again on the others"
-        );
+        if !self.transfer.abort().is_aborted() {
+            tracing::warn!(
+                conn = link.id,
+                resend,
+                "data connection lost; its blocks go out again on the others"
+            );
+        }
         if all_lost {
             return Err(EngineError::AllLost);
         }

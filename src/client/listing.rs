@@ -1,0 +1,128 @@
+//! Remote listings: `braid ls`, and the walks of `get -r` (MLSD, MLSR, or LIST on servers
+//! without them).
+
+use super::Options;
+use super::control::Control;
+use super::error::{ClientError, Result};
+use super::sessions::session;
+use super::url::Target;
+use super::wire::Wire;
+use braid_proto::Command;
+use std::io::Read;
+
+/// One entry of a remote listing.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ListEntry {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub size: Option<u64>,
+    /// Modification time, seconds since the Unix epoch (UTC).
+    pub modify: Option<i64>,
+    /// The raw line, for servers without MLSD.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw: Option<String>,
+}
+
+/// Lists a directory: MLSD when the server has it (exact sizes and UTC times), LIST otherwise.
+pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
+    let mut c = session(target, opts, None)?;
+    let entries = list_dir(&mut c, &target.path)?;
+    c.quit();
+    Ok(entries)
+}
+
+/// Every entry beneath `path` in one listing (MLSR, which globus-gridftp-server and braid
+/// serve offer), each named by its path relative to `path`.
+pub fn list_tree(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
+    let mlsr = Command::Mlsr((!path.is_empty()).then(|| path.to_string()));
+    let data = c.open_data()?;
+    c.start_transfer(&mlsr)?;
+    let text = read_all(c.protect(data)?, c, &mlsr)?;
+    Ok(machine_entries(&text))
+}
+
+/// The entries of an MLSD or MLSR listing, the listed directory (and its parent) left out.
+fn machine_entries(text: &str) -> Vec<ListEntry> {
+    text.lines()
+        .filter_map(braid_proto::listing::parse_mlsx)
+        .filter(|m| !matches!(m.kind.as_deref(), Some("cdir" | "pdir")))
+        .map(|m| ListEntry {
+            name: m.name,
+            kind: m.kind,
+            size: m.size,
+            modify: m.modify,
+            raw: None,
+        })
+        .collect()
+}
+
+/// Lists `path` (the login directory when empty) on an open session: MLSD, or LIST on
+/// servers without it, whose lines are kept as they came (`raw`) beside what their usual forms
+/// say. The directory's own `.` and `..` entries are left out.
+pub fn list_dir(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
+    let path = (!path.is_empty()).then(|| path.to_string());
+    let mlsd = Command::Mlsd(path.clone());
+    let data = c.open_data()?;
+    c.send_transfer(&mlsd)?;
+    let (text, machine) = match c.transfer_started(&mlsd) {
+        Ok(_) => (read_all(c.protect(data)?, c, &mlsd)?, true),
+        // No MLSD (RFC 3659).
+        Err(ClientError::Remote { reply, .. }) if matches!(reply.code, 500 | 501 | 502 | 504) => {
+            drop(data);
+            let list = Command::List(path);
+            let data = c.open_data()?;
+            c.start_transfer(&list)?;
+            (read_all(c.protect(data)?, c, &list)?, false)
+        }
+        Err(e) => return Err(e),
+    };
+    if machine {
+        return Ok(machine_entries(&text));
+    }
+    let mut entries = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let parsed = braid_proto::listing::parse_list(line);
+        if parsed.as_ref().is_some_and(|p| {
+            p.kind.as_deref() == Some("dir") && matches!(p.name.as_str(), "." | "..")
+        }) {
+            continue;
+        }
+        entries.push(ListEntry {
+            name: parsed.as_ref().map_or(line, |p| &p.name).to_string(),
+            kind: parsed.as_ref().and_then(|p| p.kind.clone()),
+            size: parsed.as_ref().and_then(|p| p.size),
+            modify: None,
+            raw: Some(line.to_string()),
+        });
+    }
+    Ok(entries)
+}
+
+/// The longest listing read (a million entries of 256 bytes): a server whose listing never
+/// ends must not fill the client's memory.
+const MAX_LISTING: u64 = 256 << 20;
+
+pub fn read_all(mut data: Wire, c: &mut Control, cmd: &Command) -> Result<String> {
+    let mut buf = Vec::new();
+    (&mut data)
+        .take(MAX_LISTING + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| ClientError::Interrupted {
+            bytes: buf.len() as u64,
+            why: e.to_string(),
+            partial: None,
+        })?;
+    if buf.len() as u64 > MAX_LISTING {
+        return Err(ClientError::Protocol(format!(
+            "the server's answer to {} went past {} MiB: a listing that does not end, or a \
+             directory too large to list in one go (list its subdirectories instead)",
+            cmd.verb(),
+            MAX_LISTING >> 20
+        )));
+    }
+    // Under TLS this sends close_notify first: vsftpd, for one, waits for it before its 226.
+    data.finish();
+    c.finish_transfer(cmd)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}

@@ -1,0 +1,210 @@
+//! What a finished transfer reports: one line for people, one JSON object for scripts
+//! (`--json`), per file and per batch.
+
+use super::url::Target;
+use std::time::Instant;
+
+/// What a braid server said of its sending during a download (`113 Sender`, the last one).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SenderSeen {
+    pub sent: u64,
+    pub resent: u64,
+    /// Its data connections' time with data in flight, summed, ms.
+    pub busy_ms: u64,
+    /// Of that, held back by this side's receive window.
+    pub rwnd_limited_ms: u64,
+    /// Of that, held back by its own send buffer.
+    pub sndbuf_limited_ms: u64,
+}
+
+/// What a finished transfer reports (`--json`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Summary {
+    pub op: &'static str,
+    pub url: String,
+    pub local: String,
+    /// Bytes moved in this run.
+    pub bytes: u64,
+    /// Size of the whole file, when known.
+    pub size: Option<u64>,
+    /// Where this run started (non-zero when resumed).
+    pub resumed_from: u64,
+    pub seconds: f64,
+    pub bytes_per_second: f64,
+    /// Transfer mode used: `stream` is plain FTP over one data connection,
+    /// `stream-segmented` is plain FTP with a range of the file on each of `streams`
+    /// sessions, `extended-block` is MODE E over `streams` connections.
+    pub mode: &'static str,
+    /// Most data connections open at the same time (a small file may finish before all the
+    /// asked-for connections have joined).
+    pub streams: u32,
+    /// Bytes each data connection carried (MODE E).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub per_connection_bytes: Vec<u64>,
+    /// The whole-file checksum that was compared with the server's, `ALG hex`.
+    pub checksum: Option<String>,
+    /// MODE E: each data connection's life (when it joined and ended, bytes, how it ended).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub connections: Vec<crate::engine::stats::LinkRecord>,
+    /// MODE E: open data connections over time, `[seconds, count]` at each change.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub connection_count: Vec<crate::engine::stats::Count>,
+    /// MODE E: one row per open connection per second: bytes, rate and the kernel's TCP_INFO.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<crate::engine::stats::Sample>,
+    /// MODE E: how the connection count was chosen, `auto` (self-tuning) or `fixed` (`-n N`,
+    /// `--schedule`, or a GridFTP server, whose count is fixed per transfer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tuning: Option<&'static str>,
+    /// MODE E: the block size used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u64>,
+    /// MODE E: the congestion control of the sending side's data connections (this side's
+    /// for an upload, the braid server's report for a download).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub congestion: Option<String>,
+    /// MODE E download from a braid server: its last report on its data connections.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sender: Option<SenderSeen>,
+    /// MODE E, `-n auto`: each decision of the self-tuning, with what it measured.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<crate::engine::hooks::Note>,
+    /// MODE E, `--background`: the queueing delay the controller saw, its rate each second,
+    /// and the time it spent yielding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub background: Option<crate::engine::background::Report>,
+    /// Data connections this transfer opened (0 when it reused those of the one before).
+    pub new_data_connections: u32,
+    /// MODE E under TLS: the data connections' handshakes, full and resumed (a resumed one
+    /// skips the certificate exchange).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_handshakes: Option<crate::engine::transfer::Handshakes>,
+}
+
+impl Summary {
+    pub fn human(&self) -> String {
+        format!(
+            "{} {} bytes in {:.2} s ({}/s), {} mode, {} stream(s){}{}",
+            self.op,
+            self.bytes,
+            self.seconds,
+            human_bytes(self.bytes_per_second),
+            self.mode,
+            self.streams,
+            if self.resumed_from > 0 {
+                format!(", resumed at byte {}", self.resumed_from)
+            } else {
+                String::new()
+            },
+            self.background.as_ref().map_or(String::new(), |b| {
+                format!(
+                    ", background: queue {} ms median over a {} ms base, {:.1} s yielding",
+                    b.queue_p50_ms.map_or("?".into(), |q| format!("{q:.1}")),
+                    b.base_ms.map_or("?".into(), |q| format!("{q:.1}")),
+                    b.yielded_s
+                )
+            })
+        )
+    }
+}
+
+pub fn human_bytes(n: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.1} {}", UNITS[u])
+}
+
+/// The URL without its password, for summaries and logs.
+pub fn display_url(t: &Target) -> String {
+    let host = if t.host.contains(':') {
+        format!("[{}]", t.host)
+    } else {
+        t.host.clone()
+    };
+    format!("ftp://{}@{}:{}/{}", t.user, host, t.port, t.path)
+}
+
+/// What a batch did, for `--json` (after the per-file summaries).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Batch {
+    pub op: &'static str,
+    pub files: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub bytes_per_second: f64,
+    /// Always 1: the point of a batch.
+    pub logins: u32,
+    /// Data connections opened for the whole batch (reused ones are not counted again).
+    pub data_connections: u32,
+    #[serde(skip)]
+    started: Instant,
+}
+
+impl Batch {
+    pub fn start(op: &'static str) -> Batch {
+        Batch {
+            op,
+            files: 0,
+            bytes: 0,
+            seconds: 0.0,
+            bytes_per_second: 0.0,
+            logins: 1,
+            data_connections: 0,
+            started: Instant::now(),
+        }
+    }
+
+    pub fn add(&mut self, s: &Summary) {
+        self.files += 1;
+        self.bytes += s.bytes;
+        self.data_connections += s.new_data_connections;
+    }
+
+    pub fn finish(mut self) -> Batch {
+        self.seconds = self.started.elapsed().as_secs_f64();
+        self.bytes_per_second = self.bytes as f64 / self.seconds.max(1e-9);
+        self
+    }
+}
+
+pub fn summary(
+    op: &'static str,
+    target: &Target,
+    local: String,
+    bytes: u64,
+    size: Option<u64>,
+    offset: u64,
+    started: Instant,
+) -> Summary {
+    let seconds = started.elapsed().as_secs_f64();
+    Summary {
+        op,
+        url: display_url(target),
+        local,
+        bytes,
+        size,
+        resumed_from: offset,
+        seconds,
+        bytes_per_second: bytes as f64 / seconds.max(1e-9),
+        mode: "stream",
+        streams: 1,
+        per_connection_bytes: Vec::new(),
+        checksum: None,
+        connections: Vec::new(),
+        connection_count: Vec::new(),
+        timeline: Vec::new(),
+        tuning: None,
+        block_size: None,
+        congestion: None,
+        sender: None,
+        decisions: Vec::new(),
+        background: None,
+        new_data_connections: 1,
+        tls_handshakes: None,
+    }
+}
