@@ -14,6 +14,7 @@ use super::summary::Summary;
 use super::url::Target;
 use super::{Options, segments, stream};
 use super::{block_get, block_put};
+use braid_proto::Command;
 use braid_proto::ranges::RangeSet;
 use std::path::Path;
 
@@ -91,7 +92,10 @@ pub fn get_on(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> 
         Dest::Stdout | Dest::Null => None,
     };
     let existed = part.as_ref().is_some_and(|p| p.exists());
-    let result = get_file(c, target, dest, opts);
+    let result = get_file(c, target, dest, opts).map_err(|e| {
+        let fix = "fetch it with get -r";
+        directory_hint(c, &target.path, e, fix)
+    });
     if result.is_err()
         && !existed
         && let Some(p) = part
@@ -143,6 +147,13 @@ pub fn put_on(
     held: Held,
 ) -> Result<Summary> {
     let src = Source::open(local, target)?;
+    put_source(c, &src, opts, held).map_err(|e| {
+        let fix = "end the URL with / to put the file into it";
+        directory_hint(c, &src.target.path, e, fix)
+    })
+}
+
+fn put_source(c: &mut Control, src: &Source, opts: &Options, held: Held) -> Result<Summary> {
     let peer = Peer::of(c);
     let record = UploadRecord::new(&src.path, &src.meta, &src.target.host, &src.target.path);
     let have = match held {
@@ -173,9 +184,27 @@ pub fn put_on(
                     record.location()
                 );
             }
-            stream::put(c, &src, opts, held == Held::RecordedOrSize)
+            stream::put(c, src, opts, held == Held::RecordedOrSize)
         }
     }
+}
+
+/// A refusal of a path that turns out to be a directory on the server (MLST says so) names
+/// that, and `fix`; other errors pass as they are.
+fn directory_hint(c: &mut Control, path: &str, e: ClientError, fix: &str) -> ClientError {
+    let ClientError::Remote { what, reply } = e else {
+        return e;
+    };
+    let is_dir = (500..600).contains(&reply.code)
+        && c.in_step()
+        && c.cmd(&Command::Mlst(Some(path.to_string())))
+            .is_ok_and(|r| r.code == 250 && r.text().to_ascii_lowercase().contains("type=dir;"));
+    let what = if is_dir {
+        format!("{what} ({path} is a directory on the server: {fix})")
+    } else {
+        what
+    };
+    ClientError::Remote { what, reply }
 }
 
 #[cfg(test)]

@@ -208,3 +208,83 @@ pub fn summary(
         tls_handshakes: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(host: &str) -> Target {
+        Target {
+            host: host.into(),
+            port: 2121,
+            user: "alice".into(),
+            password: "secret".into(),
+            path: "pub/f".into(),
+        }
+    }
+
+    #[test]
+    fn sizes_are_shown_in_binary_units() {
+        assert_eq!(human_bytes(0.0), "0.0 B");
+        assert_eq!(human_bytes(1023.0), "1023.0 B");
+        assert_eq!(human_bytes(1536.0), "1.5 KiB");
+        assert_eq!(human_bytes(3.0 * (1u64 << 30) as f64), "3.0 GiB");
+        assert_eq!(human_bytes(2048.0 * (1u64 << 40) as f64), "2048.0 TiB");
+    }
+
+    #[test]
+    fn a_url_is_shown_without_its_password_and_with_ipv6_in_brackets() {
+        assert_eq!(display_url(&target("h")), "ftp://alice@h:2121/pub/f");
+        assert_eq!(display_url(&target("::1")), "ftp://alice@[::1]:2121/pub/f");
+        assert!(!display_url(&target("h")).contains("secret"));
+    }
+
+    #[test]
+    fn the_line_for_people_says_mode_streams_and_where_a_resume_began() {
+        let started = Instant::now();
+        let mut s = summary(
+            "get",
+            &target("h"),
+            "f".into(),
+            1 << 20,
+            Some(2 << 20),
+            1 << 20,
+            started,
+        );
+        assert_eq!(
+            (s.mode, s.streams, s.new_data_connections),
+            ("stream", 1, 1)
+        );
+        let line = s.human();
+        assert!(line.starts_with("get 1048576 bytes in "), "{line}");
+        assert!(
+            line.contains("stream mode, 1 stream(s), resumed at byte 1048576"),
+            "{line}"
+        );
+        s.resumed_from = 0;
+        assert!(!s.human().contains("resumed"));
+    }
+
+    #[test]
+    fn a_batch_adds_its_files_and_counts_only_new_data_connections() {
+        let mut b = Batch::start("get-batch");
+        let mut s = summary(
+            "get",
+            &target("h"),
+            "a".into(),
+            100,
+            Some(100),
+            0,
+            Instant::now(),
+        );
+        b.add(&s);
+        s.new_data_connections = 0;
+        b.add(&s);
+        let b = b.finish();
+        assert_eq!(
+            (b.files, b.bytes, b.data_connections, b.logins),
+            (2, 200, 1, 1)
+        );
+        assert!(b.seconds > 0.0 && b.bytes_per_second > 0.0);
+    }
+}

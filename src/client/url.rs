@@ -126,27 +126,10 @@ pub fn parse(text: &str, creds: &CredentialSources) -> Result<Target> {
     })
 }
 
-fn percent_decode(s: &str) -> std::result::Result<String, std::string::FromUtf8Error> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
-        {
-            out.push(h << 4 | l);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8(out)
-}
-
-fn hex(b: u8) -> Option<u8> {
-    (b as char).to_digit(16).map(|d| d as u8)
+fn percent_decode(s: &str) -> std::result::Result<String, std::str::Utf8Error> {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8()
+        .map(|c| c.into_owned())
 }
 
 /// Finds `login` and `password` for `host` (or a `default` entry) in netrc text.
@@ -225,5 +208,41 @@ mod tests {
         }
         assert!(parse("http://h/f", &none).is_err());
         assert!(parse("ftp://h/a%0d%0aDELE%20x", &none).is_err());
+    }
+
+    #[test]
+    fn percent_escapes_decode_to_utf8_and_invalid_ones_are_refused() {
+        let none = CredentialSources::default();
+        let t = parse("ftp://h/caf%C3%A9/%41", &none).expect("utf-8");
+        assert_eq!(t.path, "café/A");
+        // A lone % is kept as it is; bytes that are no UTF-8 are refused with the URL named.
+        assert_eq!(parse("ftp://h/100%", &none).expect("kept").path, "100%");
+        match parse("ftp://h/%FF%FE", &none) {
+            Err(ClientError::Usage(m)) => assert!(m.contains("UTF-8"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // An empty path names the login directory.
+        assert_eq!(parse("ftp://h", &none).expect("host only").path, "");
+    }
+
+    #[test]
+    fn netrc_entries_are_found_by_host_else_default_and_macros_end_them() {
+        let text = "machine a login ua password pa\n\
+                    machine b login ub macdef init\n password never\n\n\
+                    default login anon password me@";
+        assert_eq!(netrc_lookup(text, "a"), Some(("ua".into(), "pa".into())));
+        assert_eq!(
+            netrc_lookup(text, "zzz"),
+            Some(("anon".into(), "me@".into()))
+        );
+        // An entry without a password before its macro gives nothing.
+        assert_eq!(netrc_lookup(text, "b"), None);
+        assert_eq!(netrc_lookup("", "a"), None);
+        // A user in the URL that is not the entry's keeps asking elsewhere.
+        let creds = CredentialSources {
+            netrc: Some("machine h login carol password c1".into()),
+            ..Default::default()
+        };
+        assert!(parse("ftp://dave@h/f", &creds).is_err());
     }
 }

@@ -81,18 +81,94 @@ pub fn client_config(ca: Option<&Path>) -> anyhow::Result<Arc<rustls::ClientConf
 
 /// A failed TLS handshake as a sentence: what happened, and what to do about it.
 pub(super) fn handshake_failed(host: &str, e: &std::io::Error) -> String {
-    let fix = match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-        Some(rustls::Error::InvalidCertificate(_)) => {
-            "the server's certificate is not trusted here: if it is self-signed or from a private CA, \
-             pass that certificate (PEM) with --tls-ca FILE"
-        }
-        Some(rustls::Error::AlertReceived(_)) => {
-            "the server refused the handshake: check that it accepts TLS 1.2 or 1.3"
-        }
-        Some(_) => "check the server's TLS setup",
-        None => {
-            "the connection broke during the handshake: check that the server speaks TLS after AUTH TLS"
-        }
+    let (why, fix) = match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        Some(rustls::Error::InvalidCertificate(c)) => certificate_refused(host, c),
+        Some(rustls::Error::AlertReceived(_)) => (
+            e.to_string(),
+            "the server refused the handshake: check that it accepts TLS 1.2 or 1.3".into(),
+        ),
+        Some(_) => (e.to_string(), "check the server's TLS setup".into()),
+        None => (
+            e.to_string(),
+            "the connection broke during the handshake: check that the server speaks TLS after AUTH TLS".into(),
+        ),
     };
-    format!("TLS handshake with {host} failed: {e}; {fix}")
+    format!("TLS handshake with {host} failed: {why}; {fix}")
+}
+
+/// Why a server's certificate was refused, in words, and what to do about it.
+fn certificate_refused(host: &str, c: &rustls::CertificateError) -> (String, String) {
+    use rustls::CertificateError as C;
+    let recipe = "docs/guide.md has a recipe for a certificate with a subjectAltName";
+    let (why, fix) = match c {
+        C::NotValidForName | C::NotValidForNameContext { .. } => (
+            format!("the server's certificate is not for {host}"),
+            format!(
+                "a certificate names its hosts in its subjectAltName (DNS:{host} or IP:{host});                  the Common Name alone is not read. Connect by a name the certificate carries,                  or give the server one that names this host ({recipe})"
+            ),
+        ),
+        C::UnknownIssuer => (
+            "the server's certificate is signed by an authority not trusted here".into(),
+            "if it is self-signed or from a private CA, pass that certificate (PEM) with              --tls-ca FILE"
+                .into(),
+        ),
+        C::Expired | C::ExpiredContext { .. } => (
+            "the server's certificate has expired".into(),
+            "the server needs a new one (or this machine's clock is wrong)".into(),
+        ),
+        C::NotValidYet | C::NotValidYetContext { .. } => (
+            "the server's certificate is not valid yet".into(),
+            "check this machine's clock and the server's".into(),
+        ),
+        C::Other(o) if o.0.downcast_ref::<webpki::Error>() == Some(&webpki::Error::CaUsedAsEndEntity) => (
+            "the server presents a CA certificate (CA:TRUE) as its own, as `openssl req -x509`              makes them"
+                .into(),
+            format!(
+                "pass that very certificate with --tls-ca FILE (braid then accepts it as the                  server's), or give the server one made for it ({recipe})"
+            ),
+        ),
+        other => (
+            format!("the server's certificate was refused ({other:?})"),
+            "if it is self-signed or from a private CA, pass that certificate (PEM) with              --tls-ca FILE"
+                .into(),
+        ),
+    };
+    (why, fix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn said(c: rustls::CertificateError) -> String {
+        let e = std::io::Error::other(rustls::Error::InvalidCertificate(c));
+        handshake_failed("ftp.example", &e)
+    }
+
+    #[test]
+    fn a_refused_certificate_is_explained_with_what_to_do() {
+        let name = said(rustls::CertificateError::NotValidForName);
+        assert!(name.contains("not for ftp.example"), "{name}");
+        assert!(
+            name.contains("subjectAltName") && name.contains("DNS:ftp.example"),
+            "{name}"
+        );
+        let issuer = said(rustls::CertificateError::UnknownIssuer);
+        assert!(issuer.contains("--tls-ca"), "{issuer}");
+        let ca = said(rustls::CertificateError::Other(rustls::OtherError(
+            std::sync::Arc::new(webpki::Error::CaUsedAsEndEntity),
+        )));
+        assert!(
+            ca.contains("CA:TRUE") && !ca.contains("CaUsedAsEndEntity"),
+            "{ca}"
+        );
+        assert!(said(rustls::CertificateError::Expired).contains("expired"));
+    }
+
+    #[test]
+    fn a_handshake_cut_short_says_to_check_the_server_speaks_tls() {
+        let e = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof");
+        let text = handshake_failed("h", &e);
+        assert!(text.contains("speaks TLS after AUTH TLS"), "{text}");
+    }
 }

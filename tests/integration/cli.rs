@@ -980,3 +980,78 @@ fn the_docs_links_resolve() {
     );
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
+
+/// The edges a new user meets first: a directory where a file was expected gets `-r`
+/// suggested, a missing URL is named as such, several URLs into a new directory create it, and
+/// `-h` is the short help while `--help` explains.
+#[test]
+fn directories_need_r_a_missing_url_is_named_and_a_batch_makes_its_directory() {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir_all(root.join("dir")).unwrap();
+    std::fs::write(root.join("a.bin"), random_bytes(3000, 1)).unwrap();
+    std::fs::write(root.join("b.bin"), random_bytes(5000, 2)).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let here = top.path().to_str().unwrap();
+    for args in [
+        vec!["get".to_string(), server.url("dir/"), here.to_string()],
+        vec!["get".to_string(), server.url("")],
+        vec!["put".to_string(), here.to_string(), server.url("dir/")],
+    ] {
+        let (code, _, err) = braid(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[]);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("-r"), "{args:?} does not suggest -r: {err}");
+    }
+    let file = top.path().join("a.bin");
+    std::fs::write(&file, b"x").unwrap();
+    let (code, _, err) = braid(&["put", file.to_str().unwrap()], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("the URL is missing"), "{err}");
+    // A URL without its final / that names a directory on the server: the server refuses,
+    // and braid says why and what to do.
+    let (code, _, err) = braid(&["put", file.to_str().unwrap(), &server.url("dir")], &[]);
+    assert_eq!(code, 5, "{err}");
+    assert!(
+        err.contains("is a directory on the server: end the URL with /"),
+        "{err}"
+    );
+    let (code, _, err) = braid(&["get", &server.url("dir"), here], &[]);
+    assert_eq!(code, 5, "{err}");
+    assert!(
+        err.contains("is a directory on the server: fetch it with get -r"),
+        "{err}"
+    );
+    // Several URLs into a directory that does not exist yet: made, as get -r makes its own.
+    let new = top.path().join("new/deeper/");
+    let (code, _, err) = braid(
+        &[
+            "get",
+            &server.url("a.bin"),
+            &server.url("b.bin"),
+            &format!("{}/", new.display()),
+            "-q",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        std::fs::read(new.join("a.bin")).unwrap(),
+        random_bytes(3000, 1)
+    );
+    assert_eq!(
+        std::fs::read(new.join("b.bin")).unwrap(),
+        random_bytes(5000, 2)
+    );
+    // A failed download leaves no empty partial behind.
+    let (code, _, _) = braid(&["get", &server.url("gone.bin"), here, "-q"], &[]);
+    assert_eq!(code, 5);
+    assert!(!top.path().join("gone.bin.part").exists());
+    let short = braid(&["get", "-h"], &[]).1;
+    let long = braid(&["get", "--help"], &[]).1;
+    assert!(
+        short.lines().count() * 2 < long.lines().count(),
+        "-h is not a summary"
+    );
+    assert!(short.contains("Network:") && short.contains("Whole directories:"));
+    assert!(long.contains("Exit codes:") && !short.contains("Exit codes:"));
+}
