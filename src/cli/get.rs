@@ -1,6 +1,6 @@
 //! `braid get`: one file, a batch of files on one session, or whole trees (-r).
 
-use super::options::{OutputArgs, TlsArgs, TransferArgs, TreeArgs, options};
+use super::options::{Shared, options};
 use super::report::{per_file, report, report_batch, report_tree};
 use crate::client::error::ClientError;
 use crate::client::{self, Options, url};
@@ -30,35 +30,40 @@ pub struct GetArgs {
     #[arg(long)]
     growing: bool,
     #[command(flatten)]
-    tree: TreeArgs,
-    #[command(flatten)]
-    transfer: TransferArgs,
-    #[command(flatten)]
-    out: OutputArgs,
-    #[command(flatten)]
-    tls: TlsArgs,
+    shared: Shared,
 }
 
 pub fn run(a: GetArgs) -> anyhow::Result<u8> {
     let (urls, dest) = get_args(a.args, a.input.as_deref())?;
     let opts = Options {
         growing: a.growing,
-        ..options(&a.out, a.resume, Some(&a.transfer), &a.tls)?
+        ..options(
+            &a.shared.out,
+            a.resume,
+            Some(&a.shared.transfer),
+            &a.shared.tls,
+        )?
     };
     let sources = url::CredentialSources::from_env();
     let targets = urls
         .iter()
         .map(|u| url::parse(u, &sources))
         .collect::<Result<Vec<_>, _>>()?;
-    if a.tree.recursive {
+    if a.shared.tree.recursive {
         let pairs = get_tree_tops(targets, dest.as_deref())?;
-        let s = client::tree::get_tree(&pairs, &opts, a.tree.options(), |s| per_file(s, &a.out))?;
-        return report_tree(&s, &a.out);
+        let s = client::tree::get_tree(&pairs, &opts, a.shared.tree.options(), |s| {
+            per_file(s, &a.shared.out)
+        })?;
+        return report_tree(&s, &a.shared.out);
     }
     if let [target] = targets.as_slice() {
         let dest = client::resolve_dest(dest.as_deref(), &target.path)?;
         let summary = client::get(target, &dest, &opts)?;
-        return report(&summary, &a.out, matches!(dest, client::Dest::Stdout));
+        return report(
+            &summary,
+            &a.shared.out,
+            matches!(dest, client::Dest::Stdout),
+        );
     }
     let dir = batch_dir(dest.as_deref())?;
     let mut jobs = Vec::new();
@@ -66,8 +71,8 @@ pub fn run(a: GetArgs) -> anyhow::Result<u8> {
         let dest = client::resolve_dest(Some(&dir), &target.path)?;
         jobs.push((target, dest));
     }
-    let batch = client::get_batch(&jobs, &opts, |s| per_file(s, &a.out))?;
-    report_batch(&batch, &a.out)
+    let batch = client::get_batch(&jobs, &opts, |s| per_file(s, &a.shared.out))?;
+    report_batch(&batch, &a.shared.out)
 }
 
 /// The directory a batch of downloads goes into: DEST, created if missing (as `get -r` does),

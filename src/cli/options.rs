@@ -6,6 +6,19 @@ use crate::client::{self, Options};
 use crate::units::parse_size;
 use clap::Args;
 
+/// What `get` and `put` share.
+#[derive(Args, Debug)]
+pub struct Shared {
+    #[command(flatten)]
+    pub tree: TreeArgs,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+    #[command(flatten)]
+    pub out: OutputArgs,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
 /// Whole directories.
 #[derive(Args, Debug)]
 #[command(next_help_heading = "Whole directories")]

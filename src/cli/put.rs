@@ -1,7 +1,7 @@
 //! `braid put`: one file, standard input, a batch of files on one session, or whole trees
 //! (-r).
 
-use super::options::{OutputArgs, TlsArgs, TransferArgs, TreeArgs, options};
+use super::options::{Shared, options};
 use super::report::{per_file, report, report_batch, report_tree};
 use crate::client::error::ClientError;
 use crate::client::{self, url};
@@ -23,30 +23,31 @@ pub struct PutArgs {
     #[arg(long)]
     resume: bool,
     #[command(flatten)]
-    tree: TreeArgs,
-    #[command(flatten)]
-    transfer: TransferArgs,
-    #[command(flatten)]
-    out: OutputArgs,
-    #[command(flatten)]
-    tls: TlsArgs,
+    shared: Shared,
 }
 
 pub fn run(a: PutArgs) -> anyhow::Result<u8> {
     let (files, url) = files_and_url(a.args)?;
     let target = url::parse(&url, &url::CredentialSources::from_env())?;
-    let opts = options(&a.out, a.resume, Some(&a.transfer), &a.tls)?;
-    if a.tree.recursive {
+    let opts = options(
+        &a.shared.out,
+        a.resume,
+        Some(&a.shared.transfer),
+        &a.shared.tls,
+    )?;
+    if a.shared.tree.recursive {
         let pairs = put_tree_tops(&files, &target)?;
-        let s = client::tree::put_tree(&pairs, &opts, a.tree.options(), |s| per_file(s, &a.out))?;
-        return report_tree(&s, &a.out);
+        let s = client::tree::put_tree(&pairs, &opts, a.shared.tree.options(), |s| {
+            per_file(s, &a.shared.out)
+        })?;
+        return report_tree(&s, &a.shared.out);
     }
     if let [file] = files.as_slice() {
         let summary = client::put(file, &target, &opts)?;
-        return report(&summary, &a.out, false);
+        return report(&summary, &a.shared.out, false);
     }
-    let batch = client::put_batch(&files, &target, &opts, |s| per_file(s, &a.out))?;
-    report_batch(&batch, &a.out)
+    let batch = client::put_batch(&files, &target, &opts, |s| per_file(s, &a.shared.out))?;
+    report_batch(&batch, &a.shared.out)
 }
 
 /// Splits `put`'s arguments into the files and the URL, which comes last.
