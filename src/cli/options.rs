@@ -153,7 +153,7 @@ pub struct TlsArgs {
     /// Trust the certificates in this PEM file instead of the system's. Implies --tls.
     ///
     /// For a server with a self-signed certificate or a private CA. The certificate must name
-    /// the host of the URL in its subjectAltName (see docs/guide.md for a recipe).
+    /// the host of the URL in its subjectAltName (docs/tls.md has a recipe).
     #[arg(long, value_name = "PEM")]
     pub tls_ca: Option<std::path::PathBuf>,
 }

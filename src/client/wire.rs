@@ -99,7 +99,7 @@ pub(super) fn handshake_failed(host: &str, e: &std::io::Error) -> String {
 /// Why a server's certificate was refused, in words, and what to do about it.
 fn certificate_refused(host: &str, c: &rustls::CertificateError) -> (String, String) {
     use rustls::CertificateError as C;
-    let recipe = "docs/guide.md has a recipe for a certificate with a subjectAltName";
+    let recipe = "docs/tls.md has a recipe for one";
     let (why, fix) = match c {
         C::NotValidForName | C::NotValidForNameContext { .. } => (
             format!("the server's certificate is not for {host}"),

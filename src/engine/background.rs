@@ -461,90 +461,32 @@ impl Background {
             return false;
         };
         let rtt = (base + queue).max(MIN_RTT);
-        let h = rtt.as_secs_f64();
-        let floor = self.floor(rtt, queue);
-        let target = self.target();
-        // A path longer than the delivery window: what it counts left a round trip or two
-        // earlier, and a second is under two round trips.
-        let long_path = base > DELIVERY_WINDOW;
+        let t = Tick {
+            now,
+            dt,
+            base,
+            queue,
+            rtt,
+            h: rtt.as_secs_f64(),
+            floor: self.floor(rtt, queue),
+            target: self.target(),
+            delivered: self.delivery_rate(),
+        };
         if let Phase::Slowdown {
             until,
             saved,
             began,
         } = self.phase
         {
-            if now < until {
-                self.rate = floor;
-                return true;
-            }
-            self.rate = saved;
-            self.phase = Phase::Steady;
-            self.last_slowdown = now.saturating_sub(began);
-            self.next_slowdown = Some(now + (self.last_slowdown * 9).max(SLOWDOWN_EVERY));
-            // Back at the saved rate: no decrease before the probes show its effect.
-            self.hold_until = now + rtt;
-            return false;
+            return self.slowing_down(&t, until, saved, began);
         }
-        let delivered = self.delivery_rate();
         if let Some((_, highest)) = self.crest
             && queue >= highest
         {
             self.crest = Some((now, queue));
         }
-        if queue > target {
-            let overshoot = self.phase == Phase::SlowStart;
-            if overshoot {
-                self.end_slow_start(now, rtt);
-            }
-            // A probe answers about once a round trip, and the reading stays until the next:
-            // the one in flight at a cut left before it, so a further cut waits for the probe
-            // after that (on satellite-t1 a queue of 45 ms, read once, was cut for twice, to
-            // half the link's rate; on lfn-500m 12 ms to a third). Not behind someone else's
-            // long queue, whose answers come seconds apart while the competitor waits.
-            let stale = self.answers_since_cut < 2;
-            if now < self.hold_until || (stale && queue <= 4 * self.s.target) {
-                return true;
-            }
-            // A queue that has been falling since its crest after the last cut, fast enough to
-            // be gone within a round trip, needs no further cut: the probes are late, not the
-            // drain.
-            if let Some((at, was)) = self.crest
-                && was > queue
-            {
-                let falling = (was - queue).as_secs_f64() / (now - at).as_secs_f64().max(dt);
-                if (queue - target).as_secs_f64() <= falling * h {
-                    return true;
-                }
-            }
-            // Until a probe that left after the cut took effect is back: the base round trip
-            // and two ticks, not the queue's delay too (a competitor's full queue would slow
-            // each next cut by as much, while the competitor waits).
-            let hold = base.max(MIN_RTT) + Duration::from_secs_f64(2.0 * dt);
-            // The rate that drains the excess within the hold, at most half off, from what
-            // the link carries (the recent peak: with a queue it is the link's rate, while an
-            // average over the last moments may include idle ones and cut too deep).
-            // A queue still above the target after a cut is someone else's: each further cut in
-            // a row doubles (a competitor gets the link in a few round trips, not seconds).
-            // Slow start's overshoot is larger than the probes show yet: it doubled the rate
-            // for the round trip they took.
-            let drain = (queue - target).as_secs_f64() / hold.as_secs_f64();
-            let cut = if overshoot {
-                MAX_CUT
-            } else {
-                (drain * f64::from(1u32 << self.cuts.min(8))).min(MAX_CUT)
-            };
-            self.crest = Some((now, queue));
-            self.cuts += 1;
-            self.answers_since_cut = 0;
-            let carried = delivered.map_or(self.peak, |d| d.max(self.peak));
-            let anchor = if carried > 0.0 {
-                carried.min(self.rate)
-            } else {
-                self.rate
-            };
-            self.rate = (anchor * (1.0 - cut)).max(floor);
-            self.hold_until = now + hold;
-            return true;
+        if queue > t.target {
+            return self.over_target(&t);
         }
         if now < self.hold_until {
             return true;
@@ -555,24 +497,110 @@ impl Background {
             && now >= at
             && self.phase == Phase::Steady
         {
-            // A queue seen empty most of the time since the last one shows that the base is
-            // the base: no slowdown is needed to find it (each costs a few round trips of
-            // rate, seconds on a long path). Behind another transfer's standing queue it is
-            // not empty, and the slowdowns go on.
-            let (empty, all) = std::mem::take(&mut self.quiet);
-            if all > 0 && 2 * empty >= all {
-                self.next_slowdown = Some(now + SLOWDOWN_EVERY);
-                return false;
-            }
-            self.slowdowns += 1;
-            self.phase = Phase::Slowdown {
-                until: now + 2 * base.max(MIN_RTT) + Duration::from_secs_f64(dt),
-                saved: self.rate,
-                began: now,
-            };
-            self.rate = floor;
+            return self.slow_down(&t);
+        }
+        self.increase(&t);
+        false
+    }
+
+    /// During a slowdown: the floor until it ends, then the saved rate back.
+    fn slowing_down(&mut self, t: &Tick, until: Duration, saved: f64, began: Duration) -> bool {
+        if t.now < until {
+            self.rate = t.floor;
             return true;
         }
+        self.rate = saved;
+        self.phase = Phase::Steady;
+        self.last_slowdown = t.now.saturating_sub(began);
+        self.next_slowdown = Some(t.now + (self.last_slowdown * 9).max(SLOWDOWN_EVERY));
+        // Back at the saved rate: no decrease before the probes show its effect.
+        self.hold_until = t.now + t.rtt;
+        false
+    }
+
+    /// A queue above the target: a cut, unless one is already taking effect or the queue is
+    /// draining fast enough by itself. Always yielding.
+    fn over_target(&mut self, t: &Tick) -> bool {
+        let (now, queue, target) = (t.now, t.queue, t.target);
+        let overshoot = self.phase == Phase::SlowStart;
+        if overshoot {
+            self.end_slow_start(now, t.rtt);
+        }
+        // A probe answers about once a round trip, and the reading stays until the next:
+        // the one in flight at a cut left before it, so a further cut waits for the probe
+        // after that (on satellite-t1 a queue of 45 ms, read once, was cut for twice, to
+        // half the link's rate; on lfn-500m 12 ms to a third). Not behind someone else's
+        // long queue, whose answers come seconds apart while the competitor waits.
+        let stale = self.answers_since_cut < 2;
+        if now < self.hold_until || (stale && queue <= 4 * self.s.target) {
+            return true;
+        }
+        // A queue that has been falling since its crest after the last cut, fast enough to
+        // be gone within a round trip, needs no further cut: the probes are late, not the
+        // drain.
+        if let Some((at, was)) = self.crest
+            && was > queue
+        {
+            let falling = (was - queue).as_secs_f64() / (now - at).as_secs_f64().max(t.dt);
+            if (queue - target).as_secs_f64() <= falling * t.h {
+                return true;
+            }
+        }
+        // Until a probe that left after the cut took effect is back: the base round trip
+        // and two ticks, not the queue's delay too (a competitor's full queue would slow
+        // each next cut by as much, while the competitor waits).
+        let hold = t.base.max(MIN_RTT) + Duration::from_secs_f64(2.0 * t.dt);
+        // The rate that drains the excess within the hold, at most half off, from what
+        // the link carries (the recent peak: with a queue it is the link's rate, while an
+        // average over the last moments may include idle ones and cut too deep).
+        // A queue still above the target after a cut is someone else's: each further cut in
+        // a row doubles (a competitor gets the link in a few round trips, not seconds).
+        // Slow start's overshoot is larger than the probes show yet: it doubled the rate
+        // for the round trip they took.
+        let drain = (queue - target).as_secs_f64() / hold.as_secs_f64();
+        let cut = if overshoot {
+            MAX_CUT
+        } else {
+            (drain * f64::from(1u32 << self.cuts.min(8))).min(MAX_CUT)
+        };
+        self.crest = Some((now, queue));
+        self.cuts += 1;
+        self.answers_since_cut = 0;
+        let carried = t.delivered.map_or(self.peak, |d| d.max(self.peak));
+        let anchor = if carried > 0.0 {
+            carried.min(self.rate)
+        } else {
+            self.rate
+        };
+        self.rate = (anchor * (1.0 - cut)).max(t.floor);
+        self.hold_until = now + hold;
+        true
+    }
+
+    /// Time for a slowdown (to find the base again), unless the queue was seen empty most
+    /// of the time since the last one: that shows the base is the base, and each slowdown
+    /// costs a few round trips of rate (seconds on a long path). Behind another transfer's
+    /// standing queue it is not empty, and the slowdowns go on. Whether it is yielding.
+    fn slow_down(&mut self, t: &Tick) -> bool {
+        let (empty, all) = std::mem::take(&mut self.quiet);
+        if all > 0 && 2 * empty >= all {
+            self.next_slowdown = Some(t.now + SLOWDOWN_EVERY);
+            return false;
+        }
+        self.slowdowns += 1;
+        self.phase = Phase::Slowdown {
+            until: t.now + 2 * t.base.max(MIN_RTT) + Duration::from_secs_f64(t.dt),
+            saved: self.rate,
+            began: t.now,
+        };
+        self.rate = t.floor;
+        true
+    }
+
+    /// Below the target: the rate grows, doubling per round trip in slow start, else by a
+    /// step that shrinks as the queue nears the target (faster while it stays empty).
+    fn increase(&mut self, t: &Tick) {
+        let (now, queue, target, dt, h) = (t.now, t.queue, t.target, t.dt, t.h);
         let room = 1.0 - queue.as_secs_f64() / target.as_secs_f64();
         // An empty queue means room that nobody takes (a competitor has left, or a cut or a
         // slowdown went deeper than needed): the refill below. A probe finds half a burst
@@ -598,7 +626,7 @@ impl Background {
         };
         match self.phase {
             Phase::SlowStart if queue.as_secs_f64() > 0.75 * target.as_secs_f64() => {
-                self.end_slow_start(now, rtt);
+                self.end_slow_start(now, t.rtt);
             }
             Phase::SlowStart => {
                 // Doubling per round trip, but never more than twice what gets through, which
@@ -606,7 +634,7 @@ impl Background {
                 // lets the rate grow by about 1.6 per round trip, and on lfn-500m (150 ms) ten
                 // times a second (1.5 times gave four, and six seconds to reach the window).
                 let grown = self.rate * (1.0 + dt / h);
-                let ceiling = delivered.map_or(self.rate, |d| (2.0 * d).max(self.rate));
+                let ceiling = t.delivered.map_or(self.rate, |d| (2.0 * d).max(self.rate));
                 self.rate = grown.min(ceiling);
             }
             _ => {
@@ -616,10 +644,12 @@ impl Background {
                 // trip and a tick) stays within half the target.
                 let lag = h + 2.0 * dt;
                 let per_second = 0.5 * target.as_secs_f64() / (lag * lag);
-                let mut step = self.peak.max(floor) * per_second;
-                if long_path {
-                    // On a long path that is slower than TCP's own congestion avoidance (a
-                    // segment per round trip): at least that.
+                let mut step = self.peak.max(t.floor) * per_second;
+                // A path longer than the delivery window: what it counts left a round trip or
+                // two earlier, and a second is under two round trips. On it the step above is
+                // slower than TCP's own congestion avoidance (a segment per round trip): at
+                // least that.
+                if t.base > DELIVERY_WINDOW {
                     step = step.max(self.s.mss as f64 / (h * h));
                 }
                 let mut grown = self.rate + hurry * room * step * dt;
@@ -632,15 +662,32 @@ impl Background {
                 // but the link's rate, seen delivered while a queue stood, is what a refill
                 // aims at whatever got through since a deep cut (twice that a window would
                 // take seconds to climb back on a long path).
-                let ceiling = delivered.map_or(grown, |d| {
+                let ceiling = t.delivered.map_or(grown, |d| {
                     (2.0 * d).max(self.rate).max(if refill { aim } else { 0.0 })
                 });
                 self.rate = grown.min(ceiling);
             }
         }
-        self.rate = self.rate.max(floor);
-        false
+        self.rate = self.rate.max(t.floor);
     }
+}
+
+/// What one tick of the law works from.
+struct Tick {
+    now: Duration,
+    /// Seconds since the last tick.
+    dt: f64,
+    base: Duration,
+    queue: Duration,
+    /// The round trip now: base and queue.
+    rtt: Duration,
+    /// `rtt` in seconds.
+    h: f64,
+    /// The least rate it keeps.
+    floor: f64,
+    target: Duration,
+    /// What the kernel counted as delivered lately, bytes/s.
+    delivered: Option<f64>,
 }
 
 /// Background mode as a transfer's pacer: the probes and the bytes the kernel counts as

@@ -426,7 +426,8 @@ fn put_resume_continues_a_broken_upload() {
         assert!(c.reply().starts_with("150 "));
         data.write_all(&content[..700_000]).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(300));
+    // The session has ended, and with it what the server does with a broken upload.
+    server.wait_for_log("disconnected", 1);
     assert!(!root.join("up.bin").exists());
     let (code, out, err) = braid(
         &[
@@ -622,12 +623,11 @@ fn sigterm_lets_a_running_transfer_finish_then_exits() {
     assert!(c.reply().starts_with("150 "));
     let mut first = vec![0u8; 1 << 16];
     data.read_exact(&mut first).unwrap();
-    let pid = {
-        // terminate() waits; signal first, then read the rest while the server drains.
-        let s = std::thread::spawn(move || server.terminate());
-        std::thread::sleep(Duration::from_millis(300));
-        s
-    };
+    let log = server.log_file();
+    // terminate() waits; signal first, then read the rest while the server drains, once it
+    // has stopped listening.
+    let pid = std::thread::spawn(move || server.terminate());
+    crate::util::wait_for_text(&log, "shutting down: waiting for", 1);
     // The idle session is told the server is going away.
     assert_eq!(
         idle.reply(),

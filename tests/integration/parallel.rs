@@ -423,7 +423,7 @@ fn mode_e_download_by_hand_matches_the_gridftp_wire_format() {
 
 #[test]
 fn ctrl_c_sends_abor_keeps_the_partial_and_resume_sends_nothing_twice() {
-    use crate::util::{finish_child, signal_process};
+    use crate::util::{Stderr, signal_process};
     use rustix::process::Signal;
     use std::time::{Duration, Instant};
     let top = tempdir();
@@ -445,11 +445,12 @@ fn ctrl_c_sends_abor_keeps_the_partial_and_resume_sends_nothing_twice() {
             "1MiB",
             "--rate-limit",
             "200MB",
-            "-q",
+            "-v",
         ])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let stderr = Stderr::follow(&mut child);
     // Freeze the server once data has landed, so the Ctrl-C certainly arrives while the
     // transfer runs (paced to 200 MB/s, it cannot end between two looks at the partial).
     let part = top.path().join("big.bin.part");
@@ -467,9 +468,11 @@ fn ctrl_c_sends_abor_keeps_the_partial_and_resume_sends_nothing_twice() {
     signal_process(server.pid(), Signal::STOP);
     let done_early = child.try_wait().unwrap().is_some();
     signal_process(child.id(), Signal::INT);
-    std::thread::sleep(Duration::from_millis(300));
+    // The server goes on only once the client has stopped its side (its ABOR is out).
+    let aborted = stderr.wait_for("> ABOR", Duration::from_secs(30));
     signal_process(server.pid(), Signal::CONT);
-    let (code, err) = finish_child(child, Duration::from_secs(30));
+    let (code, err) = stderr.finish(child, Duration::from_secs(30));
+    assert!(aborted, "no ABOR after Ctrl-C: {err}");
     assert!(
         !done_early,
         "the download finished before it could be interrupted: {err}"
@@ -640,7 +643,7 @@ fn the_checksum_is_asked_for_before_the_transfer_ends() {
 
 #[test]
 fn a_broken_upload_resumes_in_mode_e_without_resending_what_the_server_stored() {
-    use crate::util::{finish_child, signal_process};
+    use crate::util::{Stderr, finish_child, signal_process};
     use rustix::process::Signal;
     use std::time::{Duration, Instant};
     let top = tempdir();
@@ -654,7 +657,7 @@ fn a_broken_upload_resumes_in_mode_e_without_resending_what_the_server_stored() 
     // the end between two looks at its progress, however the machine schedules this test.
     let put = |url: &str, resume: bool| {
         let mut cmd = std::process::Command::new(BRAID);
-        cmd.args(["put", local.to_str().unwrap(), url, "-n", "4", "-q"])
+        cmd.args(["put", local.to_str().unwrap(), url, "-n", "4", "-v"])
             .args(["--rate-limit", "200MB"])
             .env("XDG_STATE_HOME", &state)
             .stderr(std::process::Stdio::piped());
@@ -706,13 +709,15 @@ fn a_broken_upload_resumes_in_mode_e_without_resending_what_the_server_stored() 
     let before = written();
     let server = Server::start(&root, &["--anonymous-write"]);
     let mut child = put(&server.url("up.bin"), true);
+    let stderr = Stderr::follow(&mut child);
     let more = || written() > before + (32 << 20);
     let done_early = wait_for(&mut child, &more);
     signal_process(server.pid(), Signal::STOP);
     signal_process(child.id(), Signal::INT);
-    std::thread::sleep(Duration::from_millis(300));
+    let aborted = stderr.wait_for("> ABOR", Duration::from_secs(30));
     signal_process(server.pid(), Signal::CONT);
-    let (code, err) = finish(child);
+    let (code, err) = stderr.finish(child, Duration::from_secs(30));
+    assert!(aborted, "no ABOR after Ctrl-C: {err}");
     assert!(!done_early, "the resumed upload ended before Ctrl-C: {err}");
     assert_eq!(code, Some(7), "{err}");
     assert!(err.contains("Ctrl-C") && err.contains("--resume"), "{err}");

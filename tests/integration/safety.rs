@@ -326,7 +326,8 @@ fn broken_upload_never_appears_under_its_final_name_and_resumes() {
         drop(c);
         drop(data);
     }
-    std::thread::sleep(Duration::from_millis(300));
+    // The session has ended, and with it what the server does with a broken upload.
+    server.wait_for_log("disconnected", 1);
     let root = &server.root;
     assert!(
         !root.join("pub/up.bin").exists(),
@@ -571,7 +572,7 @@ fn a_flood_of_wrong_passwords_keeps_the_server_small_and_slows_guessers() {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap();
-    // Shown with --nocapture: the number docs/guide.md gives.
+    // Shown with --nocapture: the number docs/guarantees.md gives.
     println!(
         "server peak after 128 wrong passwords: {} MiB",
         peak_kib >> 10

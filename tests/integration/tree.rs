@@ -1124,10 +1124,12 @@ fn a_tree_stopped_part_way_with_globus_gridftp_server_goes_on_with_only_the_miss
         let mut child = crate::util::braid_command(top.path())
             .env("XDG_STATE_HOME", &state)
             .args(&a)
+            .arg("-v")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        let stderr = crate::util::Stderr::follow(&mut child);
         let deadline = Instant::now() + Duration::from_secs(60);
         while !far_enough() && Instant::now() < deadline && child.try_wait().unwrap().is_none() {
             std::thread::sleep(Duration::from_millis(2));
@@ -1135,8 +1137,10 @@ fn a_tree_stopped_part_way_with_globus_gridftp_server_goes_on_with_only_the_miss
         server.signal(Signal::STOP);
         let done_early = child.try_wait().unwrap().is_some();
         crate::util::signal_process(child.id(), Signal::INT);
-        std::thread::sleep(Duration::from_millis(300));
+        // The server goes on only once the client has stopped its side (its ABOR is out).
+        let aborted = stderr.wait_for("> ABOR", Duration::from_secs(30));
         server.signal(Signal::CONT);
+        assert!(aborted, "{a:?}: no ABOR after Ctrl-C");
         let status = wait_timeout(&mut child, Duration::from_secs(30)).expect("braid hung");
         let mut out = String::new();
         child

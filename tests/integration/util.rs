@@ -565,3 +565,80 @@ pub fn connect_from(server: SocketAddr, from: std::net::Ipv4Addr) -> TcpStream {
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     s
 }
+
+/// A child's standard error read as it comes, so that a test waits for what the child says
+/// (a state) rather than for a length of time.
+pub struct Stderr {
+    text: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Stderr {
+    /// Takes over `child`'s piped standard error.
+    pub fn follow(child: &mut Child) -> Stderr {
+        let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let reader = child.stderr.take().map(|mut e| {
+            let text = text.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = std::io::Read::read(&mut e, &mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    let piece = String::from_utf8_lossy(&buf[..n]);
+                    text.lock().unwrap().push_str(&piece);
+                }
+            })
+        });
+        Stderr { text, reader }
+    }
+
+    /// Waits until `needle` has been written, for at most `limit`; whether it was.
+    pub fn wait_for(&self, needle: &str, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if self.text.lock().unwrap().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        false
+    }
+
+    /// Waits for the child to exit (at most `limit`): its exit code and all it wrote.
+    pub fn finish(mut self, mut child: Child, limit: Duration) -> (Option<i32>, String) {
+        let status = wait_timeout(&mut child, limit).expect("the child did not exit in time");
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let text = self.text.lock().unwrap().clone();
+        (status.code(), text)
+    }
+}
+
+impl Server {
+    /// Waits until the server's log holds `needle` at least `times` times (at most 20 s).
+    pub fn wait_for_log(&self, needle: &str, times: usize) {
+        wait_for_text(&self.stderr_log, needle, times);
+    }
+
+    /// Where the server's log is written (for a test that hands the server to a thread).
+    pub fn log_file(&self) -> PathBuf {
+        self.stderr_log.clone()
+    }
+}
+
+/// Waits until the file at `path` holds `needle` at least `times` times (at most 20 s).
+pub fn wait_for_text(path: &Path, needle: &str, times: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let text = || std::fs::read_to_string(path).unwrap_or_default();
+    while text().matches(needle).count() < times {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never held {needle:?} {times} time(s): {}",
+            path.display(),
+            text()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

@@ -130,7 +130,7 @@ fn braid_client_against_vsftpd() {
 /// which it applies to uploads too), so neither can end between two looks at its progress.
 #[test]
 fn ctrl_c_in_stream_mode_sends_abor_and_resume_continues() {
-    use crate::util::{finish_child, json, signal_process};
+    use crate::util::{json, signal_process};
     use rustix::process::Signal;
     use std::time::{Duration, Instant};
     let top = tempdir();
@@ -148,10 +148,11 @@ fn ctrl_c_in_stream_mode_sends_abor_and_resume_continues() {
     let interrupt = |args: &[&str], grown: &std::path::Path| {
         let mut child = Command::new(crate::util::BRAID)
             .args(args)
-            .arg("-q")
+            .arg("-v")
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        let stderr = crate::util::Stderr::follow(&mut child);
         let deadline = Instant::now() + Duration::from_secs(30);
         while size(grown) < 16 << 20
             && Instant::now() < deadline
@@ -171,9 +172,11 @@ fn ctrl_c_in_stream_mode_sends_abor_and_resume_continues() {
         };
         freeze(Signal::STOP);
         signal_process(child.id(), Signal::INT);
-        std::thread::sleep(Duration::from_millis(300));
+        // vsftpd goes on only once the client has stopped its side (its ABOR is out).
+        let aborted = stderr.wait_for("> ABOR", Duration::from_secs(30));
         freeze(Signal::CONT);
-        let (code, err) = finish_child(child, Duration::from_secs(30));
+        let (code, err) = stderr.finish(child, Duration::from_secs(30));
+        assert!(aborted, "no ABOR after Ctrl-C: {err}");
         assert!(!done_early, "the transfer ended before Ctrl-C: {err}");
         assert_eq!(code, Some(7), "{err}");
         assert!(err.contains("Ctrl-C") && err.contains("ABOR"), "{err}");
