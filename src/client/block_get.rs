@@ -395,3 +395,91 @@ fn connect(
     };
     Ok((joins, false))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(block: u64) -> Plan {
+        let opts = Options {
+            streams: Some(4),
+            block_size: Some(block),
+            ..Options::default()
+        };
+        Plan::new(&opts, Peer::Braid, true, None, || panic!("no path needed"))
+    }
+
+    #[test]
+    fn a_resumed_download_starts_from_what_its_record_says_and_a_new_one_from_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("f");
+        let part = super::super::job::part_path(&dest);
+        std::fs::write(&part, vec![1u8; 4 << 20]).unwrap();
+        let record = Sidecar::beside(&part, "pub/f", Some(8 << 20));
+        let holds: RangeSet = [(0u64, 1u64 << 20), (3 << 20, 4 << 20)]
+            .into_iter()
+            .collect();
+        record.save(&Progress::holding(holds.clone()));
+        let resume = Options {
+            resume: true,
+            ..Options::default()
+        };
+        let l = Landing::open(
+            &Dest::File(dest.clone()),
+            "pub/f",
+            Some(8 << 20),
+            &plan(1 << 20),
+            true,
+            &resume,
+        )
+        .unwrap();
+        assert_eq!(l.have, holds);
+        assert_eq!(l.resumed_from, 2 << 20);
+        assert!(l.watched, "8 blocks: watched and recorded");
+        drop(l);
+        // Another remote file's record does not count: the partial starts over.
+        let l = Landing::open(
+            &Dest::File(dest.clone()),
+            "pub/other",
+            Some(8 << 20),
+            &plan(1 << 20),
+            true,
+            &resume,
+        )
+        .unwrap();
+        assert!(l.have.is_empty());
+        assert_eq!(std::fs::metadata(&part).unwrap().len(), 0, "emptied");
+        assert!(!record.exists(), "its stale record is gone");
+    }
+
+    #[test]
+    fn a_one_block_file_is_neither_watched_nor_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("small");
+        let l = Landing::open(
+            &Dest::File(dest.clone()),
+            "small",
+            Some(1000),
+            &plan(1 << 20),
+            true,
+            &Options::default(),
+        )
+        .unwrap();
+        assert!(!l.watched);
+        l.save();
+        l.save_last();
+        let sidecar = super::super::records::sidecar_path(&super::super::job::part_path(&dest));
+        assert!(!sidecar.exists(), "a record for a one-block file");
+        // Standard output: an ordered sink, no partial.
+        let l = Landing::open(
+            &Dest::Stdout,
+            "f",
+            None,
+            &plan(1 << 20),
+            true,
+            &Options::default(),
+        )
+        .unwrap();
+        assert!(l.part.is_none() && l.record.is_none() && matches!(l.sink, Sink::Ordered(_)));
+    }
+}

@@ -398,3 +398,39 @@ impl Phase<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use super::super::testing::{done, scripted};
+
+    #[test]
+    fn a_braid_server_is_told_the_checksum_comes_or_given_it_for_a_resumed_upload() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let file = File::open(&path).unwrap();
+        let (mut c, server) = scripted(b"200 later\r\n200 noted\r\n");
+        announce(&mut c, Peer::Braid, &file, 10, &RangeSet::new()).unwrap();
+        let held: RangeSet = [(0u64, 5u64)].into_iter().collect();
+        announce(&mut c, Peer::Braid, &file, 10, &held).unwrap();
+        let whole = checksum::hex(checksum::of(b"0123456789"));
+        assert_eq!(
+            done(c, server),
+            format!("SCKS XXH3 *\r\nSCKS XXH3 {whole}\r\n")
+        );
+    }
+
+    #[test]
+    fn a_refused_announcement_fails_the_upload_before_any_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let file = File::open(&path).unwrap();
+        let (mut c, server) = scripted(b"504 No such checksum\r\n");
+        let e = announce(&mut c, Peer::Braid, &file, 1, &RangeSet::new()).unwrap_err();
+        assert!(matches!(e, ClientError::Remote { .. }), "{e}");
+        done(c, server);
+    }
+}

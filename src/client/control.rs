@@ -980,26 +980,92 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    /// A control connection to a scripted server that sends `script` after its greeting.
-    fn scripted(script: &'static [u8]) -> (Control, std::thread::JoinHandle<()>) {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let server = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            s.write_all(b"220 hi\r\n").unwrap();
-            s.write_all(script).unwrap();
-            // Hold the connection open until the client is done.
-            let mut rest = Vec::new();
-            let _ = s.read_to_end(&mut rest);
-        });
-        let target = Target {
-            host: "127.0.0.1".into(),
-            port,
-            user: "anonymous".into(),
-            password: String::new(),
-            path: String::new(),
-        };
-        (Control::connect(&target).unwrap(), server)
+    use super::super::testing::{done, greeted, scripted};
+
+    #[test]
+    fn a_port_that_does_not_greet_as_ftp_is_named_as_such() {
+        let (c, server) = greeted(b"SSH-2.0-OpenSSH_9.6\r\n", b"");
+        match c {
+            Err(ClientError::Protocol(m)) => assert!(m.contains("is it an FTP server"), "{m}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("an SSH server taken for FTP"),
+        }
+        server.join().unwrap();
+        // A server at its limit greets with 421: refused, with the server's words.
+        let (c, server) = greeted(b"421 Too many connections\r\n", b"");
+        match c {
+            Err(ClientError::Remote { reply, .. }) => assert_eq!(reply.code, 421),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a 421 greeting taken for a welcome"),
+        }
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn a_passive_address_is_the_control_connections_peer_whatever_227_names() {
+        // EPSV: the port only.
+        let (mut c, server) = scripted(b"229 Entering Extended Passive Mode (|||4242|)\r\n");
+        assert_eq!(c.passive_addr().unwrap(), "127.0.0.1:4242".parse().unwrap());
+        done(c, server);
+        // No EPSV: PASV, whose private address (or a bounce target) is not followed.
+        let (mut c, server) =
+            scripted(b"500 EPSV not understood\r\n227 Entering Passive Mode (10,9,8,7,16,147)\r\n");
+        assert_eq!(c.passive_addr().unwrap(), "127.0.0.1:4243".parse().unwrap());
+        done(c, server);
+        let (mut c, server) = scripted(b"229 Entering Extended Passive Mode (|||garbage|)\r\n");
+        assert!(matches!(c.passive_addr(), Err(ClientError::Protocol(_))));
+        done(c, server);
+    }
+
+    #[test]
+    fn a_transfer_starts_on_125_or_150_and_a_refusal_says_what_was_refused() {
+        let retr = Command::Retr("f".into());
+        let (mut c, server) = scripted(b"125 Reusing\r\n150 Opening\r\n550 f: no such file\r\n");
+        assert!(
+            c.start_transfer(&retr).unwrap(),
+            "125: the kept connections"
+        );
+        assert!(!c.start_transfer(&retr).unwrap(), "150: new ones");
+        match c.start_transfer(&retr) {
+            Err(ClientError::Remote { what, reply }) => {
+                assert_eq!(reply.code, 550);
+                assert!(what.contains("RETR"), "{what}");
+            }
+            other => panic!("{other:?}"),
+        }
+        done(c, server);
+    }
+
+    #[test]
+    fn a_transfer_ends_on_226_and_a_451_is_the_servers_refusal() {
+        let stor = Command::Stor("f".into());
+        let (mut c, server) = scripted(b"226 Done\r\n451 Disk error\r\n");
+        assert_eq!(c.finish_transfer(&stor).unwrap().code, 226);
+        match c.finish_transfer(&stor) {
+            Err(ClientError::Remote { reply, .. }) => assert_eq!(reply.code, 451),
+            other => panic!("{other:?}"),
+        }
+        done(c, server);
+    }
+
+    #[test]
+    fn rest_is_answered_350_or_the_server_cannot_resume() {
+        let (mut c, server) = scripted(b"350 Restarting at 100\r\n502 REST not implemented\r\n");
+        c.restart_at(100).unwrap();
+        let e = c.restart_at(200).unwrap_err();
+        assert!(e.to_string().contains("cannot resume"), "{e}");
+        done(c, server);
+    }
+
+    #[test]
+    fn a_checksum_is_the_213_answer_and_a_refusal_means_none_offered() {
+        let (mut c, server) = scripted(b"213 1A2B3C4D\r\n504 Unknown algorithm\r\n");
+        assert_eq!(
+            c.checksum("ADLER32", "f").unwrap().as_deref(),
+            Some("1a2b3c4d")
+        );
+        assert_eq!(c.checksum("MD5", "f").unwrap(), None);
+        done(c, server);
     }
 
     #[test]
@@ -1025,5 +1091,91 @@ mod tests {
         setter.join().unwrap();
         drop(c);
         server.join().unwrap();
+    }
+
+    fn anonymous() -> Target {
+        Target {
+            host: "127.0.0.1".into(),
+            port: 21,
+            user: "anonymous".into(),
+            password: "x".into(),
+            path: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_login_reads_the_features_and_a_refused_password_is_a_login_error() {
+        let (mut c, server) = scripted(
+            b"331 Password\r\n230 Logged in\r\n211-Features:\r\n PARALLEL\r\n REST STREAM\r\n \
+              MLST type*;size*;modify*;\r\n211 End\r\n200 Binary\r\n",
+        );
+        c.start(&anonymous(), None).unwrap();
+        assert!(c.has_feature("PARALLEL") && c.has_feature("REST") && c.has_feature("MLST"));
+        assert!(!c.has_feature("BRAID"));
+        done(c, server);
+        let (mut c, server) = scripted(b"331 Password\r\n530 Login incorrect\r\n");
+        match c.start(&anonymous(), None) {
+            Err(ClientError::Login { user, reply }) => {
+                assert_eq!((user.as_str(), reply.code), ("anonymous", 530));
+            }
+            other => panic!("{other:?}"),
+        }
+        done(c, server);
+    }
+
+    #[test]
+    fn a_size_known_from_a_listing_is_not_asked_again() {
+        let (mut c, server) = scripted(b"213 77\r\n");
+        c.know_size("a", 12);
+        assert_eq!(c.size("a").unwrap().text(), "12");
+        // Another file is asked (the script's answer).
+        assert_eq!(c.size("b").unwrap().text().trim(), "77");
+        done(c, server);
+    }
+
+    #[test]
+    fn an_abort_reads_everything_up_to_the_noops_answer() {
+        // 426 for the transfer, 226 for ABOR, then NOOP's 200; the next command gets its own.
+        let (mut c, server) = scripted(b"426 Aborted\r\n226 ABOR ok\r\n200 NOOP\r\n213 5\r\n");
+        super::super::interrupt::send_abort(&mut c);
+        assert_eq!(c.size("f").unwrap().code, 213, "out of step after ABOR");
+        done(c, server);
+    }
+
+    #[test]
+    fn nothing_is_sent_for_an_empty_restart_or_a_checksum_a_server_cannot_pipeline() {
+        let (mut c, server) = scripted(b"221 Bye\r\n");
+        c.restart_ranges(&RangeSet::new()).unwrap();
+        c.checksum_after_transfer("XXH3", "f").unwrap();
+        c.quit();
+        assert_eq!(server.join().unwrap(), "QUIT\r\n");
+    }
+
+    #[test]
+    fn an_unexpected_answer_names_the_command_and_a_rate_change_is_sent_only_when_there_is_one() {
+        use crate::engine::hooks::Tell;
+        let (mut c, server) = scripted(b"200 ok\r\n550 Permission denied\r\n");
+        assert_eq!(
+            c.expect(&Command::Mkd("a".into()), &[200, 257])
+                .unwrap()
+                .code,
+            200
+        );
+        match c.expect(&Command::Mkd("b".into()), &[257]) {
+            Err(ClientError::Remote { what, reply }) => {
+                assert!(what.contains("MKD"), "{what}");
+                assert_eq!(reply.code, 550);
+            }
+            other => panic!("{other:?}"),
+        }
+        c.tell(Tell::default()).unwrap();
+        c.tell(Tell {
+            rate: Some(Some(1_000_000)),
+            ..Tell::default()
+        })
+        .unwrap();
+        let sent = done(c, server);
+        assert!(sent.starts_with("MKD a\r\nMKD b\r\nOPTS RETR "), "{sent}");
+        assert!(sent.contains("1000000"), "{sent}");
     }
 }

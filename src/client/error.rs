@@ -79,3 +79,67 @@ impl ClientError {
 }
 
 pub type Result<T> = std::result::Result<T, ClientError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_failure_has_its_exit_code_and_an_interruption_says_where_the_data_is() {
+        let io = || std::io::Error::other("x");
+        let reply = || braid_proto::Reply::new(550, "no");
+        let cases = [
+            (
+                ClientError::Connect {
+                    addr: "h:21".into(),
+                    cause: io(),
+                },
+                exit::CONNECT,
+            ),
+            (
+                ClientError::Login {
+                    user: "u".into(),
+                    reply: reply(),
+                },
+                exit::LOGIN,
+            ),
+            (
+                ClientError::Remote {
+                    what: "RETR f".into(),
+                    reply: reply(),
+                },
+                exit::REMOTE,
+            ),
+            (
+                ClientError::Local {
+                    what: "w".into(),
+                    cause: io(),
+                },
+                exit::LOCAL,
+            ),
+            (ClientError::Integrity("x".into()), exit::INTEGRITY),
+            (ClientError::Protocol("x".into()), exit::PROTOCOL),
+            (ClientError::ControlLost("x".into()), exit::INTERRUPTED),
+            (ClientError::Tls("x".into()), exit::TLS),
+            (ClientError::Usage("x".into()), exit::USAGE),
+        ];
+        for (e, code) in cases {
+            assert_eq!(e.exit_code(), code, "{e}");
+        }
+        let kept = ClientError::Interrupted {
+            bytes: 10,
+            why: "stopped".into(),
+            partial: Some("f.part".into()),
+        };
+        assert_eq!(kept.exit_code(), exit::INTERRUPTED);
+        assert!(
+            kept.to_string().contains("kept in f.part") && kept.to_string().contains("--resume")
+        );
+        let upload = ClientError::Interrupted {
+            bytes: 10,
+            why: "stopped".into(),
+            partial: None,
+        };
+        assert!(!upload.to_string().contains("kept in"));
+    }
+}

@@ -359,4 +359,23 @@ mod tests {
         assert!(e.to_string().contains("put -r"), "{e}");
         assert!(Source::open(&dir.path().join("none"), &target("in/")).is_err());
     }
+
+    #[test]
+    fn a_failed_write_says_where_what_arrived_is_kept() {
+        let kept = cannot_write(Some("f.part"));
+        assert!(
+            kept.contains("f.part") && kept.contains("--resume"),
+            "{kept}"
+        );
+        assert_eq!(cannot_write(None), "cannot write the download");
+        let e = not_a_partial(Path::new("f.part"), 10, 5);
+        assert!(matches!(e, ClientError::Integrity(_)));
+        assert!(e.to_string().contains("Remove it"), "{e}");
+        assert_eq!(Held::asked(&Options::default()), Held::Nothing);
+        let resume = Options {
+            resume: true,
+            ..Options::default()
+        };
+        assert_eq!(Held::asked(&resume), Held::RecordedOrSize);
+    }
 }

@@ -126,3 +126,24 @@ pub fn read_all(mut data: Wire, c: &mut Control, cmd: &Command) -> Result<String
     c.finish_transfer(cmd)?;
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_machine_listing_gives_its_entries_without_the_directory_itself() {
+        let text = "type=cdir;modify=20260101000000; /pub\r\n\
+                    type=pdir; ..\r\n\
+                    type=file;size=12;modify=20260102030405; a file.txt\r\n\
+                    type=dir;modify=20260101000000; sub\r\n\
+                    garbage without facts\r\n";
+        let e = machine_entries(text);
+        let names: Vec<&str> = e.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["a file.txt", "sub"]);
+        assert_eq!(e[0].size, Some(12));
+        assert_eq!(e[0].kind.as_deref(), Some("file"));
+        assert_eq!(e[0].modify, Some(1_767_323_045));
+        assert!(e.iter().all(|e| e.raw.is_none()));
+    }
+}

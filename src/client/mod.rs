@@ -29,6 +29,8 @@ mod sessions;
 mod stream;
 mod stream_yield;
 pub mod summary;
+#[cfg(test)]
+mod testing;
 mod tickets;
 pub mod tree;
 mod trust;

@@ -251,3 +251,57 @@ pub fn transfer_failed(r: Reply) -> ClientError {
         f @ Failure::Closed { .. } => ClientError::Protocol(f.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_uploads_final_refusal_is_an_integrity_error_only_for_a_checksum() {
+        let integrity = transfer_failed(Reply::new(535, "checksum mismatch"));
+        assert!(
+            matches!(integrity, ClientError::Integrity(_)),
+            "{integrity}"
+        );
+        for code in [451, 452, 552, 421] {
+            let e = transfer_failed(Reply::new(code, "no"));
+            assert!(matches!(e, ClientError::Interrupted { .. }), "{code}: {e}");
+            assert!(e.to_string().contains(&code.to_string()));
+        }
+    }
+
+    #[test]
+    fn background_mode_steers_twice_as_often() {
+        let bg = Options {
+            background: Some(std::time::Duration::from_millis(10)),
+            ..Options::default()
+        };
+        assert_eq!(tick_every(&Options::default()), TICK);
+        assert_eq!(tick_every(&bg), TICK / 2);
+    }
+
+    #[test]
+    fn a_local_failure_aborts_and_a_broken_connection_gives_the_servers_reason_first() {
+        use super::super::testing::{done, scripted};
+        let stor = Command::Stor("f".into());
+        let (mut c, server) = scripted(b"426 Aborted\r\n200 NOOP\r\n451 Disk full\r\n");
+        let local = EngineError::Local(std::io::Error::other("cannot read"));
+        let e = data_phase_failed(&mut c, &stor, local, "cannot read the file", 0, None);
+        assert!(matches!(e, ClientError::Local { .. }), "{e}");
+        let net = EngineError::Net {
+            conn: 2,
+            source: std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset"),
+        };
+        let e = data_phase_failed(&mut c, &stor, net, "w", 100, Some("p".into()));
+        let text = e.to_string();
+        assert!(
+            matches!(e, ClientError::Interrupted { bytes: 100, .. }),
+            "{text}"
+        );
+        assert!(
+            text.contains("server reported 451 Disk full (this side saw: data connection 2"),
+            "{text}"
+        );
+        assert_eq!(done(c, server), "ABOR\r\nNOOP\r\n");
+    }
+}

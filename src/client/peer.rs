@@ -58,3 +58,51 @@ pub fn background_needs_braid() -> ClientError {
 pub fn offers_elastic(c: &Control) -> bool {
     matches!(c.block_peer(), Some(BlockPeer::Braid { elastic: true }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use super::super::testing::{Script, done, scripted};
+    use super::super::url::Target;
+
+    /// A session logged in to a scripted server (login, FEAT, TYPE I).
+    fn logged_in(script: &'static [u8]) -> (Control, Script) {
+        let (mut c, server) = scripted(script);
+        let target = Target {
+            host: "127.0.0.1".into(),
+            port: 21,
+            user: "anonymous".into(),
+            password: "x".into(),
+            path: String::new(),
+        };
+        c.start(&target, None).unwrap();
+        (c, server)
+    }
+
+    #[test]
+    fn a_braid_server_is_checked_with_xxh3_and_a_gridftp_server_with_adler32_where_offered() {
+        let (braid, s1) = logged_in(
+            b"331 p\r\n230 in\r\n211-Features:\r\n PARALLEL\r\n BRAID 3\r\n211 End\r\n200 I\r\n",
+        );
+        assert_eq!(Peer::of(&braid), Some(Peer::Braid));
+        assert!(offers_elastic(&braid));
+        assert_eq!(Peer::Braid.checksum(&braid), checksum::NAME);
+        let (gridftp, s2) = logged_in(
+            b"331 p\r\n230 in\r\n211-Features:\r\n PARALLEL\r\n CKSM MD5;ADLER32;CRC32\r\n211 End\r\n200 I\r\n",
+        );
+        assert_eq!(Peer::of(&gridftp), Some(Peer::GridFtp));
+        assert!(!offers_elastic(&gridftp));
+        assert_eq!(Peer::GridFtp.checksum(&gridftp), "ADLER32");
+        let (md5_only, s3) = logged_in(
+            b"331 p\r\n230 in\r\n211-Features:\r\n PARALLEL\r\n CKSM MD5\r\n211 End\r\n200 I\r\n",
+        );
+        assert_eq!(Peer::GridFtp.checksum(&md5_only), "MD5");
+        let (plain, s4) =
+            logged_in(b"331 p\r\n230 in\r\n211-Features:\r\n REST STREAM\r\n211 End\r\n200 I\r\n");
+        assert_eq!(Peer::of(&plain), None, "no MODE E: the stream route");
+        for (c, s) in [(braid, s1), (gridftp, s2), (md5_only, s3), (plain, s4)] {
+            assert!(done(c, s).starts_with("USER anonymous\r\nPASS x\r\nFEAT\r\nTYPE I\r\n"));
+        }
+    }
+}

@@ -506,3 +506,49 @@ pub fn send_next(
     let checksum = Some(format!("{} {sum}", checksum::NAME));
     Ok(o.report(server, checksum))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_read_ahead_carries_its_checksum_and_one_that_shrank_fails_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let local = dir.path().join("f");
+        std::fs::write(&local, b"hello world").unwrap();
+        let wanted = |size| Wanted {
+            remote: "f".into(),
+            local: local.clone(),
+            size,
+        };
+        let mut o = Outgoing::open(wanted(11)).unwrap();
+        assert_eq!(o.sum(), None, "not read yet");
+        let mut buf = vec![0u8; 11];
+        o.read(&mut buf);
+        assert_eq!(
+            o.sum(),
+            Some(checksum::hex(checksum::of(b"hello world")).as_str())
+        );
+        // Listed at 20 bytes, it has 11 now: its upload fails with a reason, nothing goes out.
+        let mut o = Outgoing::open(wanted(20)).unwrap();
+        let mut buf = vec![0u8; 20];
+        o.read(&mut buf);
+        assert_eq!(o.sum(), None);
+        assert!(matches!(&o.read, Read::Failed(e) if e.to_string().contains("shrink")));
+        let gone = Wanted {
+            local: dir.path().join("none"),
+            ..wanted(1)
+        };
+        assert!(Outgoing::open(gone).is_err());
+    }
+
+    #[test]
+    fn a_session_that_does_not_pipeline_moves_files_one_at_a_time() {
+        use super::super::testing::{done, scripted};
+        let (mut c, server) = scripted(b"");
+        for direction in [Direction::Download, Direction::Upload] {
+            assert!(!ready(&mut c, &Options::default(), direction));
+        }
+        assert_eq!(done(c, server), "", "deciding costs no command");
+    }
+}

@@ -322,4 +322,18 @@ mod tests {
         let p = Plan::new(&opts, Peer::Braid, true, None, unused);
         assert_eq!((p.start, p.max, p.tuning()), (2, 6, "fixed"));
     }
+
+    #[test]
+    fn the_kernels_buffer_cap_is_the_third_number_of_tcp_rmem() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("tcp_rmem");
+        std::fs::write(&f, "4096\t131072\t6291456\n").unwrap();
+        assert_eq!(kernel_cap(f.to_str().unwrap()), Some(6291456));
+        std::fs::write(&f, "4096 131072\n").unwrap();
+        assert_eq!(kernel_cap(f.to_str().unwrap()), None);
+        assert_eq!(
+            kernel_cap(dir.path().join("absent").to_str().unwrap()),
+            None
+        );
+    }
 }

@@ -364,4 +364,18 @@ mod tests {
         unknown.save(&held);
         assert!(!unknown.exists());
     }
+
+    #[test]
+    fn without_a_state_directory_an_upload_has_no_record_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src.bin");
+        std::fs::write(&src, b"x").unwrap();
+        let meta = std::fs::metadata(&src).unwrap();
+        let mut rec = UploadRecord::new(&src, &meta, "h", "/a");
+        rec.path = None;
+        assert!(rec.location().starts_with("nowhere"));
+        assert!(rec.save(&RangeSet::parse("0-1").unwrap()).is_err());
+        assert_eq!(rec.load(), None);
+        rec.remove();
+    }
 }

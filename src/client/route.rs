@@ -317,4 +317,44 @@ mod tests {
         assert_eq!(Route::upload(Some(Peer::Braid), None), Route::Stream);
         assert_eq!(Route::upload(None, Some(&none)), Route::Stream);
     }
+
+    use super::super::testing::{done, scripted};
+    use braid_proto::Reply;
+
+    fn refused() -> ClientError {
+        ClientError::Remote {
+            what: "STOR up".into(),
+            reply: Reply::new(550, "not a plain file"),
+        }
+    }
+
+    #[test]
+    fn a_refusal_of_a_directory_says_so_with_the_fix() {
+        let (mut c, server) = scripted(b"250-Listing up\r\n type=dir;perm=el; /up\r\n250 End\r\n");
+        let e = directory_hint(&mut c, "up", refused(), "end the URL with /");
+        assert!(
+            e.to_string()
+                .contains("up is a directory on the server: end the URL with /"),
+            "{e}"
+        );
+        assert_eq!(e.exit_code(), 5);
+        assert_eq!(done(c, server), "MLST up\r\n");
+    }
+
+    #[test]
+    fn a_refusal_of_a_file_or_an_error_that_is_no_refusal_passes_as_it_is() {
+        let (mut c, server) = scripted(b"250-Listing f\r\n type=file;size=3; /f\r\n250 End\r\n");
+        let e = directory_hint(&mut c, "f", refused(), "fix");
+        assert!(!e.to_string().contains("directory"), "{e}");
+        let local = ClientError::Local {
+            what: "w".into(),
+            cause: std::io::Error::other("full"),
+        };
+        assert!(matches!(
+            directory_hint(&mut c, "f", local, "fix"),
+            ClientError::Local { .. }
+        ));
+        // Only the refusal was looked into.
+        assert_eq!(done(c, server), "MLST f\r\n");
+    }
 }

@@ -463,4 +463,99 @@ mod tests {
         // One session: one range per hole.
         assert_eq!(plan(&holes, 1), [(100, 200), (4 * mib, 8 * mib)]);
     }
+
+    fn shared<'a>(target: &'a Target, opts: &'a Options, file: &'a File) -> Shared<'a> {
+        Shared {
+            target,
+            opts,
+            file,
+            size: 16 * MIN_SEGMENT,
+            queue: Mutex::new(VecDeque::new()),
+            running: Mutex::new(Vec::new()),
+            stored: Mutex::new(RangeSet::new()),
+            bytes: AtomicU64::new(0),
+            opened: AtomicU64::new(0),
+            sessions: AtomicU64::new(1),
+            abort: Abort::new(),
+            failed: Mutex::new(None),
+        }
+    }
+
+    fn target() -> Target {
+        Target {
+            host: "h".into(),
+            port: 21,
+            user: "anonymous".into(),
+            password: String::new(),
+            path: "f".into(),
+        }
+    }
+
+    #[test]
+    fn with_nothing_queued_a_session_takes_the_second_half_of_the_longest_running_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = File::create(dir.path().join("f")).unwrap();
+        let (t, o) = (target(), Options::default());
+        let s = shared(&t, &o, &file);
+        s.queue.lock().unwrap().push_back((0, MIN_SEGMENT, 0));
+        assert_eq!(s.take(), Some((0, MIN_SEGMENT, 0)), "the queue first");
+        let long = Arc::new(Running {
+            at: AtomicU64::new(2 * MIN_SEGMENT),
+            end: AtomicU64::new(10 * MIN_SEGMENT),
+        });
+        s.running.lock().unwrap().push(long.clone());
+        assert_eq!(s.take(), Some((6 * MIN_SEGMENT, 10 * MIN_SEGMENT, 0)));
+        // The running range now stops at the middle.
+        assert_eq!(long.end.load(Ordering::Acquire), 6 * MIN_SEGMENT);
+        // Too little left to split: nothing.
+        long.at.store(5 * MIN_SEGMENT, Ordering::Release);
+        assert_eq!(s.take(), None);
+    }
+
+    #[test]
+    fn after_a_failure_or_an_abort_no_range_is_taken_and_the_first_failure_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = File::create(dir.path().join("f")).unwrap();
+        let (t, o) = (target(), Options::default());
+        let s = shared(&t, &o, &file);
+        s.queue.lock().unwrap().push_back((0, MIN_SEGMENT, 0));
+        s.fail(ClientError::Protocol("first".into()));
+        s.fail(ClientError::Protocol("second".into()));
+        assert!(s.abort.is_aborted());
+        assert_eq!(s.take(), None);
+        assert_eq!(
+            s.failed().as_ref().map(|e| e.to_string()),
+            Some("first".into())
+        );
+    }
+
+    #[test]
+    fn a_partial_without_a_record_holds_its_length_unless_that_is_too_long() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("f");
+        let part = PartFile::open(&dest, false).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&part.file, &[7u8; 1000], 0).unwrap();
+        let record = part.record("f", Some(5000));
+        assert_eq!(held(&part, &record, 5000).unwrap().to_string(), "0-1000");
+        // A record, where there is one, says what it holds (it may have holes).
+        let ranges: RangeSet = [(0u64, 100u64), (500, 600)].into_iter().collect();
+        record.save(&Progress::holding(ranges));
+        assert_eq!(
+            held(&part, &record, 5000).unwrap().to_string(),
+            "0-100,500-600"
+        );
+        record.remove();
+        assert!(matches!(
+            held(&part, &record, 999),
+            Err(ClientError::Integrity(_))
+        ));
+    }
+
+    #[test]
+    fn no_range_is_cut_for_nothing_missing_and_zero_sessions_count_as_one() {
+        assert!(plan(&RangeSet::new(), 0).is_empty());
+        let whole: RangeSet = [(0u64, 3 * MIN_SEGMENT)].into_iter().collect();
+        assert_eq!(plan(&whole, 0), plan(&whole, 1));
+        assert_eq!(plan(&whole, 1), [(0, 3 * MIN_SEGMENT)]);
+    }
 }

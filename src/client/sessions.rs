@@ -43,3 +43,29 @@ pub fn another_session(
     }
     Err(last)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_further_session_that_is_given_up_stops_before_it_connects() {
+        // Nothing listens on port 9 of loopback, but no connection is tried at all.
+        let target = Target {
+            host: "127.0.0.1".into(),
+            port: 9,
+            user: "anonymous".into(),
+            password: String::new(),
+            path: String::new(),
+        };
+        let started = std::time::Instant::now();
+        let e = another_session(&target, &Options::default(), || true)
+            .err()
+            .unwrap();
+        assert!(matches!(e, ClientError::Interrupted { .. }), "{e}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_millis(90),
+            "it waited for the retries"
+        );
+    }
+}

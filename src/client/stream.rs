@@ -541,4 +541,48 @@ mod tests {
         assert_eq!(at, BUF as u64, "one whole buffer went out");
         assert!(e.to_string().contains("standard input"), "{e}");
     }
+
+    #[test]
+    fn a_download_into_a_file_continues_a_kept_partial_from_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("f");
+        std::fs::write(super::super::job::part_path(&dest), b"0123").unwrap();
+        let (mut w, part, at) = open_output(&Dest::File(dest.clone()), Some(10), true).unwrap();
+        assert_eq!(at, 4, "--resume continues at the partial's end");
+        w.write_all(b"456789").unwrap();
+        drop(w);
+        let part = part.unwrap();
+        assert_eq!(part.commit(None).unwrap(), dest.display().to_string());
+        assert_eq!(std::fs::read(&dest).unwrap(), b"0123456789");
+        // Without --resume the partial starts over; longer than the file, it is no partial.
+        std::fs::write(super::super::job::part_path(&dest), b"0123").unwrap();
+        let (_, _, at) = open_output(&Dest::File(dest.clone()), Some(10), false).unwrap();
+        assert_eq!(at, 0);
+        std::fs::write(super::super::job::part_path(&dest), b"0123456789AB").unwrap();
+        let e = open_output(&Dest::File(dest), Some(10), true)
+            .err()
+            .unwrap();
+        assert!(matches!(e, ClientError::Integrity(_)), "{e}");
+        let (_, part, at) = open_output(&Dest::Null, Some(10), true).unwrap();
+        assert!(part.is_none() && at == 0);
+    }
+
+    #[test]
+    fn a_range_of_a_file_is_sent_through_a_writer_and_progress_counts_from_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = File::open(&path).unwrap();
+        let mut out = Vec::new();
+        let mut last = 0;
+        let sent = send_copied(&file, 1000, data.len() as u64, &mut out, |at| last = at).unwrap();
+        assert_eq!(sent, data.len() as u64 - 1000);
+        assert_eq!(out, &data[1000..]);
+        assert_eq!(
+            last,
+            data.len() as u64,
+            "positions are in the file, not the range"
+        );
+    }
 }

@@ -82,3 +82,17 @@ impl OnStream {
         self.ctl.report()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_background_mode_nothing_watches_the_connection() {
+        use super::super::testing::{done, scripted};
+        let (c, server) = scripted(b"");
+        assert!(start(&c, c.socket(), &Options::default(), true).is_none());
+        assert!(start(&c, c.socket(), &Options::default(), false).is_none());
+        done(c, server);
+    }
+}

@@ -287,4 +287,28 @@ mod tests {
         );
         assert!(b.seconds > 0.0 && b.bytes_per_second > 0.0);
     }
+
+    #[test]
+    fn the_line_for_people_gives_background_modes_queue_and_time_yielding() {
+        let mut s = summary(
+            "get",
+            &target("h"),
+            "f".into(),
+            10,
+            Some(10),
+            0,
+            Instant::now(),
+        );
+        s.background = Some(crate::engine::background::Report {
+            queue_p50_ms: Some(4.2),
+            base_ms: Some(20.0),
+            yielded_s: 1.5,
+            ..Default::default()
+        });
+        let line = s.human();
+        assert!(
+            line.contains("background: queue 4.2 ms median over a 20.0 ms base, 1.5 s yielding"),
+            "{line}"
+        );
+    }
 }

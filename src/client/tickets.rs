@@ -79,3 +79,27 @@ impl ClientSessionStore for Tickets {
         self.with(name, |s| s.tls13.pop_back()).flatten()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use rustls::client::ClientSessionStore;
+
+    fn name(host: &str) -> ServerName<'static> {
+        ServerName::try_from(host.to_string()).unwrap()
+    }
+
+    #[test]
+    fn hints_are_kept_per_server_and_the_oldest_server_goes_past_the_limit() {
+        let t = Tickets::default();
+        t.set_kx_hint(name("a.example"), NamedGroup::X25519);
+        assert_eq!(t.kx_hint(&name("a.example")), Some(NamedGroup::X25519));
+        assert_eq!(t.kx_hint(&name("b.example")), None);
+        for i in 0..SERVERS + 4 {
+            t.set_kx_hint(name(&format!("s{i}.example")), NamedGroup::secp256r1);
+        }
+        let kept = t.servers.lock().unwrap().len();
+        assert_eq!(kept, SERVERS, "bounded memory whatever the servers");
+    }
+}

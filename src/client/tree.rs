@@ -1399,4 +1399,48 @@ mod tests {
         j.size = None;
         assert!(!already_here(&j, Some(mtime)), "size unknown");
     }
+
+    #[test]
+    fn a_downloaded_file_takes_the_servers_time_and_a_case_sensitive_dir_is_found_so() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let f = dir.path().join("f");
+        std::fs::write(&f, b"x").expect("write");
+        set_mtime(&f, 1_700_000_000);
+        let m = std::fs::metadata(&f).expect("stat");
+        assert_eq!(unix_seconds(&m), 1_700_000_000);
+        // tmpfs and ext4 without casefold tell a from A; the probe leaves nothing behind.
+        assert!(!case_insensitive(dir.path()));
+        assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 1);
+    }
+
+    #[test]
+    fn a_recursive_transfer_is_one_server() {
+        let a = work(Vec::new()).server;
+        let mut b = a.clone();
+        assert!(one_server([&a, &b].into_iter()).is_ok());
+        b.port = 2121;
+        let e = one_server([&a, &b].into_iter()).unwrap_err();
+        assert!(e.to_string().contains("another server"), "{e}");
+        assert!(one_server(std::iter::empty()).is_err());
+    }
+
+    #[test]
+    fn directories_are_made_one_mkd_each_and_refusals_do_not_stop_the_rest() {
+        use super::super::testing::{done, scripted};
+        let (mut c, server) = scripted(b"257 made\r\n550 exists\r\n257 made\r\n");
+        make_dirs(&mut c, &["a".into(), "a/b".into(), "c".into()]);
+        assert_eq!(done(c, server), "MKD a\r\nMKD a/b\r\nMKD c\r\n");
+    }
+
+    #[test]
+    fn a_remote_files_time_comes_from_mdtm_and_is_kept_with_mfmt_where_offered() {
+        use super::super::testing::{done, scripted};
+        let (mut c, server) = scripted(b"213 20260102030405\r\n550 no\r\n");
+        assert_eq!(remote_mtime(&mut c, "f"), Some(1_767_323_045));
+        assert_eq!(remote_mtime(&mut c, "g"), None);
+        let mut j = job("f", Some(1));
+        j.mtime = Some(1_767_323_045);
+        assert!(keep_time(&c, &j).is_none(), "no MFMT in FEAT");
+        assert_eq!(done(c, server), "MDTM f\r\nMDTM g\r\n");
+    }
 }

@@ -175,4 +175,15 @@ mod tests {
         assert_eq!(alg, checksum::NAME);
         assert_eq!(value, Some(checksum::hex(checksum::of(&data))));
     }
+
+    #[test]
+    fn the_servers_checksum_is_asked_with_cksm_and_compared() {
+        use super::super::testing::{done, scripted};
+        let (mut c, server) = scripted(b"213 ABC123\r\n213 abc124\r\n");
+        let ok = compare_with_server(&mut c, "MD5", "f", "abc123", "ours", "").unwrap();
+        assert_eq!(ok.as_deref(), Some("MD5 abc123"));
+        let e = compare_with_server(&mut c, "MD5", "f", "abc123", "ours", "").unwrap_err();
+        assert!(matches!(e, ClientError::Integrity(_)));
+        assert_eq!(done(c, server), "CKSM MD5 0 -1 f\r\nCKSM MD5 0 -1 f\r\n");
+    }
 }

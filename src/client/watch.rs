@@ -148,4 +148,26 @@ mod tests {
         assert!(ticks.load(Ordering::SeqCst) >= 3);
         assert!(!abort.is_aborted(), "nothing was interrupted");
     }
+
+    #[test]
+    fn a_stopped_transfer_tells_the_server_and_says_what_stopped_it() {
+        use super::super::testing::{done, scripted};
+        let (mut c, server) = scripted(b"426 Aborted\r\n226 ABOR ok\r\n200 NOOP ok\r\n");
+        let watch = Watch::start(&Options::default(), Some(100), 0);
+        assert!(!watch.stopped() && watch.bar.is_hidden());
+        let e = watch.stop(
+            &mut c,
+            40,
+            "; run again with --resume",
+            Some("f.part".into()),
+        );
+        let text = e.to_string();
+        assert!(text.contains("after 40 bytes"), "{text}");
+        assert!(
+            text.contains("stopped by Ctrl-C; the server was sent ABOR; run again"),
+            "{text}"
+        );
+        assert!(text.contains("kept in f.part"), "{text}");
+        assert_eq!(done(c, server), "ABOR\r\nNOOP\r\n");
+    }
 }

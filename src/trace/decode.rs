@@ -133,31 +133,20 @@ pub fn decode(linktype: i32, frame: &[u8]) -> Result<Segment, Skip> {
 mod tests {
     use super::*;
 
-    /// IPv4 + TCP (20-byte header, no options), `data` bytes of payload of which `kept`
-    /// were captured.
+    /// IPv4 + TCP (20-byte header, no options) from 198.18.0.1:40000 to 198.18.0.2:21, ack 7,
+    /// window 4096, TCP `flags`; `data` bytes of payload of which `kept` were captured.
     fn ipv4_tcp(seq: u32, flags: u8, data: u32, kept: usize) -> Vec<u8> {
-        let total = 40 + data;
-        let mut p = vec![
-            0x45,
-            0,
-            (total >> 8) as u8,
-            total as u8,
-            0,
-            0,
-            0x40,
-            0,
-            64,
-            6,
-            0,
-            0,
-        ];
-        p.extend_from_slice(&[198, 18, 0, 1, 198, 18, 0, 2]);
-        p.extend_from_slice(&40000u16.to_be_bytes());
-        p.extend_from_slice(&21u16.to_be_bytes());
-        p.extend_from_slice(&seq.to_be_bytes());
-        p.extend_from_slice(&7u32.to_be_bytes());
-        p.extend_from_slice(&[0x50, flags, 0x10, 0x00, 0, 0, 0, 0]);
-        p.extend(std::iter::repeat_n(0xAB, kept));
+        let mut tcp = etherparse::TcpHeader::new(40000, 21, seq, 4096);
+        tcp.acknowledgment_number = 7;
+        tcp.ack = flags & 0x10 != 0;
+        tcp.psh = flags & 0x08 != 0;
+        tcp.syn = flags & 0x02 != 0;
+        tcp.fin = flags & 0x01 != 0;
+        let mut p = Vec::new();
+        let b =
+            etherparse::PacketBuilder::ipv4([198, 18, 0, 1], [198, 18, 0, 2], 64).tcp_header(tcp);
+        b.write(&mut p, &vec![0xAB; data as usize]).unwrap();
+        p.truncate(40 + kept);
         p
     }
 

@@ -199,35 +199,19 @@ fn pcap(frames: &[Vec<u8>]) -> Vec<u8> {
     f
 }
 
-/// An IPv4 packet from 198.18.0.1:1000 to 198.18.0.2:2000, `len` payload bytes.
+/// An IPv4 packet from 198.18.0.1:1000 to 198.18.0.2:2000, `len` payload bytes: TCP (`proto`
+/// 6, PSH and ACK, window 4096) or UDP.
 fn ipv4(proto: u8, seq: u32, len: usize) -> Vec<u8> {
-    let header = if proto == 6 { 20 } else { 8 };
-    let total = 20 + header + len;
-    let mut p = vec![
-        0x45,
-        0,
-        (total >> 8) as u8,
-        total as u8,
-        0,
-        0,
-        0x40,
-        0,
-        64,
-        proto,
-        0,
-        0,
-    ];
-    p.extend_from_slice(&[198, 18, 0, 1, 198, 18, 0, 2]);
-    p.extend_from_slice(&1000u16.to_be_bytes());
-    p.extend_from_slice(&2000u16.to_be_bytes());
+    let ip = etherparse::PacketBuilder::ipv4([198, 18, 0, 1], [198, 18, 0, 2], 64);
+    let mut p = Vec::new();
+    let payload = vec![7u8; len];
     if proto == 6 {
-        p.extend_from_slice(&seq.to_be_bytes());
-        p.extend_from_slice(&[0, 0, 0, 0, 0x50, 0x18, 0x10, 0, 0, 0, 0, 0]);
+        let mut tcp = etherparse::TcpHeader::new(1000, 2000, seq, 4096);
+        (tcp.ack, tcp.psh) = (true, true);
+        ip.tcp_header(tcp).write(&mut p, &payload).unwrap();
     } else {
-        p.extend_from_slice(&((8 + len) as u16).to_be_bytes());
-        p.extend_from_slice(&[0, 0]);
+        ip.udp(1000, 2000).write(&mut p, &payload).unwrap();
     }
-    p.extend(std::iter::repeat_n(7u8, len));
     p
 }
 
