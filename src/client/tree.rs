@@ -373,11 +373,7 @@ fn walk_remote(
         .flatten();
     let mut dirs = VecDeque::from([(source.path.clone(), top.to_path_buf(), String::new(), 0)]);
     while let Some((remote, local, rel, depth)) = dirs.pop_front() {
-        if let Err(e) = local_dir(&local) {
-            out.fail(local.display().to_string(), &e);
-            continue;
-        }
-        out.directories += 1;
+        // Listed first: a directory the server refuses leaves nothing empty behind here.
         let entries = match &mut listed {
             Some(l) => Ok(l.take(&rel)),
             None => list_dir(c, &remote),
@@ -389,6 +385,11 @@ fn walk_remote(
                 continue;
             }
         };
+        if let Err(e) = local_dir(&local) {
+            out.fail(local.display().to_string(), &e);
+            continue;
+        }
+        out.directories += 1;
         let folded = case_insensitive(&local);
         let collide: Vec<String> = if folded {
             case_collisions(entries.iter().map(|e| e.name.as_str()))

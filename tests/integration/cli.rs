@@ -1042,6 +1042,23 @@ fn directories_need_r_a_missing_url_is_named_and_a_batch_makes_its_directory() {
         std::fs::read(new.join("b.bin")).unwrap(),
         random_bytes(5000, 2)
     );
+    // A tree the server refuses to list leaves no empty directory behind.
+    let nothing = top.path().join("nothing");
+    let (code, _, err) = braid(
+        &[
+            "get",
+            "-r",
+            &server.url("nosuchdir/"),
+            nothing.to_str().unwrap(),
+            "-q",
+        ],
+        &[],
+    );
+    assert_eq!(code, 11, "{err}");
+    assert!(
+        !nothing.exists(),
+        "an empty directory after a failed get -r"
+    );
     // A failed download leaves no empty partial behind.
     let (code, _, _) = braid(&["get", &server.url("gone.bin"), here, "-q"], &[]);
     assert_eq!(code, 5);
