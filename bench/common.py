@@ -69,8 +69,9 @@ def program(name):
 
 def vsftpd_conf(work, root, addr, port, writable=False):
     """A vsftpd configuration (in `work`) for an anonymous server of `root` on addr:port,
-    uploads too when `writable`; returns its path. Run by its launching user, vsftpd does not
-    chroot: paths in commands are relative to `root` or absolute on this machine."""
+    uploads too when `writable`; returns its path. The same as braid's own
+    (`vsftpd_conf` in src/bench/servers.rs), for the scripts. Run by its launching user,
+    vsftpd does not chroot: paths in commands are relative to `root` or absolute here."""
     empty = os.path.join(work, "empty")
     os.makedirs(empty, exist_ok=True)
     conf = os.path.join(work, "vsftpd.conf")
@@ -81,7 +82,7 @@ def vsftpd_conf(work, root, addr, port, writable=False):
                 f"background=NO\nanonymous_enable=YES\nlocal_enable=NO\nanon_root={root}\n"
                 f"no_anon_password=YES\nseccomp_sandbox=NO\nrun_as_launching_user=YES\n{write}"
                 f"max_clients=0\nmax_per_ip=0\n"
-                f"pasv_enable=YES\npasv_address={addr}\nsecure_chroot_dir={empty}\n")
+                f"pasv_enable=YES\npasv_address={addr}\nsecure_chroot_dir={empty}\nxferlog_enable=NO\n")
     return conf
 
 

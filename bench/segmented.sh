@@ -22,22 +22,9 @@ trap 'rm -rf "$dir"' EXIT
 chmod 755 "$dir"
 mkdir -p "$dir/root" "$dir/empty"
 head -c "$((size << 20))" /dev/urandom > "$dir/root/f.bin"
-cat > "$dir/vsftpd.conf" <<EOF
-listen=YES
-listen_ipv6=NO
-listen_address=198.18.0.2
-listen_port=2121
-background=NO
-anonymous_enable=YES
-local_enable=NO
-anon_root=$dir/root
-no_anon_password=YES
-seccomp_sandbox=NO
-run_as_launching_user=YES
-pasv_enable=YES
-secure_chroot_dir=$dir/empty
-xferlog_enable=NO
-EOF
+# The scripts' one vsftpd configuration (bench/common.py, as src/bench/servers.rs for braid).
+python3 -c "import sys; sys.path.insert(0, sys.argv[1]); from common import vsftpd_conf; vsftpd_conf(sys.argv[2], sys.argv[2] + '/root', '198.18.0.2', 2121)" \
+  "$(dirname "$0")" "$dir"
 cat > "$dir/client.sh" <<EOF
 #!/bin/sh
 url=ftp://198.18.0.2:2121/f.bin

@@ -125,6 +125,35 @@ fn wait_listening_for(
     )
 }
 
+/// The one vsftpd configuration braid's bench, tests and lab tests run it with: anonymous, on
+/// `addr:port`, serving `root`, uploads and directories too when `writable`, with `extra`
+/// lines last (rate limits, TLS). Run by its launching user, vsftpd does not chroot: paths in
+/// commands start at `root`; `empty` is the directory it insists on for a chroot it does not
+/// make. No client or per-address limit, no transfer log.
+pub fn vsftpd_conf(
+    addr: &str,
+    port: u16,
+    root: &std::path::Path,
+    empty: &std::path::Path,
+    writable: bool,
+    extra: &str,
+) -> String {
+    let write = if writable {
+        "write_enable=YES\nanon_upload_enable=YES\nanon_mkdir_write_enable=YES\n\
+         anon_other_write_enable=YES\nanon_umask=022\n"
+    } else {
+        ""
+    };
+    format!(
+        "listen=YES\nlisten_ipv6=NO\nlisten_address={addr}\nlisten_port={port}\nbackground=NO\n\
+         anonymous_enable=YES\nlocal_enable=NO\nanon_root={}\nno_anon_password=YES\n\
+         seccomp_sandbox=NO\nrun_as_launching_user=YES\n{write}max_clients=0\nmax_per_ip=0\n\
+         pasv_enable=YES\npasv_address={addr}\nsecure_chroot_dir={}\nxferlog_enable=NO\n{extra}",
+        root.display(),
+        empty.display()
+    )
+}
+
 /// A program by name: on PATH, or in /usr/sbin and /sbin (servers live there and root's
 /// PATH under sudo may lack them).
 pub fn find_program(name: &str) -> Option<std::path::PathBuf> {
@@ -186,17 +215,7 @@ pub fn start_servers(
         let conf = work.join("vsftpd.conf");
         std::fs::write(
             &conf,
-            format!(
-                "listen=YES\nlisten_ipv6=NO\nlisten_address={addr}\nlisten_port={}\n\
-                 background=NO\nanonymous_enable=YES\nlocal_enable=NO\nanon_root={}\n\
-                 no_anon_password=YES\nseccomp_sandbox=NO\nrun_as_launching_user=YES\n\
-                 write_enable=YES\nanon_upload_enable=YES\nanon_other_write_enable=YES\n\
-                 anon_umask=022\nmax_clients=0\nmax_per_ip=0\npasv_enable=YES\n\
-                 pasv_address={addr}\nsecure_chroot_dir={}\n",
-                ports.vsftpd,
-                root.display(),
-                empty.display()
-            ),
+            vsftpd_conf(&addr, ports.vsftpd, root, &empty, true, ""),
         )?;
         let mut c = place.server_command(&program("vsftpd"));
         c.arg(&conf);

@@ -707,18 +707,8 @@ fn background_keeps_ping_low_where_a_plain_transfer_fills_the_queue() {
     let empty = top.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     let conf = top.path().join("vsftpd.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listen=YES\nlisten_ipv6=NO\nlisten_address=198.18.0.2\nlisten_port=2123\n\
-             background=NO\nanonymous_enable=YES\nlocal_enable=NO\nanon_root={}\n\
-             no_anon_password=YES\nseccomp_sandbox=NO\nrun_as_launching_user=YES\n\
-             pasv_enable=YES\npasv_address=198.18.0.2\nsecure_chroot_dir={}\nxferlog_enable=NO\n",
-            root.display(),
-            empty.display()
-        ),
-    )
-    .unwrap();
+    let text = braid::bench::servers::vsftpd_conf("198.18.0.2", 2123, &root, &empty, false, "");
+    std::fs::write(&conf, text).unwrap();
     // The server's namespace sends with reno (a namespace may only default to a control in
     // tcp_allowed_congestion_control), which alone would fill the queue as the plain download
     // does; braid serve sets each connection's own.

@@ -18,19 +18,10 @@ pub fn start_vsftpd_with(top: &std::path::Path, extra: &str) -> Daemon {
     std::fs::set_permissions(root.join("pub"), std::fs::Permissions::from_mode(0o777)).unwrap();
     Daemon::start("vsftpd", |port| {
         let conf = top.join("vsftpd.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listen=YES\nlisten_ipv6=NO\nlisten_address=127.0.0.1\nlisten_port={port}\nbackground=NO\n\
-                 anonymous_enable=YES\nlocal_enable=NO\nanon_root={}\nno_anon_password=YES\nwrite_enable=YES\n\
-                 anon_upload_enable=YES\nanon_mkdir_write_enable=YES\nanon_other_write_enable=YES\nanon_umask=022\n\
-                 seccomp_sandbox=NO\nrun_as_launching_user=YES\npasv_enable=YES\npasv_address=127.0.0.1\n\
-                 secure_chroot_dir={}\nxferlog_enable=NO\n{extra}",
-                root.display(),
-                top.join("empty").display()
-            ),
-        )
-        .unwrap();
+        let empty = top.join("empty");
+        let text =
+            braid::bench::servers::vsftpd_conf("127.0.0.1", port, &root, &empty, true, extra);
+        std::fs::write(&conf, text).unwrap();
         let mut c = Command::new(&program);
         c.arg(&conf);
         c
