@@ -1,7 +1,8 @@
 //! Running `braid serve` as an admin does: a config file, SIGHUP reloads, log lines a program
 //! reads, Prometheus metrics.
 use crate::util::{
-    BRAID, Raw, Server, add_account, braid, random_bytes, require, run, signal_process, tempdir,
+    BRAID, Raw, Server, add_account, braid, random_bytes, require, run, serve_files,
+    signal_process, tempdir,
 };
 use std::path::Path;
 use std::process::Command;
@@ -159,12 +160,8 @@ fn json_lines(log: &str) -> Vec<serde_json::Value> {
 
 #[test]
 fn json_log_lines_describe_transfers_and_refusals() {
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let content = random_bytes(3 << 20, 81);
-    std::fs::write(root.join("f.bin"), &content).unwrap();
-    let server = Server::start(&root, &["--log-format", "json"]);
+    let (top, _root, server) = serve_files(&[("f.bin", &content)], &["--log-format", "json"]);
     let dest = top.path().join("got.bin");
     let (code, _, err) = braid(
         &[
@@ -301,10 +298,7 @@ fn scrape(server: &Server) -> String {
 #[test]
 fn metrics_are_scraped_during_and_after_a_transfer() {
     require("curl");
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let server = Server::start(&root, &["--metrics", "127.0.0.1:0", "--anonymous-write"]);
+    let (top, _root, server) = serve_files(&[], &["--metrics", "127.0.0.1:0", "--anonymous-write"]);
     let before = scrape(&server);
     assert_eq!(metric(&before, "braid_sessions"), Some(0.0), "{before}");
     // curl uploads what the test writes to its stdin: the transfer runs until stdin closes.

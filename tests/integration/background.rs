@@ -2,7 +2,7 @@
 //! DSCP lower effort, the rate limit as its ceiling) and that files still arrive whole. What
 //! it does to other traffic is measured in the lab (`lab::background_keeps_ping_low`).
 
-use crate::util::{Server, braid_command, json, random_bytes, tempdir, wait_timeout};
+use crate::util::{Server, braid_command, json, random_bytes, serve_files, tempdir, wait_timeout};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -88,12 +88,8 @@ fn check_report(s: &serde_json::Value, what: &str) {
 
 #[test]
 fn a_background_transfer_probes_is_marked_lower_effort_and_ends_whole() {
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let content = random_bytes(SIZE, 151);
-    std::fs::write(root.join("f.bin"), &content).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (top, root, server) = serve_files(&[("f.bin", &content)], &["--anonymous-write"]);
 
     let dest = top.path().join("got.bin");
     let get = ["get", &server.url("f.bin"), dest.to_str().unwrap()];

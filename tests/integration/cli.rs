@@ -2,19 +2,15 @@
 //! summaries, exit codes, resume, credentials and shutdown.
 
 use crate::util::{
-    BRAID, Raw, Server, add_account, braid, json, random_bytes, resume_get, tempdir,
+    BRAID, Raw, Server, add_account, braid, json, random_bytes, resume_get, serve_files, tempdir,
 };
 use std::io::{Read, Write};
 use std::time::Duration;
 
 #[test]
 fn get_put_ls_round_trip_with_json_summaries() {
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let content = random_bytes(5 << 20, 11);
-    std::fs::write(root.join("data.bin"), &content).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (top, root, server) = serve_files(&[("data.bin", &content)], &["--anonymous-write"]);
     let dest = top.path().join("copy.bin");
     let (code, out, err) = braid(
         &[
@@ -294,10 +290,7 @@ fn a_port_that_is_not_ftp_is_a_protocol_error() {
 /// wrong file never takes the final name (it used to, with the client exiting 8 after).
 #[test]
 fn put_resume_onto_a_wrong_partial_never_commits_it() {
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (top, root, server) = serve_files(&[], &["--anonymous-write"]);
     let content = random_bytes(3 << 20, 9);
     let src = top.path().join("f.bin");
     std::fs::write(&src, &content).unwrap();
@@ -331,12 +324,8 @@ fn put_resume_onto_a_wrong_partial_never_commits_it() {
 fn get_resume_without_a_record_of_the_ranges_starts_over() {
     // MODE E writes blocks at their offsets, so a `.part` may have holes; without its sidecar
     // its length proves nothing. (Prefix resume in stream mode is tested against vsftpd.)
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let content = random_bytes(4 << 20, 5);
-    std::fs::write(root.join("f.bin"), &content).unwrap();
-    let server = Server::start(&root, &[]);
+    let (top, _root, server) = serve_files(&[("f.bin", &content)], &[]);
     let dest = top.path().join("f.bin");
     let part = top.path().join("f.bin.part");
     for bogus in [vec![7u8; 1_234_567], vec![0u8; content.len() + 10]] {
@@ -366,12 +355,8 @@ fn get_resume_without_a_record_of_the_ranges_starts_over() {
 
 #[test]
 fn interrupted_download_keeps_its_part_and_resumes_after_a_server_restart() {
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let content = random_bytes(64 << 20, 9);
-    std::fs::write(root.join("big.bin"), &content).unwrap();
-    let server = Server::start(&root, &[]);
+    let (top, root, server) = serve_files(&[("big.bin", &content)], &[]);
     let dest = top.path().join("big.bin");
     // The server sends at most 16 MB/s (MaxRate), so the 64 MiB take at least 4 s: the kill
     // below lands mid-transfer however the machine schedules this test.
@@ -411,10 +396,7 @@ fn interrupted_download_keeps_its_part_and_resumes_after_a_server_restart() {
 
 #[test]
 fn put_resume_continues_a_broken_upload() {
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (top, root, server) = serve_files(&[], &["--anonymous-write"]);
     let content = random_bytes(2 << 20, 21);
     let local = top.path().join("up.bin");
     std::fs::write(&local, &content).unwrap();
@@ -664,10 +646,7 @@ fn demo_verifies_and_reports_a_rate() {
 /// refused before connecting.
 #[test]
 fn put_dash_uploads_standard_input() {
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (top, root, server) = serve_files(&[], &["--anonymous-write"]);
     // Not a whole number of the checksum's 64 KiB chunks, and more than one buffer.
     let content = random_bytes((3 << 20) + 12345, 77);
     let mut child = crate::util::braid_command(top.path())

@@ -1,5 +1,5 @@
 //! curl as a client of `braid serve`.
-use crate::util::{Server, random_bytes, require, run, tempdir};
+use crate::util::{Server, random_bytes, require, run, serve_files, tempdir};
 use std::process::Command;
 use std::time::Duration;
 
@@ -15,12 +15,8 @@ fn curl(args: &[&str]) -> (bool, String, String) {
 #[test]
 fn curl_lists_gets_puts_resumes_renames_deletes() {
     require("curl");
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let content = random_bytes(3 << 20, 31);
-    std::fs::write(root.join("f.bin"), &content).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (top, root, server) = serve_files(&[("f.bin", &content)], &["--anonymous-write"]);
     let base = format!("ftp://{}", server.addr);
     let (ok, out, err) = curl(&[&format!("{base}/")]);
     assert!(ok, "{err}");

@@ -2,7 +2,9 @@
 //! continues. The disk-full tests mount a small tmpfs in a private mount namespace (`unshare
 //! --mount`), which disappears with the processes inside it, so nothing is left mounted when a
 //! test fails.
-use crate::util::{BRAID, Daemon, Server, braid, json, random_bytes, require, run, tempdir};
+use crate::util::{
+    BRAID, Daemon, Server, braid, json, random_bytes, require, run, serve_files, tempdir,
+};
 use std::process::Command;
 use std::time::Duration;
 
@@ -19,12 +21,8 @@ fn require_root() {
 #[test]
 fn a_download_that_fills_the_disk_resumes_once_there_is_room() {
     require_root();
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let content = random_bytes(12 << 20, 71);
-    std::fs::write(root.join("f.bin"), &content).unwrap();
-    let server = Server::start(&root, &[]);
+    let (top, root, server) = serve_files(&[("f.bin", &content)], &[]);
     let disk = top.path().join("disk");
     std::fs::create_dir(&disk).unwrap();
     let dest = disk.join("f.bin");

@@ -1,6 +1,8 @@
 //! Elastic MODE E between braid peers: connections that join, leave and break while the data
 //! flows, shown through `--json`'s connection records and timeline.
-use crate::util::{Server, braid, braid_command, json, random_bytes, tempdir, wait_timeout};
+use crate::util::{
+    Server, braid, braid_command, json, random_bytes, serve_files, tempdir, wait_timeout,
+};
 use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -85,12 +87,8 @@ fn check_one_eight_two(s: &Value, what: &str) {
 
 #[test]
 fn the_number_of_connections_changes_mid_transfer_both_ways() {
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let content = random_bytes(SIZE, 41);
-    std::fs::write(root.join("f.bin"), &content).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (top, root, server) = serve_files(&[("f.bin", &content)], &["--anonymous-write"]);
     // Paced at 16 MB/s, 48 MiB take 3 s: the steps at 15% and 50% of the bytes are more than
     // a second apart, ten policy ticks, and two connections carry the last 1.5 s. Small socket
     // buffers: a retired connection's queue drains in a fraction of a second.
@@ -248,12 +246,8 @@ fn a_connection_that_breaks_mid_transfer_is_made_up_for_by_the_others() {
         "this test destroys a socket with `ss -K`, which needs root"
     );
     crate::util::require("ss");
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let content = random_bytes(SIZE, 42);
-    std::fs::write(root.join("f.bin"), &content).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (top, root, server) = serve_files(&[("f.bin", &content)], &["--anonymous-write"]);
     let dest = top.path().join("got.bin");
     // 16 MB/s: the 48 MiB take 3 s, and a connection breaks once it has carried 600 KiB.
     let get = ["get", &server.url("f.bin"), dest.to_str().unwrap()];

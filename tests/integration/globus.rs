@@ -2,19 +2,15 @@
 //! `braid serve`, and `braid get/put -n 4` against `globus-gridftp-server`, both directions,
 //! contents compared byte for byte and checksums compared by the client (ADLER32 through
 //! CKSM, which that server lists in FEAT).
-use crate::util::{Daemon, Server, braid, random_bytes, require, run, sbin, tempdir};
+use crate::util::{Daemon, Server, braid, random_bytes, require, run, sbin, serve_files, tempdir};
 use std::process::Command;
 use std::time::Duration;
 
 #[test]
 fn globus_url_copy_against_braid_serve() {
     require("globus-url-copy");
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let content = random_bytes(20_000_003, 41);
-    std::fs::write(root.join("src.bin"), &content).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (top, root, server) = serve_files(&[("src.bin", &content)], &["--anonymous-write"]);
     let base = format!("ftp://127.0.0.1:{}", server.port());
     let local = top.path().join("got.bin");
     let (ok, _, err) = run(

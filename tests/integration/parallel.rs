@@ -1,7 +1,7 @@
 //! MODE E between braid peers: sizes around block boundaries, 1 to 32 connections, standard
 //! output, protocol violations and checksum mismatches.
 use crate::util::{
-    BRAID, Raw, Server, braid, json, random_bytes, resume_get, tempdir, upload_record,
+    BRAID, Raw, Server, braid, json, random_bytes, resume_get, serve_files, tempdir, upload_record,
 };
 use braid_proto::block::Header;
 use std::io::{Read, Write};
@@ -11,10 +11,7 @@ const BLOCK: usize = 64 << 10;
 
 #[test]
 fn get_and_put_round_trip_at_block_edges_with_1_to_32_connections() {
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (top, root, server) = serve_files(&[], &["--anonymous-write"]);
     let sizes = [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 7];
     for (i, &size) in sizes.iter().enumerate() {
         let content = random_bytes(size, 100 + i as u64);
@@ -78,12 +75,8 @@ fn get_and_put_round_trip_at_block_edges_with_1_to_32_connections() {
 
 #[test]
 fn one_gib_of_random_data_both_ways_and_to_stdout() {
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let content = random_bytes(1 << 30, 7);
-    std::fs::write(root.join("big.bin"), &content).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (top, root, server) = serve_files(&[("big.bin", &content)], &["--anonymous-write"]);
     let dest = top.path().join("big.bin");
     let (code, out, err) = braid(
         &[
@@ -185,10 +178,7 @@ fn raw_upload(
 
 #[test]
 fn checksum_mismatch_and_protocol_violations_fail_clearly_and_keep_nothing() {
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (top, root, server) = serve_files(&[], &["--anonymous-write"]);
     let data = random_bytes(100_000, 3);
     let mut good = Header::data(0, data.len() as u64).encode().to_vec();
     good.extend_from_slice(&data);
@@ -261,10 +251,7 @@ fn checksum_mismatch_and_protocol_violations_fail_clearly_and_keep_nothing() {
 /// twice with the same bytes (as after a broken connection) is still fine.
 #[test]
 fn hostile_mode_e_uploads_are_refused_and_bounded() {
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (_top, root, server) = serve_files(&[], &["--anonymous-write"]);
     let data = random_bytes(2000, 7);
     let block = |offset: u64, bytes: &[u8]| {
         let mut b = Header::data(offset, bytes.len() as u64).encode().to_vec();
@@ -374,12 +361,8 @@ fn read_blocks_until_eod(conns: &mut [std::net::TcpStream], file: &mut [u8]) -> 
 fn mode_e_download_by_hand_matches_the_gridftp_wire_format() {
     // RETR in MODE E over connections the client opens (braid's extension), read by hand:
     // blocks with offsets, EOD on every connection, one EOF carrying the connection count.
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let data = random_bytes(300_000, 4);
-    std::fs::write(root.join("f.bin"), &data).unwrap();
-    let server = Server::start(&root, &[]);
+    let (_top, _root, server) = serve_files(&[("f.bin", &data)], &[]);
     let (mut c, mut conns) = retr_by_hand(&server, "f.bin", 3, 65536);
     let mut got = vec![0u8; data.len()];
     let eofs = read_blocks_until_eod(&mut conns, &mut got);
@@ -426,12 +409,8 @@ fn ctrl_c_sends_abor_keeps_the_partial_and_resume_sends_nothing_twice() {
     use crate::util::{Stderr, signal_process};
     use rustix::process::Signal;
     use std::time::{Duration, Instant};
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let content = random_bytes(256 << 20, 8);
-    std::fs::write(root.join("big.bin"), &content).unwrap();
-    let server = Server::start(&root, &[]);
+    let (top, _root, server) = serve_files(&[("big.bin", &content)], &[]);
     let dest = top.path().join("big.bin");
     let sidecar = top.path().join("big.bin.part.braid");
     let mut child = std::process::Command::new(BRAID)
@@ -824,12 +803,8 @@ fn a_slow_connection_carries_only_what_it_can_take() {
 fn xftp_mult_and_mprt_download_over_the_ports_the_client_names() {
     // The XFTP paper's commands: MULT n, then MPRT with n ports the client listens on; the
     // server connects to each and sends MODE E blocks over all of them.
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let data = random_bytes(5_000_000, 14);
-    std::fs::write(root.join("f.bin"), &data).unwrap();
-    let server = Server::start(&root, &[]);
+    let (_top, _root, server) = serve_files(&[("f.bin", &data)], &[]);
     let mut c = Raw::login(server.addr, "anonymous", "x");
     c.expect("TYPE I", "200 Switching to Binary mode.\r\n");
     c.expect("MODE E", "200 Mode set to E.\r\n");
@@ -859,12 +834,8 @@ fn xftp_mult_and_mprt_download_over_the_ports_the_client_names() {
 fn a_partial_damaged_on_disk_between_runs_fails_the_resumed_check() {
     // The record says the first MiB is stored, but the partial's bytes were changed since:
     // the resumed download must not trust them.
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
     let data = random_bytes(3 << 20, 15);
-    std::fs::write(root.join("f.bin"), &data).unwrap();
-    let server = Server::start(&root, &[]);
+    let (top, _root, server) = serve_files(&[("f.bin", &data)], &[]);
     let dest = top.path().join("f.bin");
     let mut damaged = data[..1 << 20].to_vec();
     damaged[4096] ^= 1;

@@ -1,6 +1,6 @@
 //! What a server keeps of uploads: one writer per name, partials out of sight and out of the
 //! way of names users can create, and partials nobody resumes removed in time.
-use crate::util::{Server, random_bytes, require, run, tempdir};
+use crate::util::{Server, random_bytes, require, run, serve_files, tempdir};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -69,10 +69,7 @@ print("ok")
 /// name ends up holding one of the two files whole, never a mix.
 #[test]
 fn two_parallel_puts_to_one_name_leave_one_whole_file() {
-    let top = tempdir();
-    let root = top.path().join("root");
-    std::fs::create_dir(&root).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let (top, root, server) = serve_files(&[], &["--anonymous-write"]);
     let (a, b) = (top.path().join("a.bin"), top.path().join("b.bin"));
     let (ca, cb) = (random_bytes(24 << 20, 91), random_bytes(24 << 20, 92));
     std::fs::write(&a, &ca).unwrap();

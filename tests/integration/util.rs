@@ -642,3 +642,17 @@ pub fn wait_for_text(path: &Path, needle: &str, times: usize) {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A braid server of a fresh directory `top/root` holding `files` (name, contents), started
+/// with `args`: the temporary directory, the root and the server. Bound in this order, the
+/// server stops before the directory goes.
+pub fn serve_files(files: &[(&str, &[u8])], args: &[&str]) -> (tempfile::TempDir, PathBuf, Server) {
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    for (name, contents) in files {
+        std::fs::write(root.join(name), contents).unwrap();
+    }
+    let server = Server::start(&root, args);
+    (top, root, server)
+}
