@@ -31,120 +31,137 @@ pub enum LogFormat {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ServeArgs {
     /// TOML file with any of these options, spelt as here without the leading dashes
-    /// (`max-per-ip = 4`); the command line wins over it. SIGHUP reads it again, and the users
-    /// file, without dropping sessions. Relative paths in it are from its own directory.
-    #[arg(long, value_name = "FILE")]
+    /// (`max-per-ip = 4`).
+    ///
+    /// The command line wins over it. SIGHUP reads it again, and the users file, without
+    /// dropping sessions. Relative paths in it are from its own directory.
+    #[arg(help_heading = "Where and what", long, value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Directory to serve to anonymous users [default: .].
-    #[arg(long)]
+    #[arg(help_heading = "Where and what", long)]
     pub root: Option<PathBuf>,
     /// Address and port to listen on; port 0 picks a free one [default: 127.0.0.1:2121].
-    #[arg(long)]
+    #[arg(help_heading = "Where and what", long)]
     pub listen: Option<SocketAddr>,
     /// Accounts file (see `braid passwd`). With it, anonymous login is off unless --anonymous.
-    #[arg(long)]
+    #[arg(help_heading = "Who may log in", long)]
     pub users: Option<PathBuf>,
     /// Allow anonymous login (on by default when there is no --users file).
-    #[arg(long)]
+    #[arg(help_heading = "Who may log in", long)]
     #[serde(default)]
     pub anonymous: bool,
     /// Let anonymous users upload, delete, rename and create directories (with --users, only
     /// together with --anonymous).
-    #[arg(long)]
+    #[arg(help_heading = "Who may log in", long)]
     #[serde(default)]
     pub anonymous_write: bool,
     /// Passive ports to choose from at random, e.g. 50000-50100 [default: any free port].
-    #[arg(long, value_parser = parse_range)]
+    #[arg(help_heading = "Data connections", long, value_parser = parse_range)]
     #[serde(default, deserialize_with = "range")]
     pub passive_ports: Option<(u16, u16)>,
-    /// IPv4 address to put in PASV and SPAS replies instead of the one the server listens on:
-    /// the address clients reach it at when it sits behind NAT. Forward --passive-ports too.
-    /// EPSV replies carry no address and need nothing.
-    #[arg(long, value_name = "IPV4")]
+    /// IPv4 address to put in PASV and SPAS replies instead of the one the server listens
+    /// on.
+    ///
+    /// The address clients reach it at when it sits behind NAT. Forward --passive-ports
+    /// too. EPSV replies carry no address and need nothing.
+    #[arg(help_heading = "Data connections", long, value_name = "IPV4")]
     pub public_address: Option<Ipv4Addr>,
     /// PEM certificate chain: offers AUTH TLS (RFC 4217, explicit FTPS), so clients can
     /// encrypt the control connection (passwords) and, with PROT P, stream-mode data.
-    #[arg(long, value_name = "PEM")]
+    #[arg(help_heading = "TLS", long, value_name = "PEM")]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for --tls-cert.
-    #[arg(long, value_name = "PEM")]
+    #[arg(help_heading = "TLS", long, value_name = "PEM")]
     pub tls_key: Option<PathBuf>,
     /// Whether a PROT P data connection must resume its control connection's TLS session
-    /// [default: required]. Required is what ties the data connection to its session: anyone
-    /// else who reaches the passive port first is refused instead of being handed the file or
-    /// having their bytes stored. curl, lftp, rclone, wget and braid resume; Python's ftplib
-    /// never does, and C-Kermit only on its first data connection under TLS 1.3: they need
-    /// `optional`.
-    #[arg(long, value_enum, value_name = "WHEN")]
+    /// [default: required].
+    ///
+    /// Required is what ties the data connection to its session: anyone else who reaches
+    /// the passive port first is refused instead of being handed the file or having their
+    /// bytes stored. curl, lftp, rclone, wget and braid resume; Python's ftplib never does,
+    /// and C-Kermit only on its first data connection under TLS 1.3: they need `optional`.
+    #[arg(help_heading = "TLS", long, value_enum, value_name = "WHEN")]
     pub tls_session_reuse: Option<Need>,
-    /// Whether data connections must be private (PROT P) once the control connection uses TLS
-    /// [default: required]: a client that logged in over TLS and asks for clear data gets 522,
-    /// so files do not cross the network in clear by mistake. `optional` lets it choose.
-    #[arg(long, value_enum, value_name = "WHEN")]
+    /// Whether data connections must be private (PROT P) once the control connection uses
+    /// TLS [default: required].
+    ///
+    /// A client that logged in over TLS and asks for clear data gets 522, so files do not
+    /// cross the network in clear by mistake. `optional` lets it choose.
+    #[arg(help_heading = "TLS", long, value_enum, value_name = "WHEN")]
     pub tls_data: Option<Need>,
-    /// Seconds a partial upload (the hidden `.NAME.braid-part` a failed or interrupted upload
-    /// leaves for a resume) is kept after its last write; older ones are removed. 0 keeps them
-    /// forever [default: 604800, a week].
-    #[arg(long, value_name = "SECONDS")]
+    /// Seconds a partial upload (the hidden `.NAME.braid-part` a failed or interrupted
+    /// upload leaves for a resume) is kept after its last write.
+    ///
+    /// Older ones are removed. 0 keeps them forever [default: 604800, a week].
+    #[arg(help_heading = "Limits", long, value_name = "SECONDS")]
     pub partial_max_age: Option<u64>,
     /// Most control connections from one client address [default: 16].
-    #[arg(long)]
+    #[arg(help_heading = "Limits", long)]
     pub max_per_ip: Option<usize>,
     /// Most control connections in all [default: 256].
-    #[arg(long)]
+    #[arg(help_heading = "Limits", long)]
     pub max_connections: Option<usize>,
     /// Most connections that have not logged in yet, all told [default: a quarter of
-    /// --max-connections, 64]. Past it a newcomer gets in and one of the oldest connections
-    /// of the address range holding most of them is closed, so idle attackers push out only
-    /// their own; one range holds a quarter at most. As OpenSSH's MaxStartups.
-    #[arg(long, value_name = "N")]
+    /// --max-connections, 64].
+    ///
+    /// Past it a newcomer gets in and one of the oldest connections of the address range
+    /// holding most of them is closed, so idle attackers push out only their own; one range
+    /// holds a quarter at most. As OpenSSH's MaxStartups.
+    #[arg(help_heading = "Limits", long, value_name = "N")]
     pub max_startups: Option<usize>,
     /// Prefix length that groups IPv4 addresses into one range for the limits on logins
     /// (pre-login places, password-check budgets, failed-login penalties) [default: 24].
-    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(8..=32))]
+    #[arg(help_heading = "Limits", long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(8..=32))]
     pub ipv4_prefix: Option<u8>,
     /// Prefix length that groups IPv6 addresses into one range [default: 48: a site; one
     /// host is often given a /64 or more, and must not count as thousands of sources].
-    #[arg(long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(16..=128))]
+    #[arg(help_heading = "Limits", long, value_name = "BITS", value_parser = clap::value_parser!(u8).range(16..=128))]
     pub ipv6_prefix: Option<u8>,
     /// Seconds a client has to log in [default: 60].
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(help_heading = "Limits", long, value_name = "SECONDS")]
     pub login_timeout: Option<u64>,
     /// Seconds of silence after which an idle session is closed [default: 300].
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(help_heading = "Limits", long, value_name = "SECONDS")]
     pub idle_timeout: Option<u64>,
     /// Seconds running transfers get to finish after Ctrl-C or SIGTERM before they are cut
     /// [default: 30].
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(help_heading = "Limits", long, value_name = "SECONDS")]
     pub shutdown_grace: Option<u64>,
     /// Append a line per transfer to FILE in the xferlog format of wu-ftpd and vsftpd, for
-    /// the tools that read it. SIGHUP reopens it (log rotation).
-    #[arg(long, value_name = "FILE")]
+    /// the tools that read it.
+    ///
+    /// SIGHUP reopens it (log rotation).
+    #[arg(help_heading = "Logs and metrics", long, value_name = "FILE")]
     pub xferlog: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (sessions, transfers, bytes, logins,
     /// data connections, bytes per user).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(help_heading = "Logs and metrics", long, value_name = "ADDR")]
     pub metrics: Option<SocketAddr>,
-    /// Log line format [default: text]. RUST_LOG sets the level (e.g. RUST_LOG=warn, or
-    /// RUST_LOG=debug for every command and reply).
-    #[arg(long, value_enum)]
+    /// Log line format [default: text].
+    ///
+    /// RUST_LOG sets the level (e.g. RUST_LOG=warn, or RUST_LOG=debug for every command and
+    /// reply).
+    #[arg(help_heading = "Logs and metrics", long, value_enum)]
     pub log_format: Option<LogFormat>,
     /// Log every command and reply (RUST_LOG=debug).
-    #[arg(short, long)]
+    #[arg(help_heading = "Logs and metrics", short, long)]
     #[serde(default)]
     pub verbose: bool,
-    /// Send every download in background mode, as `braid get --background` does: the server
-    /// paces its data connections from the round trip they see, so that other traffic on
-    /// its uplink keeps its latency, marks them DSCP 1 (lower effort) and uses cubic. A user
-    /// can get it alone with `rw,background` in the users file.
-    #[arg(long)]
+    /// Send every download in background mode, as `braid get --background` does.
+    ///
+    /// The server paces its data connections from the round trip they see, so that other
+    /// traffic on its uplink keeps its latency, marks them DSCP 1 (lower effort) and uses
+    /// cubic. A user can get it alone with `rw,background` in the users file.
+    #[arg(help_heading = "Sharing the uplink", long)]
     #[serde(default)]
     pub background: bool,
-    /// The server's uplink in bytes/s, e.g. 12MB for about 100 Mbit/s: running downloads then
-    /// share it by their users' weights (`rw,weight=4` in the users file; 1 by default),
-    /// each paced to its share, so preferred customers get more when the uplink is busy.
-    #[arg(long, value_name = "BYTES_PER_SECOND", value_parser = crate::units::parse_size)]
+    /// The server's uplink in bytes/s, e.g. 12MB for about 100 Mbit/s.
+    ///
+    /// Running downloads then share it by their users' weights (`rw,weight=4` in the users
+    /// file; 1 by default), each paced to its share, so preferred customers get more when
+    /// the uplink is busy.
+    #[arg(help_heading = "Sharing the uplink", long, value_name = "BYTES_PER_SECOND", value_parser = crate::units::parse_size)]
     #[serde(default, deserialize_with = "size")]
     pub uplink: Option<u64>,
 }
