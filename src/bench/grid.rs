@@ -77,6 +77,14 @@ impl Tool {
 
     /// Tools that report no time of their own: the bench times the whole command and takes
     /// off what a 1-byte file costs them.
+    /// Whether the tool can move a whole tree (`braid bench --files`).
+    pub fn moves_trees(self) -> bool {
+        matches!(
+            self,
+            Tool::Braid | Tool::BraidVsftpd | Tool::Lftp | Tool::GlobusUrlCopy
+        )
+    }
+
     pub fn timed_by_clock(self) -> bool {
         matches!(self, Tool::Lftp | Tool::GlobusUrlCopy | Tool::Kermit)
     }

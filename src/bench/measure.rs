@@ -104,6 +104,11 @@ pub struct Context<'a> {
     /// Scratch space for downloads that cannot go to /dev/null.
     pub work: &'a std::path::Path,
     pub size: u64,
+    /// `--files`: the payload is a tree of this many files of `size` bytes ([`TREE`]).
+    pub files: Option<u64>,
+    /// Runs so far, for the names of upload destinations (each tree goes somewhere new, so
+    /// no tool finds it there already).
+    pub serial: std::sync::atomic::AtomicU64,
     /// The benchmark's start, Unix seconds.
     pub epoch: f64,
     pub timeout: Duration,
@@ -112,9 +117,97 @@ pub struct Context<'a> {
     pub congestion: Option<&'a str>,
 }
 
+/// The tree payload's directory in the served one (`--files`).
+pub const TREE: &str = "tree";
+
+/// The payload's name in the served directory.
+const PAYLOAD: &str = "bench.bin";
+
 impl Context<'_> {
+    /// The bytes a run moves: the file, or the whole tree.
+    fn payload_bytes(&self) -> u64 {
+        self.files.map_or(self.size, |n| n * self.size)
+    }
+
+    /// Where a tree download lands, emptied before each run.
+    fn tree_dest(&self) -> std::path::PathBuf {
+        self.work.join("tree-copy")
+    }
+
+    /// The client command that moves the tree for a cell (`--files`).
+    fn tree_client(&self, cell: &Cell) -> Command {
+        let server = self.place.server_addr();
+        let ports = self.ports;
+        let n = self.serial.fetch_add(1, Ordering::Relaxed);
+        let dest = self.tree_dest().display().to_string();
+        let local = self.root.join(TREE).display().to_string();
+        let url = |port: u16, path: &str| format!("ftp://{server}:{port}/{path}");
+        let streams = cell.streams.label();
+        match cell.tool {
+            Tool::Braid | Tool::BraidVsftpd => {
+                let port = match cell.tool {
+                    Tool::Braid => ports.ftp,
+                    _ => ports.vsftpd,
+                };
+                let mut c = self.place.command(&self.braid.to_string_lossy());
+                match cell.direction {
+                    Direction::Get => c.args(["get", "-r", &url(port, &format!("{TREE}/")), &dest]),
+                    Direction::Put => {
+                        c.args(["put", "-r", &local, &url(port, &format!("put-tree-{n}/"))])
+                    }
+                };
+                c.args(["-q", "--json", "-j", "8", "-n", &streams]);
+                c
+            }
+            Tool::Lftp => {
+                let script = match cell.direction {
+                    Direction::Get => {
+                        format!("mirror -P 8 {} {dest}; quit", url(ports.vsftpd, TREE))
+                    }
+                    Direction::Put => format!(
+                        "mirror -R -P 8 {local} {}; quit",
+                        url(ports.vsftpd, &format!("put-tree-lftp-{n}"))
+                    ),
+                };
+                let mut c = self.place.command("lftp");
+                c.args(["-e", &format!("set net:max-retries 1; {script}")]);
+                c
+            }
+            Tool::GlobusUrlCopy => {
+                let remote = |path: &str| format!("ftp://{server}:{}{path}", ports.gridftp);
+                let root = self.root.display().to_string();
+                let mut c = self.place.command("globus-url-copy");
+                c.args([
+                    "-r",
+                    "-cc",
+                    "8",
+                    "-pp",
+                    "-fast",
+                    "-p",
+                    &streams.replace("auto", "1"),
+                ]);
+                match cell.direction {
+                    Direction::Get => {
+                        c.args([remote(&format!("{local}/")), format!("file://{dest}/")])
+                    }
+                    Direction::Put => c.args([
+                        "-cd".to_string(),
+                        format!("file://{local}/"),
+                        remote(&format!("{root}/put-tree-globus-{n}/")),
+                    ]),
+                };
+                c
+            }
+            // Left out of a tree benchmark up front (`Tool::moves_trees`).
+            _ => self.place.command("false"),
+        }
+    }
+
     /// The client command for a cell, moving `name` (a file in the served directory).
     fn client(&self, cell: &Cell, name: &str) -> Command {
+        if self.files.is_some() && name == PAYLOAD {
+            return self.tree_client(cell);
+        }
         let place = &self.place;
         let program = |p: &str| {
             if cell.nice {
@@ -284,7 +377,7 @@ impl Context<'_> {
     /// timeout.
     pub fn run(&self, cell: &Cell, setup: Option<f64>) -> Measured {
         let pinger = ping(&self.place);
-        let (mut m, _) = self.execute(cell, "bench.bin", setup);
+        let (mut m, _) = self.execute(cell, PAYLOAD, setup);
         if let Ok(p) = pinger {
             let (_, out, _) = p.finish();
             m.ping = ping_samples(&out, self.epoch);
@@ -304,6 +397,17 @@ impl Context<'_> {
                 ..Measured::default()
             };
             return (m, 0.0);
+        }
+        if self.files.is_some() && name == PAYLOAD {
+            let dest = self.tree_dest();
+            let _ = std::fs::remove_dir_all(&dest);
+            if let Err(e) = std::fs::create_dir_all(&dest) {
+                let m = Measured {
+                    error: Some(format!("cannot make {}: {e}", dest.display())),
+                    ..Measured::default()
+                };
+                return (m, 0.0);
+            }
         }
         let cmd = self.client(cell, name);
         let servers_cpu = || {
@@ -379,6 +483,7 @@ impl Context<'_> {
                     let seconds = (wall - setup.unwrap_or(0.0)).max(1e-6);
                     let bytes = match (&self.place, cell.direction) {
                         (Place::Remote(r), Direction::Get) => r.get_size.unwrap_or(0),
+                        _ if name == PAYLOAD => self.payload_bytes(),
                         _ => self.size,
                     };
                     Measured {

@@ -159,6 +159,14 @@ pub struct BenchArgs {
     /// Bytes each run moves, e.g. 4MB.
     #[arg(long, default_value = "4MB", value_parser = crate::units::parse_size)]
     pub size: u64,
+    /// Move a tree instead of one file: FILES files of --size bytes each in 10 directories,
+    /// with braid get -r / put -r -j 8 (against braid serve, and against vsftpd as
+    /// braid-vsftpd), lftp mirror -P 8 and globus-url-copy -r -cc 8; curl, iperf3 and kermit
+    /// move single files and are left out. A run's rate is the tree's bytes over its time
+    /// (files per second: that over --size).
+    #[arg(long, value_name = "FILES", conflicts_with_all = ["url", "experiment", "duration", "attack"],
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub files: Option<u64>,
     /// Instead of --size: give each scenario a payload that takes about this many seconds at
     /// its link's payload rate (the slower direction), so that one sweep fits links from
     /// 14.4 kbit/s to 500 Mbit/s.
@@ -343,6 +351,17 @@ fn runnable_copy(dir: &std::path::Path) -> Result<std::path::PathBuf> {
 
 /// A file of `size` random-looking bytes (compressible data would flatter nothing here, but
 /// a pattern keeps generation cheap).
+/// The tree payload: `files` files of `size` bytes in 10 directories under `top`.
+fn make_tree(top: &std::path::Path, files: u64, size: u64) -> Result<()> {
+    for i in 0..files {
+        let dir = top.join(format!("d{}", i % 10));
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        make_file(&dir.join(format!("f{i}")), size)?;
+    }
+    Ok(())
+}
+
 fn make_file(path: &std::path::Path, size: u64) -> Result<()> {
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
@@ -473,6 +492,18 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     let mut tools = args.tool.clone();
     tools.sort();
     tools.dedup();
+    if args.files.is_some() {
+        tools.retain(|t| {
+            let ok = t.moves_trees();
+            if !ok {
+                eprintln!(
+                    "braid bench: {} is skipped: it moves single files, not trees",
+                    t.name()
+                );
+            }
+            ok
+        });
+    }
     tools.retain(|t| {
         let missing: Vec<&str> = t
             .programs()
@@ -525,7 +556,8 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     let predictions: Vec<Option<Prediction>> = cells
         .iter()
         .map(|c| {
-            let spec = specs.get(&c.scenario)?;
+            // The model predicts one file's transfer, not a tree's many.
+            let spec = specs.get(&c.scenario).filter(|_| args.files.is_none())?;
             predict(c, spec, payload_size(&args, spec), congestion, autotuned)
         })
         .collect();
@@ -544,6 +576,9 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     let mut made = args.size;
     make_file(&root.join("bench.bin"), made)?;
     make_file(&root.join("tiny.bin"), 1)?;
+    if let Some(files) = args.files {
+        make_tree(&root.join(measure::TREE), files, args.size)?;
+    }
     let braid = runnable_copy(tmp.path())?;
 
     let bar = ProgressBar::new(runs.len() as u64);
@@ -616,6 +651,8 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             root: &root,
             work: tmp.path(),
             size,
+            files: args.files,
+            serial: std::sync::atomic::AtomicU64::new(0),
             epoch,
             timeout: Duration::from_secs(args.timeout),
             stop: &stop,
@@ -733,6 +770,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         interrupted,
         experiment: args.experiment.clone(),
         duration: args.duration,
+        files: args.files,
     };
     let mut rep = report::build(head, &cells, &predictions, idle, setup, &records);
     rep.links = links;

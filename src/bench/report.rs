@@ -103,6 +103,9 @@ pub struct Report {
     /// Each scenario's payload was sized to take this long at its link's rate (`--duration`).
     pub duration: Option<f64>,
     pub size: u64,
+    /// `--files`: each run moved a tree of this many files of `size` bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files: Option<u64>,
     pub repeats: u32,
     pub interrupted: bool,
     /// Ping on each scenario's idle link.
@@ -134,6 +137,8 @@ pub struct Head {
     pub interrupted: bool,
     pub experiment: Option<String>,
     pub duration: Option<f64>,
+    /// `--files`: each run moved a tree of this many files of `size` bytes.
+    pub files: Option<u64>,
 }
 
 pub fn build(
@@ -223,6 +228,7 @@ pub fn build(
         experiment: head.experiment,
         duration: head.duration,
         size: head.size,
+        files: head.files,
         repeats: head.repeats,
         interrupted: head.interrupted,
         idle,
@@ -363,9 +369,11 @@ pub fn markdown(r: &Report, plots: &[String], comparison: &str) -> String {
     let _ = writeln!(
         s,
         "{} per run, {} repeat(s) per cell, cells shuffled within each round.{}\n",
-        r.duration.map_or(format!("{} bytes", r.size), |d| format!(
-            "A payload of about {d} s at each link's payload rate"
-        )),
+        match (r.duration, r.files) {
+            (Some(d), _) => format!("A payload of about {d} s at each link's payload rate"),
+            (None, Some(n)) => format!("A tree of {n} files of {} bytes", r.size),
+            (None, None) => format!("{} bytes", r.size),
+        },
         r.repeats,
         if r.interrupted {
             " **Interrupted: these are the runs made before Ctrl-C.**"

@@ -57,6 +57,7 @@ pub fn run(a: GetArgs) -> anyhow::Result<u8> {
         return report_tree(&s, &a.shared.out);
     }
     if let [target] = targets.as_slice() {
+        client::job::make_dest_dir(dest.as_deref())?;
         let dest = client::resolve_dest(dest.as_deref(), &target.path)?;
         let summary = client::get(target, &dest, &opts)?;
         return report(

@@ -19,7 +19,7 @@ pub enum Dest {
 }
 
 /// The file a download lands in: DEST itself, DEST/NAME if DEST is a directory (or ends with
-/// `/`, and is then created), or NAME in the current directory when no DEST is given.
+/// `/`: see [`make_dest_dir`]), or NAME in the current directory when no DEST is given.
 pub fn resolve_dest(dest: Option<&str>, remote_path: &str) -> Result<Dest> {
     let name = remote_path
         .rsplit('/')
@@ -50,6 +50,18 @@ pub fn resolve_dest(dest: Option<&str>, remote_path: &str) -> Result<Dest> {
     }
 }
 
+/// Creates DEST when it ends with `/` and does not exist yet: the user named a directory to
+/// download into (as `get -r` and a batch make theirs). A DEST without the slash is a file
+/// name, and a missing directory on its way is an error, as with `cp`.
+pub fn make_dest_dir(dest: Option<&str>) -> Result<()> {
+    match dest {
+        Some(d) if d.ends_with('/') && !Path::new(d).is_dir() => {
+            std::fs::create_dir_all(d).map_err(local_err(format!("cannot create directory {d}")))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// `DEST.part`: where a download is written until it is complete and checked.
 pub fn part_path(dest: &Path) -> PathBuf {
     let mut s = dest.as_os_str().to_owned();
@@ -71,15 +83,9 @@ pub struct PartFile {
 
 impl PartFile {
     /// Opens `DEST.part` for writing at offsets (and reading back to check), keeping what it
-    /// holds when `keep`, else emptied. Its directory is created (`get URL newdir/`).
+    /// holds when `keep`, else emptied.
     pub fn open(dest: &Path, keep: bool) -> Result<PartFile> {
         let part = part_path(dest);
-        if let Some(dir) = dest.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(local_err(format!(
-                "cannot create directory {}",
-                dir.display()
-            )))?;
-        }
         let file = OpenOptions::new()
             .write(true)
             .read(true)
@@ -314,6 +320,13 @@ mod tests {
     fn a_partial_is_kept_or_emptied_and_commit_renames_it_cut_to_length() {
         let dir = tmp();
         let dest = dir.path().join("sub/f.bin");
+        assert!(
+            PartFile::open(&dest, false).is_err(),
+            "a missing directory is made only on request"
+        );
+        let sub = format!("{}/sub/", dir.path().display());
+        make_dest_dir(Some(&sub)).expect("made");
+        make_dest_dir(Some(&sub)).expect("already there");
         let p = PartFile::open(&dest, false).expect("open");
         std::os::unix::fs::FileExt::write_all_at(&p.file, b"0123456789", 0).expect("write");
         drop(p);

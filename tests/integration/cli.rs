@@ -1021,6 +1021,30 @@ fn directories_need_r_a_missing_url_is_named_and_a_batch_makes_its_directory() {
         std::fs::read(new.join("b.bin")).unwrap(),
         random_bytes(5000, 2)
     );
+    // One URL into a directory named with its final /: made; a path through a directory that
+    // does not exist is an error, and makes nothing.
+    let one = top.path().join("one/");
+    let (code, _, err) = braid(
+        &[
+            "get",
+            &server.url("a.bin"),
+            &format!("{}/", one.display()),
+            "-q",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        std::fs::read(one.join("a.bin")).unwrap(),
+        random_bytes(3000, 1)
+    );
+    let typo = top.path().join("no-such-dir/a.bin");
+    let (code, _, err) = braid(
+        &["get", &server.url("a.bin"), typo.to_str().unwrap(), "-q"],
+        &[],
+    );
+    assert_eq!(code, 6, "{err}");
+    assert!(!top.path().join("no-such-dir").exists());
     // A tree the server refuses to list leaves no empty directory behind.
     let nothing = top.path().join("nothing");
     let (code, _, err) = braid(
@@ -1050,4 +1074,54 @@ fn directories_need_r_a_missing_url_is_named_and_a_batch_makes_its_directory() {
     );
     assert!(short.contains("Network:") && short.contains("Whole directories:"));
     assert!(long.contains("Exit codes:") && !short.contains("Exit codes:"));
+}
+
+/// `braid bench --files`: a tree per run, moved whole by each tool that moves trees, and
+/// the tools that move single files left out with a note.
+#[test]
+fn bench_moves_a_tree_with_each_tool_that_can() {
+    crate::util::require("lftp");
+    let top = tempdir();
+    let (report, out) = crate::util::bench(
+        top.path(),
+        &[
+            "--loopback",
+            "--files",
+            "30",
+            "--size",
+            "2000",
+            "--tool",
+            "braid,lftp,curl",
+            "-n",
+            "1",
+            "--repeat",
+            "1",
+            "--idle-ping",
+            "0.2",
+        ],
+        Duration::from_secs(120),
+    );
+    assert_eq!(report["files"], 30, "{report}");
+    let cells = report["cells"].as_array().unwrap();
+    let tools: Vec<&str> = cells
+        .iter()
+        .map(|c| c["cell"]["tool"].as_str().unwrap())
+        .collect();
+    assert!(
+        !tools.contains(&"curl"),
+        "curl moves single files: {tools:?}"
+    );
+    assert_eq!(cells.len(), 4, "braid and lftp, get and put: {report}");
+    for c in cells {
+        assert_eq!(c["failures"], 0, "{c}");
+    }
+    // Every run moved the whole tree.
+    let csv = std::fs::read_to_string(top.path().join("results/results.csv")).unwrap();
+    let mut rows = csv.lines();
+    let header: Vec<&str> = rows.next().unwrap().split(',').collect();
+    let bytes = header.iter().position(|h| *h == "bytes").unwrap();
+    let runs: Vec<Vec<&str>> = rows.map(|r| r.split(',').collect()).collect();
+    assert_eq!(runs.len(), 4);
+    assert!(runs.iter().all(|r| r[bytes] == "60000"), "{csv}");
+    assert!(out.contains("A tree of 30 files of 2000 bytes"), "{out}");
 }
