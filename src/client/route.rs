@@ -107,6 +107,7 @@ pub fn get_on(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> 
     result
 }
 
+/// SIZE, the route, and the download by it.
 fn get_file(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
     refuse_directory_url(target)?;
     let size = match c.size(&target.path)? {
@@ -153,6 +154,8 @@ pub fn put_on(
     })
 }
 
+/// What the server holds of the file (a record of an earlier MODE E upload, or nothing), the
+/// route, and the upload by it.
 fn put_source(c: &mut Control, src: &Source, opts: &Options, held: Held) -> Result<Summary> {
     let peer = Peer::of(c);
     let record = UploadRecord::new(&src.path, &src.meta, &src.target.host, &src.target.path);
