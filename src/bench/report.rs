@@ -301,6 +301,53 @@ pub(super) fn size_label(b: Option<u64>) -> String {
     }
 }
 
+/// The reference a run is measured against when the sweep has it: iperf3 with one stream in
+/// the same direction (plain TCP, memory to memory), in the same scenario and run.
+fn is_reference(c: &CellReport, direction: super::grid::Direction) -> bool {
+    c.cell.tool == Tool::Iperf3
+        && c.cell.streams == super::grid::Streams::Fixed(1)
+        && c.cell.direction == direction
+        && c.cell.buffer.is_none()
+}
+
+/// Each cell's median rate and CPU per GiB over the reference's (see [`is_reference`]), one
+/// table per direction that has one; empty without.
+fn against_reference(cells: &[&CellReport]) -> String {
+    let mut s = String::new();
+    for direction in [super::grid::Direction::Get, super::grid::Direction::Put] {
+        let Some(reference) = cells.iter().find(|c| is_reference(c, direction)) else {
+            continue;
+        };
+        let (Some(rate), cpu) = (
+            reference.mbit_s.as_ref().map(|m| m.median),
+            reference.cpu_s_per_gib,
+        ) else {
+            continue;
+        };
+        let _ = writeln!(
+            s,
+            "\n{} against iperf3 with one stream in the same run ({rate:.0} Mbit/s{}):\n\n\
+             | tool | streams | Mbit/s | x iperf3 | CPU s/GiB | x iperf3 |\n|---|---|---|---|---|---|",
+            direction.name(),
+            cpu.map_or(String::new(), |c| format!(", {c:.3} CPU s/GiB"))
+        );
+        for c in cells.iter().filter(|c| c.cell.direction == direction) {
+            let median = c.mbit_s.as_ref().map(|m| m.median);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} |",
+                c.cell.tool_label(),
+                c.cell.streams.label(),
+                opt(median, 0),
+                opt(median.map(|m| m / rate), 2),
+                opt(c.cpu_s_per_gib, 3),
+                opt(c.cpu_s_per_gib.zip(cpu).map(|(a, b)| a / b), 2),
+            );
+        }
+    }
+    s
+}
+
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |v| format!("{v:.digits$}"))
 }
@@ -482,6 +529,8 @@ pub fn markdown(r: &Report, plots: &[String], comparison: &str) -> String {
                 opt(c.cpu_s_per_gib, 3),
             );
         }
+        let here: Vec<&CellReport> = r.cells.iter().filter(|c| &c.cell.scenario == sc).collect();
+        s.push_str(&against_reference(&here));
         let corr: Vec<&Correlation> = r
             .correlations
             .iter()
@@ -594,5 +643,50 @@ mod tests {
         assert_eq!(&rows[0][col("mbit_s")], "1.0000");
         assert_eq!(&rows[1][col("error")], "failed, badly\nreally");
         assert_eq!(&rows[0][col("error")], "");
+    }
+
+    #[test]
+    fn each_cell_is_set_against_iperf3s_one_stream_where_the_run_has_it() {
+        let cell = |tool, streams, mbit: f64, cpu: f64| CellReport {
+            cell: Cell {
+                tool,
+                streams: Streams::Fixed(streams),
+                ..record(1, None, 0.0, 0).cell
+            },
+            mbit_s: Some(crate::bench::stats::Summary {
+                count: 3,
+                min: mbit,
+                median: mbit,
+                mean: mbit,
+                max: mbit,
+                std: 0.0,
+            }),
+            seconds: None,
+            failures: 0,
+            errors: Vec::new(),
+            ping: None,
+            inflation_p50_ms: None,
+            inflation_p95_ms: None,
+            model: None,
+            kernel_limit: None,
+            retransmits_median: None,
+            cpu_s_per_gib: Some(cpu),
+        };
+        let reference = cell(Tool::Iperf3, 1, 1000.0, 0.5);
+        let braid = cell(Tool::Braid, 4, 900.0, 0.6);
+        let table = against_reference(&[&braid, &reference]);
+        assert!(
+            table.contains(
+                "get against iperf3 with one stream in the same run (1000 Mbit/s, 0.500 CPU s/GiB)"
+            ),
+            "{table}"
+        );
+        assert!(
+            table.contains("| braid | 4 | 900 | 0.90 | 0.600 | 1.20 |"),
+            "{table}"
+        );
+        // Without the reference there is nothing to set against.
+        let wider = cell(Tool::Iperf3, 4, 1000.0, 0.5);
+        assert_eq!(against_reference(&[&braid, &wider]), "");
     }
 }
