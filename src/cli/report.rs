@@ -54,10 +54,10 @@ pub fn report_tree(s: &client::tree::TreeSummary, out: &OutputArgs) -> anyhow::R
             s.directories,
             if s.directories == 1 { "y" } else { "ies" },
             s.sessions,
-            if s.interrupted {
-                "; stopped by Ctrl-C: run again with --update to move the rest"
-            } else {
-                ""
+            match s.stopped_by {
+                Some(cause) =>
+                    format!("; stopped by {cause}: run again with --update to move the rest"),
+                None => String::new(),
             },
         );
         for k in &s.skipped {

@@ -61,8 +61,11 @@ pub struct TreeSummary {
     pub failed: Vec<Failure>,
     /// What was left out on purpose: symbolic links and other non-files.
     pub skipped: Vec<Skip>,
-    /// Ctrl-C stopped it: what had not started is neither done nor failed.
+    /// Ctrl-C (or SIGTERM) stopped it: what had not started is neither done nor failed.
     pub interrupted: bool,
+    /// What stopped it, as a person would name it: `Ctrl-C` or `SIGTERM`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<&'static str>,
     #[serde(skip)]
     started: Instant,
 }
@@ -95,6 +98,7 @@ impl TreeSummary {
             failed: Vec::new(),
             skipped: Vec::new(),
             interrupted: false,
+            stopped_by: None,
             started: Instant::now(),
         }
     }
@@ -795,6 +799,7 @@ impl Work {
             }
         }
         out.interrupted = crew.interrupt.hit();
+        out.stopped_by = out.interrupted.then(|| crew.interrupt.cause());
         let why = crew
             .last_error
             .into_inner()

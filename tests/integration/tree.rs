@@ -282,6 +282,7 @@ fn after_ctrl_c_update_moves_only_what_is_missing() {
         (Some(true), Some(0)),
         "{s}"
     );
+    assert_eq!(s["stopped_by"], "Ctrl-C", "{s}");
 
     // The re-run fetches the rest of the big file and the missing small one, nothing else.
     let (s, out) = update();
