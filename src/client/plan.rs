@@ -41,7 +41,7 @@ pub struct PathHint {
 
 impl PathHint {
     pub fn of(c: &Control, direction: Direction, buffer: Option<u64>) -> PathHint {
-        let (rmem, wmem) = (kernel_cap(RMEM), kernel_cap(WMEM));
+        let (rmem, wmem) = *CAPS;
         let cap = match direction {
             Direction::Download => rmem,
             Direction::Upload => wmem,
@@ -53,6 +53,11 @@ impl PathHint {
         }
     }
 }
+
+/// This host's buffer caps (the most of `tcp_rmem` and of `tcp_wmem`), read once: every file
+/// of a tree plans with them, and they do not change while a transfer runs.
+static CAPS: std::sync::LazyLock<(Option<u64>, Option<u64>)> =
+    std::sync::LazyLock::new(|| (kernel_cap(RMEM), kernel_cap(WMEM)));
 
 const RMEM: &str = "/proc/sys/net/ipv4/tcp_rmem";
 const WMEM: &str = "/proc/sys/net/ipv4/tcp_wmem";
