@@ -87,10 +87,8 @@ fn batch_dir(dest: Option<&str>) -> anyhow::Result<String> {
         ))
         .into());
     }
-    std::fs::create_dir_all(path).map_err(|cause| ClientError::Local {
-        what: format!("cannot create directory {dir}"),
-        cause,
-    })?;
+    // A batch's destination is a directory, with or without its final /.
+    client::job::make_dest_dir(Some(&format!("{}/", dir.trim_end_matches('/'))))?;
     Ok(dir)
 }
 

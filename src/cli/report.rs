@@ -15,17 +15,28 @@ pub fn per_file(s: &client::Summary, out: &OutputArgs) {
     }
 }
 
+/// `N files, SIZE in S s (RATE/s)`: what a batch or a tree moved, for people.
+fn moved(files: u64, bytes: u64, seconds: f64, bytes_per_second: f64) -> String {
+    format!(
+        "{files} files, {} in {seconds:.2} s ({}/s)",
+        client::human_bytes(bytes as f64),
+        client::human_bytes(bytes_per_second)
+    )
+}
+
 /// The end of a batch: a last JSON line, or one line of text.
 pub fn report_batch(batch: &client::Batch, out: &OutputArgs) -> anyhow::Result<u8> {
     if out.json {
         println!("{}", serde_json::to_string(batch)?);
     } else if !out.quiet {
         eprintln!(
-            "braid: {} files, {} in {:.2} s ({}/s), one session, {} data connection(s)",
-            batch.files,
-            client::human_bytes(batch.bytes as f64),
-            batch.seconds,
-            client::human_bytes(batch.bytes_per_second),
+            "braid: {}, one session, {} data connection(s)",
+            moved(
+                batch.files,
+                batch.bytes,
+                batch.seconds,
+                batch.bytes_per_second
+            ),
             batch.data_connections
         );
     }
@@ -41,11 +52,8 @@ pub fn report_tree(s: &client::tree::TreeSummary, out: &OutputArgs) -> anyhow::R
     }
     if !out.quiet {
         eprintln!(
-            "braid: {} files, {} in {:.2} s ({}/s){}, {} director{}, {} session(s){}",
-            s.files,
-            client::human_bytes(s.bytes as f64),
-            s.seconds,
-            client::human_bytes(s.bytes_per_second),
+            "braid: {}{}, {} director{}, {} session(s){}",
+            moved(s.files, s.bytes, s.seconds, s.bytes_per_second),
             if s.up_to_date > 0 {
                 format!(", {} already up to date", s.up_to_date)
             } else {

@@ -183,15 +183,20 @@ impl Landing {
         })
     }
 
+    /// The record a resume continues from: a watched file's (see `watched`).
+    fn kept_record(&self) -> Option<&Sidecar> {
+        self.record.as_ref().filter(|_| self.watched)
+    }
+
     fn save(&self) {
-        if let (Some(r), true) = (&self.record, self.watched) {
+        if let Some(r) = self.kept_record() {
             r.save(&self.shared.snapshot());
         }
     }
 
     /// Records what arrived as the download stops unfinished.
     fn save_last(&self) {
-        if let (Some(r), true) = (&self.record, self.watched) {
+        if let Some(r) = self.kept_record() {
             r.save_last(&self.shared.snapshot());
         }
     }
@@ -211,17 +216,15 @@ fn open_partial(
     recorded: bool,
     opts: &Options,
 ) -> Result<(PartFile, Option<Sidecar>, Progress)> {
-    let sidecar = Sidecar::beside(&super::job::part_path(path), remote, size);
+    let part = super::job::part_path(path);
+    let sidecar = Sidecar::beside(&part, remote, size);
     let found = if opts.resume { sidecar.load() } else { None };
-    if opts.resume && found.is_none() {
-        let part = super::job::part_path(path);
-        if part.exists() && recorded {
-            eprintln!(
-                "braid: {} has no matching record of what it holds ({}); downloading again",
-                part.display(),
-                sidecar.location()
-            );
-        }
+    if opts.resume && found.is_none() && part.exists() && recorded {
+        eprintln!(
+            "braid: {} has no matching record of what it holds ({}); downloading again",
+            part.display(),
+            sidecar.location()
+        );
     }
     let part = PartFile::open(path, found.is_some())?;
     let start = found.unwrap_or_else(|| {

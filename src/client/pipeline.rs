@@ -186,9 +186,8 @@ pub fn receive_next(
     let file = PartFile::open(&w.local, false);
     let retr = format!("RETR {}", w.remote);
     if let Err(f) = started_with_checksum_behind(c, &retr) {
-        if let Ok(p) = &file
-            && p.held().is_ok_and(|l| l == 0)
-        {
+        // Opened empty just above: nothing of it is worth keeping.
+        if file.is_ok() {
             let _ = std::fs::remove_file(&part);
         }
         return Err(f);

@@ -108,26 +108,20 @@ fn receive(
 ) -> Result<(u64, Option<OnStream>)> {
     let retr = Command::Retr(target.path.clone());
     let mut data = c.stream_transfer(&retr, offset)?;
-    let tcp = data
-        .tcp()
-        .try_clone()
-        .map_err(local_err("data connection"))?;
-    let mut background = stream_yield::start(c, &tcp, opts, false);
-    let watch = watch_for(opts, size, offset, background.is_some());
+    let mut on = Watched::start(c, &data, opts, size, offset, false)?;
     // A server that does not stop (or a file that grows while it is sent) would otherwise
     // fill the disk.
     let limit = size.filter(|_| !opts.growing);
     let mut capped = Capped::new(&mut data, limit.map(|s| s.saturating_sub(offset)));
-    let bar = watch.bar.clone();
-    let copied = watched(&watch, &tcp, background.as_mut(), || {
-        stream::read_to_end(&mut capped, out, false, |n| bar.set_position(offset + n))
-    });
+    let bar = on.watch.bar.clone();
+    let copied =
+        on.run(|| stream::read_to_end(&mut capped, out, false, |n| bar.set_position(offset + n)));
     let overran = capped.overran;
     let flushed = out.flush();
-    if watch.stopped() {
+    if on.watch.stopped() {
         flushed.map_err(local_err(cannot_write(partial.as_deref())))?;
         let n = copied.unwrap_or_else(|e| e.moved());
-        return Err(watch.stop(c, n, "", partial));
+        return Err(on.watch.stop(c, n, "", partial));
     }
     // Under TLS this sends close_notify first: vsftpd, for one, waits for it before its 226.
     data.finish();
@@ -173,34 +167,57 @@ fn receive(
             partial,
         });
     }
-    Ok((received, background))
+    Ok((received, on.background))
 }
 
-/// The watch of a stream-mode data phase: background mode's controller ticks twice as often.
-fn watch_for(opts: &Options, total: Option<u64>, at: u64, background: bool) -> Watch {
-    let watch = Watch::start(opts, total, at);
-    if background {
-        watch.every(TICK / 2)
-    } else {
-        watch
+/// A stream-mode data phase's one connection under the watch: Ctrl-C closes it, and
+/// background mode's controller (if asked for) steers it, ticked twice as often.
+struct Watched {
+    tcp: TcpStream,
+    background: Option<OnStream>,
+    watch: Watch,
+}
+
+impl Watched {
+    /// Watches `data`, which carries `total` bytes (None: unknown) from `at`; `sending`: an
+    /// upload.
+    fn start(
+        c: &Control,
+        data: &Wire,
+        opts: &Options,
+        total: Option<u64>,
+        at: u64,
+        sending: bool,
+    ) -> Result<Watched> {
+        let tcp = data
+            .tcp()
+            .try_clone()
+            .map_err(local_err("data connection"))?;
+        let background = stream_yield::start(c, &tcp, opts, sending);
+        let watch = Watch::start(opts, total, at);
+        let watch = if background.is_some() {
+            watch.every(TICK / 2)
+        } else {
+            watch
+        };
+        Ok(Watched {
+            tcp,
+            background,
+            watch,
+        })
     }
-}
 
-/// Runs a data phase on one connection under `watch`: Ctrl-C closes the connection, and
-/// background mode's controller (if any) is ticked.
-fn watched<R>(
-    watch: &Watch,
-    tcp: &TcpStream,
-    mut background: Option<&mut OnStream>,
-    work: impl FnOnce() -> R,
-) -> R {
-    let abort = Abort::new();
-    abort.register(tcp);
-    watch.run(&abort, work, || {
-        if let Some(b) = background.as_mut() {
-            b.tick();
-        }
-    })
+    /// Runs the data phase on this thread under the watch.
+    fn run<R>(&mut self, work: impl FnOnce() -> R) -> R {
+        let abort = Abort::new();
+        abort.register(&self.tcp);
+        let background = &mut self.background;
+        self.watch.run(&abort, work, || {
+            if let Some(b) = background.as_mut() {
+                b.tick();
+            }
+        })
+    }
 }
 
 /// Says, in verbose mode, why this transfer uses one stream-mode connection, and how
@@ -232,23 +249,18 @@ pub fn put_stdin(c: &mut Control, target: &Target, opts: &Options) -> Result<Sum
     let started = Instant::now();
     let stor = Command::Stor(target.path.clone());
     let mut data = c.stream_transfer(&stor, 0)?;
-    let tcp = data
-        .tcp()
-        .try_clone()
-        .map_err(local_err("data connection"))?;
     let mut sum = ChunkSum::new();
-    let mut background = stream_yield::start(c, &tcp, opts, true);
-    let watch = watch_for(opts, None, 0, background.is_some());
-    let bar = watch.bar.clone();
-    let r = watched(&watch, &tcp, background.as_mut(), || {
+    let mut on = Watched::start(c, &data, opts, None, 0, true)?;
+    let bar = on.watch.bar.clone();
+    let r = on.run(|| {
         copy_hashing(&mut std::io::stdin().lock(), &mut data, &mut sum, |at| {
             bar.set_position(at)
         })
     });
-    if watch.stopped() {
+    if on.watch.stopped() {
         drop(data);
         let n = r.unwrap_or_else(|(n, _)| n);
-        return Err(watch.stop(c, n, "", None));
+        return Err(on.watch.stop(c, n, "", None));
     }
     let sent = r.map_err(|(n, e)| ClientError::Interrupted {
         bytes: n,
@@ -258,7 +270,7 @@ pub fn put_stdin(c: &mut Control, target: &Target, opts: &Options) -> Result<Sum
     end_upload(data);
     c.finish_transfer(&stor)?;
     let mut s = summary("put", target, "-".into(), sent, Some(sent), 0, started);
-    s.background = background.and_then(|b| b.report());
+    s.background = on.background.and_then(|b| b.report());
     if c.has_feature("BRAID") {
         let local = checksum::hex(sum.finish(sent));
         let ours = "standard input hashes to";
@@ -377,22 +389,17 @@ fn send(
     opts: &Options,
 ) -> Result<(u64, Option<OnStream>)> {
     let mut data = c.stream_transfer(stor, offset)?;
-    let tcp = data
-        .tcp()
-        .try_clone()
-        .map_err(local_err("data connection"))?;
-    let mut background = stream_yield::start(c, &tcp, opts, true);
-    let watch = watch_for(opts, Some(len), offset, background.is_some());
-    let bar = watch.bar.clone();
-    let r = watched(&watch, &tcp, background.as_mut(), || match &mut data {
+    let mut on = Watched::start(c, &data, opts, Some(len), offset, true)?;
+    let bar = on.watch.bar.clone();
+    let r = on.run(|| match &mut data {
         Wire::Clear(sock) => send_file(file, offset, len, sock, |at| bar.set_position(at)),
         tls => send_copied(file, offset, len, tls, |at| bar.set_position(at)),
     });
-    if watch.stopped() {
+    if on.watch.stopped() {
         drop(data);
         let n = r.unwrap_or_else(|(n, _)| n);
         let advice = "; run again with --resume to send the rest";
-        return Err(watch.stop(c, n, advice, None));
+        return Err(on.watch.stop(c, n, advice, None));
     }
     let sent = r.map_err(|(n, e)| ClientError::Interrupted {
         bytes: n,
@@ -400,7 +407,7 @@ fn send(
         partial: None,
     })?;
     end_upload(data);
-    Ok((sent, background))
+    Ok((sent, on.background))
 }
 
 /// Ends a stream-mode upload's data (close_notify under TLS, then FIN) and waits for the
