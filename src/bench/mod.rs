@@ -625,23 +625,25 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             (None, Some(r)) => servers::Place::Remote(r),
             (None, None) => servers::Place::Loopback,
         };
-        let ports = match place {
-            servers::Place::Loopback => servers::Ports::free()?,
-            _ => servers::Ports::LAB,
-        };
-        if matches!(place, servers::Place::Loopback) {
-            loopback_ports = Some(ports);
-        }
-        let servers = match place {
-            servers::Place::Remote(_) => None,
-            _ => Some(servers::start_servers(
-                &place,
-                ports,
-                &braid,
-                tmp.path(),
-                &root,
-                &used,
-            )?),
+        let (ports, servers) = match place {
+            servers::Place::Loopback => {
+                let (ports, servers) =
+                    servers::start_on_loopback(&braid, tmp.path(), &root, &used)?;
+                loopback_ports = Some(ports);
+                (ports, Some(servers))
+            }
+            servers::Place::Remote(_) => (servers::Ports::LAB, None),
+            servers::Place::Lab(_) => (
+                servers::Ports::LAB,
+                Some(servers::start_servers(
+                    &place,
+                    servers::Ports::LAB,
+                    &braid,
+                    tmp.path(),
+                    &root,
+                    &used,
+                )?),
+            ),
         };
         let ctx = measure::Context {
             server_pids: servers.as_ref().map_or_else(Vec::new, |s| s.pids()),

@@ -30,21 +30,39 @@ impl Ports {
         kermit: 1649,
     };
 
-    /// Ports free on loopback now: five listeners bound at once, then closed.
+    /// Ports free on loopback now, chosen at random below the kernel's ephemeral range:
+    /// a port bound to 0 and closed again comes from that range, where any test's or
+    /// program's outgoing connection may take it before the server binds it.
     pub fn free() -> std::io::Result<Ports> {
-        let ls: Vec<std::net::TcpListener> = (0..5)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-            .collect::<std::io::Result<_>>()?;
-        let p: Vec<u16> = ls
-            .iter()
-            .map(|l| l.local_addr().map(|a| a.port()))
-            .collect::<std::io::Result<_>>()?;
+        use rand::Rng;
+        let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+            .unwrap_or(32768);
+        let range = 10_000..first_ephemeral.max(10_100);
+        let mut rng = rand::rng();
+        let mut picked: Vec<u16> = Vec::new();
+        for _ in 0..1000 {
+            if picked.len() == 5 {
+                break;
+            }
+            let port = rng.random_range(range.clone());
+            if !picked.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                picked.push(port);
+            }
+        }
+        let [ftp, vsftpd, gridftp, iperf, kermit] = picked[..] else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("no five free loopback ports in {range:?}"),
+            ));
+        };
         Ok(Ports {
-            ftp: p[0],
-            vsftpd: p[1],
-            gridftp: p[2],
-            iperf: p[3],
-            kermit: p[4],
+            ftp,
+            vsftpd,
+            gridftp,
+            iperf,
+            kermit,
         })
     }
 }
@@ -250,6 +268,28 @@ pub fn start_servers(
         start(c, ports.gridftp)?;
     }
     Ok(servers)
+}
+
+/// The servers on loopback, on free ports. Another program may still bind a port between
+/// the choice and the server's start: then all are stopped and started again on others.
+pub fn start_on_loopback(
+    braid: &std::path::Path,
+    work: &std::path::Path,
+    root: &std::path::Path,
+    tools: &[Tool],
+) -> anyhow::Result<(Ports, Servers)> {
+    let mut tries = 0;
+    loop {
+        let ports = Ports::free()?;
+        match start_servers(&Place::Loopback, ports, braid, work, root, tools) {
+            Ok(servers) => return Ok((ports, servers)),
+            Err(e) if tries < 2 => {
+                tracing::debug!("starting the servers on {ports:?}: {e:#}; trying other ports");
+                tries += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Where the clients run and what they reach.
