@@ -26,15 +26,32 @@ pub enum Tool {
     /// C-Kermit client and server, socket to socket (seed 003), with its own window, packet
     /// length and streaming.
     Kermit,
+    /// braid's client against globus-gridftp-server: MODE E with another implementation's
+    /// server (and its tree pipelining with one that reads commands ahead).
+    BraidGlobus,
+    /// lftp against braid serve: what a plain FTP client gets from braid's server.
+    LftpBraid,
+}
+
+/// The server a tool's client talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    Braid,
+    Vsftpd,
+    Gridftp,
+    Iperf3,
+    Kermit,
 }
 
 impl Tool {
-    pub const ALL: [Tool; 7] = [
+    pub const ALL: [Tool; 9] = [
         Tool::Braid,
         Tool::BraidVsftpd,
+        Tool::BraidGlobus,
         Tool::Iperf3,
         Tool::GlobusUrlCopy,
         Tool::Lftp,
+        Tool::LftpBraid,
         Tool::Curl,
         Tool::Kermit,
     ];
@@ -44,9 +61,8 @@ impl Tool {
             .into_iter()
             .find(|t| t.name() == s || (s == "globus" && *t == Tool::GlobusUrlCopy))
             .ok_or_else(|| {
-                format!(
-                    "{s:?}: the tools are braid, braid-vsftpd, iperf3, globus-url-copy, lftp, curl and kermit"
-                )
+                let names: Vec<&str> = Tool::ALL.iter().map(|t| t.name()).collect();
+                format!("{s:?}: the tools are {}", names.join(", "))
             })
     }
 
@@ -59,6 +75,18 @@ impl Tool {
             Tool::Lftp => "lftp",
             Tool::Curl => "curl",
             Tool::Kermit => "kermit",
+            Tool::BraidGlobus => "braid-globus",
+            Tool::LftpBraid => "lftp-braid",
+        }
+    }
+
+    pub fn server(self) -> Server {
+        match self {
+            Tool::Braid | Tool::LftpBraid => Server::Braid,
+            Tool::BraidVsftpd | Tool::Lftp | Tool::Curl => Server::Vsftpd,
+            Tool::BraidGlobus | Tool::GlobusUrlCopy => Server::Gridftp,
+            Tool::Iperf3 => Server::Iperf3,
+            Tool::Kermit => Server::Kermit,
         }
     }
 
@@ -72,21 +100,23 @@ impl Tool {
             Tool::Lftp => &["lftp", "vsftpd"],
             Tool::Curl => &["curl", "vsftpd"],
             Tool::Kermit => &["kermit"],
+            Tool::BraidGlobus => &["globus-gridftp-server"],
+            Tool::LftpBraid => &["lftp"],
         }
+    }
+
+    /// Whether the tool can move a whole tree (`braid bench --files`).
+    pub fn moves_trees(self) -> bool {
+        !matches!(self, Tool::Iperf3 | Tool::Curl | Tool::Kermit)
     }
 
     /// Tools that report no time of their own: the bench times the whole command and takes
     /// off what a 1-byte file costs them.
-    /// Whether the tool can move a whole tree (`braid bench --files`).
-    pub fn moves_trees(self) -> bool {
+    pub fn timed_by_clock(self) -> bool {
         matches!(
             self,
-            Tool::Braid | Tool::BraidVsftpd | Tool::Lftp | Tool::GlobusUrlCopy
+            Tool::Lftp | Tool::LftpBraid | Tool::GlobusUrlCopy | Tool::Kermit
         )
-    }
-
-    pub fn timed_by_clock(self) -> bool {
-        matches!(self, Tool::Lftp | Tool::GlobusUrlCopy | Tool::Kermit)
     }
 
     /// Whether the tool can run a cell: only braid has blocks and self-tuning; curl has one
@@ -101,8 +131,9 @@ impl Tool {
         let fixed = matches!(streams, Streams::Fixed(_));
         match self {
             Tool::Braid => true,
+            Tool::BraidGlobus => block.is_none(),
             Tool::Iperf3 | Tool::GlobusUrlCopy => fixed && block.is_none(),
-            Tool::Lftp | Tool::BraidVsftpd => {
+            Tool::Lftp | Tool::LftpBraid | Tool::BraidVsftpd => {
                 block.is_none()
                     && match direction {
                         Direction::Get => fixed,

@@ -134,47 +134,43 @@ impl Context<'_> {
         self.work.join("tree-copy")
     }
 
-    /// The client command that moves the tree for a cell (`--files`).
-    fn tree_client(&self, cell: &Cell) -> Command {
+    /// The client command that moves the tree for a cell (`--files`), and where the tree
+    /// lands (a directory of its own each run).
+    fn tree_client(&self, cell: &Cell) -> (Command, std::path::PathBuf) {
         let server = self.place.server_addr();
         let ports = self.ports;
         let n = self.serial.fetch_add(1, Ordering::Relaxed);
+        let up = format!("put-tree-{n}");
+        let landing = match cell.direction {
+            Direction::Get => self.tree_dest(),
+            Direction::Put => self.root.join(&up),
+        };
         let dest = self.tree_dest().display().to_string();
         let local = self.root.join(TREE).display().to_string();
         let url = |port: u16, path: &str| format!("ftp://{server}:{port}/{path}");
         let streams = cell.streams.label();
-        match cell.tool {
-            Tool::Braid | Tool::BraidVsftpd => {
-                let port = match cell.tool {
-                    Tool::Braid => ports.ftp,
-                    _ => ports.vsftpd,
-                };
+        let port = ports.of(cell.tool.server());
+        let command = match cell.tool {
+            Tool::Braid | Tool::BraidVsftpd | Tool::BraidGlobus => {
                 let mut c = self.place.command(&self.braid.to_string_lossy());
                 match cell.direction {
                     Direction::Get => c.args(["get", "-r", &url(port, &format!("{TREE}/")), &dest]),
-                    Direction::Put => {
-                        c.args(["put", "-r", &local, &url(port, &format!("put-tree-{n}/"))])
-                    }
+                    Direction::Put => c.args(["put", "-r", &local, &url(port, &format!("{up}/"))]),
                 };
                 c.args(["-q", "--json", "-j", "8", "-n", &streams]);
                 c
             }
-            Tool::Lftp => {
+            Tool::Lftp | Tool::LftpBraid => {
                 let script = match cell.direction {
-                    Direction::Get => {
-                        format!("mirror -P 8 {} {dest}; quit", url(ports.vsftpd, TREE))
-                    }
-                    Direction::Put => format!(
-                        "mirror -R -P 8 {local} {}; quit",
-                        url(ports.vsftpd, &format!("put-tree-lftp-{n}"))
-                    ),
+                    Direction::Get => format!("mirror -P 8 {} {dest}; quit", url(port, TREE)),
+                    Direction::Put => format!("mirror -R -P 8 {local} {}; quit", url(port, &up)),
                 };
                 let mut c = self.place.command("lftp");
                 c.args(["-e", &format!("set net:max-retries 1; {script}")]);
                 c
             }
             Tool::GlobusUrlCopy => {
-                let remote = |path: &str| format!("ftp://{server}:{}{path}", ports.gridftp);
+                let remote = |path: &str| format!("ftp://{server}:{port}{path}");
                 let root = self.root.display().to_string();
                 let mut c = self.place.command("globus-url-copy");
                 c.args([
@@ -193,20 +189,23 @@ impl Context<'_> {
                     Direction::Put => c.args([
                         "-cd".to_string(),
                         format!("file://{local}/"),
-                        remote(&format!("{root}/put-tree-globus-{n}/")),
+                        remote(&format!("{root}/{up}/")),
                     ]),
                 };
                 c
             }
             // Left out of a tree benchmark up front (`Tool::moves_trees`).
             _ => self.place.command("false"),
-        }
+        };
+        (command, landing)
     }
 
-    /// The client command for a cell, moving `name` (a file in the served directory).
-    fn client(&self, cell: &Cell, name: &str) -> Command {
+    /// The client command for a cell, moving `name` (a file in the served directory), and
+    /// where a tree lands.
+    fn client(&self, cell: &Cell, name: &str) -> (Command, Option<std::path::PathBuf>) {
         if self.files.is_some() && name == PAYLOAD {
-            return self.tree_client(cell);
+            let (c, landing) = self.tree_client(cell);
+            return (c, Some(landing));
         }
         let place = &self.place;
         let program = |p: &str| {
@@ -235,13 +234,10 @@ impl Context<'_> {
             Streams::Fixed(n) => n,
             Streams::Auto => 1,
         };
-        match cell.tool {
-            Tool::Braid | Tool::BraidVsftpd => {
+        let port = ports.of(cell.tool.server());
+        let command = match cell.tool {
+            Tool::Braid | Tool::BraidVsftpd | Tool::BraidGlobus => {
                 let mut c = program(&self.braid.to_string_lossy());
-                let port = match cell.tool {
-                    Tool::Braid => ports.ftp,
-                    _ => ports.vsftpd,
-                };
                 let get = url(port, name, Direction::Get);
                 let put = url(port, "put-braid.bin", Direction::Put);
                 match cell.direction {
@@ -267,7 +263,7 @@ impl Context<'_> {
             }
             Tool::Iperf3 => {
                 let mut c = program("iperf3");
-                c.args(["-c", server, "-p", &ports.iperf.to_string(), "-J"]);
+                c.args(["-c", server, "-p", &port.to_string(), "-J"]);
                 c.args(["-n", &self.size.to_string(), "-P", &streams.to_string()]);
                 if let Some(b) = cell.buffer {
                     c.args(["-w", &b.to_string()]);
@@ -287,23 +283,23 @@ impl Context<'_> {
                     "-w",
                     "%{size_download} %{size_upload} %{time_pretransfer} %{time_total}",
                 ]);
-                let get = url(ports.vsftpd, name, Direction::Get);
-                let put = url(ports.vsftpd, "put-curl.bin", Direction::Put);
+                let get = url(port, name, Direction::Get);
+                let put = url(port, "put-curl.bin", Direction::Put);
                 match cell.direction {
                     Direction::Get => c.args(["-o", "/dev/null", &get]),
                     Direction::Put => c.args(["-T", &local, &put]),
                 };
                 c
             }
-            Tool::Lftp => {
+            Tool::Lftp | Tool::LftpBraid => {
                 let mut script = String::from("set net:max-retries 1; set xfer:clobber on; ");
                 if let Some(b) = cell.buffer {
                     script += &format!("set net:socket-buffer {b}; ");
                 }
                 let out = self.work.join("lftp.bin").display().to_string();
                 // Whole URLs, so the same script reaches the lab's vsftpd or a remote server.
-                let get = url(ports.vsftpd, name, Direction::Get);
-                let put = url(ports.vsftpd, "put-lftp.bin", Direction::Put);
+                let get = url(port, name, Direction::Get);
+                let put = url(port, "put-lftp.bin", Direction::Put);
                 script += &match (cell.direction, streams) {
                     (Direction::Get, 1) => format!("get {get} -o {out}; quit"),
                     (Direction::Get, n) => format!("pget -n {n} {get} -o {out}; quit"),
@@ -329,7 +325,7 @@ impl Context<'_> {
                      set file collision overwrite, set window {}, set receive packet-length {p}, \
                      set send packet-length {p}, set streaming {}, {transfer}, if fail exit 1, \
                      finish, exit 0",
-                    ports.kermit,
+                    port,
                     k.window,
                     if k.streaming { "on" } else { "off" },
                     p = k.packet,
@@ -344,7 +340,7 @@ impl Context<'_> {
                 if let Some(b) = cell.buffer {
                     c.args(["-tcp-bs", &b.to_string()]);
                 }
-                let remote = |path: &str| format!("ftp://{server}:{}{path}", ports.gridftp);
+                let remote = |path: &str| format!("ftp://{server}:{port}{path}");
                 match cell.direction {
                     Direction::Get => c.args([remote(&local), "file:///dev/null".into()]),
                     Direction::Put => c.args([
@@ -354,7 +350,8 @@ impl Context<'_> {
                 };
                 c
             }
-        }
+        };
+        (command, None)
     }
 
     /// What a wall-timed tool spends on a 1-byte file in this direction (login, commands,
@@ -409,7 +406,7 @@ impl Context<'_> {
                 return (m, 0.0);
             }
         }
-        let cmd = self.client(cell, name);
+        let (cmd, landing) = self.client(cell, name);
         let servers_cpu = || {
             self.server_pids
                 .iter()
@@ -476,10 +473,10 @@ impl Context<'_> {
                 ..Measured::default()
             },
             None => match cell.tool {
-                Tool::Braid | Tool::BraidVsftpd => parse_braid(&out),
+                Tool::Braid | Tool::BraidVsftpd | Tool::BraidGlobus => parse_braid(&out),
                 Tool::Iperf3 => parse_iperf3(&out),
                 Tool::Curl => parse_curl(&out),
-                Tool::Lftp | Tool::GlobusUrlCopy | Tool::Kermit => {
+                Tool::Lftp | Tool::LftpBraid | Tool::GlobusUrlCopy | Tool::Kermit => {
                     let seconds = (wall - setup.unwrap_or(0.0)).max(1e-6);
                     let bytes = match (&self.place, cell.direction) {
                         (Place::Remote(r), Direction::Get) => r.get_size.unwrap_or(0),
@@ -499,6 +496,35 @@ impl Context<'_> {
         };
         m.wall_seconds = wall;
         m.cpu_seconds = client_cpu.map(|c| c + (servers_cpu() - servers_before).max(0.0));
+        if let (Some(landing), Some(files), None) = (landing, self.files, &m.error) {
+            // A tool that says it succeeded has moved the whole tree, or the run failed.
+            let landed = files_under(&landing);
+            if landed != files {
+                m.error = Some(format!(
+                    "{} moved {landed} of {files} files into {}",
+                    cell.tool.name(),
+                    landing.display()
+                ));
+            }
+            if cell.direction == Direction::Put {
+                let _ = std::fs::remove_dir_all(&landing);
+            }
+        }
         (m, wall)
     }
+}
+
+/// Regular files in `dir` and below.
+fn files_under(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => files_under(&e.path()),
+            Ok(t) if t.is_file() => 1,
+            _ => 0,
+        })
+        .sum()
 }

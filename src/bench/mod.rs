@@ -33,9 +33,9 @@ use std::time::Duration;
 /// file, and iperf3 times its data alone.
 pub fn overhead_rtts(tool: Tool) -> f64 {
     match tool {
-        Tool::Braid => 2.0,
+        Tool::Braid | Tool::BraidGlobus => 2.0,
         Tool::Curl | Tool::BraidVsftpd => 1.0,
-        Tool::Iperf3 | Tool::Lftp | Tool::GlobusUrlCopy | Tool::Kermit => 0.0,
+        Tool::Iperf3 | Tool::Lftp | Tool::LftpBraid | Tool::GlobusUrlCopy | Tool::Kermit => 0.0,
     }
 }
 
@@ -149,8 +149,9 @@ pub struct BenchArgs {
     /// server back by its receive window, RFC 9840); iperf3 (plain TCP with the same
     /// streams and buffers: the ceiling); globus-url-copy -p N (against globus-gridftp-server);
     /// lftp (pget -n N down, one stream up) and curl (one stream), both against vsftpd; kermit
-    /// (C-Kermit client and server, see --kermit-*). Each runs the cells it can; a tool that is
-    /// not installed is skipped with a note.
+    /// (C-Kermit client and server, see --kermit-*). Across: braid-globus (braid's client
+    /// against globus-gridftp-server) and lftp-braid (lftp against braid serve). Each runs the
+    /// cells it can; a tool that is not installed is skipped with a note.
     #[arg(long, value_delimiter = ',', default_value = "braid", value_parser = Tool::parse)]
     pub tool: Vec<Tool>,
     /// Runs of each cell.
@@ -160,10 +161,11 @@ pub struct BenchArgs {
     #[arg(long, default_value = "4MB", value_parser = crate::units::parse_size)]
     pub size: u64,
     /// Move a tree instead of one file: FILES files of --size bytes each in 10 directories,
-    /// with braid get -r / put -r -j 8 (against braid serve, and against vsftpd as
-    /// braid-vsftpd), lftp mirror -P 8 and globus-url-copy -r -cc 8; curl, iperf3 and kermit
-    /// move single files and are left out. A run's rate is the tree's bytes over its time
-    /// (files per second: that over --size).
+    /// with braid get -r / put -r -j 8 (braid, braid-vsftpd, braid-globus), lftp mirror -P 8
+    /// (lftp, lftp-braid) and globus-url-copy -r -cc 8; curl, iperf3 and kermit move single
+    /// files and are left out. Each run's files are counted where they land (a tool that
+    /// misses one fails the run); the report gives files per second and each tool's time
+    /// against braid's.
     #[arg(long, value_name = "FILES", conflicts_with_all = ["url", "experiment", "duration", "attack"],
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub files: Option<u64>,

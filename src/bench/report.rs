@@ -348,6 +348,47 @@ fn against_reference(cells: &[&CellReport]) -> String {
     s
 }
 
+/// A tree run's cells against braid's fastest in the same direction: median seconds, files
+/// a second, and each tool's time over braid's (above 1: braid is faster); empty without a
+/// braid cell.
+fn trees_against_braid(cells: &[&CellReport], files: u64) -> String {
+    let mut s = String::new();
+    let seconds = |c: &CellReport| c.seconds.as_ref().map(|m| m.median);
+    for direction in [super::grid::Direction::Get, super::grid::Direction::Put] {
+        let here: Vec<&&CellReport> = cells
+            .iter()
+            .filter(|c| c.cell.direction == direction)
+            .collect();
+        let Some(reference) = here
+            .iter()
+            .filter(|c| c.cell.tool == Tool::Braid)
+            .filter_map(|c| seconds(c))
+            .reduce(f64::min)
+        else {
+            continue;
+        };
+        let _ = writeln!(
+            s,
+            "\n{} against braid's fastest in the same run ({reference:.2} s):\n\n\
+             | tool | streams | seconds | files/s | x braid's time |\n|---|---|---|---|---|",
+            direction.name(),
+        );
+        for c in here {
+            let secs = seconds(c);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} |",
+                c.cell.tool_label(),
+                c.cell.streams.label(),
+                opt(secs, 2),
+                opt(secs.map(|t| files as f64 / t), 0),
+                opt(secs.map(|t| t / reference), 2),
+            );
+        }
+    }
+    s
+}
+
 fn opt(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |v| format!("{v:.digits$}"))
 }
@@ -531,6 +572,9 @@ pub fn markdown(r: &Report, plots: &[String], comparison: &str) -> String {
         }
         let here: Vec<&CellReport> = r.cells.iter().filter(|c| &c.cell.scenario == sc).collect();
         s.push_str(&against_reference(&here));
+        if let Some(files) = r.files {
+            s.push_str(&trees_against_braid(&here, files));
+        }
         let corr: Vec<&Correlation> = r
             .correlations
             .iter()
@@ -645,22 +689,15 @@ mod tests {
         assert_eq!(&rows[0][col("error")], "");
     }
 
-    #[test]
-    fn each_cell_is_set_against_iperf3s_one_stream_where_the_run_has_it() {
-        let cell = |tool, streams, mbit: f64, cpu: f64| CellReport {
+    /// A cell of `tool` with `streams` and nothing measured.
+    fn cell_report(tool: Tool, streams: u32) -> CellReport {
+        CellReport {
             cell: Cell {
                 tool,
                 streams: Streams::Fixed(streams),
                 ..record(1, None, 0.0, 0).cell
             },
-            mbit_s: Some(crate::bench::stats::Summary {
-                count: 3,
-                min: mbit,
-                median: mbit,
-                mean: mbit,
-                max: mbit,
-                std: 0.0,
-            }),
+            mbit_s: None,
             seconds: None,
             failures: 0,
             errors: Vec::new(),
@@ -670,7 +707,27 @@ mod tests {
             model: None,
             kernel_limit: None,
             retransmits_median: None,
+            cpu_s_per_gib: None,
+        }
+    }
+
+    fn summary(v: f64) -> crate::bench::stats::Summary {
+        crate::bench::stats::Summary {
+            count: 3,
+            min: v,
+            median: v,
+            mean: v,
+            max: v,
+            std: 0.0,
+        }
+    }
+
+    #[test]
+    fn each_cell_is_set_against_iperf3s_one_stream_where_the_run_has_it() {
+        let cell = |tool, streams, mbit: f64, cpu: f64| CellReport {
+            mbit_s: Some(summary(mbit)),
             cpu_s_per_gib: Some(cpu),
+            ..cell_report(tool, streams)
         };
         let reference = cell(Tool::Iperf3, 1, 1000.0, 0.5);
         let braid = cell(Tool::Braid, 4, 900.0, 0.6);
@@ -688,5 +745,29 @@ mod tests {
         // Without the reference there is nothing to set against.
         let wider = cell(Tool::Iperf3, 4, 1000.0, 0.5);
         assert_eq!(against_reference(&[&braid, &wider]), "");
+    }
+
+    #[test]
+    fn a_tree_run_sets_each_tool_against_braids_fastest_time() {
+        let cell = |tool, streams, secs: f64| CellReport {
+            seconds: Some(summary(secs)),
+            ..cell_report(tool, streams)
+        };
+        let (slow, fast) = (cell(Tool::Braid, 1, 2.0), cell(Tool::Braid, 4, 0.5));
+        let lftp = cell(Tool::Lftp, 1, 1.5);
+        let table = trees_against_braid(&[&slow, &lftp, &fast], 1000);
+        assert!(
+            table.contains("against braid's fastest in the same run (0.50 s)"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| lftp | 1 | 1.50 | 667 | 3.00 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| braid | 4 | 0.50 | 2000 | 1.00 |"),
+            "{table}"
+        );
+        assert_eq!(trees_against_braid(&[&lftp], 1000), "");
     }
 }

@@ -1,7 +1,7 @@
 //! The servers a benchmark measures against, in the lab's `right` host or on loopback, and
 //! where clients reach them.
 
-use super::grid::Tool;
+use super::grid::{Server, Tool};
 use crate::lab::Running;
 use serde::Serialize;
 use std::process::{Child, Command, Stdio};
@@ -21,6 +21,17 @@ pub struct Ports {
 }
 
 impl Ports {
+    /// Where `server` listens.
+    pub fn of(self, server: Server) -> u16 {
+        match server {
+            Server::Braid => self.ftp,
+            Server::Vsftpd => self.vsftpd,
+            Server::Gridftp => self.gridftp,
+            Server::Iperf3 => self.iperf,
+            Server::Kermit => self.kermit,
+        }
+    }
+
     /// In the lab's own host nothing else listens: the usual ports (Kermit's is 1649).
     pub const LAB: Ports = Ports {
         ftp: 2121,
@@ -197,6 +208,7 @@ pub fn start_servers(
         children: Vec::new(),
     };
     let mut start = |cmd: Command, port: u16| servers.start(place, cmd, port);
+    let needed = |server: Server| tools.iter().any(|t| t.server() == server);
     let addr = place.server_addr().to_string();
     let mut serve = place.server_command(&braid.to_string_lossy());
     serve
@@ -207,7 +219,7 @@ pub fn start_servers(
     let program = |name: &str| {
         find_program(name).map_or_else(|| name.to_string(), |p| p.display().to_string())
     };
-    if tools.contains(&Tool::Iperf3) {
+    if needed(Server::Iperf3) {
         let mut c = place.server_command(&program("iperf3"));
         // JSON every half second: an upload's rates are read from the server's report
         // (`--get-server-output`), since the sender's count what entered its socket.
@@ -223,10 +235,7 @@ pub fn start_servers(
         ]);
         start(c, ports.iperf)?;
     }
-    if [Tool::Lftp, Tool::Curl, Tool::BraidVsftpd]
-        .iter()
-        .any(|t| tools.contains(t))
-    {
+    if needed(Server::Vsftpd) {
         // Run as its launching user, vsftpd does not chroot: anon_root is where paths start.
         let empty = work.join("vsftpd-empty");
         std::fs::create_dir_all(&empty)?;
@@ -239,7 +248,7 @@ pub fn start_servers(
         c.arg(&conf);
         start(c, ports.vsftpd)?;
     }
-    if tools.contains(&Tool::Kermit) {
+    if needed(Server::Kermit) {
         // A Kermit server takes one connection and ends with the client's FINISH: start it
         // again after each, accepting packets up to 9024 bytes and 32 window slots (the
         // client's settings then decide).
@@ -255,7 +264,7 @@ pub fn start_servers(
         ]);
         start(c, ports.kermit)?;
     }
-    if tools.contains(&Tool::GlobusUrlCopy) {
+    if needed(Server::Gridftp) {
         // Anonymous users act as the user running the benchmark.
         let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
         let mut c = place.server_command(&program("globus-gridftp-server"));

@@ -1076,8 +1076,9 @@ fn directories_need_r_a_missing_url_is_named_and_a_batch_makes_its_directory() {
     assert!(long.contains("Exit codes:") && !short.contains("Exit codes:"));
 }
 
-/// `braid bench --files`: a tree per run, moved whole by each tool that moves trees, and
-/// the tools that move single files left out with a note.
+/// `braid bench --files`: a tree per run, moved whole by each tool that moves trees (the bench
+/// counts what landed), set against braid's time, and the tools that move single files left
+/// out with a note.
 #[test]
 fn bench_moves_a_tree_with_each_tool_that_can() {
     crate::util::require("lftp");
@@ -1091,7 +1092,7 @@ fn bench_moves_a_tree_with_each_tool_that_can() {
             "--size",
             "2000",
             "--tool",
-            "braid,lftp,curl",
+            "braid,lftp,lftp-braid,curl",
             "-n",
             "1",
             "--repeat",
@@ -1111,7 +1112,11 @@ fn bench_moves_a_tree_with_each_tool_that_can() {
         !tools.contains(&"curl"),
         "curl moves single files: {tools:?}"
     );
-    assert_eq!(cells.len(), 4, "braid and lftp, get and put: {report}");
+    assert_eq!(
+        cells.len(),
+        6,
+        "braid, lftp, lftp-braid, get and put: {report}"
+    );
     for c in cells {
         assert_eq!(c["failures"], 0, "{c}");
     }
@@ -1121,7 +1126,12 @@ fn bench_moves_a_tree_with_each_tool_that_can() {
     let header: Vec<&str> = rows.next().unwrap().split(',').collect();
     let bytes = header.iter().position(|h| *h == "bytes").unwrap();
     let runs: Vec<Vec<&str>> = rows.map(|r| r.split(',').collect()).collect();
-    assert_eq!(runs.len(), 4);
+    assert_eq!(runs.len(), 6);
     assert!(runs.iter().all(|r| r[bytes] == "60000"), "{csv}");
     assert!(out.contains("A tree of 30 files of 2000 bytes"), "{out}");
+    assert!(
+        out.contains("put against braid's fastest in the same run"),
+        "{out}"
+    );
+    assert!(out.contains("| lftp-braid | 1 |"), "{out}");
 }
