@@ -1,38 +1,9 @@
-"""Helpers the benchmark scripts share: free ports, servers started and stopped (vsftpd,
-globus-gridftp-server), random files, certificates, CPU time of processes."""
+"""Helpers the benchmark scripts share: random files, certificates, the vsftpd configuration,
+CPU time of processes."""
 
-import json
 import os
 import resource
-import shutil
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
-import time
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BRAID = os.path.join(ROOT, "target", "release", "braid")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, proc, limit=10.0):
-    deadline = time.time() + limit
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited early")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{proc.args[0]} did not listen on {port}")
 
 
 def random_file(path, size):
@@ -59,14 +30,6 @@ def certificate(work, host):
     return cert, key
 
 
-def program(name):
-    for d in ("/usr/sbin", "/sbin"):
-        p = os.path.join(d, name)
-        if os.access(p, os.X_OK):
-            return p
-    return shutil.which(name)
-
-
 def vsftpd_conf(work, root, addr, port, writable=False):
     """A vsftpd configuration (in `work`) for an anonymous server of `root` on addr:port,
     uploads too when `writable`; returns its path. The same as braid's own
@@ -84,53 +47,6 @@ def vsftpd_conf(work, root, addr, port, writable=False):
                 f"max_clients=0\nmax_per_ip=0\n"
                 f"pasv_enable=YES\npasv_address={addr}\nsecure_chroot_dir={empty}\nxferlog_enable=NO\n")
     return conf
-
-
-def start_vsftpd(servers, work, root, writable=False):
-    """An anonymous vsftpd serving `root` on a free loopback port (see `vsftpd_conf`);
-    returns the port."""
-    port = free_port()
-    conf = vsftpd_conf(work, root, "127.0.0.1", port, writable)
-    wait_port(port, servers.start([program("vsftpd"), conf]))
-    return port
-
-
-def gridftp_command(home, addr, port):
-    """An anonymous globus-gridftp-server (as this user) with `home` as its home directory,
-    on addr:port."""
-    user = os.environ.get("USER", "root")
-    return [program("globus-gridftp-server"), "-aa", "-anonymous-user", user, "-auth-level", "0",
-            "-p", str(port), "-control-interface", addr, "-data-interface", addr,
-            "-home-dir", home, "-allow-root", "-log-level", "ERROR"]
-
-
-def start_gridftp(servers, home):
-    """globus-gridftp-server on a free loopback port (see `gridftp_command`); returns the
-    port."""
-    port = free_port()
-    wait_port(port, servers.start(gridftp_command(home, "127.0.0.1", port)))
-    return port
-
-
-class Servers:
-    """Processes to stop at the end, each in its own process group."""
-
-    def __init__(self):
-        self.procs = []
-
-    def start(self, args, **kw):
-        p = subprocess.Popen(args, start_new_session=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, **kw)
-        self.procs.append(p)
-        return p
-
-    def stop(self):
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # p.pid leads its own group (start_new_session)
-            except ProcessLookupError:
-                pass
-            p.wait()
 
 
 def proc_cpu(pid):

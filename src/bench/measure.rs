@@ -115,6 +115,8 @@ pub struct Context<'a> {
     pub stop: &'a AtomicBool,
     /// Congestion control for braid's and iperf3's sending side.
     pub congestion: Option<&'a str>,
+    /// `--tls`: braid's client reaches braid serve over TLS, trusting this certificate.
+    pub tls_ca: Option<&'a std::path::Path>,
 }
 
 /// The tree payload's directory in the served one (`--files`).
@@ -158,6 +160,7 @@ impl Context<'_> {
                     Direction::Put => c.args(["put", "-r", &local, &url(port, &format!("{up}/"))]),
                 };
                 c.args(["-q", "--json", "-j", "8", "-n", &streams]);
+                self.add_tls(&mut c, cell);
                 c
             }
             Tool::Lftp | Tool::LftpBraid => {
@@ -198,6 +201,13 @@ impl Context<'_> {
             _ => self.place.command("false"),
         };
         (command, landing)
+    }
+
+    /// `--tls`: braid's client against braid serve encrypts, trusting the bench's certificate.
+    fn add_tls(&self, c: &mut Command, cell: &Cell) {
+        if let (Some(ca), Tool::Braid) = (self.tls_ca, cell.tool) {
+            c.arg("--tls").arg("--tls-ca").arg(ca);
+        }
     }
 
     /// The client command for a cell, moving `name` (a file in the served directory), and
@@ -259,6 +269,7 @@ impl Context<'_> {
                 if cell.background {
                     c.arg("--background");
                 }
+                self.add_tls(&mut c, cell);
                 c
             }
             Tool::Iperf3 => {

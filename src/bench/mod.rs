@@ -154,6 +154,17 @@ pub struct BenchArgs {
     /// cells it can; a tool that is not installed is skipped with a note.
     #[arg(long, value_delimiter = ',', default_value = "braid", value_parser = Tool::parse)]
     pub tool: Vec<Tool>,
+    /// braid's client against braid serve over TLS: AUTH TLS and PROT P on every data
+    /// connection, with a certificate made for the server's address. What encryption costs,
+    /// set against a run without; the other tools stay in clear.
+    #[arg(long, conflicts_with_all = ["url", "attack"])]
+    pub tls: bool,
+    /// Cap the kernel's TCP buffers (tcp_rmem and tcp_wmem) at SIZE in both lab hosts, as an
+    /// older host's would be: 48KiB gives the ~24 KB windows of the XFTP paper's 1998 hosts.
+    /// No program in the hosts can raise its buffers past it, braid's tuning included.
+    #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size,
+          conflicts_with_all = ["url", "loopback", "attack"])]
+    pub host_buffers: Option<u64>,
     /// Runs of each cell.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub repeat: u32,
@@ -326,6 +337,28 @@ fn predict(
 
 /// The benchmark's files: in memory where there is a /dev/shm, so that the disk is not
 /// measured.
+/// `--host-buffers`: both hosts' TCP buffers capped at `cap` bytes, default and maximum
+/// (the sysctls are the namespace's own).
+fn cap_host_buffers(lab: &Running, cap: u64) -> Result<()> {
+    let limits = format!("4096 {cap} {cap}");
+    for host in ["left", "right"] {
+        let out = lab
+            .command(host, "sysctl")
+            .arg("-qw")
+            .arg(format!("net.ipv4.tcp_rmem={limits}"))
+            .arg(format!("net.ipv4.tcp_wmem={limits}"))
+            .output()
+            .context("cannot run sysctl in the lab")?;
+        if !out.status.success() {
+            bail!(
+                "cannot cap the TCP buffers in {host}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+    }
+    Ok(())
+}
+
 fn work_dir() -> Result<tempfile::TempDir> {
     let shm = std::path::Path::new("/dev/shm");
     let b = tempfile::Builder::new().prefix("braid-bench").clone();
@@ -554,7 +587,14 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     let congestion = args
         .congestion
         .unwrap_or_else(crate::model::system_congestion);
-    let autotuned = crate::model::autotuned();
+    // The hosts' caps, when set, are what the kernel tunes up to.
+    let autotuned = match args.host_buffers {
+        Some(cap) => crate::model::limits::Window::Auto {
+            rmem_max: cap as f64,
+            wmem_max: cap as f64,
+        },
+        None => crate::model::autotuned(),
+    };
     let predictions: Vec<Option<Prediction>> = cells
         .iter()
         .map(|c| {
@@ -582,6 +622,11 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         make_tree(&root.join(measure::TREE), files, args.size)?;
     }
     let braid = runnable_copy(tmp.path())?;
+    let tls = match (args.tls, args.loopback) {
+        (false, _) => None,
+        (true, true) => Some(servers::Tls::make(tmp.path(), "127.0.0.1")?),
+        (true, false) => Some(servers::Tls::make(tmp.path(), servers::SERVER)?),
+    };
 
     let bar = ProgressBar::new(runs.len() as u64);
     bar.set_style(
@@ -618,7 +663,11 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             (None, false) => {
                 let spec = specs[&scenario].clone();
                 bar.set_message(format!("{scenario}: bringing the link up"));
-                Some(Running::up(&args.name, spec, args.seed, None)?)
+                let lab = Running::up(&args.name, spec, args.seed, None)?;
+                if let Some(cap) = args.host_buffers {
+                    cap_host_buffers(&lab, cap)?;
+                }
+                Some(lab)
             }
             _ => None,
         };
@@ -630,7 +679,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         let (ports, servers) = match place {
             servers::Place::Loopback => {
                 let (ports, servers) =
-                    servers::start_on_loopback(&braid, tmp.path(), &root, &used)?;
+                    servers::start_on_loopback(&braid, tmp.path(), &root, &used, tls.as_ref())?;
                 loopback_ports = Some(ports);
                 (ports, Some(servers))
             }
@@ -644,6 +693,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
                     tmp.path(),
                     &root,
                     &used,
+                    tls.as_ref(),
                 )?),
             ),
         };
@@ -661,6 +711,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             timeout: Duration::from_secs(args.timeout),
             stop: &stop,
             congestion: args.congestion.map(Congestion::name),
+            tls_ca: tls.as_ref().map(|t| t.cert.as_path()),
         };
         bar.set_message(format!("{scenario}: ping on the idle link"));
         let quiet = measure::idle_ping(&ctx.place, args.idle_ping, epoch)?;

@@ -47,6 +47,11 @@ pub struct Measured {
     /// CPU seconds the client and the servers used for the run (the client alone against a
     /// remote server).
     pub cpu_seconds: Option<f64>,
+    /// braid: seconds from the transfer's start until its rate first reached 90 % of where it
+    /// settled ([`ramp_to_90`]): how long the self-tuning takes to find its count.
+    pub ramp_seconds: Option<f64>,
+    /// braid: its data connections were TLS (its summary counts their handshakes).
+    pub tls: bool,
 }
 
 /// `[epoch] 64 bytes from ...: icmp_seq=1 ttl=64 time=21.6 ms` (ping -D) → (epoch, ms).
@@ -99,6 +104,7 @@ pub fn parse_braid(stdout: &str) -> Measured {
         seconds: f("seconds").unwrap_or(0.0),
         bytes_per_second: f("bytes_per_second").unwrap_or(0.0),
         streams: f("streams").map(|s| s as u32),
+        tls: v.get("tls_handshakes").is_some(),
         ..Measured::default()
     };
     if let Some(rows) = v.get("timeline").and_then(|t| t.as_array()) {
@@ -117,6 +123,7 @@ pub fn parse_braid(stdout: &str) -> Measured {
             (!vals.is_empty()).then(|| vals.iter().sum())
         };
         m.retransmits = sum("retransmits").map(|r| r as u64);
+        m.ramp_seconds = ramp_to_90(rows);
         // A receiver's TCP_INFO has no sending time: only an upload says anything here.
         if let Some(busy) = sum("busy_ms").filter(|b| *b > 0.0) {
             m.sender = Some(SenderLimits {
@@ -139,6 +146,47 @@ pub fn parse_braid(stdout: &str) -> Measured {
         m.error = Some("braid's summary has no duration".into());
     }
     m
+}
+
+/// The whole second from the transfer's start at which its rate, summed over connections from
+/// the kernel's byte counters (`moved` in each timeline row), first reached 90 % of its final
+/// level: the median of the seconds in the run's second half. None for a run too short to
+/// tell (under 4 seconds with counters).
+pub fn ramp_to_90(rows: &[serde_json::Value]) -> Option<f64> {
+    let mut series: std::collections::BTreeMap<u64, Vec<(f64, f64)>> = Default::default();
+    for r in rows {
+        let (Some(conn), Some(t), Some(moved)) = (
+            r.get("conn").and_then(|c| c.as_u64()),
+            r.get("t").and_then(|t| t.as_f64()),
+            r.get("moved").and_then(|m| m.as_f64()),
+        ) else {
+            continue;
+        };
+        series.entry(conn).or_default().push((t, moved));
+    }
+    let mut per_second: std::collections::BTreeMap<u64, f64> = Default::default();
+    for points in series.values() {
+        for w in points.windows(2) {
+            let ((t0, m0), (t1, m1)) = (w[0], w[1]);
+            if t1 > t0 {
+                *per_second.entry(t1 as u64).or_default() += (m1 - m0) / (t1 - t0);
+            }
+        }
+    }
+    if per_second.len() < 4 {
+        return None;
+    }
+    let mut late: Vec<f64> = per_second
+        .values()
+        .skip(per_second.len() / 2)
+        .copied()
+        .collect();
+    late.sort_by(f64::total_cmp);
+    let settled = late[late.len() / 2];
+    per_second
+        .iter()
+        .find(|(_, rate)| **rate >= 0.9 * settled)
+        .map(|(s, _)| *s as f64)
 }
 
 /// iperf3 -J: what the receiver got, and the sender's retransmissions.
@@ -208,6 +256,26 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn the_ramp_is_the_first_second_at_90_percent_of_the_settled_rate() {
+        // Two connections: one at 100 bytes/s from the start, one that joins at second 3 with
+        // 100 more; the rate settles at 200 bytes/s and reaches it (over 180) in second 4.
+        let mut rows = Vec::new();
+        for t in 0..=8u32 {
+            rows.push(serde_json::json!({"t": t, "conn": 0, "moved": 100 * t}));
+            if t >= 3 {
+                rows.push(serde_json::json!({"t": t, "conn": 1, "moved": 100 * (t - 3)}));
+            }
+        }
+        assert_eq!(ramp_to_90(&rows), Some(4.0));
+        // Without the kernel's counters, or for three seconds, there is nothing to tell.
+        let bare: Vec<_> = (0..9)
+            .map(|t| serde_json::json!({"t": t, "conn": 0}))
+            .collect();
+        assert_eq!(ramp_to_90(&bare), None);
+        assert_eq!(ramp_to_90(&rows[..4]), None);
     }
 
     #[test]

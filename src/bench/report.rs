@@ -82,6 +82,10 @@ pub struct CellReport {
     pub retransmits_median: Option<f64>,
     /// CPU seconds per GiB moved, client and servers together (median of the runs).
     pub cpu_s_per_gib: Option<f64>,
+    /// The connection counts the tool ended with, each once (what `-n auto` chose).
+    pub streams_used: Vec<u32>,
+    /// braid: the median seconds until a run's rate first reached 90 % of where it settled.
+    pub ramp_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -221,6 +225,14 @@ pub fn build(
                     .collect::<Vec<_>>(),
             )
             .map(|s| s.median),
+            streams_used: {
+                let mut used: Vec<u32> = ok.iter().filter_map(|m| m.streams).collect();
+                used.sort_unstable();
+                used.dedup();
+                used
+            },
+            ramp_s: Summary::of(&ok.iter().filter_map(|m| m.ramp_seconds).collect::<Vec<_>>())
+                .map(|s| s.median),
         });
     }
     Report {
@@ -499,13 +511,20 @@ pub fn markdown(r: &Report, plots: &[String], comparison: &str) -> String {
             let side = |d: &str| {
                 let c = &link[d];
                 format!(
-                    "{d}: {} queue drops, {} lost, longest queueing {:.0} ms",
+                    "{d}: {} queue drops, {} lost, {} device drops, longest queueing {:.0} ms",
                     c["queue_drops"],
                     c["lost"],
+                    c["device_drops"],
                     c["max_queue_delay_us"].as_f64().unwrap_or(0.0) / 1000.0
                 )
             };
-            let _ = writeln!(s, "Link over all runs: {}; {}.\n", side("up"), side("down"));
+            let _ = writeln!(
+                s,
+                "Link over all runs: {}; {} (device drops: packets the relay was too slow to \
+                 read, which make a run untrustworthy).\n",
+                side("up"),
+                side("down")
+            );
         }
         let setups: Vec<String> = r
             .setup_seconds
@@ -522,16 +541,27 @@ pub fn markdown(r: &Report, plots: &[String], comparison: &str) -> String {
                 setups.join(", ")
             );
         }
-        s.push_str("| tool | dir | streams | buffer | block | n | min | median | mean | max | std | model (binding) | model error | ping p50 / p95 ms (+ over idle) | sender limit | retransmits | CPU s/GiB |\n");
-        s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        s.push_str("| tool | dir | streams (used) | buffer | block | n | min | median | mean | max | std | model (binding) | model error | ping p50 / p95 ms (+ over idle) | sender limit | retransmits | CPU s/GiB | to 90 % s |\n");
+        s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         for c in r.cells.iter().filter(|c| &c.cell.scenario == sc) {
             let st = c.mbit_s.as_ref();
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {}{} | {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 c.cell.tool_label(),
                 c.cell.direction.name(),
                 c.cell.streams.label(),
+                match &c.streams_used[..] {
+                    [] => String::new(),
+                    [n] if c.cell.streams == super::grid::Streams::Fixed(*n) => String::new(),
+                    used => format!(
+                        " ({})",
+                        used.iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                },
                 size_label(c.cell.buffer),
                 size_label(c.cell.block),
                 st.map_or(0, |s| s.count),
@@ -568,6 +598,7 @@ pub fn markdown(r: &Report, plots: &[String], comparison: &str) -> String {
                 c.kernel_limit.as_deref().unwrap_or("-"),
                 opt(c.retransmits_median, 0),
                 opt(c.cpu_s_per_gib, 3),
+                opt(c.ramp_s, 0),
             );
         }
         let here: Vec<&CellReport> = r.cells.iter().filter(|c| &c.cell.scenario == sc).collect();
@@ -708,6 +739,8 @@ mod tests {
             kernel_limit: None,
             retransmits_median: None,
             cpu_s_per_gib: None,
+            streams_used: Vec::new(),
+            ramp_s: None,
         }
     }
 

@@ -78,6 +78,26 @@ impl Ports {
     }
 }
 
+/// A certificate braid serve offers TLS with (`braid bench --tls`), and its key.
+pub struct Tls {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
+impl Tls {
+    /// A self-signed certificate for `addr` (an IP subjectAltName), written into `dir`.
+    pub fn make(dir: &std::path::Path, addr: &str) -> anyhow::Result<Tls> {
+        let made = rcgen::generate_simple_self_signed(vec![addr.to_string()])?;
+        let tls = Tls {
+            cert: dir.join("bench-cert.pem"),
+            key: dir.join("bench-key.pem"),
+        };
+        std::fs::write(&tls.cert, made.cert.pem())?;
+        std::fs::write(&tls.key, made.signing_key.serialize_pem())?;
+        Ok(tls)
+    }
+}
+
 /// Servers running in `right` for a scenario; stopped when dropped.
 pub struct Servers {
     children: Vec<Child>,
@@ -193,9 +213,9 @@ pub fn find_program(name: &str) -> Option<std::path::PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The servers the `tools` need, in the lab's `right` or on loopback: braid serve always,
-/// iperf3 -s, vsftpd (anonymous, uploads allowed, `root` as its directory), a Kermit server
-/// and globus-gridftp-server.
+/// The servers the `tools` need, in the lab's `right` or on loopback: braid serve always
+/// (offering TLS with `tls`), iperf3 -s, vsftpd (anonymous, uploads allowed, `root` as its
+/// directory), a Kermit server and globus-gridftp-server.
 pub fn start_servers(
     place: &Place,
     ports: Ports,
@@ -203,6 +223,7 @@ pub fn start_servers(
     work: &std::path::Path,
     root: &std::path::Path,
     tools: &[Tool],
+    tls: Option<&Tls>,
 ) -> anyhow::Result<Servers> {
     let mut servers = Servers {
         children: Vec::new(),
@@ -215,6 +236,13 @@ pub fn start_servers(
         .args(["serve", "--anonymous-write", "--root"])
         .arg(root)
         .args(["--listen", &format!("{addr}:{}", ports.ftp)]);
+    if let Some(tls) = tls {
+        serve
+            .arg("--tls-cert")
+            .arg(&tls.cert)
+            .arg("--tls-key")
+            .arg(&tls.key);
+    }
     start(serve, ports.ftp)?;
     let program = |name: &str| {
         find_program(name).map_or_else(|| name.to_string(), |p| p.display().to_string())
@@ -286,11 +314,12 @@ pub fn start_on_loopback(
     work: &std::path::Path,
     root: &std::path::Path,
     tools: &[Tool],
+    tls: Option<&Tls>,
 ) -> anyhow::Result<(Ports, Servers)> {
     let mut tries = 0;
     loop {
         let ports = Ports::free()?;
-        match start_servers(&Place::Loopback, ports, braid, work, root, tools) {
+        match start_servers(&Place::Loopback, ports, braid, work, root, tools, tls) {
             Ok(servers) => return Ok((ports, servers)),
             Err(e) if tries < 2 => {
                 tracing::debug!("starting the servers on {ports:?}: {e:#}; trying other ports");

@@ -842,6 +842,39 @@ fn bench_on_loopback_runs_each_tool_and_stops_its_servers() {
     }
 }
 
+/// `braid bench --tls`: braid's client reaches braid serve over TLS (its summary counts the
+/// data connections' handshakes), the certificate made for the server's address.
+#[test]
+fn bench_with_tls_encrypts_braids_transfers() {
+    let top = tempdir();
+    crate::util::bench(
+        top.path(),
+        &[
+            "--loopback",
+            "--tls",
+            "-n",
+            "2",
+            "--repeat",
+            "1",
+            "--size",
+            "1MB",
+            "--idle-ping",
+            "0.2",
+        ],
+        Duration::from_secs(120),
+    );
+    let runs = std::fs::read_to_string(top.path().join("results/results.jsonl")).unwrap();
+    let runs: Vec<serde_json::Value> = runs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2, "a get and a put: {runs:?}");
+    for r in &runs {
+        assert!(r["measured"]["error"].is_null(), "{r}");
+        assert_eq!(r["measured"]["tls"], true, "{r}");
+    }
+}
+
 /// Options that cannot work are refused before anything is sent (exit code 2, saying why),
 /// by get and put alike: a congestion control the kernel lacks (get used to ignore it and put
 /// to warn four times), a socket buffer that would wrap (4 GiB became 0) or crawl (8 KiB),
