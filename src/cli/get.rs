@@ -49,31 +49,38 @@ pub fn run(a: GetArgs) -> anyhow::Result<u8> {
         .iter()
         .map(|u| url::parse(u, &sources))
         .collect::<Result<Vec<_>, _>>()?;
-    if a.shared.tree.recursive {
-        let pairs = get_tree_tops(targets, dest.as_deref())?;
-        let s = client::tree::get_tree(&pairs, &opts, a.shared.tree.options(), |s| {
-            per_file(s, &a.shared.out)
+    download(targets, dest.as_deref(), &opts, &a.shared)
+}
+
+/// Downloads `targets` (one server's) into `dest`: a tree each with -r, one file, or a batch
+/// on one session; `braid cp`'s downloads too.
+pub fn download(
+    targets: Vec<url::Target>,
+    dest: Option<&str>,
+    opts: &Options,
+    shared: &Shared,
+) -> anyhow::Result<u8> {
+    if shared.tree.recursive {
+        let pairs = get_tree_tops(targets, dest)?;
+        let s = client::tree::get_tree(&pairs, opts, shared.tree.options(), |s| {
+            per_file(s, &shared.out)
         })?;
-        return report_tree(&s, &a.shared.out);
+        return report_tree(&s, &shared.out);
     }
     if let [target] = targets.as_slice() {
-        client::job::make_dest_dir(dest.as_deref())?;
-        let dest = client::resolve_dest(dest.as_deref(), &target.path)?;
-        let summary = client::get(target, &dest, &opts)?;
-        return report(
-            &summary,
-            &a.shared.out,
-            matches!(dest, client::Dest::Stdout),
-        );
+        client::job::make_dest_dir(dest)?;
+        let dest = client::resolve_dest(dest, &target.path)?;
+        let summary = client::get(target, &dest, opts)?;
+        return report(&summary, &shared.out, matches!(dest, client::Dest::Stdout));
     }
-    let dir = batch_dir(dest.as_deref())?;
+    let dir = batch_dir(dest)?;
     let mut jobs = Vec::new();
     for target in targets {
         let dest = client::resolve_dest(Some(&dir), &target.path)?;
         jobs.push((target, dest));
     }
-    let batch = client::get_batch(&jobs, &opts, |s| per_file(s, &a.shared.out))?;
-    report_batch(&batch, &a.shared.out)
+    let batch = client::get_batch(&jobs, opts, |s| per_file(s, &shared.out))?;
+    report_batch(&batch, &shared.out)
 }
 
 /// The directory a batch of downloads goes into: DEST, created if missing (as `get -r` does),

@@ -2,6 +2,7 @@
 //! has the same shape: its arguments (a clap `Args` struct) and a `run` that returns the exit
 //! code, in a module of its own here or in the part of braid it drives.
 
+mod cp;
 mod get;
 mod logging;
 mod ls;
@@ -63,6 +64,14 @@ enum Cmd {
     /// Upload files: braid put FILE... ftp://host/path (a path ending in / keeps the names)
     #[command(after_long_help = EXIT_CODES)]
     Put(put::PutArgs),
+    /// Copy over ssh, as scp does: braid cp host:path DEST, braid cp FILE... host:path
+    ///
+    /// Your ssh starts a one-shot braid on the far side (braid serve --stdio); the dialogue
+    /// runs over ssh's channel, the data over braid's own parallel connections, with braid's
+    /// tuning, checksums and resume. The data connections are not encrypted yet:
+    /// --unencrypted-data says you accept that.
+    #[command(after_long_help = EXIT_CODES)]
+    Cp(cp::CpArgs),
     /// List a remote directory.
     #[command(after_long_help = EXIT_CODES)]
     Ls(ls::LsArgs),
@@ -147,6 +156,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Serve(args) => serve::run(args).map(|()| exit::OK),
         Cmd::Get(args) => get::run(args),
         Cmd::Put(args) => put::run(args),
+        Cmd::Cp(args) => cp::run(args),
         Cmd::Ls(args) => ls::run(args),
         Cmd::Passwd(args) => passwd::run(args),
         Cmd::Completions { shell } => completions(shell),

@@ -268,6 +268,7 @@ pub fn options(
         congestion: t.and_then(|t| t.congestion),
         keep_connections: false,
         growing: false,
+        ssh: None,
     })
 }
 

@@ -35,19 +35,30 @@ pub fn run(a: PutArgs) -> anyhow::Result<u8> {
         Some(&a.shared.transfer),
         &a.shared.tls,
     )?;
-    if a.shared.tree.recursive {
-        let pairs = put_tree_tops(&files, &target)?;
-        let s = client::tree::put_tree(&pairs, &opts, a.shared.tree.options(), |s| {
-            per_file(s, &a.shared.out)
+    upload(&files, &target, &opts, &a.shared)
+}
+
+/// Uploads `files` to `target`: a tree each with -r, one file, or a batch on one session;
+/// `braid cp`'s uploads too.
+pub fn upload(
+    files: &[PathBuf],
+    target: &url::Target,
+    opts: &client::Options,
+    shared: &Shared,
+) -> anyhow::Result<u8> {
+    if shared.tree.recursive {
+        let pairs = put_tree_tops(files, target)?;
+        let s = client::tree::put_tree(&pairs, opts, shared.tree.options(), |s| {
+            per_file(s, &shared.out)
         })?;
-        return report_tree(&s, &a.shared.out);
+        return report_tree(&s, &shared.out);
     }
-    if let [file] = files.as_slice() {
-        let summary = client::put(file, &target, &opts)?;
-        return report(&summary, &a.shared.out, false);
+    if let [file] = files {
+        let summary = client::put(file, target, opts)?;
+        return report(&summary, &shared.out, false);
     }
-    let batch = client::put_batch(&files, &target, &opts, |s| per_file(s, &a.shared.out))?;
-    report_batch(&batch, &a.shared.out)
+    let batch = client::put_batch(files, target, opts, |s| per_file(s, &shared.out))?;
+    report_batch(&batch, &shared.out)
 }
 
 /// Splits `put`'s arguments into the files and the URL, which comes last.

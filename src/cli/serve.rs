@@ -9,6 +9,9 @@ use std::sync::Arc;
 
 pub fn run(cli: ServeArgs) -> anyhow::Result<()> {
     let args = cli.resolve()?;
+    if args.stdio {
+        return one_session(&args);
+    }
     let level = if args.verbose {
         tracing::Level::DEBUG
     } else {
@@ -61,6 +64,25 @@ pub fn run(cli: ServeArgs) -> anyhow::Result<()> {
         tracing::info!("server stopped");
         anyhow::Ok(())
     })
+}
+
+/// `--stdio`: one session on standard input and output, then exit. Only warnings go to
+/// stderr (ssh hands them to the person at the other end) unless -v.
+fn one_session(args: &ServeArgs) -> anyhow::Result<()> {
+    let level = if args.verbose {
+        tracing::Level::DEBUG
+    } else {
+        tracing::Level::WARN
+    };
+    init_logging(level, false, args.log_format.unwrap_or_default());
+    let config = Arc::new(args.config(None)?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(server::serve_stdio(config));
+    // The thread reading standard input may still wait in a read nobody can cancel.
+    rt.shutdown_background();
+    Ok(())
 }
 
 /// On SIGHUP: reads the config file and the users file again and gives new sessions the

@@ -1,5 +1,6 @@
 //! The client's control connection: send commands, read replies, open data connections.
 
+use super::channel::{Channel, Piped};
 use super::error::{ClientError, Result};
 use super::url::Target;
 use super::wire::Wire;
@@ -22,7 +23,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const ASSUMED_RTT: Duration = Duration::from_millis(100);
 
 pub struct Control {
-    stream: Wire,
+    stream: Channel,
     parser: ReplyParser,
     peer: SocketAddr,
     pub verbose: bool,
@@ -81,38 +82,7 @@ impl Control {
                 Ok(stream) => {
                     stream.set_read_timeout(Some(REPLY_TIMEOUT)).map_err(fail)?;
                     let _ = stream.set_nodelay(true);
-                    let mut c = Control {
-                        stream: Wire::Clear(stream),
-                        parser: ReplyParser::new(),
-                        peer: a,
-                        verbose: false,
-                        session: ClientSession::new(),
-                        pending: VecDeque::new(),
-                        tls: None,
-                        user: String::new(),
-                        data: Vec::new(),
-                        deferred: VecDeque::new(),
-                        early_size: None,
-                        early_passive: None,
-                        checksum_after: None,
-                        early_checksum: None,
-                        range_markers_asked: false,
-                        braid_greeting: false,
-                    };
-                    let greeting = c.greeting(&name)?;
-                    if greeting.code != 220 {
-                        return Err(ClientError::Remote {
-                            what: "the connection".into(),
-                            reply: greeting,
-                        });
-                    }
-                    // A braid server says so in its greeting, and reads pipelined commands in
-                    // order, as the Globus GridFTP server does: the dialogue then costs a
-                    // round trip per phase, not per command.
-                    c.session
-                        .set_pipeline(braid_proto::session::reads_pipelined(&greeting));
-                    c.braid_greeting = braid_proto::session::is_braid_greeting(&greeting);
-                    return Ok(c);
+                    return Control::greeted(Channel::Net(Wire::Clear(stream)), a, &name);
                 }
                 Err(e) => last = e,
             }
@@ -120,18 +90,91 @@ impl Control {
         Err(fail(last))
     }
 
+    /// A session with the far side `command` starts and speaks to on its standard input and
+    /// output (ssh running `braid serve --stdio`); its data connections go to `data_host`,
+    /// the machine ssh reached. `name` says what was run, for errors.
+    pub fn over_child(
+        mut command: std::process::Command,
+        data_host: std::net::IpAddr,
+        name: &str,
+    ) -> Result<Control> {
+        let local = |what: &str, e: std::io::Error| ClientError::Local {
+            what: format!("{what} for {name}"),
+            cause: e,
+        };
+        let (ours, theirs) =
+            std::os::unix::net::UnixStream::pair().map_err(|e| local("a socket pair", e))?;
+        let input: std::os::fd::OwnedFd = theirs
+            .try_clone()
+            .map_err(|e| local("a socket pair", e))?
+            .into();
+        let child = command
+            .stdin(std::process::Stdio::from(input))
+            .stdout(std::process::Stdio::from(std::os::fd::OwnedFd::from(
+                theirs,
+            )))
+            .spawn()
+            .map_err(|e| ClientError::Connect {
+                addr: name.to_string(),
+                cause: e,
+            })?;
+        // The command holds the child's ends of the pair: while they are open here, a child
+        // that exits would never be seen to close.
+        drop(command);
+        ours.set_read_timeout(Some(REPLY_TIMEOUT))
+            .map_err(|e| local("a socket pair", e))?;
+        let piped = Piped { sock: ours, child };
+        Control::greeted(Channel::Child(piped), SocketAddr::new(data_host, 0), name)
+    }
+
+    /// The session on `stream`, once the server (`name`, at `peer`) has greeted it.
+    fn greeted(stream: Channel, peer: SocketAddr, name: &str) -> Result<Control> {
+        let mut c = Control {
+            stream,
+            parser: ReplyParser::new(),
+            peer,
+            verbose: false,
+            session: ClientSession::new(),
+            pending: VecDeque::new(),
+            tls: None,
+            user: String::new(),
+            data: Vec::new(),
+            deferred: VecDeque::new(),
+            early_size: None,
+            early_passive: None,
+            checksum_after: None,
+            early_checksum: None,
+            range_markers_asked: false,
+            braid_greeting: false,
+        };
+        let greeting = c.greeting(name)?;
+        if greeting.code != 220 {
+            return Err(ClientError::Remote {
+                what: "the connection".into(),
+                reply: greeting,
+            });
+        }
+        // A braid server says so in its greeting, and reads pipelined commands in order, as
+        // the Globus GridFTP server does: the dialogue then costs a round trip per phase, not
+        // per command.
+        c.session
+            .set_pipeline(braid_proto::session::reads_pipelined(&greeting));
+        c.braid_greeting = braid_proto::session::is_braid_greeting(&greeting);
+        Ok(c)
+    }
+
     pub fn peer(&self) -> SocketAddr {
         self.peer
     }
 
-    /// The control connection's socket (for `TCP_INFO`).
-    pub fn socket(&self) -> &TcpStream {
+    /// The control connection's TCP socket (for `TCP_INFO`); None over a child's pipe.
+    pub fn socket(&self) -> Option<&TcpStream> {
         self.stream.tcp()
     }
 
     /// The control connection's lowest round trip, when the kernel has one.
     pub fn min_rtt(&self) -> Option<Duration> {
-        braid_sockopt::tcp_info(self.socket())
+        braid_sockopt::tcp_info(self.socket()?)
             .map(|i| i.min_rtt_us)
             .filter(|&us| us > 0)
             .map(|us| Duration::from_micros(us.into()))
@@ -193,7 +236,6 @@ impl Control {
     pub fn poll(&mut self) -> Result<()> {
         let mut buf = [0u8; 4096];
         self.stream
-            .tcp()
             .set_nonblocking(true)
             .map_err(|e| ClientError::ControlLost(format!("polling replies: {e}")))?;
         let read = loop {
@@ -205,7 +247,7 @@ impl Control {
                 Err(e) => break Err(ClientError::ControlLost(format!("reading reply: {e}"))),
             }
         };
-        let _ = self.stream.tcp().set_nonblocking(false);
+        let _ = self.stream.set_nonblocking(false);
         read?;
         while let Some(r) = self.parsed()? {
             self.pending.push_back(r);
@@ -573,14 +615,15 @@ impl Control {
     pub fn active_listener(&mut self) -> Result<std::net::TcpListener> {
         self.data.clear();
         self.session.set_cached(None);
-        let local = self
-            .stream
-            .tcp()
-            .local_addr()
-            .map_err(|e| ClientError::Local {
-                what: "control connection address".into(),
-                cause: e,
-            })?;
+        let Some(tcp) = self.stream.tcp() else {
+            return Err(ClientError::Protocol(
+                "active data connections need a TCP control connection to listen beside".into(),
+            ));
+        };
+        let local = tcp.local_addr().map_err(|e| ClientError::Local {
+            what: "control connection address".into(),
+            cause: e,
+        })?;
         let listener =
             std::net::TcpListener::bind(SocketAddr::new(local.ip(), 0)).map_err(|e| {
                 ClientError::Local {
@@ -785,10 +828,11 @@ impl Control {
             if stop() {
                 return Ok(None);
             }
-            let tcp = self.stream.tcp();
-            let _ = tcp.set_read_timeout(Some(Duration::from_millis(100)));
+            let _ = self
+                .stream
+                .set_read_timeout(Some(Duration::from_millis(100)));
             let read = self.read_some();
-            let _ = self.stream.tcp().set_read_timeout(Some(REPLY_TIMEOUT));
+            let _ = self.stream.set_read_timeout(Some(REPLY_TIMEOUT));
             match read {
                 Err(ReadError::Io(e)) if is_timeout(&e) && heard.elapsed() < REPLY_TIMEOUT => {}
                 Err(ReadError::Io(e)) if is_timeout(&e) => {
@@ -811,15 +855,17 @@ impl Control {
         // The handshake sits between commands: nothing goes ahead of it.
         self.session.set_pipeline(false);
         self.run(Op::AuthTls)?;
-        let Wire::Clear(sock) = &self.stream else {
-            return Err(ClientError::Protocol("TLS is already on".into()));
+        let Channel::Net(Wire::Clear(sock)) = &self.stream else {
+            return Err(ClientError::Protocol(
+                "TLS goes only on a control connection in clear".into(),
+            ));
         };
         let sock = sock
             .try_clone()
             .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
-        self.stream = super::wire::tls(sock, config, host)?;
+        self.stream = Channel::Net(super::wire::tls(sock, config, host)?);
         let binding = match &self.stream {
-            Wire::Client(s) => Binding::of(&s.conn).ok(),
+            Channel::Net(Wire::Client(s)) => Binding::of(&s.conn).ok(),
             _ => None,
         };
         self.tls = Some(Protection {
@@ -1075,7 +1121,10 @@ mod tests {
         assert_eq!(r.code, 226);
         assert!(c.stored().covers(0, 10));
         // The usual reply timeout is back for the next reads.
-        assert_eq!(c.stream.tcp().read_timeout().unwrap(), Some(REPLY_TIMEOUT));
+        assert_eq!(
+            c.stream.tcp().unwrap().read_timeout().unwrap(),
+            Some(REPLY_TIMEOUT)
+        );
 
         // A server that says nothing: the wait ends when asked to, not on its own.
         let stop = Arc::new(AtomicBool::new(false));

@@ -11,6 +11,7 @@
 
 mod block_get;
 mod block_put;
+mod channel;
 mod control;
 pub mod error;
 mod interrupt;
@@ -26,6 +27,7 @@ mod records;
 mod route;
 mod segments;
 mod sessions;
+pub mod ssh;
 mod stream;
 mod stream_yield;
 pub mod summary;
@@ -86,6 +88,8 @@ pub struct Options {
     /// `--growing`: a download may go past the size the server announced (a file still being
     /// written); otherwise more than announced is an error.
     pub growing: bool,
+    /// `braid cp`: sessions run over ssh to a one-shot braid on the far side.
+    pub ssh: Option<ssh::Ssh>,
 }
 
 /// Downloads one file.

@@ -88,7 +88,7 @@ pub fn pacer(
     if !elastic {
         return Err(background_needs_braid());
     }
-    let info = braid_sockopt::tcp_info(c.socket());
+    let info = c.socket().and_then(braid_sockopt::tcp_info);
     let rtt = c.path_rtt();
     let settings = background::Settings {
         target,

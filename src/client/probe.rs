@@ -49,7 +49,7 @@ impl Prober {
     /// The round trip of the probe in flight, once its acknowledgement is in.
     fn measure(&mut self, c: &Control) -> Option<Duration> {
         let out = self.out?;
-        let info = braid_sockopt::tcp_info(c.socket())?;
+        let info = braid_sockopt::tcp_info(c.socket()?)?;
         if info.unacked > 0 {
             return None;
         }
@@ -93,7 +93,7 @@ impl Prober {
             let cmd = self.change(c);
             return c.send(&cmd);
         }
-        let Some(info) = braid_sockopt::tcp_info(c.socket()) else {
+        let Some(info) = c.socket().and_then(braid_sockopt::tcp_info) else {
             let cmd = self.change(c);
             return c.send(&cmd);
         };

@@ -306,7 +306,9 @@ fn work(c: &mut Control, shared: &Shared) {
                 // The session may be what broke: start a new one, in the old one's place (a
                 // server that allows this client N sessions still counts the old one until
                 // it has gone: 421 meanwhile).
-                let _ = c.socket().shutdown(std::net::Shutdown::Both);
+                if let Some(sock) = c.socket() {
+                    let _ = sock.shutdown(std::net::Shutdown::Both);
+                }
                 match another_session(shared.target, shared.opts, || shared.abort.is_aborted()) {
                     Ok(fresh) => *c = fresh,
                     Err(e) => return tracing::info!("no new session for a broken range: {e}"),

@@ -8,7 +8,10 @@ use super::url::Target;
 /// Connects, logs in, reads FEAT, sets TYPE I. `size_of`: a file whose SIZE is asked in the
 /// same flight where the server pipelines (a braid server).
 pub fn session(target: &Target, opts: &Options, size_of: Option<&str>) -> Result<Control> {
-    let mut c = Control::connect(target)?;
+    let mut c = match &opts.ssh {
+        Some(ssh) => ssh.session(target)?,
+        None => Control::connect(target)?,
+    };
     c.set_verbose(opts.verbose);
     if let Some(tls) = &opts.tls {
         c.start_tls(tls, &target.host)?;

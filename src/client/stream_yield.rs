@@ -91,8 +91,8 @@ mod tests {
     fn without_background_mode_nothing_watches_the_connection() {
         use super::super::testing::{done, scripted};
         let (c, server) = scripted(b"");
-        assert!(start(&c, c.socket(), &Options::default(), true).is_none());
-        assert!(start(&c, c.socket(), &Options::default(), false).is_none());
+        assert!(start(&c, c.socket().unwrap(), &Options::default(), true).is_none());
+        assert!(start(&c, c.socket().unwrap(), &Options::default(), false).is_none());
         done(c, server);
     }
 }

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::timeout;
@@ -26,6 +26,12 @@ pub(super) enum Channel {
     Tls {
         rd: ReadHalf<TlsStream<TcpStream>>,
         wr: WriteHalf<TlsStream<TcpStream>>,
+    },
+    /// A one-shot session's standard input and output (`braid serve --stdio`, started over
+    /// ssh, which authenticates and encrypts the channel).
+    Pipe {
+        rd: Box<dyn AsyncRead + Send + Unpin>,
+        wr: Box<dyn AsyncWrite + Send + Unpin>,
     },
     /// Only while the TLS handshake runs, or after it failed.
     Closed,
@@ -60,8 +66,25 @@ impl Conn {
     /// A new control connection, in clear.
     pub(super) fn new(stream: TcpStream, peer: SocketAddr) -> Conn {
         let (rd, wr) = stream.into_split();
+        Conn::over(Channel::Clear { rd, wr }, peer)
+    }
+
+    /// A session over a pipe's two ends, for a client at `peer` (as ssh reports it).
+    pub(super) fn piped(
+        rd: impl AsyncRead + Send + Unpin + 'static,
+        wr: impl AsyncWrite + Send + Unpin + 'static,
+        peer: SocketAddr,
+    ) -> Conn {
+        let channel = Channel::Pipe {
+            rd: Box::new(rd),
+            wr: Box::new(wr),
+        };
+        Conn::over(channel, peer)
+    }
+
+    fn over(channel: Channel, peer: SocketAddr) -> Conn {
         Conn {
-            channel: Channel::Clear { rd, wr },
+            channel,
             lines: LineBuffer::new(MAX_LINE),
             buf: vec![0u8; 4096].into_boxed_slice(),
             queued: VecDeque::new(),
@@ -122,6 +145,10 @@ impl Conn {
                 Ok(()) => wr.flush().await,
                 Err(e) => Err(e),
             },
+            Channel::Pipe { wr, .. } => match wr.write_all(&out).await {
+                Ok(()) => wr.flush().await,
+                Err(e) => Err(e),
+            },
             Channel::Closed => Err(std::io::ErrorKind::NotConnected.into()),
         };
         // The buffer serves the next replies.
@@ -171,6 +198,7 @@ impl Conn {
                     rd.read(&mut self.buf).await
                 }
                 Channel::Tls { rd, .. } => rd.read(&mut self.buf).await,
+                Channel::Pipe { rd, .. } => rd.read(&mut self.buf).await,
                 Channel::Closed => return Input::Closed,
             };
             match read {
@@ -213,6 +241,9 @@ impl Conn {
         config: Arc<rustls::ServerConfig>,
         limit: Duration,
     ) -> Result<Binding, String> {
+        if !matches!(self.channel, Channel::Clear { .. }) {
+            return Err("the control connection is not a clear TCP connection".into());
+        }
         let Channel::Clear { rd, wr } = std::mem::replace(&mut self.channel, Channel::Closed)
         else {
             return Err("the control connection is not in clear".into());

@@ -6,6 +6,7 @@
 use super::conn::{Conn, Input};
 use super::io::Io;
 use super::{Config, Shutdown, reached};
+use braid_proto::path::VPath;
 use braid_proto::session::{Action, Session, SessionConfig, canonical_ip};
 use braid_proto::{Command, MAX_LINE, Reply};
 use std::net::SocketAddr;
@@ -18,7 +19,7 @@ pub(super) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
     config: Arc<Config>,
-    mut shutdown: watch::Receiver<Shutdown>,
+    shutdown: watch::Receiver<Shutdown>,
 ) {
     // Clients send ABOR with TCP urgent data; keep that byte in the stream.
     let _ = socket2::SockRef::from(&stream).set_out_of_band_inline(true);
@@ -26,7 +27,57 @@ pub(super) async fn serve(
     let Ok(local) = stream.local_addr() else {
         return;
     };
-    let mut conn = Conn::new(stream, peer);
+    let conn = Conn::new(stream, peer);
+    let ends = Ends {
+        peer,
+        local,
+        start: VPath::root(),
+        guarded: true,
+    };
+    run(conn, ends, config, shutdown).await;
+}
+
+/// One session on standard input and output (`braid serve --stdio`, started by ssh for
+/// `braid cp`): no pre-login place to hold (ssh has admitted the client), starting in `start`.
+pub(super) async fn serve_piped(
+    conn: Conn,
+    local: SocketAddr,
+    start: VPath,
+    config: Arc<Config>,
+    shutdown: watch::Receiver<Shutdown>,
+) {
+    let ends = Ends {
+        peer: conn.peer,
+        local,
+        start,
+        guarded: false,
+    };
+    run(conn, ends, config, shutdown).await;
+}
+
+/// Where a session's connection comes from and goes to.
+struct Ends {
+    peer: SocketAddr,
+    /// Where passive data connections listen.
+    local: SocketAddr,
+    /// The directory the session starts in.
+    start: VPath,
+    /// Whether the session holds a pre-login place ([`super::guard`]) until it logs in.
+    guarded: bool,
+}
+
+async fn run(
+    mut conn: Conn,
+    ends: Ends,
+    config: Arc<Config>,
+    mut shutdown: watch::Receiver<Shutdown>,
+) {
+    let Ends {
+        peer,
+        local,
+        start,
+        guarded,
+    } = ends;
     let mut io = Io {
         config: config.clone(),
         peer,
@@ -49,16 +100,20 @@ pub(super) async fn serve(
         },
         peer.ip(),
     );
+    session.start_in(start);
     let _counted = config.metrics.session();
     tracing::info!(%peer, "connected");
     let connected = Instant::now();
     let ip = canonical_ip(peer.ip());
-    let mut place = match config
-        .guard
-        .enter(config.ranges.of(ip), config.max_startups)
-    {
-        Ok(place) => Some(place),
-        Err(why) => {
+    let entered = guarded.then(|| {
+        config
+            .guard
+            .enter(config.ranges.of(ip), config.max_startups)
+    });
+    let mut place = match entered {
+        None => None,
+        Some(Ok(place)) => Some(place),
+        Some(Err(why)) => {
             crate::warnings::warn("prelogin-full", ip, format_args!("refused: {why}"));
             let _ = conn.send_unlogged(&Reply::new(421, why)).await;
             return;

@@ -205,6 +205,48 @@ impl Config {
     }
 }
 
+/// One session on this process's standard input and output (`braid serve --stdio`): the
+/// client at the far end of ssh's channel, data connections listening on the address ssh was
+/// reached at, the session starting in the current directory. Returns when the session ends.
+pub async fn serve_stdio(config: Arc<Config>) {
+    let (peer, local) = ssh_ends(std::env::var("SSH_CONNECTION").ok().as_deref());
+    let start = std::env::current_dir()
+        .ok()
+        .and_then(|cwd| start_dir(&config.root, &cwd))
+        .unwrap_or_else(braid_proto::path::VPath::root);
+    let conn = conn::Conn::piped(tokio::io::stdin(), tokio::io::stdout(), peer);
+    // Nothing stops a one-shot session but its end.
+    let (_running, shutdown) = watch::channel(Shutdown::Running);
+    control::serve_piped(conn, local, start, config, shutdown).await;
+}
+
+/// The client's and this side's addresses from ssh's `SSH_CONNECTION` ("client-ip
+/// client-port server-ip server-port"); loopback for a session started some other way.
+fn ssh_ends(var: Option<&str>) -> (SocketAddr, SocketAddr) {
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    let Some(fields) = var.map(|v| v.split_whitespace().collect::<Vec<_>>()) else {
+        return (loopback, loopback);
+    };
+    let addr = |ip: Option<&&str>, port: Option<&&str>| -> Option<SocketAddr> {
+        let ip: IpAddr = ip?.parse().ok()?;
+        Some(SocketAddr::new(ip, port?.parse().ok()?))
+    };
+    match (
+        addr(fields.first(), fields.get(1)),
+        addr(fields.get(2), fields.get(3)),
+    ) {
+        // Passive ports listen on the server's address, on a port of their own.
+        (Some(peer), Some(local)) => (peer, SocketAddr::new(local.ip(), 0)),
+        _ => (loopback, loopback),
+    }
+}
+
+/// `cwd` as a path inside `root`, if it is inside.
+fn start_dir(root: &std::path::Path, cwd: &std::path::Path) -> Option<braid_proto::path::VPath> {
+    let inside = cwd.strip_prefix(root).ok()?;
+    braid_proto::path::VPath::root().join(inside.to_str()?).ok()
+}
+
 /// How far a shutdown has gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Shutdown {

@@ -44,6 +44,17 @@ pub struct ServeArgs {
     /// Address and port to listen on; port 0 picks a free one [default: 127.0.0.1:2121].
     #[arg(help_heading = "Where and what", long)]
     pub listen: Option<SocketAddr>,
+    /// Serve one session on standard input and output, then exit: the far side of a
+    /// transfer over ssh, which has already authenticated the client.
+    ///
+    /// The session logs in as anonymous with the rights of the user running this (ssh's),
+    /// serves --root [default: /] and starts in the current directory (where ssh starts a
+    /// command: the home directory), so relative paths mean what they mean to scp. Data
+    /// connections listen on the address ssh was reached at (SSH_CONNECTION). It ends when
+    /// its input closes. Logs only warnings unless -v.
+    #[arg(help_heading = "Where and what", long, conflicts_with_all = ["listen", "users", "metrics", "config"])]
+    #[serde(skip)]
+    pub stdio: bool,
     /// Accounts file (see `braid passwd`). With it, anonymous login is off unless --anonymous.
     #[arg(help_heading = "Who may log in", long)]
     pub users: Option<PathBuf>,
@@ -193,6 +204,7 @@ impl ServeArgs {
             config: self.config.clone(),
             root: self.root.clone().or(file.root),
             listen: self.listen.or(file.listen),
+            stdio: self.stdio,
             users: self.users.clone().or(file.users),
             anonymous: self.anonymous || file.anonymous,
             anonymous_write: self.anonymous_write || file.anonymous_write,
@@ -251,7 +263,11 @@ impl ServeArgs {
     /// The server's configuration. What lives across reloads (failed logins, the checksum
     /// cache, the metrics) comes from `running`, if the server already runs.
     pub fn config(&self, running: Option<&Config>) -> anyhow::Result<Config> {
-        let root = self.root.clone().unwrap_or_else(|| PathBuf::from("."));
+        let default_root = if self.stdio { "/" } else { "." };
+        let root = self
+            .root
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(default_root));
         let root = root
             .canonicalize()
             .with_context(|| format!("cannot serve {}: no such directory", root.display()))?;
@@ -284,7 +300,9 @@ impl ServeArgs {
             );
         }
         let anonymous = self.users.is_none() || self.anonymous || self.anonymous_write;
-        config.anonymous = match (anonymous, self.anonymous_write) {
+        // Over ssh the client is the user running this, with its rights.
+        let write = self.anonymous_write || self.stdio;
+        config.anonymous = match (anonymous, write) {
             (false, _) => None,
             (true, false) => Some(Perm::ReadOnly),
             (true, true) => Some(Perm::ReadWrite),

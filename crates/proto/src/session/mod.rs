@@ -142,6 +142,12 @@ impl Session {
         &self.cwd
     }
 
+    /// Starts the session somewhere other than the root: a one-shot session over ssh starts
+    /// where ssh started it, the home directory, so relative paths mean what they mean to scp.
+    pub fn start_in(&mut self, dir: VPath) {
+        self.cwd = dir;
+    }
+
     fn perm(&self) -> Option<Perm> {
         match self.login {
             Login::LoggedIn { perm, .. } => Some(perm),
@@ -919,6 +925,27 @@ mod tests {
             Action::Passive { extended: true }
         );
         s.passive_done(true, Ok("127.0.0.1:5000".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_session_started_elsewhere_resolves_relative_paths_there() {
+        let mut s = logged_in();
+        let home = VPath::root().join("home/ann").unwrap();
+        s.start_in(home);
+        let Action::Reply(r) = s.handle(Command::Pwd) else {
+            panic!("PWD answers")
+        };
+        assert!(wire(&r).contains("\"/home/ann\""), "{}", wire(&r));
+        passive(&mut s);
+        let Action::Transfer(t) = s.handle(Command::Retr("data/f".into())) else {
+            panic!("no transfer")
+        };
+        assert_eq!(t.path().relative(), "home/ann/data/f");
+        passive(&mut s);
+        let Action::Transfer(t) = s.handle(Command::Retr("/etc/f".into())) else {
+            panic!("no transfer")
+        };
+        assert_eq!(t.path().relative(), "etc/f");
     }
 
     #[test]

@@ -1,0 +1,138 @@
+//! `braid cp`: scp's syntax, braid's transfers. The user's ssh starts a one-shot braid on the
+//! far side (`braid serve --stdio`); the dialogue runs over ssh's channel and the data over
+//! braid's own parallel connections.
+
+use super::get::download;
+use super::options::{Shared, options};
+use super::put::upload;
+use crate::client::error::ClientError;
+use crate::client::ssh::{Ssh, parse_remote};
+use crate::client::url::Target;
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct CpArgs {
+    /// Sources, then the destination: local paths or [user@]host:path as scp takes them.
+    ///
+    /// host:path is relative to the home directory there, host:/path absolute. Either all
+    /// sources are on one host and the destination is here (a download), or the sources are
+    /// here and the destination is on a host (an upload).
+    #[arg(required = true, num_args = 2.., value_name = "SRC... DEST")]
+    args: Vec<String>,
+    /// Continue an interrupted transfer from where it stopped.
+    #[arg(long)]
+    resume: bool,
+    /// The remote shell, with its options: `-e "ssh -p 2222"` [default: ssh].
+    #[arg(
+        short = 'e',
+        long = "ssh",
+        value_name = "COMMAND",
+        default_value = "ssh"
+    )]
+    ssh: String,
+    /// The braid to run on the far side [default: braid, on the PATH ssh gives commands].
+    #[arg(long, value_name = "PATH", default_value = "braid")]
+    remote_braid: String,
+    /// Go ahead although the data connections are not encrypted yet.
+    ///
+    /// The dialogue (paths, commands) runs inside ssh's encrypted channel, and the far side
+    /// accepts data connections only from the address ssh came from, but the file's bytes
+    /// cross the network in clear until braid encrypts its data connections with keys
+    /// exchanged over ssh. Without this flag, braid cp refuses to start.
+    #[arg(long)]
+    unencrypted_data: bool,
+    #[command(flatten)]
+    shared: Shared,
+}
+
+pub fn run(a: CpArgs) -> anyhow::Result<u8> {
+    if !a.unencrypted_data {
+        return Err(ClientError::Usage(
+            "braid cp does not encrypt its data connections yet (ssh carries only the \
+             dialogue): add --unencrypted-data to send the files in clear, or use braid get/put \
+             --tls against a braid serve with a certificate"
+                .into(),
+        )
+        .into());
+    }
+    if a.shared.tls.tls || a.shared.tls.tls_ca.is_some() {
+        return Err(ClientError::Usage(
+            "--tls is for ftp:// servers; braid cp goes through ssh".into(),
+        )
+        .into());
+    }
+    let program: Vec<String> = a.ssh.split_whitespace().map(str::to_string).collect();
+    if program.is_empty() {
+        return Err(ClientError::Usage("--ssh needs a command, e.g. ssh".into()).into());
+    }
+    let mut args = a.args;
+    let dest = args.pop().unwrap_or_default();
+    let remote = |s: &str| parse_remote(s);
+    let ssh = |destination: String| Ssh {
+        program: program.clone(),
+        destination,
+        remote_braid: a.remote_braid.clone(),
+    };
+    let base = options(
+        &a.shared.out,
+        a.resume,
+        Some(&a.shared.transfer),
+        &a.shared.tls,
+    )?;
+    match remote(&dest) {
+        Some((destination, host, path)) => {
+            if let Some(r) = args.iter().find(|s| remote(s).is_some()) {
+                return Err(ClientError::Usage(format!(
+                    "{r} and {dest} are both remote: braid cp copies between here and one host"
+                ))
+                .into());
+            }
+            let files: Vec<PathBuf> = args.iter().map(PathBuf::from).collect();
+            let opts = crate::client::Options {
+                ssh: Some(ssh(destination)),
+                ..base
+            };
+            upload(&files, &far(host, path), &opts, &a.shared)
+        }
+        None => {
+            let mut sources = args.iter().map(|s| (s, remote(s)));
+            let mut targets = Vec::new();
+            let mut on: Option<String> = None;
+            for (arg, r) in sources.by_ref() {
+                let Some((destination, host, path)) = r else {
+                    return Err(ClientError::Usage(format!(
+                        "{arg} and {dest} are both here: braid cp copies between here and one \
+                         host ([user@]host:path); use cp for local copies"
+                    ))
+                    .into());
+                };
+                if on.as_ref().is_some_and(|d| *d != destination) {
+                    return Err(ClientError::Usage(format!(
+                        "{arg} is on another host than the first source: one braid cp reaches one host"
+                    ))
+                    .into());
+                }
+                on = Some(destination);
+                targets.push(far(host, path));
+            }
+            let opts = crate::client::Options {
+                ssh: on.map(ssh),
+                ..base
+            };
+            download(targets, Some(&dest), &opts, &a.shared)
+        }
+    }
+}
+
+/// The far side's file as a session target: its one-shot server takes anonymous logins,
+/// ssh having authenticated the user.
+fn far(host: String, path: String) -> Target {
+    Target {
+        host,
+        port: 22,
+        user: "anonymous".into(),
+        password: String::new(),
+        path,
+    }
+}

@@ -1,0 +1,178 @@
+//! Sessions over ssh (`braid cp`): the user's own ssh starts `braid serve --stdio` on the far
+//! side, whose control dialogue then runs over ssh's channel, already authenticated and
+//! encrypted; data connections go to the machine ssh reached.
+
+use super::control::Control;
+use super::error::{ClientError, Result};
+use super::url::Target;
+use std::net::{IpAddr, ToSocketAddrs};
+use std::process::Command;
+
+/// How to reach the far side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ssh {
+    /// The remote shell and its options (`-e`), split on spaces: `ssh` by default.
+    pub program: Vec<String>,
+    /// ssh's destination as typed: `host` or `user@host`.
+    pub destination: String,
+    /// The braid to run there (`--remote-braid`).
+    pub remote_braid: String,
+}
+
+impl Ssh {
+    /// The command line that starts the far side.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(&self.program[0]);
+        c.args(&self.program[1..]).arg(&self.destination).args([
+            self.remote_braid.as_str(),
+            "serve",
+            "--stdio",
+        ]);
+        c
+    }
+
+    /// A session with the far side for `target` (whose host is ssh's destination's).
+    pub fn session(&self, target: &Target) -> Result<Control> {
+        let data_host = self.data_host(&target.host)?;
+        let shown = format!(
+            "{} {} {} serve --stdio",
+            self.program.join(" "),
+            self.destination,
+            self.remote_braid
+        );
+        Control::over_child(self.command(), data_host, &shown).map_err(|e| self.explain(e))
+    }
+
+    /// Where data connections go: the host's address, or, for a name only ssh's
+    /// configuration knows (a `Host` alias), the `HostName` that `ssh -G` gives for it.
+    fn data_host(&self, host: &str) -> Result<IpAddr> {
+        if let Some(ip) = resolve(host) {
+            return Ok(ip);
+        }
+        let configured = Command::new(&self.program[0])
+            .arg("-G")
+            .arg(host)
+            .output()
+            .ok()
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .find_map(|l| l.strip_prefix("hostname ").map(str::to_string))
+            });
+        configured.as_deref().and_then(resolve).ok_or_else(|| {
+            ClientError::Usage(format!(
+                "cannot find the address of {host} for the data connections (neither DNS nor \
+                 `ssh -G {host}` gives one)"
+            ))
+        })
+    }
+
+    /// A far side that did not greet: most often braid is not installed there.
+    fn explain(&self, e: ClientError) -> ClientError {
+        match e {
+            ClientError::Protocol(_) => ClientError::Protocol(format!(
+                "`{} {} {} serve --stdio` did not start a braid session (its own words, if \
+                 any, are above): can ssh reach {}, and is braid installed there, on the PATH \
+                 ssh gives commands? Install it, or name it with --remote-braid PATH",
+                self.program.join(" "),
+                self.destination,
+                self.remote_braid,
+                self.destination
+            )),
+            e => e,
+        }
+    }
+}
+
+fn resolve(host: &str) -> Option<IpAddr> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    (bare, 0).to_socket_addrs().ok()?.next().map(|a| a.ip())
+}
+
+/// A `[user@]host:path` argument in scp's syntax: (ssh's destination, the host, the path);
+/// None for a local path (no `:` before the first `/`, or an ftp:// URL).
+pub fn parse_remote(arg: &str) -> Option<(String, String, String)> {
+    if arg.to_ascii_lowercase().starts_with("ftp://") {
+        return None;
+    }
+    let (user, rest) = match arg.split_once('@') {
+        Some((u, r)) if !u.is_empty() && !u.contains(['/', ':']) => (Some(u), r),
+        _ => (None, arg),
+    };
+    let (host, shown, path) = match rest.strip_prefix('[') {
+        Some(r) => {
+            let (h, after) = r.split_once(']')?;
+            (h, format!("[{h}]"), after.strip_prefix(':')?)
+        }
+        None => {
+            let colon = rest.find(':')?;
+            let h = &rest[..colon];
+            if h.contains('/') {
+                return None;
+            }
+            (h, h.to_string(), &rest[colon + 1..])
+        }
+    };
+    if host.is_empty() {
+        return None;
+    }
+    let destination = user.map_or(shown.clone(), |u| format!("{u}@{shown}"));
+    Some((destination, host.to_string(), path.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scp_arguments_are_told_from_local_paths() {
+        let remote = |a: &str| parse_remote(a);
+        assert_eq!(
+            remote("ann@box:data/f.bin"),
+            Some(("ann@box".into(), "box".into(), "data/f.bin".into()))
+        );
+        assert_eq!(
+            remote("box:/srv/f"),
+            Some(("box".into(), "box".into(), "/srv/f".into()))
+        );
+        // The home directory itself.
+        assert_eq!(
+            remote("box:"),
+            Some(("box".into(), "box".into(), "".into()))
+        );
+        assert_eq!(
+            remote("[::1]:f"),
+            Some(("[::1]".into(), "::1".into(), "f".into()))
+        );
+        assert_eq!(
+            remote("ann@[::1]:f"),
+            Some(("ann@[::1]".into(), "::1".into(), "f".into()))
+        );
+        // A colon after a slash is part of a local name; so is one with nothing before it.
+        assert_eq!(remote("./a:b"), None);
+        assert_eq!(remote("dir/a:b"), None);
+        assert_eq!(remote("dir/a@b:c"), None);
+        assert_eq!(remote(":f"), None);
+        assert_eq!(remote("plain.txt"), None);
+        assert_eq!(remote("ftp://host/f"), None);
+    }
+
+    #[test]
+    fn the_far_side_is_started_with_the_users_ssh_and_options() {
+        let ssh = Ssh {
+            program: vec!["ssh".into(), "-p".into(), "2222".into()],
+            destination: "ann@box".into(),
+            remote_braid: "/opt/braid".into(),
+        };
+        let c = ssh.command();
+        let args: Vec<_> = c
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(c.get_program(), "ssh");
+        assert_eq!(
+            args,
+            ["-p", "2222", "ann@box", "/opt/braid", "serve", "--stdio"]
+        );
+    }
+}

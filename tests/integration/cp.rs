@@ -1,0 +1,218 @@
+//! `braid cp` and the one-shot far side it starts (`braid serve --stdio`), with a stand-in for
+//! ssh that runs the far side's command here, in a "home" of the test's own, and records its
+//! process id: the dialogue over a pipe, the data over braid's own connections.
+
+use crate::util::{BRAID, braid, braid_command, random_bytes, run, tempdir};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A test's two sides: `home` (the far side's home directory), `here` (the client's current
+/// directory), and the stand-in for ssh.
+struct Sides {
+    _top: tempfile::TempDir,
+    home: PathBuf,
+    here: PathBuf,
+    ssh: PathBuf,
+    pids: PathBuf,
+}
+
+impl Sides {
+    fn new() -> Sides {
+        let top = tempdir();
+        let (home, here) = (top.path().join("home"), top.path().join("here"));
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(&here).unwrap();
+        let pids = top.path().join("pids");
+        // ssh's first argument is the destination; the rest is the command, run in the home
+        // directory as ssh runs it, as the same process (exec), whose id is noted.
+        let ssh = top.path().join("fake-ssh");
+        std::fs::write(
+            &ssh,
+            format!(
+                "#!/bin/sh\nshift\ncd '{}' || exit 1\necho $$ >> '{}'\nexec \"$@\"\n",
+                home.display(),
+                pids.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Sides {
+            _top: top,
+            home,
+            here,
+            ssh,
+            pids,
+        }
+    }
+
+    /// `braid cp` here with the stand-in for ssh; (success, stderr).
+    fn cp(&self, args: &[&str]) -> (bool, String) {
+        let mut cmd = braid_command(&self.here);
+        cmd.current_dir(&self.here)
+            .arg("cp")
+            .arg("-e")
+            .arg(&self.ssh)
+            .args(["--remote-braid", BRAID, "--unencrypted-data", "-q"])
+            .args(args);
+        let (ok, _, err) = run(&mut cmd, LIMIT);
+        (ok, err)
+    }
+
+    /// Every far side this test started has exited.
+    fn assert_far_sides_gone(&self) {
+        let pids = std::fs::read_to_string(&self.pids).unwrap_or_default();
+        assert!(!pids.is_empty(), "no far side was started");
+        for pid in pids.lines() {
+            // A zombie has exited too; only its entry remains until its parent reaps it.
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let running = state
+                .rsplit(')')
+                .next()
+                .and_then(|s| s.split_whitespace().next())
+                .is_some_and(|s| s != "Z");
+            assert!(!running, "the far side {pid} still runs: {state}");
+        }
+    }
+}
+
+fn same(a: &Path, b: &Path) {
+    assert!(
+        std::fs::read(a).unwrap() == std::fs::read(b).unwrap(),
+        "{} and {} differ",
+        a.display(),
+        b.display()
+    );
+}
+
+/// A file down and up over 4 connections, by scp's syntax: relative to the far side's home,
+/// and absolute; identical both times, and no far side left running.
+#[test]
+fn cp_copies_a_file_both_ways_and_leaves_nothing_running() {
+    let s = Sides::new();
+    std::fs::write(s.home.join("big.bin"), random_bytes(6 << 20, 41)).unwrap();
+    let (ok, err) = s.cp(&["-n", "4", "127.0.0.1:big.bin", "got.bin"]);
+    assert!(ok, "{err}");
+    same(&s.here.join("got.bin"), &s.home.join("big.bin"));
+    let absolute = format!("127.0.0.1:{}/up.bin", s.home.display());
+    let (ok, err) = s.cp(&["-n", "4", "got.bin", &absolute]);
+    assert!(ok, "{err}");
+    same(&s.home.join("up.bin"), &s.home.join("big.bin"));
+    s.assert_far_sides_gone();
+}
+
+/// -r: a tree up into a directory of the home, and back down, the same.
+#[test]
+fn cp_r_copies_a_tree_both_ways() {
+    let s = Sides::new();
+    let tree = s.here.join("tree");
+    std::fs::create_dir_all(tree.join("a/b")).unwrap();
+    for i in 0..5u64 {
+        std::fs::write(
+            tree.join(format!("a/f{i}")),
+            random_bytes(1000 + i as usize, i),
+        )
+        .unwrap();
+        std::fs::write(tree.join(format!("a/b/g{i}")), random_bytes(5000, 10 + i)).unwrap();
+    }
+    let (ok, err) = s.cp(&["-r", "tree", "127.0.0.1:up/"]);
+    assert!(ok, "{err}");
+    let (ok, err) = s.cp(&["-r", "127.0.0.1:up/tree", "back/"]);
+    assert!(ok, "{err}");
+    for i in 0..5u64 {
+        for rel in [format!("a/f{i}"), format!("a/b/g{i}")] {
+            same(&tree.join(&rel), &s.home.join("up/tree").join(&rel));
+            same(&tree.join(&rel), &s.here.join("back/tree").join(&rel));
+        }
+    }
+    s.assert_far_sides_gone();
+}
+
+/// A far side without braid: the error says what ran and how to fix it, at once (the
+/// dialogue's end is seen when the far side exits, not after the reply timeout).
+#[test]
+fn cp_says_what_to_do_when_the_far_side_has_no_braid() {
+    let s = Sides::new();
+    let mut cmd = braid_command(&s.here);
+    cmd.current_dir(&s.here).args([
+        "cp",
+        "-e",
+        s.ssh.to_str().unwrap(),
+        "--remote-braid",
+        "/nonexistent/braid",
+        "--unencrypted-data",
+        "127.0.0.1:f",
+        "f",
+    ]);
+    let started = std::time::Instant::now();
+    let (ok, _, err) = run(&mut cmd, LIMIT);
+    assert!(!ok);
+    assert!(err.contains("did not start a braid session"), "{err}");
+    assert!(err.contains("--remote-braid PATH"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "it waited for a reply timeout"
+    );
+    assert!(!s.here.join("f").exists() && !s.here.join("f.part").exists());
+}
+
+/// Until the data connections are encrypted, cp refuses to send files in clear unasked, and
+/// says why (exit code 2, before anything runs).
+#[test]
+fn cp_refuses_clear_data_unless_told() {
+    let (code, _, err) = braid(&["cp", "127.0.0.1:f", "f"], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--unencrypted-data"), "{err}");
+}
+
+/// The far side alone: one session on standard input and output, starting in its current
+/// directory, ending when its input closes.
+#[test]
+fn serve_stdio_serves_one_session_and_ends_with_its_input() {
+    use std::io::{BufRead, BufReader, Write};
+    let s = Sides::new();
+    std::fs::write(s.home.join("f.txt"), b"hello").unwrap();
+    let mut child = std::process::Command::new(BRAID)
+        .args(["serve", "--stdio"])
+        .current_dir(&s.home)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let mut output = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut say = |cmd: &str, line: &mut String| {
+        if !cmd.is_empty() {
+            input.write_all(format!("{cmd}\r\n").as_bytes()).unwrap();
+        }
+        line.clear();
+        output.read_line(line).unwrap();
+    };
+    say("", &mut line);
+    assert!(line.starts_with("220 braid"), "{line}");
+    say("USER anonymous", &mut line);
+    say("PASS x", &mut line);
+    assert!(line.starts_with("230"), "{line}");
+    say("PWD", &mut line);
+    let home = s.home.canonicalize().unwrap();
+    assert!(line.contains(&format!("\"{}\"", home.display())), "{line}");
+    say("SIZE f.txt", &mut line);
+    assert_eq!(line.trim_end(), "213 5");
+    drop(input);
+    let deadline = std::time::Instant::now() + LIMIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "it outlived its input"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success());
+}
