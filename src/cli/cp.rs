@@ -1,6 +1,6 @@
 //! `braid cp`: scp's syntax, braid's transfers. The user's ssh starts a one-shot braid on the
 //! far side (`braid serve --stdio`); the dialogue runs over ssh's channel and the data over
-//! braid's own parallel connections.
+//! braid's own parallel connections, TLS with the certificate the far side named over ssh.
 
 use super::get::download;
 use super::options::{Shared, options};
@@ -34,31 +34,16 @@ pub struct CpArgs {
     /// The braid to run on the far side [default: braid, on the PATH ssh gives commands].
     #[arg(long, value_name = "PATH", default_value = "braid")]
     remote_braid: String,
-    /// Go ahead although the data connections are not encrypted yet.
-    ///
-    /// The dialogue (paths, commands) runs inside ssh's encrypted channel, and the far side
-    /// accepts data connections only from the address ssh came from, but the file's bytes
-    /// cross the network in clear until braid encrypts its data connections with keys
-    /// exchanged over ssh. Without this flag, braid cp refuses to start.
-    #[arg(long)]
-    unencrypted_data: bool,
     #[command(flatten)]
     shared: Shared,
 }
 
 pub fn run(a: CpArgs) -> anyhow::Result<u8> {
-    if !a.unencrypted_data {
-        return Err(ClientError::Usage(
-            "braid cp does not encrypt its data connections yet (ssh carries only the \
-             dialogue): add --unencrypted-data to send the files in clear, or use braid get/put \
-             --tls against a braid serve with a certificate"
-                .into(),
-        )
-        .into());
-    }
     if a.shared.tls.tls || a.shared.tls.tls_ca.is_some() {
         return Err(ClientError::Usage(
-            "--tls is for ftp:// servers; braid cp goes through ssh".into(),
+            "--tls is for ftp:// servers; braid cp encrypts by itself, with keys it learns \
+             over ssh"
+                .into(),
         )
         .into());
     }

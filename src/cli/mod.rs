@@ -67,9 +67,9 @@ enum Cmd {
     /// Copy over ssh, as scp does: braid cp host:path DEST, braid cp FILE... host:path
     ///
     /// Your ssh starts a one-shot braid on the far side (braid serve --stdio); the dialogue
-    /// runs over ssh's channel, the data over braid's own parallel connections, with braid's
-    /// tuning, checksums and resume. The data connections are not encrypted yet:
-    /// --unencrypted-data says you accept that.
+    /// runs over ssh's channel, the data over braid's own parallel connections, each TLS with
+    /// the certificate the far side named over ssh (no CA, nothing to set up), with braid's
+    /// tuning, checksums and resume.
     #[command(after_long_help = EXIT_CODES)]
     Cp(cp::CpArgs),
     /// List a remote directory.

@@ -75,14 +75,14 @@ fn one_session(args: &ServeArgs) -> anyhow::Result<()> {
         tracing::Level::WARN
     };
     init_logging(level, false, args.log_format.unwrap_or_default());
-    let config = Arc::new(args.config(None)?);
+    let config = args.config(None)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(server::serve_stdio(config));
+    let served = rt.block_on(server::serve_stdio(config));
     // The thread reading standard input may still wait in a read nobody can cancel.
     rt.shutdown_background();
-    Ok(())
+    served
 }
 
 /// On SIGHUP: reads the config file and the users file again and gives new sessions the

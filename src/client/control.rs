@@ -54,6 +54,8 @@ pub struct Control {
     /// EPSV can go with the login. (The Globus server drops it at MODE E: a STOR there found
     /// nothing listening.)
     braid_greeting: bool,
+    /// The certificate a one-shot server's greeting named (`braid serve --stdio`).
+    pinned: Option<[u8; 32]>,
 }
 
 /// What AUTH TLS set up: the settings and name the server's certificate was checked with,
@@ -123,7 +125,7 @@ impl Control {
         drop(command);
         ours.set_read_timeout(Some(REPLY_TIMEOUT))
             .map_err(|e| local("a socket pair", e))?;
-        let piped = Piped { sock: ours, child };
+        let piped = Piped::new(ours, child);
         Control::greeted(Channel::Child(piped), SocketAddr::new(data_host, 0), name)
     }
 
@@ -146,6 +148,7 @@ impl Control {
             early_checksum: None,
             range_markers_asked: false,
             braid_greeting: false,
+            pinned: None,
         };
         let greeting = c.greeting(name)?;
         if greeting.code != 220 {
@@ -160,7 +163,14 @@ impl Control {
         c.session
             .set_pipeline(braid_proto::session::reads_pipelined(&greeting));
         c.braid_greeting = braid_proto::session::is_braid_greeting(&greeting);
+        c.pinned = braid_proto::session::pinned_certificate(&greeting);
         Ok(c)
+    }
+
+    /// The SHA-256 of the certificate a one-shot server's greeting named: over ssh's channel,
+    /// the one to trust for this session's TLS.
+    pub fn pinned_certificate(&self) -> Option<[u8; 32]> {
+        self.pinned
     }
 
     pub fn peer(&self) -> SocketAddr {
@@ -855,18 +865,26 @@ impl Control {
         // The handshake sits between commands: nothing goes ahead of it.
         self.session.set_pipeline(false);
         self.run(Op::AuthTls)?;
-        let Channel::Net(Wire::Clear(sock)) = &self.stream else {
-            return Err(ClientError::Protocol(
-                "TLS goes only on a control connection in clear".into(),
-            ));
-        };
-        let sock = sock
-            .try_clone()
-            .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
-        self.stream = Channel::Net(super::wire::tls(sock, config, host)?);
-        let binding = match &self.stream {
-            Channel::Net(Wire::Client(s)) => Binding::of(&s.conn).ok(),
-            _ => None,
+        let binding = match &mut self.stream {
+            Channel::Net(Wire::Clear(sock)) => {
+                let sock = sock
+                    .try_clone()
+                    .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
+                self.stream = Channel::Net(super::wire::tls(sock, config, host)?);
+                match &self.stream {
+                    Channel::Net(Wire::Client(s)) => Binding::of(&s.conn).ok(),
+                    _ => None,
+                }
+            }
+            Channel::Child(piped) => {
+                let name = rustls::pki_types::ServerName::try_from(host.to_string())
+                    .map_err(|e| ClientError::Usage(format!("{host}: {e}")))?;
+                let bound = piped
+                    .start_tls(config, name)
+                    .map_err(|e| ClientError::Tls(super::wire::handshake_failed(host, &e)))?;
+                Some(bound)
+            }
+            Channel::Net(_) => return Err(ClientError::Protocol("TLS is already on".into())),
         };
         self.tls = Some(Protection {
             config: config.clone(),

@@ -40,7 +40,21 @@ impl Ssh {
             self.destination,
             self.remote_braid
         );
-        Control::over_child(self.command(), data_host, &shown).map_err(|e| self.explain(e))
+        let mut c =
+            Control::over_child(self.command(), data_host, &shown).map_err(|e| self.explain(e))?;
+        // The greeting came over ssh's authenticated channel: the certificate it names is the
+        // far side's, and TLS with it protects every data connection, bound to this session.
+        let Some(digest) = c.pinned_certificate() else {
+            return Err(ClientError::Protocol(format!(
+                "the braid on {} names no certificate in its greeting: it is older than this \
+                 one and cannot encrypt braid cp's data; install the same version there",
+                self.destination
+            )));
+        };
+        let config = super::wire::pinned_config(digest)
+            .map_err(|e| ClientError::Tls(format!("TLS setup: {e:#}")))?;
+        c.start_tls(&config, crate::engine::tls::ONE_SHOT_NAME)?;
+        Ok(c)
     }
 
     /// Where data connections go: the host's address, or, for a name only ssh's

@@ -77,6 +77,65 @@ impl ServerCertVerifier for Verifier {
     }
 }
 
+/// One certificate and no other, known by its SHA-256 from a channel already trusted (ssh's,
+/// for `braid cp`): no name, date or authority to check, only that the server holds that
+/// certificate's key (the handshake's signatures, checked as rustls checks them).
+#[derive(Debug)]
+pub struct Pinned {
+    sha256: [u8; 32],
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+}
+
+impl Pinned {
+    pub fn new(sha256: [u8; 32], provider: &rustls::crypto::CryptoProvider) -> Self {
+        Pinned {
+            sha256,
+            algorithms: provider.signature_verification_algorithms,
+        }
+    }
+}
+
+impl ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, Error> {
+        if crate::engine::tls::fingerprint(end_entity) == self.sha256 {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(Error::InvalidCertificate(
+                CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
 /// Whether Web PKI refused the certificate only for being a CA's.
 fn is_ca_used_as_server(e: &Error) -> bool {
     matches!(e, Error::InvalidCertificate(CertificateError::Other(o))
@@ -97,4 +156,36 @@ fn check_dates(der: &CertificateDer<'_>, now: UnixTime) -> Result<(), Error> {
         return Err(Error::InvalidCertificate(CertificateError::Expired));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pinned verifier takes the certificate it was told of, whatever name is asked for,
+    /// and refuses any other, even one for the same name.
+    #[test]
+    fn a_pinned_certificate_is_the_only_one_taken() {
+        let name = crate::engine::tls::ONE_SHOT_NAME.to_string();
+        let told = rcgen::generate_simple_self_signed(vec![name.clone()]).unwrap();
+        let other = rcgen::generate_simple_self_signed(vec![name]).unwrap();
+        let provider = rustls::crypto::ring::default_provider();
+        let pinned = Pinned::new(crate::engine::tls::fingerprint(told.cert.der()), &provider);
+        let check = |cert: &CertificateDer<'_>, host: &str| {
+            pinned.verify_server_cert(
+                cert,
+                &[],
+                &ServerName::try_from(host.to_string()).unwrap(),
+                &[],
+                UnixTime::now(),
+            )
+        };
+        assert!(check(told.cert.der(), "anything.example").is_ok());
+        assert!(matches!(
+            check(other.cert.der(), crate::engine::tls::ONE_SHOT_NAME),
+            Err(Error::InvalidCertificate(
+                CertificateError::ApplicationVerificationFailure
+            ))
+        ));
+    }
 }

@@ -61,6 +61,24 @@ pub fn client_config(ca: Option<&Path>) -> anyhow::Result<Arc<rustls::ClientConf
     .build()
     .context("TLS setup")?;
     let verifier = Arc::new(super::trust::Verifier::new(webpki, given));
+    config_with(provider, verifier)
+}
+
+/// The TLS settings for a one-shot server over ssh (`braid cp`): its certificate alone, known
+/// by the SHA-256 its greeting gave over ssh's channel.
+pub fn pinned_config(sha256: [u8; 32]) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Arc::new(super::trust::Pinned::new(sha256, &provider));
+    config_with(provider, verifier)
+}
+
+/// Client settings checking servers with `verifier`, with session tickets for the data
+/// connections.
+fn config_with(
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    verifier: Arc<dyn rustls::client::danger::ServerCertVerifier>,
+) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    use anyhow::Context;
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .context("TLS setup")?

@@ -185,13 +185,25 @@ pub(super) fn refused(
 /// Runs a TLS handshake to its end (the client's control connection uses it too).
 pub fn handshake<D>(
     conn: &mut rustls::ConnectionCommon<D>,
-    sock: &mut TcpStream,
+    sock: &mut (impl std::io::Read + std::io::Write),
 ) -> std::io::Result<()> {
     while conn.is_handshaking() {
         conn.complete_io(sock)?;
     }
     Ok(())
 }
+
+/// A certificate's SHA-256, by which a client pins a certificate it learnt over another
+/// channel (`braid cp`: the one-shot server's, told over ssh).
+pub fn fingerprint(der: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, der);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+/// The name in a one-shot server's certificate, which its client checks it against.
+pub const ONE_SHOT_NAME: &str = "braid-one-shot";
 
 /// A connection in clear or through TLS, read and written the same way: MODE E data
 /// connections on both sides, and the client's control and stream-mode data connections.

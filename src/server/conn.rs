@@ -14,6 +14,10 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::timeout;
 use tokio_rustls::server::TlsStream;
 
+/// A pipe's two ends as one stream, for TLS.
+type PipeDuplex =
+    tokio::io::Join<Box<dyn AsyncRead + Send + Unpin>, Box<dyn AsyncWrite + Send + Unpin>>;
+
 /// Commands a client may pipeline behind a running transfer before the server stops reading.
 pub(super) const MAX_QUEUED: usize = 32;
 
@@ -32,6 +36,12 @@ pub(super) enum Channel {
     Pipe {
         rd: Box<dyn AsyncRead + Send + Unpin>,
         wr: Box<dyn AsyncWrite + Send + Unpin>,
+    },
+    /// The same after AUTH TLS: the data connections' TLS is bound to this session, which
+    /// runs inside ssh's channel.
+    PipeTls {
+        rd: ReadHalf<TlsStream<PipeDuplex>>,
+        wr: WriteHalf<TlsStream<PipeDuplex>>,
     },
     /// Only while the TLS handshake runs, or after it failed.
     Closed,
@@ -149,6 +159,10 @@ impl Conn {
                 Ok(()) => wr.flush().await,
                 Err(e) => Err(e),
             },
+            Channel::PipeTls { wr, .. } => match wr.write_all(&out).await {
+                Ok(()) => wr.flush().await,
+                Err(e) => Err(e),
+            },
             Channel::Closed => Err(std::io::ErrorKind::NotConnected.into()),
         };
         // The buffer serves the next replies.
@@ -199,6 +213,7 @@ impl Conn {
                 }
                 Channel::Tls { rd, .. } => rd.read(&mut self.buf).await,
                 Channel::Pipe { rd, .. } => rd.read(&mut self.buf).await,
+                Channel::PipeTls { rd, .. } => rd.read(&mut self.buf).await,
                 Channel::Closed => return Input::Closed,
             };
             match read {
@@ -241,24 +256,39 @@ impl Conn {
         config: Arc<rustls::ServerConfig>,
         limit: Duration,
     ) -> Result<Binding, String> {
-        if !matches!(self.channel, Channel::Clear { .. }) {
-            return Err("the control connection is not a clear TCP connection".into());
-        }
-        let Channel::Clear { rd, wr } = std::mem::replace(&mut self.channel, Channel::Closed)
-        else {
+        if !matches!(self.channel, Channel::Clear { .. } | Channel::Pipe { .. }) {
             return Err("the control connection is not in clear".into());
-        };
-        let stream = rd.reunite(wr).map_err(|e| e.to_string())?;
+        }
+        let channel = std::mem::replace(&mut self.channel, Channel::Closed);
         self.lines = LineBuffer::new(MAX_LINE);
         self.queued.clear();
-        let accept = tokio_rustls::TlsAcceptor::from(config).accept(stream);
-        let tls = timeout(limit, accept)
-            .await
-            .map_err(|_| "TLS handshake timed out".to_string())?
-            .map_err(|e| format!("TLS handshake failed: {e}"))?;
-        let binding = Binding::of(tls.get_ref().1).map_err(|e| format!("TLS exporter: {e}"))?;
-        let (rd, wr) = tokio::io::split(tls);
-        self.channel = Channel::Tls { rd, wr };
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let handshake = |e: std::io::Error| format!("TLS handshake failed: {e}");
+        let late = |_| "TLS handshake timed out".to_string();
+        let exporter = |e: rustls::Error| format!("TLS exporter: {e}");
+        let (channel, binding) = match channel {
+            Channel::Clear { rd, wr } => {
+                let stream = rd.reunite(wr).map_err(|e| e.to_string())?;
+                let tls = timeout(limit, acceptor.accept(stream))
+                    .await
+                    .map_err(late)?
+                    .map_err(handshake)?;
+                let binding = Binding::of(tls.get_ref().1).map_err(exporter)?;
+                let (rd, wr) = tokio::io::split(tls);
+                (Channel::Tls { rd, wr }, binding)
+            }
+            Channel::Pipe { rd, wr } => {
+                let tls = timeout(limit, acceptor.accept(tokio::io::join(rd, wr)))
+                    .await
+                    .map_err(late)?
+                    .map_err(handshake)?;
+                let binding = Binding::of(tls.get_ref().1).map_err(exporter)?;
+                let (rd, wr) = tokio::io::split(tls);
+                (Channel::PipeTls { rd, wr }, binding)
+            }
+            _ => return Err("the control connection is not in clear".into()),
+        };
+        self.channel = channel;
         Ok(binding)
     }
 }

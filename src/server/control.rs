@@ -33,16 +33,19 @@ pub(super) async fn serve(
         local,
         start: VPath::root(),
         guarded: true,
+        greeting: Session::greeting(),
     };
     run(conn, ends, config, shutdown).await;
 }
 
 /// One session on standard input and output (`braid serve --stdio`, started by ssh for
-/// `braid cp`): no pre-login place to hold (ssh has admitted the client), starting in `start`.
+/// `braid cp`): no pre-login place to hold (ssh has admitted the client), starting in `start`,
+/// greeting with `greeting` (which names the certificate).
 pub(super) async fn serve_piped(
     conn: Conn,
     local: SocketAddr,
     start: VPath,
+    greeting: Reply,
     config: Arc<Config>,
     shutdown: watch::Receiver<Shutdown>,
 ) {
@@ -51,6 +54,7 @@ pub(super) async fn serve_piped(
         local,
         start,
         guarded: false,
+        greeting,
     };
     run(conn, ends, config, shutdown).await;
 }
@@ -64,6 +68,7 @@ struct Ends {
     start: VPath,
     /// Whether the session holds a pre-login place ([`super::guard`]) until it logs in.
     guarded: bool,
+    greeting: Reply,
 }
 
 async fn run(
@@ -77,6 +82,7 @@ async fn run(
         local,
         start,
         guarded,
+        greeting,
     } = ends;
     let mut io = Io {
         config: config.clone(),
@@ -122,7 +128,7 @@ async fn run(
     let login_timeout = config
         .guard
         .login_timeout(config.login_timeout, config.max_startups);
-    if conn.send(&Session::greeting()).await.is_err() {
+    if conn.send(&greeting).await.is_err() {
         return;
     }
     let login_deadline = Instant::now() + login_timeout;

@@ -207,8 +207,14 @@ impl Config {
 
 /// One session on this process's standard input and output (`braid serve --stdio`): the
 /// client at the far end of ssh's channel, data connections listening on the address ssh was
-/// reached at, the session starting in the current directory. Returns when the session ends.
-pub async fn serve_stdio(config: Arc<Config>) {
+/// reached at, the session starting in the current directory. TLS with a certificate made
+/// now, which the greeting names (the client pins it, having read it over ssh): every data
+/// connection is TLS bound to the session. Returns when the session ends.
+pub async fn serve_stdio(mut config: Config) -> anyhow::Result<()> {
+    let (tls, digest) = tls::Tls::made_now()?;
+    config.tls = Some(Arc::new(tls));
+    let config = Arc::new(config);
+    let greeting = braid_proto::session::Session::greeting_with_certificate(&digest);
     let (peer, local) = ssh_ends(std::env::var("SSH_CONNECTION").ok().as_deref());
     let start = std::env::current_dir()
         .ok()
@@ -217,7 +223,8 @@ pub async fn serve_stdio(config: Arc<Config>) {
     let conn = conn::Conn::piped(tokio::io::stdin(), tokio::io::stdout(), peer);
     // Nothing stops a one-shot session but its end.
     let (_running, shutdown) = watch::channel(Shutdown::Running);
-    control::serve_piped(conn, local, start, config, shutdown).await;
+    control::serve_piped(conn, local, start, greeting, config, shutdown).await;
+    Ok(())
 }
 
 /// The client's and this side's addresses from ssh's `SSH_CONNECTION` ("client-ip

@@ -284,6 +284,36 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
     }
     let key = PrivateKeyDer::from_pem_file(key)
         .with_context(|| format!("cannot read a PEM private key from {}", key.display()))?;
+    config_for(chain, key)
+}
+
+impl Tls {
+    /// A certificate made now for this process alone (`serve --stdio`): its client learns it
+    /// over ssh's channel and accepts no other. Data must be private, and resume the session.
+    /// Also its SHA-256, as the client pins it.
+    pub fn made_now() -> Result<(Tls, [u8; 32])> {
+        use crate::engine::tls::{ONE_SHOT_NAME, fingerprint};
+        let made = rcgen::generate_simple_self_signed(vec![ONE_SHOT_NAME.to_string()])
+            .context("making a certificate")?;
+        let der = made.cert.der().clone();
+        let digest = fingerprint(&der);
+        let key = PrivateKeyDer::try_from(made.signing_key.serialize_der())
+            .map_err(|e| anyhow::anyhow!("the key just made: {e}"))?;
+        let mut base = (*config_for(vec![der], key)?).clone();
+        base.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        let tls = Tls {
+            base: Arc::new(base),
+            reuse_required: true,
+            data_required: true,
+        };
+        Ok((tls, digest))
+    }
+}
+
+fn config_for(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> Result<Arc<rustls::ServerConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

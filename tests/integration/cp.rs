@@ -2,7 +2,7 @@
 //! ssh that runs the far side's command here, in a "home" of the test's own, and records its
 //! process id: the dialogue over a pipe, the data over braid's own connections.
 
-use crate::util::{BRAID, braid, braid_command, random_bytes, run, tempdir};
+use crate::util::{BRAID, braid_command, json, random_bytes, run, tempdir};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -55,10 +55,22 @@ impl Sides {
             .arg("cp")
             .arg("-e")
             .arg(&self.ssh)
-            .args(["--remote-braid", BRAID, "--unencrypted-data", "-q"])
+            .args(["--remote-braid", BRAID, "-q"])
             .args(args);
         let (ok, _, err) = run(&mut cmd, LIMIT);
         (ok, err)
+    }
+
+    /// The same with a JSON summary; (success, stdout, stderr).
+    fn cp_json(&self, args: &[&str]) -> (bool, String, String) {
+        let mut cmd = braid_command(&self.here);
+        cmd.current_dir(&self.here)
+            .arg("cp")
+            .arg("-e")
+            .arg(&self.ssh)
+            .args(["--remote-braid", BRAID, "--json"])
+            .args(args);
+        run(&mut cmd, LIMIT)
     }
 
     /// Every far side this test started has exited.
@@ -88,18 +100,26 @@ fn same(a: &Path, b: &Path) {
 }
 
 /// A file down and up over 4 connections, by scp's syntax: relative to the far side's home,
-/// and absolute; identical both times, and no far side left running.
+/// and absolute; identical both times, every data connection TLS resuming the session the
+/// dialogue started with the certificate the far side named, and no far side left running.
 #[test]
-fn cp_copies_a_file_both_ways_and_leaves_nothing_running() {
+fn cp_copies_a_file_both_ways_encrypted_and_leaves_nothing_running() {
     let s = Sides::new();
     std::fs::write(s.home.join("big.bin"), random_bytes(6 << 20, 41)).unwrap();
-    let (ok, err) = s.cp(&["-n", "4", "127.0.0.1:big.bin", "got.bin"]);
-    assert!(ok, "{err}");
-    same(&s.here.join("got.bin"), &s.home.join("big.bin"));
     let absolute = format!("127.0.0.1:{}/up.bin", s.home.display());
-    let (ok, err) = s.cp(&["-n", "4", "got.bin", &absolute]);
-    assert!(ok, "{err}");
-    same(&s.home.join("up.bin"), &s.home.join("big.bin"));
+    for (args, landed) in [
+        (["127.0.0.1:big.bin", "got.bin"], s.here.join("got.bin")),
+        (["got.bin", absolute.as_str()], s.home.join("up.bin")),
+    ] {
+        let (ok, out, err) = s.cp_json(&["-n", "4", args[0], args[1]]);
+        assert!(ok, "{err}");
+        same(&landed, &s.home.join("big.bin"));
+        let summary = json(out.lines().last().unwrap_or_default());
+        let tls = &summary["tls_handshakes"];
+        let handshakes = tls["full"].as_u64().unwrap() + tls["resumed"].as_u64().unwrap();
+        assert_eq!(handshakes, 4, "{summary}");
+        assert_eq!(tls["resumed"], 4, "{summary}");
+    }
     s.assert_far_sides_gone();
 }
 
@@ -142,7 +162,6 @@ fn cp_says_what_to_do_when_the_far_side_has_no_braid() {
         s.ssh.to_str().unwrap(),
         "--remote-braid",
         "/nonexistent/braid",
-        "--unencrypted-data",
         "127.0.0.1:f",
         "f",
     ]);
@@ -158,17 +177,8 @@ fn cp_says_what_to_do_when_the_far_side_has_no_braid() {
     assert!(!s.here.join("f").exists() && !s.here.join("f.part").exists());
 }
 
-/// Until the data connections are encrypted, cp refuses to send files in clear unasked, and
-/// says why (exit code 2, before anything runs).
-#[test]
-fn cp_refuses_clear_data_unless_told() {
-    let (code, _, err) = braid(&["cp", "127.0.0.1:f", "f"], &[]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--unencrypted-data"), "{err}");
-}
-
-/// The far side alone: one session on standard input and output, starting in its current
-/// directory, ending when its input closes.
+/// The far side alone: one session on standard input and output, greeting with its
+/// certificate's digest, starting in its current directory, ending when its input closes.
 #[test]
 fn serve_stdio_serves_one_session_and_ends_with_its_input() {
     use std::io::{BufRead, BufReader, Write};
@@ -192,8 +202,12 @@ fn serve_stdio_serves_one_session_and_ends_with_its_input() {
         line.clear();
         output.read_line(line).unwrap();
     };
+    // The greeting names the certificate the session's TLS will use.
     say("", &mut line);
-    assert!(line.starts_with("220 braid"), "{line}");
+    assert!(line.starts_with("220-braid"), "{line}");
+    say("", &mut line);
+    assert!(line.starts_with("220 Certificate SHA-256 "), "{line}");
+    assert_eq!(line.trim_end().len(), "220 Certificate SHA-256 ".len() + 64);
     say("USER anonymous", &mut line);
     say("PASS x", &mut line);
     assert!(line.starts_with("230"), "{line}");

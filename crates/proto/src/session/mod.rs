@@ -131,6 +131,20 @@ impl Session {
         Reply::new(220, format!("{GREETING_MARK} FTP server ready."))
     }
 
+    /// The greeting of a one-shot session over ssh (`braid serve --stdio`): the usual one, and
+    /// the SHA-256 of the certificate its TLS uses, which the client, reading it over ssh's
+    /// authenticated channel, pins (see [`pinned_certificate`]).
+    pub fn greeting_with_certificate(sha256: &[u8; 32]) -> Reply {
+        let hex: String = sha256.iter().map(|b| format!("{b:02x}")).collect();
+        Reply::multi(
+            220,
+            vec![
+                format!("{GREETING_MARK} FTP server ready."),
+                format!("{CERTIFICATE_MARK} {hex}"),
+            ],
+        )
+    }
+
     pub fn user(&self) -> Option<&str> {
         match &self.login {
             Login::LoggedIn { user, .. } => Some(user),
@@ -767,6 +781,30 @@ const GREETING_MARK: &str = "braid";
 /// Nothing is lost if another server's banner happens to say so too and it does not take
 /// pipelined commands: the replies still come back in order on one connection; only a server
 /// that drops commands sent before their predecessor's reply would fail, and loudly.
+/// What precedes a one-shot session's certificate digest in its greeting.
+const CERTIFICATE_MARK: &str = "Certificate SHA-256";
+
+/// The certificate digest a one-shot session's greeting names
+/// ([`Session::greeting_with_certificate`]), if it names one.
+pub fn pinned_certificate(r: &Reply) -> Option<[u8; 32]> {
+    if !is_braid_greeting(r) {
+        return None;
+    }
+    let hex = r
+        .lines
+        .iter()
+        .find_map(|l| l.strip_prefix(CERTIFICATE_MARK))?
+        .trim();
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
 pub fn is_braid_greeting(r: &Reply) -> bool {
     r.code == 220 && r.text().split_whitespace().next() == Some(GREETING_MARK)
 }
@@ -925,6 +963,28 @@ mod tests {
             Action::Passive { extended: true }
         );
         s.passive_done(true, Ok("127.0.0.1:5000".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_one_shot_greeting_names_its_certificate_for_the_client_to_pin() {
+        let digest: [u8; 32] = std::array::from_fn(|i| (i * 7) as u8);
+        let greeting = Session::greeting_with_certificate(&digest);
+        // Through the wire and the parser, as the client reads it.
+        let mut parser = crate::reply::ReplyParser::new();
+        parser.feed(&greeting.to_bytes());
+        let read = parser.next_reply().unwrap().unwrap();
+        assert!(is_braid_greeting(&read) && reads_pipelined(&read));
+        assert_eq!(pinned_certificate(&read), Some(digest));
+        // An ordinary greeting names none, nor does another server's that says the words.
+        assert_eq!(pinned_certificate(&Session::greeting()), None);
+        let other = Reply::multi(
+            220,
+            vec![
+                "Welcome".into(),
+                format!("{CERTIFICATE_MARK} {}", "ab".repeat(32)),
+            ],
+        );
+        assert_eq!(pinned_certificate(&other), None);
     }
 
     #[test]
