@@ -50,27 +50,24 @@ impl Sides {
 
     /// `braid cp` here with the stand-in for ssh; (success, stderr).
     fn cp(&self, args: &[&str]) -> (bool, String) {
-        let mut cmd = braid_command(&self.here);
-        cmd.current_dir(&self.here)
-            .arg("cp")
-            .arg("-e")
-            .arg(&self.ssh)
-            .args(["--remote-braid", BRAID, "-q"])
-            .args(args);
-        let (ok, _, err) = run(&mut cmd, LIMIT);
+        let (ok, _, err) = run(&mut self.command("-q", args), LIMIT);
         (ok, err)
     }
 
     /// The same with a JSON summary; (success, stdout, stderr).
     fn cp_json(&self, args: &[&str]) -> (bool, String, String) {
+        run(&mut self.command("--json", args), LIMIT)
+    }
+
+    fn command(&self, output: &str, args: &[&str]) -> std::process::Command {
         let mut cmd = braid_command(&self.here);
         cmd.current_dir(&self.here)
             .arg("cp")
             .arg("-e")
             .arg(&self.ssh)
-            .args(["--remote-braid", BRAID, "--json"])
+            .args(["--remote-braid", BRAID, output])
             .args(args);
-        run(&mut cmd, LIMIT)
+        cmd
     }
 
     /// Every far side this test started has exited.
