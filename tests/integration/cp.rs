@@ -227,3 +227,130 @@ fn serve_stdio_serves_one_session_and_ends_with_its_input() {
     };
     assert!(status.success());
 }
+
+/// A private OpenSSH server on loopback for one test: its own host key and one authorised key
+/// in the test's directory, no system configuration read or changed (only the privilege
+/// separation directory sshd insists on, /run/sshd, is made if missing). Stopped when dropped.
+struct Sshd {
+    _daemon: crate::util::Daemon,
+    /// The ssh command that reaches it, for `braid cp -e`.
+    ssh: String,
+}
+
+impl Sshd {
+    fn start(dir: &Path) -> Sshd {
+        let sshd = Path::new("/usr/sbin/sshd");
+        assert!(
+            sshd.is_file(),
+            "this test needs OpenSSH's server (/usr/sbin/sshd): run ./scripts/test, which installs it"
+        );
+        assert!(
+            rustix::process::geteuid().is_root(),
+            "this test runs sshd, which needs root"
+        );
+        std::fs::create_dir_all("/run/sshd").unwrap();
+        let keygen = |name: &str| {
+            let out = std::process::Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+                .arg(dir.join(name))
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "ssh-keygen: {out:?}");
+        };
+        keygen("host-key");
+        keygen("id");
+        std::fs::copy(dir.join("id.pub"), dir.join("authorized_keys")).unwrap();
+        let daemon = crate::util::Daemon::start("sshd", |port| {
+            let conf = dir.join("sshd_config");
+            std::fs::write(
+                &conf,
+                format!(
+                    "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\n\
+                     PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
+                     StrictModes no\nPidFile {}\nPermitRootLogin prohibit-password\n",
+                    dir.join("host-key").display(),
+                    dir.join("authorized_keys").display(),
+                    dir.join("sshd.pid").display()
+                ),
+            )
+            .unwrap();
+            let mut c = std::process::Command::new(sshd);
+            c.args(["-D", "-e", "-f"]).arg(&conf);
+            c
+        });
+        let ssh = format!(
+            "ssh -F /dev/null -p {} -i {} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+             -o BatchMode=yes -o LogLevel=ERROR",
+            daemon.port,
+            dir.join("id").display()
+        );
+        Sshd {
+            _daemon: daemon,
+            ssh,
+        }
+    }
+}
+
+/// Through a real OpenSSH server: a file down and up over 4 TLS connections bound to the
+/// session, a tree up and back, and afterwards no far side left running (the far side's braid
+/// is named by a link in the test's directory, so its processes are told from any other
+/// test's).
+#[test]
+fn cp_through_openssh_moves_files_and_trees_and_leaves_nothing_running() {
+    let top = tempdir();
+    let sshd = Sshd::start(top.path());
+    let (far, here) = (top.path().join("far"), top.path().join("here"));
+    std::fs::create_dir_all(&far).unwrap();
+    std::fs::create_dir_all(here.join("tree/a")).unwrap();
+    let remote_braid = top.path().join("far-braid");
+    std::os::unix::fs::symlink(BRAID, &remote_braid).unwrap();
+    std::fs::write(far.join("big.bin"), random_bytes(6 << 20, 43)).unwrap();
+    for i in 0..4u64 {
+        std::fs::write(here.join(format!("tree/a/f{i}")), random_bytes(3000, i)).unwrap();
+    }
+    let cp = |args: &[&str]| {
+        let mut cmd = braid_command(&here);
+        cmd.current_dir(&here)
+            .args(["cp", "-e", &sshd.ssh, "--remote-braid"])
+            .arg(&remote_braid)
+            .args(args);
+        let (ok, out, err) = run(&mut cmd, LIMIT);
+        assert!(ok, "braid cp {args:?}: {err}");
+        out
+    };
+    // Paths on the far side are absolute: its home is the test user's own.
+    let at = |p: &Path| format!("127.0.0.1:{}", p.display());
+    let out = cp(&["-n", "4", "--json", &at(&far.join("big.bin")), "got.bin"]);
+    same(&here.join("got.bin"), &far.join("big.bin"));
+    let summary = json(out.lines().last().unwrap_or_default());
+    assert_eq!(summary["tls_handshakes"]["resumed"], 4, "{summary}");
+    cp(&["-n", "4", "-q", "got.bin", &at(&far.join("up.bin"))]);
+    same(&far.join("up.bin"), &far.join("big.bin"));
+    cp(&["-r", "-q", "tree", &format!("{}/", at(&far))]);
+    cp(&["-r", "-q", &at(&far.join("tree")), "back/"]);
+    for i in 0..4u64 {
+        let rel = format!("tree/a/f{i}");
+        same(&here.join(&rel), &far.join(&rel));
+        same(&here.join(&rel), &here.join("back").join(&rel));
+    }
+    // The far sides end with their sessions; sshd's own session process a moment later.
+    let marker = remote_braid.display().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let left: Vec<String> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.contains(&marker))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running on the far side: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
