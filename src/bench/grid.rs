@@ -31,6 +31,12 @@ pub enum Tool {
     BraidGlobus,
     /// lftp against braid serve: what a plain FTP client gets from braid's server.
     LftpBraid,
+    /// `braid cp` through OpenSSH: the far side started by ssh, data over TLS connections.
+    BraidCp,
+    /// OpenSSH's scp (SFTP underneath since OpenSSH 9.0), one stream inside ssh's channel.
+    Scp,
+    /// `rsync -e ssh`: one stream inside ssh's channel.
+    Rsync,
 }
 
 /// The server a tool's client talks to.
@@ -41,10 +47,12 @@ pub enum Server {
     Gridftp,
     Iperf3,
     Kermit,
+    /// OpenSSH's server, for braid cp, scp and rsync.
+    Sshd,
 }
 
 impl Tool {
-    pub const ALL: [Tool; 9] = [
+    pub const ALL: [Tool; 12] = [
         Tool::Braid,
         Tool::BraidVsftpd,
         Tool::BraidGlobus,
@@ -54,6 +62,9 @@ impl Tool {
         Tool::LftpBraid,
         Tool::Curl,
         Tool::Kermit,
+        Tool::BraidCp,
+        Tool::Scp,
+        Tool::Rsync,
     ];
 
     pub fn parse(s: &str) -> Result<Tool, String> {
@@ -77,6 +88,9 @@ impl Tool {
             Tool::Kermit => "kermit",
             Tool::BraidGlobus => "braid-globus",
             Tool::LftpBraid => "lftp-braid",
+            Tool::BraidCp => "braid-cp",
+            Tool::Scp => "scp",
+            Tool::Rsync => "rsync",
         }
     }
 
@@ -87,6 +101,7 @@ impl Tool {
             Tool::BraidGlobus | Tool::GlobusUrlCopy => Server::Gridftp,
             Tool::Iperf3 => Server::Iperf3,
             Tool::Kermit => Server::Kermit,
+            Tool::BraidCp | Tool::Scp | Tool::Rsync => Server::Sshd,
         }
     }
 
@@ -102,6 +117,9 @@ impl Tool {
             Tool::Kermit => &["kermit"],
             Tool::BraidGlobus => &["globus-gridftp-server"],
             Tool::LftpBraid => &["lftp"],
+            Tool::BraidCp => &["sshd", "ssh", "ssh-keygen"],
+            Tool::Scp => &["sshd", "scp", "ssh-keygen"],
+            Tool::Rsync => &["sshd", "rsync", "ssh-keygen"],
         }
     }
 
@@ -115,7 +133,12 @@ impl Tool {
     pub fn timed_by_clock(self) -> bool {
         matches!(
             self,
-            Tool::Lftp | Tool::LftpBraid | Tool::GlobusUrlCopy | Tool::Kermit
+            Tool::Lftp
+                | Tool::LftpBraid
+                | Tool::GlobusUrlCopy
+                | Tool::Kermit
+                | Tool::Scp
+                | Tool::Rsync
         )
     }
 
@@ -131,7 +154,7 @@ impl Tool {
         let fixed = matches!(streams, Streams::Fixed(_));
         match self {
             Tool::Braid => true,
-            Tool::BraidGlobus => block.is_none(),
+            Tool::BraidGlobus | Tool::BraidCp => block.is_none(),
             Tool::Iperf3 | Tool::GlobusUrlCopy => fixed && block.is_none(),
             Tool::Lftp | Tool::LftpBraid | Tool::BraidVsftpd => {
                 block.is_none()
@@ -140,7 +163,7 @@ impl Tool {
                         Direction::Put => streams == Streams::Fixed(1),
                     }
             }
-            Tool::Curl | Tool::Kermit => {
+            Tool::Curl | Tool::Kermit | Tool::Scp | Tool::Rsync => {
                 streams == Streams::Fixed(1) && buffer.is_none() && block.is_none()
             }
         }

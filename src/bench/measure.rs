@@ -197,10 +197,57 @@ impl Context<'_> {
                 };
                 c
             }
+            Tool::BraidCp | Tool::Scp | Tool::Rsync => {
+                let far = |p: &str| format!("{server}:{}", self.root.join(p).display());
+                let (from, to) = match cell.direction {
+                    Direction::Get => (far(TREE), format!("{dest}/")),
+                    // scp copies into a directory that exists, or makes one of that name.
+                    Direction::Put if cell.tool == Tool::Scp => (local.clone(), far(&up)),
+                    Direction::Put => (local.clone(), format!("{}/", far(&up))),
+                };
+                let mut c = self.over_ssh(cell, port);
+                match cell.tool {
+                    Tool::BraidCp => c.args(["-r", "-j", "8", &from, &to]),
+                    Tool::Scp => c.args(["-r", &from, &to]),
+                    // A trailing / copies what is in it, as the others copy the directory.
+                    _ => c.args(["-a", &format!("{from}/"), &to]),
+                };
+                c
+            }
             // Left out of a tree benchmark up front (`Tool::moves_trees`).
             _ => self.place.command("false"),
         };
         (command, landing)
+    }
+
+    /// The client of a tool that goes through the bench's sshd, before its sources and
+    /// destination: braid cp with its streams, buffer and JSON summary, scp quiet, rsync
+    /// copying whole files every time (an earlier run's file would otherwise let it skip).
+    fn over_ssh(&self, cell: &Cell, port: u16) -> Command {
+        let options = super::servers::ssh_options(self.work);
+        let ssh = format!("ssh {} -p {port}", options.join(" "));
+        match cell.tool {
+            Tool::BraidCp => {
+                let braid = self.braid.to_string_lossy();
+                let mut c = self.place.command(&braid);
+                c.args(["cp", "-q", "--json", "-e", &ssh, "--remote-braid", &braid]);
+                c.args(["-n", &cell.streams.label()]);
+                if let Some(b) = cell.buffer {
+                    c.args(["--buffer", &b.to_string()]);
+                }
+                c
+            }
+            Tool::Scp => {
+                let mut c = self.place.command("scp");
+                c.args(&options).args(["-q", "-P", &port.to_string()]);
+                c
+            }
+            _ => {
+                let mut c = self.place.command("rsync");
+                c.args(["-W", "-I", "-e", &ssh]);
+                c
+            }
+        }
     }
 
     /// `--tls`: braid's client against braid serve encrypts, trusting the bench's certificate.
@@ -345,6 +392,18 @@ impl Context<'_> {
                 c.args(["-Y", "-q", "-C", &script]);
                 c
             }
+            Tool::BraidCp | Tool::Scp | Tool::Rsync => {
+                let far = |p: &str| format!("{server}:{}", self.root.join(p).display());
+                let out = self.work.join(format!("{}.bin", cell.tool.name()));
+                let (from, to) = match cell.direction {
+                    Direction::Get if cell.tool == Tool::BraidCp => (far(name), "/dev/null".into()),
+                    Direction::Get => (far(name), out.display().to_string()),
+                    Direction::Put => (local, far(&format!("put-{}.bin", cell.tool.name()))),
+                };
+                let mut c = self.over_ssh(cell, port);
+                c.args([from, to]);
+                c
+            }
             Tool::GlobusUrlCopy => {
                 let mut c = program("globus-url-copy");
                 c.args(["-p", &streams.to_string()]);
@@ -484,10 +543,17 @@ impl Context<'_> {
                 ..Measured::default()
             },
             None => match cell.tool {
-                Tool::Braid | Tool::BraidVsftpd | Tool::BraidGlobus => parse_braid(&out),
+                Tool::Braid | Tool::BraidVsftpd | Tool::BraidGlobus | Tool::BraidCp => {
+                    parse_braid(&out)
+                }
                 Tool::Iperf3 => parse_iperf3(&out),
                 Tool::Curl => parse_curl(&out),
-                Tool::Lftp | Tool::LftpBraid | Tool::GlobusUrlCopy | Tool::Kermit => {
+                Tool::Lftp
+                | Tool::LftpBraid
+                | Tool::GlobusUrlCopy
+                | Tool::Kermit
+                | Tool::Scp
+                | Tool::Rsync => {
                     let seconds = (wall - setup.unwrap_or(0.0)).max(1e-6);
                     let bytes = match (&self.place, cell.direction) {
                         (Place::Remote(r), Direction::Get) => r.get_size.unwrap_or(0),

@@ -33,9 +33,15 @@ use std::time::Duration;
 /// file, and iperf3 times its data alone.
 pub fn overhead_rtts(tool: Tool) -> f64 {
     match tool {
-        Tool::Braid | Tool::BraidGlobus => 2.0,
+        Tool::Braid | Tool::BraidGlobus | Tool::BraidCp => 2.0,
         Tool::Curl | Tool::BraidVsftpd => 1.0,
-        Tool::Iperf3 | Tool::Lftp | Tool::LftpBraid | Tool::GlobusUrlCopy | Tool::Kermit => 0.0,
+        Tool::Iperf3
+        | Tool::Lftp
+        | Tool::LftpBraid
+        | Tool::GlobusUrlCopy
+        | Tool::Kermit
+        | Tool::Scp
+        | Tool::Rsync => 0.0,
     }
 }
 
@@ -150,8 +156,10 @@ pub struct BenchArgs {
     /// streams and buffers: the ceiling); globus-url-copy -p N (against globus-gridftp-server);
     /// lftp (pget -n N down, one stream up) and curl (one stream), both against vsftpd; kermit
     /// (C-Kermit client and server, see --kermit-*). Across: braid-globus (braid's client
-    /// against globus-gridftp-server) and lftp-braid (lftp against braid serve). Each runs the
-    /// cells it can; a tool that is not installed is skipped with a note.
+    /// against globus-gridftp-server) and lftp-braid (lftp against braid serve). Over ssh,
+    /// against a private OpenSSH server the bench starts (its own keys): braid-cp (braid cp,
+    /// -n N), scp and rsync (one stream in ssh's channel, rsync copying whole files). Each runs
+    /// the cells it can; a tool that is not installed is skipped with a note.
     #[arg(long, value_delimiter = ',', default_value = "braid", value_parser = Tool::parse)]
     pub tool: Vec<Tool>,
     /// braid's client against braid serve over TLS: AUTH TLS and PROT P on every data

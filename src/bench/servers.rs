@@ -18,6 +18,7 @@ pub struct Ports {
     pub gridftp: u16,
     pub iperf: u16,
     pub kermit: u16,
+    pub ssh: u16,
 }
 
 impl Ports {
@@ -29,6 +30,7 @@ impl Ports {
             Server::Gridftp => self.gridftp,
             Server::Iperf3 => self.iperf,
             Server::Kermit => self.kermit,
+            Server::Sshd => self.ssh,
         }
     }
 
@@ -39,6 +41,7 @@ impl Ports {
         gridftp: 2811,
         iperf: 5201,
         kermit: 1649,
+        ssh: 2222,
     };
 
     /// Ports free on loopback now, chosen at random below the kernel's ephemeral range:
@@ -54,7 +57,7 @@ impl Ports {
         let mut rng = rand::rng();
         let mut picked: Vec<u16> = Vec::new();
         for _ in 0..1000 {
-            if picked.len() == 5 {
+            if picked.len() == 6 {
                 break;
             }
             let port = rng.random_range(range.clone());
@@ -62,10 +65,10 @@ impl Ports {
                 picked.push(port);
             }
         }
-        let [ftp, vsftpd, gridftp, iperf, kermit] = picked[..] else {
+        let [ftp, vsftpd, gridftp, iperf, kermit, ssh] = picked[..] else {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::AddrInUse,
-                format!("no five free loopback ports in {range:?}"),
+                format!("no six free loopback ports in {range:?}"),
             ));
         };
         Ok(Ports {
@@ -74,6 +77,7 @@ impl Ports {
             gridftp,
             iperf,
             kermit,
+            ssh,
         })
     }
 }
@@ -203,6 +207,69 @@ pub fn vsftpd_conf(
     )
 }
 
+/// A private OpenSSH server's keys and configuration in `work`/ssh: its own host key, one
+/// client key authorised (the user running the bench logs in as themselves), listening on
+/// `addr:port`, SFTP for scp. sshd insists on its privilege separation directory, /run/sshd,
+/// which is made if missing. Returns the configuration's path.
+fn sshd_setup(work: &std::path::Path, addr: &str, port: u16) -> anyhow::Result<std::path::PathBuf> {
+    use anyhow::Context;
+    let dir = work.join("ssh");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all("/run/sshd").context("cannot make /run/sshd, which sshd needs")?;
+    for key in ["host-key", "id"] {
+        if dir.join(key).exists() {
+            continue;
+        }
+        let out = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(dir.join(key))
+            .output()
+            .context("cannot run ssh-keygen")?;
+        anyhow::ensure!(out.status.success(), "ssh-keygen failed: {out:?}");
+    }
+    std::fs::copy(dir.join("id.pub"), dir.join("authorized_keys"))?;
+    let sftp = ["/usr/lib/openssh/sftp-server", "/usr/libexec/sftp-server"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).is_file())
+        .unwrap_or("internal-sftp");
+    let conf = dir.join("sshd_config");
+    std::fs::write(
+        &conf,
+        format!(
+            "Port {port}\nListenAddress {addr}\nHostKey {}\nAuthorizedKeysFile {}\n\
+             PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
+             StrictModes no\nPidFile {}\nPermitRootLogin prohibit-password\n\
+             Subsystem sftp {sftp}\n",
+            dir.join("host-key").display(),
+            dir.join("authorized_keys").display(),
+            dir.join("sshd.pid").display()
+        ),
+    )?;
+    Ok(conf)
+}
+
+/// ssh's options to reach the bench's sshd (`sshd_setup`) with its key, as a command line
+/// without the program and the port option (scp spells it -P, ssh -p).
+pub fn ssh_options(work: &std::path::Path) -> Vec<String> {
+    let id = work.join("ssh").join("id").display().to_string();
+    [
+        "-F",
+        "/dev/null",
+        "-i",
+        &id,
+        "-o",
+        "StrictHostKeyChecking=no",
+        "-o",
+        "UserKnownHostsFile=/dev/null",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "LogLevel=ERROR",
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
 /// A program by name: on PATH, or in /usr/sbin and /sbin (servers live there and root's
 /// PATH under sudo may lack them).
 pub fn find_program(name: &str) -> Option<std::path::PathBuf> {
@@ -291,6 +358,12 @@ pub fn start_servers(
             ),
         ]);
         start(c, ports.kermit)?;
+    }
+    if needed(Server::Sshd) {
+        let conf = sshd_setup(work, &addr, ports.ssh)?;
+        let mut c = place.server_command(&program("sshd"));
+        c.args(["-D", "-e", "-f"]).arg(conf);
+        start(c, ports.ssh)?;
     }
     if needed(Server::Gridftp) {
         // Anonymous users act as the user running the benchmark.

@@ -798,24 +798,9 @@ fn bench_on_loopback_runs_each_tool_and_stops_its_servers() {
         crate::util::require(p);
     }
     let top = tempdir();
-    let (report, _) = crate::util::bench(
+    let report = one_quick_run(
         top.path(),
-        &[
-            "--loopback",
-            "--tool",
-            "braid,curl,kermit",
-            "--kermit-streaming",
-            "on",
-            "-n",
-            "1",
-            "--repeat",
-            "1",
-            "--size",
-            "2MB",
-            "--idle-ping",
-            "0.2",
-        ],
-        Duration::from_secs(120),
+        &["--tool", "braid,curl,kermit", "--kermit-streaming", "on"],
     );
     let cells = report["cells"].as_array().unwrap();
     assert_eq!(cells.len(), 6, "{report}");
@@ -832,7 +817,7 @@ fn bench_on_loopback_runs_each_tool_and_stops_its_servers() {
     assert!(cpu > 0.0, "{report}");
     // Nothing the benchmark started still listens: every server's port is free again.
     let ports = report["loopback_ports"].as_object().unwrap();
-    assert_eq!(ports.len(), 5, "{report}");
+    assert_eq!(ports.len(), 6, "{report}");
     for (name, port) in ports {
         let port = port.as_u64().unwrap() as u16;
         assert!(
@@ -840,6 +825,60 @@ fn bench_on_loopback_runs_each_tool_and_stops_its_servers() {
             "the {name} server (port {port}) is still listening"
         );
     }
+}
+
+/// A column of the bench's results.csv in `top`/results, one value per run.
+fn csv_column(top: &std::path::Path, name: &str) -> Vec<String> {
+    let csv = std::fs::read_to_string(top.join("results/results.csv")).unwrap();
+    let mut rows = csv.lines();
+    let header: Vec<&str> = rows.next().unwrap().split(',').collect();
+    let at = header.iter().position(|h| *h == name).unwrap();
+    rows.map(|r| r.split(',').nth(at).unwrap_or_default().to_string())
+        .collect()
+}
+
+/// One run of each cell on loopback, of 2 MB over one stream, with `args`; the report.
+fn one_quick_run(top: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let mut all = vec![
+        "--loopback",
+        "-n",
+        "1",
+        "--repeat",
+        "1",
+        "--size",
+        "2MB",
+        "--idle-ping",
+        "0.2",
+    ];
+    all.extend_from_slice(args);
+    crate::util::bench(top, &all, Duration::from_secs(120)).0
+}
+
+/// `braid bench` over ssh: braid cp, scp and rsync against the private OpenSSH server the
+/// bench starts on loopback, each direction moving the whole file, and the server gone after.
+#[test]
+fn bench_over_ssh_runs_braid_cp_scp_and_rsync() {
+    for p in ["ssh", "scp", "rsync", "ssh-keygen"] {
+        crate::util::require(p);
+    }
+    assert!(
+        std::path::Path::new("/usr/sbin/sshd").is_file(),
+        "this test needs OpenSSH's server: run ./scripts/test, which installs it"
+    );
+    let top = tempdir();
+    let report = one_quick_run(top.path(), &["--tool", "braid-cp,scp,rsync"]);
+    let cells = report["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 6, "{report}");
+    for c in cells {
+        assert_eq!(c["failures"], 0, "{c}");
+    }
+    let bytes = csv_column(top.path(), "bytes");
+    assert!(bytes.iter().all(|b| b == "2000000"), "{bytes:?}");
+    let ssh = report["loopback_ports"]["ssh"].as_u64().unwrap() as u16;
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", ssh)).is_err(),
+        "the bench's sshd (port {ssh}) is still listening"
+    );
 }
 
 /// `braid bench --tls`: braid's client reaches braid serve over TLS (its summary counts the
@@ -1154,13 +1193,9 @@ fn bench_moves_a_tree_with_each_tool_that_can() {
         assert_eq!(c["failures"], 0, "{c}");
     }
     // Every run moved the whole tree.
-    let csv = std::fs::read_to_string(top.path().join("results/results.csv")).unwrap();
-    let mut rows = csv.lines();
-    let header: Vec<&str> = rows.next().unwrap().split(',').collect();
-    let bytes = header.iter().position(|h| *h == "bytes").unwrap();
-    let runs: Vec<Vec<&str>> = rows.map(|r| r.split(',').collect()).collect();
-    assert_eq!(runs.len(), 6);
-    assert!(runs.iter().all(|r| r[bytes] == "60000"), "{csv}");
+    let bytes = csv_column(top.path(), "bytes");
+    assert_eq!(bytes.len(), 6);
+    assert!(bytes.iter().all(|b| b == "60000"), "{bytes:?}");
     assert!(out.contains("A tree of 30 files of 2000 bytes"), "{out}");
     assert!(
         out.contains("put against braid's fastest in the same run"),
