@@ -475,7 +475,9 @@ mod tests {
             assert_eq!(Tool::parse(t.name()), Ok(t));
         }
         assert_eq!(Tool::parse("globus"), Ok(Tool::GlobusUrlCopy));
-        assert!(Tool::parse("scp").is_err());
+        let unknown = Tool::parse("bbcp").unwrap_err();
+        // The refusal lists the tools there are.
+        assert!(unknown.contains("braid-cp, scp, rsync"), "{unknown}");
     }
 
     #[test]
