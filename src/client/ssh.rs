@@ -22,13 +22,16 @@ pub struct Ssh {
 impl Ssh {
     /// The command line that starts the far side.
     pub fn command(&self) -> Command {
-        let mut c = Command::new(&self.program[0]);
-        c.args(&self.program[1..]).arg(&self.destination).args([
-            self.remote_braid.as_str(),
-            "serve",
-            "--stdio",
-        ]);
+        let mut c = Command::new(self.shell());
+        c.args(self.program.iter().skip(1))
+            .arg(&self.destination)
+            .args([self.remote_braid.as_str(), "serve", "--stdio"]);
         c
+    }
+
+    /// The remote shell's program: ssh unless told.
+    fn shell(&self) -> &str {
+        self.program.first().map_or("ssh", String::as_str)
     }
 
     /// A session with the far side for `target` (whose host is ssh's destination's).
@@ -63,7 +66,7 @@ impl Ssh {
         if let Some(ip) = resolve(host) {
             return Ok(ip);
         }
-        let configured = Command::new(&self.program[0])
+        let configured = Command::new(self.shell())
             .arg("-G")
             .arg(host)
             .output()
