@@ -51,6 +51,20 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
     if program.is_empty() {
         return Err(ClientError::Usage("--ssh needs a command, e.g. ssh".into()).into());
     }
+    // OpenSSH shares one connection among a transfer's sessions, through a socket in a
+    // directory of this run's own (removed at the end).
+    let is_openssh = std::path::Path::new(&program[0])
+        .file_name()
+        .is_some_and(|n| n == "ssh");
+    let sharing = if is_openssh {
+        let dir = tempfile::Builder::new()
+            .prefix("braid-ssh-")
+            .tempdir()
+            .map_err(|e| anyhow::anyhow!("cannot make a directory for ssh's socket: {e}"))?;
+        Some(dir)
+    } else {
+        None
+    };
     let mut args = a.args;
     let dest = args.pop().unwrap_or_default();
     let remote = |s: &str| parse_remote(s);
@@ -58,6 +72,7 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
         program: program.clone(),
         destination,
         remote_braid: a.remote_braid.clone(),
+        shared_connection: sharing.as_ref().map(|d| d.path().to_path_buf()),
     };
     let base = options(
         &a.shared.out,

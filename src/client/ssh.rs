@@ -17,14 +17,25 @@ pub struct Ssh {
     pub destination: String,
     /// The braid to run there (`--remote-braid`).
     pub remote_braid: String,
+    /// A private directory for OpenSSH's connection sharing: a transfer's further sessions (a
+    /// tree's workers, segments) ride the first one's connection instead of each logging in
+    /// again. None for a remote shell that is not OpenSSH's.
+    pub shared_connection: Option<std::path::PathBuf>,
 }
 
 impl Ssh {
     /// The command line that starts the far side.
     pub fn command(&self) -> Command {
         let mut c = Command::new(self.shell());
-        c.args(self.program.iter().skip(1))
-            .arg(&self.destination)
+        c.args(self.program.iter().skip(1));
+        if let Some(dir) = &self.shared_connection {
+            // After the user's own options, which win. The master lingers a second after its
+            // last session, so a session that ends early cannot take the others with it.
+            c.args(["-o", "ControlMaster=auto", "-o"])
+                .arg(format!("ControlPath={}/%C", dir.display()))
+                .args(["-o", "ControlPersist=1"]);
+        }
+        c.arg(&self.destination)
             .args([self.remote_braid.as_str(), "serve", "--stdio"]);
         c
     }
@@ -180,6 +191,7 @@ mod tests {
             program: vec!["ssh".into(), "-p".into(), "2222".into()],
             destination: "ann@box".into(),
             remote_braid: "/opt/braid".into(),
+            shared_connection: None,
         };
         let c = ssh.command();
         let args: Vec<_> = c
@@ -190,6 +202,30 @@ mod tests {
         assert_eq!(
             args,
             ["-p", "2222", "ann@box", "/opt/braid", "serve", "--stdio"]
+        );
+        // Sessions sharing one connection: OpenSSH's options after the user's.
+        let shared = Ssh {
+            shared_connection: Some("/tmp/x".into()),
+            ..ssh
+        };
+        let args: Vec<_> = shared
+            .command()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            args[..9],
+            [
+                "-p",
+                "2222",
+                "-o",
+                "ControlMaster=auto",
+                "-o",
+                "ControlPath=/tmp/x/%C",
+                "-o",
+                "ControlPersist=1",
+                "ann@box"
+            ]
         );
     }
 }
