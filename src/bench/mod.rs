@@ -343,8 +343,6 @@ fn predict(
     Some(limits::predict(&path, &load))
 }
 
-/// The benchmark's files: in memory where there is a /dev/shm, so that the disk is not
-/// measured.
 /// `--host-buffers`: both hosts' TCP buffers capped at `cap` bytes, default and maximum
 /// (the sysctls are the namespace's own).
 fn cap_host_buffers(lab: &Running, cap: u64) -> Result<()> {
@@ -367,6 +365,8 @@ fn cap_host_buffers(lab: &Running, cap: u64) -> Result<()> {
     Ok(())
 }
 
+/// The benchmark's files: in memory where there is a /dev/shm, so that the disk is not
+/// measured.
 fn work_dir() -> Result<tempfile::TempDir> {
     let shm = std::path::Path::new("/dev/shm");
     let b = tempfile::Builder::new().prefix("braid-bench").clone();
@@ -392,8 +392,6 @@ fn runnable_copy(dir: &std::path::Path) -> Result<std::path::PathBuf> {
     Ok(if runs { copy } else { braid })
 }
 
-/// A file of `size` random-looking bytes (compressible data would flatter nothing here, but
-/// a pattern keeps generation cheap).
 /// The tree payload: `files` files of `size` bytes in 10 directories under `top`.
 fn make_tree(top: &std::path::Path, files: u64, size: u64) -> Result<()> {
     for i in 0..files {
@@ -405,6 +403,8 @@ fn make_tree(top: &std::path::Path, files: u64, size: u64) -> Result<()> {
     Ok(())
 }
 
+/// A file of `size` random-looking bytes (compressible data would flatter nothing here, but
+/// a pattern keeps generation cheap).
 fn make_file(path: &std::path::Path, size: u64) -> Result<()> {
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,

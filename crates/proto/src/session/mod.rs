@@ -781,6 +781,10 @@ const GREETING_MARK: &str = "braid";
 /// Nothing is lost if another server's banner happens to say so too and it does not take
 /// pipelined commands: the replies still come back in order on one connection; only a server
 /// that drops commands sent before their predecessor's reply would fail, and loudly.
+pub fn is_braid_greeting(r: &Reply) -> bool {
+    r.code == 220 && r.text().split_whitespace().next() == Some(GREETING_MARK)
+}
+
 /// What precedes a one-shot session's certificate digest in its greeting.
 const CERTIFICATE_MARK: &str = "Certificate SHA-256";
 
@@ -803,10 +807,6 @@ pub fn pinned_certificate(r: &Reply) -> Option<[u8; 32]> {
         *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(out)
-}
-
-pub fn is_braid_greeting(r: &Reply) -> bool {
-    r.code == 220 && r.text().split_whitespace().next() == Some(GREETING_MARK)
 }
 
 /// Whether the server that sent this greeting reads pipelined commands in order, also while a
