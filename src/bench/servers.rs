@@ -211,7 +211,11 @@ pub fn vsftpd_conf(
 /// client key authorised (the user running the bench logs in as themselves), listening on
 /// `addr:port`, SFTP for scp. sshd insists on its privilege separation directory, /run/sshd,
 /// which is made if missing. Returns the configuration's path.
-fn sshd_setup(work: &std::path::Path, addr: &str, port: u16) -> anyhow::Result<std::path::PathBuf> {
+pub fn sshd_setup(
+    work: &std::path::Path,
+    addr: &str,
+    port: u16,
+) -> anyhow::Result<std::path::PathBuf> {
     use anyhow::Context;
     let dir = work.join("ssh");
     std::fs::create_dir_all(&dir)?;

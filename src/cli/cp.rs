@@ -3,7 +3,7 @@
 //! braid's own parallel connections, TLS with the certificate the far side named over ssh.
 
 use super::get::download;
-use super::options::{Shared, options};
+use super::options::Shared;
 use super::put::upload;
 use crate::client::error::ClientError;
 use crate::client::ssh::{Ssh, parse_remote};
@@ -67,22 +67,19 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
     };
     let mut args = a.args;
     let dest = args.pop().unwrap_or_default();
-    let remote = |s: &str| parse_remote(s);
-    let ssh = |destination: String| Ssh {
-        program: program.clone(),
-        destination,
-        remote_braid: a.remote_braid.clone(),
-        shared_connection: sharing.as_ref().map(|d| d.path().to_path_buf()),
+    let ssh = |destination: String, host: &str| -> anyhow::Result<Ssh> {
+        Ok(Ssh {
+            data_host: Ssh::data_host(&program, host)?,
+            program: program.clone(),
+            destination,
+            remote_braid: a.remote_braid.clone(),
+            shared_connection: sharing.as_ref().map(|d| d.path().to_path_buf()),
+        })
     };
-    let base = options(
-        &a.shared.out,
-        a.resume,
-        Some(&a.shared.transfer),
-        &a.shared.tls,
-    )?;
-    match remote(&dest) {
+    let base = a.shared.options(a.resume)?;
+    match parse_remote(&dest) {
         Some((destination, host, path)) => {
-            if let Some(r) = args.iter().find(|s| remote(s).is_some()) {
+            if let Some(r) = args.iter().find(|s| parse_remote(s).is_some()) {
                 return Err(ClientError::Usage(format!(
                     "{r} and {dest} are both remote: braid cp copies between here and one host"
                 ))
@@ -90,36 +87,36 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
             }
             let files: Vec<PathBuf> = args.iter().map(PathBuf::from).collect();
             let opts = crate::client::Options {
-                ssh: Some(ssh(destination)),
+                ssh: Some(ssh(destination, &host)?),
                 ..base
             };
             upload(&files, &far(host, path), &opts, &a.shared)
         }
         None => {
-            let mut sources = args.iter().map(|s| (s, remote(s)));
             let mut targets = Vec::new();
-            let mut on: Option<String> = None;
-            for (arg, r) in sources.by_ref() {
-                let Some((destination, host, path)) = r else {
+            let mut on: Option<(String, String)> = None;
+            for arg in &args {
+                let Some((destination, host, path)) = parse_remote(arg) else {
                     return Err(ClientError::Usage(format!(
                         "{arg} and {dest} are both here: braid cp copies between here and one \
                          host ([user@]host:path); use cp for local copies"
                     ))
                     .into());
                 };
-                if on.as_ref().is_some_and(|d| *d != destination) {
+                if on.as_ref().is_some_and(|(d, _)| *d != destination) {
                     return Err(ClientError::Usage(format!(
                         "{arg} is on another host than the first source: one braid cp reaches one host"
                     ))
                     .into());
                 }
-                on = Some(destination);
+                on = Some((destination, host.clone()));
                 targets.push(far(host, path));
             }
-            let opts = crate::client::Options {
-                ssh: on.map(ssh),
-                ..base
+            let ssh = match on {
+                Some((destination, host)) => Some(ssh(destination, &host)?),
+                None => None,
             };
+            let opts = crate::client::Options { ssh, ..base };
             download(targets, Some(&dest), &opts, &a.shared)
         }
     }

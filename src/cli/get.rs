@@ -1,6 +1,6 @@
 //! `braid get`: one file, a batch of files on one session, or whole trees (-r).
 
-use super::options::{Shared, options};
+use super::options::Shared;
 use super::report::{per_file, report, report_batch, report_tree};
 use crate::client::error::ClientError;
 use crate::client::{self, Options, url};
@@ -37,12 +37,7 @@ pub fn run(a: GetArgs) -> anyhow::Result<u8> {
     let (urls, dest) = get_args(a.args, a.input.as_deref())?;
     let opts = Options {
         growing: a.growing,
-        ..options(
-            &a.shared.out,
-            a.resume,
-            Some(&a.shared.transfer),
-            &a.shared.tls,
-        )?
+        ..a.shared.options(a.resume)?
     };
     let sources = url::CredentialSources::from_env();
     let targets = urls

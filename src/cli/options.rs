@@ -19,6 +19,13 @@ pub struct Shared {
     pub tls: TlsArgs,
 }
 
+impl Shared {
+    /// The client's options from these arguments, for get, put and cp.
+    pub fn options(&self, resume: bool) -> anyhow::Result<Options> {
+        options(&self.out, resume, Some(&self.transfer), &self.tls)
+    }
+}
+
 /// Whole directories.
 #[derive(Args, Debug)]
 #[command(next_help_heading = "Whole directories")]

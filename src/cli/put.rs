@@ -1,7 +1,7 @@
 //! `braid put`: one file, standard input, a batch of files on one session, or whole trees
 //! (-r).
 
-use super::options::{Shared, options};
+use super::options::Shared;
 use super::report::{per_file, report, report_batch, report_tree};
 use crate::client::error::ClientError;
 use crate::client::{self, url};
@@ -29,12 +29,7 @@ pub struct PutArgs {
 pub fn run(a: PutArgs) -> anyhow::Result<u8> {
     let (files, url) = files_and_url(a.args)?;
     let target = url::parse(&url, &url::CredentialSources::from_env())?;
-    let opts = options(
-        &a.shared.out,
-        a.resume,
-        Some(&a.shared.transfer),
-        &a.shared.tls,
-    )?;
+    let opts = a.shared.options(a.resume)?;
     upload(&files, &target, &opts, &a.shared)
 }
 

@@ -9,7 +9,7 @@ use super::url::Target;
 /// same flight where the server pipelines (a braid server).
 pub fn session(target: &Target, opts: &Options, size_of: Option<&str>) -> Result<Control> {
     let mut c = match &opts.ssh {
-        Some(ssh) => ssh.session(target)?,
+        Some(ssh) => ssh.session()?,
         None => Control::connect(target)?,
     };
     c.set_verbose(opts.verbose);

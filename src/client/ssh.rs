@@ -4,7 +4,6 @@
 
 use super::control::Control;
 use super::error::{ClientError, Result};
-use super::url::Target;
 use std::net::{IpAddr, ToSocketAddrs};
 use std::process::Command;
 
@@ -21,6 +20,9 @@ pub struct Ssh {
     /// tree's workers, segments) ride the first one's connection instead of each logging in
     /// again. None for a remote shell that is not OpenSSH's.
     pub shared_connection: Option<std::path::PathBuf>,
+    /// Where data connections go: the machine ssh reaches (see [`Ssh::data_host`]), found once
+    /// for all of a transfer's sessions.
+    pub data_host: IpAddr,
 }
 
 impl Ssh {
@@ -45,17 +47,20 @@ impl Ssh {
         self.program.first().map_or("ssh", String::as_str)
     }
 
-    /// A session with the far side for `target` (whose host is ssh's destination's).
-    pub fn session(&self, target: &Target) -> Result<Control> {
-        let data_host = self.data_host(&target.host)?;
-        let shown = format!(
+    /// What starts the far side, as the user would type it (for errors).
+    fn shown(&self) -> String {
+        format!(
             "{} {} {} serve --stdio",
             self.program.join(" "),
             self.destination,
             self.remote_braid
-        );
-        let mut c =
-            Control::over_child(self.command(), data_host, &shown).map_err(|e| self.explain(e))?;
+        )
+    }
+
+    /// A session with the far side.
+    pub fn session(&self) -> Result<Control> {
+        let mut c = Control::over_child(self.command(), self.data_host, &self.shown())
+            .map_err(|e| self.explain(e))?;
         // The greeting came over ssh's authenticated channel: the certificate it names is the
         // far side's, and TLS with it protects every data connection, bound to this session.
         let Some(digest) = c.pinned_certificate() else {
@@ -73,11 +78,12 @@ impl Ssh {
 
     /// Where data connections go: the host's address, or, for a name only ssh's
     /// configuration knows (a `Host` alias), the `HostName` that `ssh -G` gives for it.
-    fn data_host(&self, host: &str) -> Result<IpAddr> {
+    pub fn data_host(program: &[String], host: &str) -> Result<IpAddr> {
         if let Some(ip) = resolve(host) {
             return Ok(ip);
         }
-        let configured = Command::new(self.shell())
+        let shell = program.first().map_or("ssh", String::as_str);
+        let configured = Command::new(shell)
             .arg("-G")
             .arg(host)
             .output()
@@ -99,12 +105,10 @@ impl Ssh {
     fn explain(&self, e: ClientError) -> ClientError {
         match e {
             ClientError::Protocol(_) => ClientError::Protocol(format!(
-                "`{} {} {} serve --stdio` did not start a braid session (its own words, if \
-                 any, are above): can ssh reach {}, and is braid installed there, on the PATH \
-                 ssh gives commands? Install it, or name it with --remote-braid PATH",
-                self.program.join(" "),
-                self.destination,
-                self.remote_braid,
+                "`{}` did not start a braid session (its own words, if any, are above): can \
+                 ssh reach {}, and is braid installed there, on the PATH ssh gives commands? \
+                 Install it, or name it with --remote-braid PATH",
+                self.shown(),
                 self.destination
             )),
             e => e,
@@ -192,15 +196,16 @@ mod tests {
             destination: "ann@box".into(),
             remote_braid: "/opt/braid".into(),
             shared_connection: None,
+            data_host: IpAddr::from([192, 0, 2, 1]),
         };
-        let c = ssh.command();
-        let args: Vec<_> = c
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(c.get_program(), "ssh");
+        let args = |c: Command| -> Vec<String> {
+            c.get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        assert_eq!(ssh.command().get_program(), "ssh");
         assert_eq!(
-            args,
+            args(ssh.command()),
             ["-p", "2222", "ann@box", "/opt/braid", "serve", "--stdio"]
         );
         // Sessions sharing one connection: OpenSSH's options after the user's.
@@ -208,11 +213,7 @@ mod tests {
             shared_connection: Some("/tmp/x".into()),
             ..ssh
         };
-        let args: Vec<_> = shared
-            .command()
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+        let args = args(shared.command());
         assert_eq!(
             args[..9],
             [

@@ -26,15 +26,35 @@ pub struct Tls {
 
 impl Tls {
     pub fn load(cert: &Path, key: &Path, reuse_required: bool, data_required: bool) -> Result<Tls> {
-        let mut base = (*server_config(cert, key)?).clone();
+        let config = server_config(cert, key)?;
+        Ok(Tls::over(&config, reuse_required, data_required))
+    }
+
+    /// A certificate made now for this process alone (`serve --stdio`): its client learns it
+    /// over ssh's channel and accepts no other. Data must be private, and resume the session.
+    /// Also its SHA-256, as the client pins it.
+    pub fn made_now() -> Result<(Tls, [u8; 32])> {
+        use crate::engine::tls::{ONE_SHOT_NAME, fingerprint};
+        let made = rcgen::generate_simple_self_signed(vec![ONE_SHOT_NAME.to_string()])
+            .context("making a certificate")?;
+        let der = made.cert.der().clone();
+        let digest = fingerprint(&der);
+        let key = PrivateKeyDer::try_from(made.signing_key.serialize_der())
+            .map_err(|e| anyhow::anyhow!("the key just made: {e}"))?;
+        let config = config_for(vec![der], key)?;
+        Ok((Tls::over(&config, true, true), digest))
+    }
+
+    fn over(config: &rustls::ServerConfig, reuse_required: bool, data_required: bool) -> Tls {
+        let mut base = config.clone();
         // Resumption by ticket only, so that every resumed session says whose it was (TLS 1.2
         // session ids would not).
         base.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
-        Ok(Tls {
+        Tls {
             base: Arc::new(base),
             reuse_required,
             data_required,
-        })
+        }
     }
 
     /// The TLS of a new control connection from `ip`.
@@ -285,29 +305,6 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
     let key = PrivateKeyDer::from_pem_file(key)
         .with_context(|| format!("cannot read a PEM private key from {}", key.display()))?;
     config_for(chain, key)
-}
-
-impl Tls {
-    /// A certificate made now for this process alone (`serve --stdio`): its client learns it
-    /// over ssh's channel and accepts no other. Data must be private, and resume the session.
-    /// Also its SHA-256, as the client pins it.
-    pub fn made_now() -> Result<(Tls, [u8; 32])> {
-        use crate::engine::tls::{ONE_SHOT_NAME, fingerprint};
-        let made = rcgen::generate_simple_self_signed(vec![ONE_SHOT_NAME.to_string()])
-            .context("making a certificate")?;
-        let der = made.cert.der().clone();
-        let digest = fingerprint(&der);
-        let key = PrivateKeyDer::try_from(made.signing_key.serialize_der())
-            .map_err(|e| anyhow::anyhow!("the key just made: {e}"))?;
-        let mut base = (*config_for(vec![der], key)?).clone();
-        base.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
-        let tls = Tls {
-            base: Arc::new(base),
-            reuse_required: true,
-            data_required: true,
-        };
-        Ok((tls, digest))
-    }
 }
 
 fn config_for(

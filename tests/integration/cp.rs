@@ -241,9 +241,10 @@ fn serve_stdio_serves_one_session_and_ends_with_its_input() {
     assert!(status.success());
 }
 
-/// A private OpenSSH server on loopback for one test: its own host key and one authorised key
-/// in the test's directory, no system configuration read or changed (only the privilege
-/// separation directory sshd insists on, /run/sshd, is made if missing). Stopped when dropped.
+/// A private OpenSSH server on loopback for one test, set up as `braid bench` sets up its own
+/// (`bench::servers::sshd_setup`): its own host key and one authorised key in the test's
+/// directory, no system configuration read or changed (only the privilege separation directory
+/// sshd insists on, /run/sshd, is made if missing). Stopped when dropped.
 struct Sshd {
     _daemon: crate::util::Daemon,
     /// The ssh command that reaches it, for `braid cp -e`.
@@ -262,32 +263,9 @@ impl Sshd {
             rustix::process::geteuid().is_root(),
             "this test runs sshd, which needs root"
         );
-        std::fs::create_dir_all("/run/sshd").unwrap();
-        let keygen = |name: &str| {
-            let out = std::process::Command::new("ssh-keygen")
-                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-                .arg(dir.join(name))
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "ssh-keygen: {out:?}");
-        };
-        keygen("host-key");
-        keygen("id");
-        std::fs::copy(dir.join("id.pub"), dir.join("authorized_keys")).unwrap();
         let daemon = crate::util::Daemon::start("sshd", |port| {
-            let conf = dir.join("sshd_config");
-            std::fs::write(
-                &conf,
-                format!(
-                    "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nAuthorizedKeysFile {}\n\
-                     PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n\
-                     StrictModes no\nPidFile {}\nPermitRootLogin prohibit-password\n",
-                    dir.join("host-key").display(),
-                    dir.join("authorized_keys").display(),
-                    dir.join("sshd.pid").display()
-                ),
-            )
-            .unwrap();
+            // The bench's own private server: keys in `dir`/ssh, made once.
+            let conf = braid::bench::servers::sshd_setup(dir, "127.0.0.1", port).unwrap();
             let mut c = std::process::Command::new(sshd);
             c.args(["-D", "-f"])
                 .arg(&conf)
@@ -295,12 +273,8 @@ impl Sshd {
                 .arg(dir.join("sshd.log"));
             c
         });
-        let ssh = format!(
-            "ssh -F /dev/null -p {} -i {} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
-             -o BatchMode=yes -o LogLevel=ERROR",
-            daemon.port,
-            dir.join("id").display()
-        );
+        let options = braid::bench::servers::ssh_options(dir).join(" ");
+        let ssh = format!("ssh {options} -p {}", daemon.port);
         Sshd {
             _daemon: daemon,
             ssh,
