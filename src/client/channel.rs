@@ -46,26 +46,31 @@ impl Piped {
         }
     }
 
-    /// TLS on the dialogue (after AUTH TLS): the handshake runs now; the session's binding
-    /// for the data connections.
+    /// TLS on the dialogue (after AUTH TLS), checking the server against `host`: the
+    /// handshake runs now; the session's binding for the data connections.
     pub fn start_tls(
         &mut self,
         config: &std::sync::Arc<rustls::ClientConfig>,
-        name: rustls::pki_types::ServerName<'static>,
-    ) -> std::io::Result<crate::engine::tls::Binding> {
+        host: &str,
+    ) -> super::error::Result<crate::engine::tls::Binding> {
+        use super::error::ClientError;
         let PipedIo::Clear(sock) = &self.io else {
-            return Err(std::io::Error::other("TLS is already on"));
+            return Err(ClientError::Protocol("TLS is already on".into()));
         };
-        let sock = sock.try_clone()?;
-        let conn =
-            rustls::ClientConnection::new(config.clone(), name).map_err(std::io::Error::other)?;
-        let mut s = rustls::StreamOwned::new(conn, sock);
-        crate::engine::tls::handshake(&mut s.conn, &mut s.sock)?;
-        let binding = crate::engine::tls::Binding::of(&s.conn).map_err(std::io::Error::other)?;
+        let sock = sock
+            .try_clone()
+            .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
+        let s = super::wire::tls_stream(sock, config, host)?;
+        let binding = crate::engine::tls::Binding::of(&s.conn)
+            .map_err(|e| ClientError::Tls(format!("TLS exporter: {e}")))?;
         self.io = PipedIo::Tls(Box::new(s));
         Ok(binding)
     }
 }
+
+/// Both directions of a byte stream, whichever kind.
+trait Duplex: Read + Write {}
+impl<T: Read + Write> Duplex for T {}
 
 impl Channel {
     /// The TCP connection under it, when there is one (for `TCP_INFO`).
@@ -77,51 +82,46 @@ impl Channel {
     }
 
     pub fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
-        match self {
-            Channel::Net(w) => w.tcp().set_nonblocking(on),
-            Channel::Child(p) => p.sock().set_nonblocking(on),
-        }
+        self.socket().set_nonblocking(on)
     }
 
     pub fn set_read_timeout(&self, limit: Option<Duration>) -> std::io::Result<()> {
+        self.socket().set_read_timeout(limit)
+    }
+
+    /// The socket under it, whichever kind.
+    fn socket(&self) -> socket2::SockRef<'_> {
         match self {
-            Channel::Net(w) => w.tcp().set_read_timeout(limit),
-            Channel::Child(p) => p.sock().set_read_timeout(limit),
+            Channel::Net(w) => socket2::SockRef::from(w.tcp()),
+            Channel::Child(p) => socket2::SockRef::from(p.sock()),
+        }
+    }
+
+    /// The bytes, in clear or through TLS.
+    fn duplex(&mut self) -> &mut dyn Duplex {
+        match self {
+            Channel::Net(w) => w,
+            Channel::Child(p) => match &mut p.io {
+                PipedIo::Clear(s) => s,
+                PipedIo::Tls(s) => s.as_mut(),
+            },
         }
     }
 }
 
 impl Read for Channel {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Channel::Net(w) => w.read(buf),
-            Channel::Child(p) => match &mut p.io {
-                PipedIo::Clear(s) => s.read(buf),
-                PipedIo::Tls(s) => s.read(buf),
-            },
-        }
+        self.duplex().read(buf)
     }
 }
 
 impl Write for Channel {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match self {
-            Channel::Net(w) => w.write(buf),
-            Channel::Child(p) => match &mut p.io {
-                PipedIo::Clear(s) => s.write(buf),
-                PipedIo::Tls(s) => s.write(buf),
-            },
-        }
+        self.duplex().write(buf)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            Channel::Net(w) => w.flush(),
-            Channel::Child(p) => match &mut p.io {
-                PipedIo::Clear(s) => s.flush(),
-                PipedIo::Tls(s) => s.flush(),
-            },
-        }
+        self.duplex().flush()
     }
 }
 

@@ -876,14 +876,7 @@ impl Control {
                     _ => None,
                 }
             }
-            Channel::Child(piped) => {
-                let name = rustls::pki_types::ServerName::try_from(host.to_string())
-                    .map_err(|e| ClientError::Usage(format!("{host}: {e}")))?;
-                let bound = piped
-                    .start_tls(config, name)
-                    .map_err(|e| ClientError::Tls(super::wire::handshake_failed(host, &e)))?;
-                Some(bound)
-            }
+            Channel::Child(piped) => Some(piped.start_tls(config, host)?),
             Channel::Net(_) => return Err(ClientError::Protocol("TLS is already on".into())),
         };
         self.tls = Some(Protection {

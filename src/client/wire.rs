@@ -12,6 +12,15 @@ pub use crate::engine::tls::DataConn as Wire;
 /// Starts TLS on `sock`, checking the server's certificate against `host`. The handshake runs
 /// now, so a certificate problem is reported as such.
 pub fn tls(sock: TcpStream, config: &Arc<rustls::ClientConfig>, host: &str) -> Result<Wire> {
+    Ok(Wire::Client(Box::new(tls_stream(sock, config, host)?)))
+}
+
+/// The same on any byte stream (`braid cp`'s dialogue inside ssh's channel, a socket pair).
+pub fn tls_stream<S: std::io::Read + std::io::Write>(
+    sock: S,
+    config: &Arc<rustls::ClientConfig>,
+    host: &str,
+) -> Result<rustls::StreamOwned<rustls::ClientConnection, S>> {
     let name = rustls::pki_types::ServerName::try_from(host.to_string())
         .map_err(|e| ClientError::Usage(format!("{host} cannot be checked by TLS: {e}")))?;
     let conn = rustls::ClientConnection::new(config.clone(), name)
@@ -19,7 +28,7 @@ pub fn tls(sock: TcpStream, config: &Arc<rustls::ClientConfig>, host: &str) -> R
     let mut s = rustls::StreamOwned::new(conn, sock);
     crate::engine::tls::handshake(&mut s.conn, &mut s.sock)
         .map_err(|e| ClientError::Tls(handshake_failed(host, &e)))?;
-    Ok(Wire::Client(Box::new(s)))
+    Ok(s)
 }
 
 /// The TLS settings `--tls` uses: the certificates in `ca` (PEM) if given, else the system's.
