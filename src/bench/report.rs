@@ -543,7 +543,8 @@ pub fn markdown(r: &Report, plots: &[String], comparison: &str) -> String {
         }
         s.push_str("| tool | dir | streams (used) | buffer | block | n | min | median | mean | max | std | model (binding) | model error | ping p50 / p95 ms (+ over idle) | sender limit | retransmits | CPU s/GiB | to 90 % s |\n");
         s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-        for c in r.cells.iter().filter(|c| &c.cell.scenario == sc) {
+        let here: Vec<&CellReport> = r.cells.iter().filter(|c| &c.cell.scenario == sc).collect();
+        for c in &here {
             let st = c.mbit_s.as_ref();
             let _ = writeln!(
                 s,
@@ -601,7 +602,6 @@ pub fn markdown(r: &Report, plots: &[String], comparison: &str) -> String {
                 opt(c.ramp_s, 0),
             );
         }
-        let here: Vec<&CellReport> = r.cells.iter().filter(|c| &c.cell.scenario == sc).collect();
         s.push_str(&against_reference(&here));
         if let Some(files) = r.files {
             s.push_str(&trees_against_braid(&here, files));

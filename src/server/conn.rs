@@ -8,15 +8,14 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::timeout;
-use tokio_rustls::server::TlsStream;
 
-/// A pipe's two ends as one stream, for TLS.
-type PipeDuplex =
-    tokio::io::Join<Box<dyn AsyncRead + Send + Unpin>, Box<dyn AsyncWrite + Send + Unpin>>;
+/// One direction of a control connection that is not a plain TCP one (TLS, a pipe).
+type Reader = Box<dyn AsyncRead + Send + Unpin>;
+type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// Commands a client may pipeline behind a running transfer before the server stops reading.
 pub(super) const MAX_QUEUED: usize = 32;
@@ -27,22 +26,12 @@ pub(super) enum Channel {
         rd: OwnedReadHalf,
         wr: OwnedWriteHalf,
     },
-    Tls {
-        rd: ReadHalf<TlsStream<TcpStream>>,
-        wr: WriteHalf<TlsStream<TcpStream>>,
-    },
+    /// After AUTH TLS, over TCP or a pipe.
+    Tls { rd: Reader, wr: Writer },
     /// A one-shot session's standard input and output (`braid serve --stdio`, started over
-    /// ssh, which authenticates and encrypts the channel).
-    Pipe {
-        rd: Box<dyn AsyncRead + Send + Unpin>,
-        wr: Box<dyn AsyncWrite + Send + Unpin>,
-    },
-    /// The same after AUTH TLS: the data connections' TLS is bound to this session, which
-    /// runs inside ssh's channel.
-    PipeTls {
-        rd: ReadHalf<TlsStream<PipeDuplex>>,
-        wr: WriteHalf<TlsStream<PipeDuplex>>,
-    },
+    /// ssh, which authenticates and encrypts the channel); after AUTH TLS it is `Tls`, whose
+    /// binding the data connections' TLS proves.
+    Pipe { rd: Reader, wr: Writer },
     /// Only while the TLS handshake runs, or after it failed.
     Closed,
 }
@@ -151,15 +140,7 @@ impl Conn {
         let out = std::mem::take(&mut self.corked);
         let sent = match &mut self.channel {
             Channel::Clear { wr, .. } => wr.write_all(&out).await,
-            Channel::Tls { wr, .. } => match wr.write_all(&out).await {
-                Ok(()) => wr.flush().await,
-                Err(e) => Err(e),
-            },
-            Channel::Pipe { wr, .. } => match wr.write_all(&out).await {
-                Ok(()) => wr.flush().await,
-                Err(e) => Err(e),
-            },
-            Channel::PipeTls { wr, .. } => match wr.write_all(&out).await {
+            Channel::Tls { wr, .. } | Channel::Pipe { wr, .. } => match wr.write_all(&out).await {
                 Ok(()) => wr.flush().await,
                 Err(e) => Err(e),
             },
@@ -211,9 +192,7 @@ impl Conn {
                     }
                     rd.read(&mut self.buf).await
                 }
-                Channel::Tls { rd, .. } => rd.read(&mut self.buf).await,
-                Channel::Pipe { rd, .. } => rd.read(&mut self.buf).await,
-                Channel::PipeTls { rd, .. } => rd.read(&mut self.buf).await,
+                Channel::Tls { rd, .. } | Channel::Pipe { rd, .. } => rd.read(&mut self.buf).await,
                 Channel::Closed => return Input::Closed,
             };
             match read {
@@ -263,32 +242,40 @@ impl Conn {
         self.lines = LineBuffer::new(MAX_LINE);
         self.queued.clear();
         let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        let handshake = |e: std::io::Error| format!("TLS handshake failed: {e}");
-        let late = |_| "TLS handshake timed out".to_string();
-        let exporter = |e: rustls::Error| format!("TLS exporter: {e}");
         let (channel, binding) = match channel {
             Channel::Clear { rd, wr } => {
                 let stream = rd.reunite(wr).map_err(|e| e.to_string())?;
-                let tls = timeout(limit, acceptor.accept(stream))
-                    .await
-                    .map_err(late)?
-                    .map_err(handshake)?;
-                let binding = Binding::of(tls.get_ref().1).map_err(exporter)?;
-                let (rd, wr) = tokio::io::split(tls);
-                (Channel::Tls { rd, wr }, binding)
+                accept(acceptor, stream, limit).await?
             }
-            Channel::Pipe { rd, wr } => {
-                let tls = timeout(limit, acceptor.accept(tokio::io::join(rd, wr)))
-                    .await
-                    .map_err(late)?
-                    .map_err(handshake)?;
-                let binding = Binding::of(tls.get_ref().1).map_err(exporter)?;
-                let (rd, wr) = tokio::io::split(tls);
-                (Channel::PipeTls { rd, wr }, binding)
-            }
+            Channel::Pipe { rd, wr } => accept(acceptor, tokio::io::join(rd, wr), limit).await?,
             _ => return Err("the control connection is not in clear".into()),
         };
         self.channel = channel;
         Ok(binding)
     }
+}
+
+/// The server's side of a TLS handshake on `stream`, within `limit`: the control channel it
+/// becomes, and the session's binding for the data connections.
+async fn accept<S>(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: S,
+    limit: Duration,
+) -> Result<(Channel, Binding), String>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let tls = timeout(limit, acceptor.accept(stream))
+        .await
+        .map_err(|_| "TLS handshake timed out".to_string())?
+        .map_err(|e| format!("TLS handshake failed: {e}"))?;
+    let binding = Binding::of(tls.get_ref().1).map_err(|e| format!("TLS exporter: {e}"))?;
+    let (rd, wr) = tokio::io::split(tls);
+    Ok((
+        Channel::Tls {
+            rd: Box::new(rd),
+            wr: Box::new(wr),
+        },
+        binding,
+    ))
 }
