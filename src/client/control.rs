@@ -862,9 +862,12 @@ impl Control {
     /// AUTH TLS, then PBSZ 0 and PROT P (RFC 4217): the control connection and every data
     /// connection are TLS from here on.
     pub fn start_tls(&mut self, config: &Arc<rustls::ClientConfig>, host: &str) -> Result<()> {
-        // The handshake sits between commands: nothing goes ahead of it.
+        // The handshake sits between commands: nothing goes ahead of it, and pipelining
+        // resumes after it.
+        let pipelining = self.session.pipelining();
         self.session.set_pipeline(false);
         self.run(Op::AuthTls)?;
+        self.session.set_pipeline(pipelining);
         let binding = match &mut self.stream {
             Channel::Net(Wire::Clear(sock)) => {
                 let sock = sock

@@ -7,13 +7,15 @@
 //! ([`watch`]: progress, Ctrl-C, the route's steering). Around them: the control connection
 //! ([`control`], [`wire`], [`trust`]), sessions ([`sessions`]), listings ([`listing`]), records
 //! for `--resume` ([`records`]), what a transfer reports ([`summary`]), and whole trees
-//! ([`tree`], with [`pipeline`] for small files many at a time).
+//! ([`tree`], with [`pipeline`] for small files many at a time, as many as [`inflight`] finds the
+//! path holds).
 
 mod block_get;
 mod block_put;
 mod channel;
 mod control;
 pub mod error;
+mod inflight;
 mod interrupt;
 pub mod job;
 mod listing;

@@ -77,13 +77,17 @@ impl Ssh {
     }
 
     /// Where data connections go: the host's address, or, for a name only ssh's
-    /// configuration knows (a `Host` alias), the `HostName` that `ssh -G` gives for it.
+    /// configuration knows (a `Host` alias), the `HostName` that `ssh -G` gives for it, with the
+    /// options of `-e` (an `-F FILE` names the configuration that knows the alias).
     pub fn data_host(program: &[String], host: &str) -> Result<IpAddr> {
         if let Some(ip) = resolve(host) {
             return Ok(ip);
         }
-        let shell = program.first().map_or("ssh", String::as_str);
+        let (shell, options) = program
+            .split_first()
+            .map_or(("ssh", &[][..]), |(s, o)| (s.as_str(), o));
         let configured = Command::new(shell)
+            .args(options)
             .arg("-G")
             .arg(host)
             .output()

@@ -10,6 +10,7 @@
 use super::Options;
 use super::control::Control;
 use super::error::{ClientError, Result, exit};
+use super::inflight::Flight;
 use super::interrupt::Interrupt;
 use super::job::{Dest, Held, refuse_read_only};
 use super::listing::{ListEntry, list_dir, list_tree};
@@ -913,8 +914,8 @@ impl Crew<'_> {
 /// Files moved ahead of their turn on one session (see `pipeline`): which files may go, what
 /// each needs before its commands go out, the commands, and the move itself.
 struct Ahead<F, P, R, M> {
-    /// Files in flight at most.
-    depth: usize,
+    /// Files in flight at most: the flight grows from `pipeline::AHEAD` to this.
+    most: usize,
     fits: F,
     prepare: P,
     request: R,
@@ -929,8 +930,8 @@ where
     R: Fn(&mut Control, &mut [(Job, T)]) -> Result<()>,
     M: Fn(&mut Control, &Job, T) -> std::result::Result<Summary, pipeline::Failed>,
 {
-    /// Moves the files at the head of the queue that fit, up to `depth` of them asked for at
-    /// a time, until the head is a file that does not. False if the session
+    /// Moves the files at the head of the queue that fit, as many asked for at a time as the
+    /// path holds ([`Flight`]), until the head is a file that does not. False if the session
     /// broke: the files it had asked for and not moved go back to the queue.
     fn run(
         &self,
@@ -939,17 +940,20 @@ where
         results: &Results,
         stop: &dyn Fn() -> bool,
     ) -> bool {
-        let mut out: VecDeque<(Job, T)> = VecDeque::new();
-        let give_back = |out: VecDeque<(Job, T)>| {
-            for (job, _) in out.into_iter().rev() {
+        let mut flight = Flight::new(pipeline::AHEAD, self.most);
+        let mut out: VecDeque<(Job, T, Instant)> = VecDeque::new();
+        let give_back = |out: VecDeque<(Job, T, Instant)>| {
+            for (job, _, _) in out.into_iter().rev() {
                 work.put_back(job);
             }
         };
         loop {
             let mut ask = Vec::new();
-            // Topped up by halves: a few files' commands per write rather than one each time.
-            let low = out.len() <= self.depth / 2;
-            while low && out.len() + ask.len() < self.depth && !stop() {
+            // Topped up by eighths: several files' commands per write rather than one each
+            // time, and the flight kept nearly full.
+            let depth = flight.depth();
+            let low = out.len() + depth / 8 <= depth;
+            while low && out.len() + ask.len() < depth && !stop() {
                 let Some(job) = work.next_if(&self.fits) else {
                     break;
                 };
@@ -962,19 +966,24 @@ where
                     }
                 }
             }
-            if !ask.is_empty()
-                && let Err(e) = (self.request)(c, &mut ask)
-            {
-                tracing::info!("asking for files ahead: {e}");
-                give_back(out.into_iter().chain(ask).collect());
-                return false;
+            if !ask.is_empty() {
+                if let Err(e) = (self.request)(c, &mut ask) {
+                    tracing::info!("asking for files ahead: {e}");
+                    let asked = ask.into_iter().map(|(j, t)| (j, t, Instant::now()));
+                    give_back(out.into_iter().chain(asked).collect());
+                    return false;
+                }
+                let now = Instant::now();
+                out.extend(ask.into_iter().map(|(j, t)| (j, t, now)));
             }
-            out.extend(ask);
-            let Some((job, item)) = out.pop_front() else {
+            let Some((job, item, asked)) = out.pop_front() else {
                 return true;
             };
             match (self.moved)(c, &job, item) {
-                Ok(s) => work.record(&job, Moved::Done(s.bytes), results),
+                Ok(s) => {
+                    flight.arrived(asked, Instant::now());
+                    work.record(&job, Moved::Done(s.bytes), results)
+                }
                 Err(f) => {
                     let named = job.named(work.op);
                     work.record(&job, Moved::Failed(named, f.error), results);
@@ -1004,7 +1013,7 @@ fn get_ahead(
     done: &(impl Fn(&Summary) + Sync),
 ) -> bool {
     Ahead {
-        depth: pipeline::DOWNLOADS_AHEAD,
+        most: pipeline::DOWNLOADS_AHEAD,
         // Known exactly, small, and not a partial with a record to resume from.
         fits: |j: &Job| {
             j.exact
@@ -1051,7 +1060,7 @@ fn put_ahead(
     let times = std::cell::RefCell::new(Vec::new());
     let gridftp = super::peer::Peer::of(c) == Some(super::peer::Peer::GridFtp);
     let ok = Ahead {
-        depth: pipeline::UPLOADS_AHEAD,
+        most: pipeline::UPLOADS_AHEAD,
         fits: |j: &Job| j.size.is_some_and(|s| s <= pipeline::MAX_SIZE),
         prepare: |job: &Job| {
             pipeline::Outgoing::open(Wanted {

@@ -2,7 +2,9 @@
 //! ssh that runs the far side's command here, in a "home" of the test's own, and records its
 //! process id: the dialogue over a pipe, the data over braid's own connections.
 
-use crate::util::{BRAID, braid_command, json, random_bytes, run, tempdir};
+use crate::util::{
+    BRAID, braid_command, json, random_bytes, run, sent_before_first_reuse, tempdir,
+};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -48,9 +50,9 @@ impl Sides {
         }
     }
 
-    /// `braid cp` here with the stand-in for ssh; (success, stderr).
+    /// `braid cp` here with the stand-in for ssh, the dialogue shown (`-v`); (success, stderr).
     fn cp(&self, args: &[&str]) -> (bool, String) {
-        let (ok, _, err) = run(&mut self.command("-q", args), LIMIT);
+        let (ok, _, err) = run(&mut self.command("-v", args), LIMIT);
         (ok, err)
     }
 
@@ -133,7 +135,9 @@ fn cp_copies_a_file_both_ways_encrypted_and_leaves_nothing_running() {
     s.assert_far_sides_gone();
 }
 
-/// -r: a tree up into a directory of the home, and back down, the same.
+/// -r: a tree up into a directory of the home, and back down, the same; on one session the
+/// small files go ahead of their turn both ways, under TLS as in clear (the dialogue shows
+/// several STOR, then several RETR, before the first transfer on kept connections).
 #[test]
 fn cp_r_copies_a_tree_both_ways() {
     let s = Sides::new();
@@ -147,10 +151,14 @@ fn cp_r_copies_a_tree_both_ways() {
         .unwrap();
         std::fs::write(tree.join(format!("a/b/g{i}")), random_bytes(5000, 10 + i)).unwrap();
     }
-    let (ok, err) = s.cp(&["-r", "tree", "127.0.0.1:up/"]);
+    let (ok, err) = s.cp(&["-r", "-j", "1", "tree", "127.0.0.1:up/"]);
     assert!(ok, "{err}");
-    let (ok, err) = s.cp(&["-r", "127.0.0.1:up/tree", "back/"]);
+    let ahead = sent_before_first_reuse(&err, &["> STOR "]);
+    assert!(ahead >= 3, "{ahead} STOR before the first 125: {err}");
+    let (ok, err) = s.cp(&["-r", "-j", "1", "127.0.0.1:up/tree", "back/"]);
     assert!(ok, "{err}");
+    let ahead = sent_before_first_reuse(&err, &["> RETR "]);
+    assert!(ahead >= 3, "{ahead} RETR before the first 125: {err}");
     for i in 0..5u64 {
         for rel in [format!("a/f{i}"), format!("a/b/g{i}")] {
             same(&tree.join(&rel), &s.home.join("up/tree").join(&rel));

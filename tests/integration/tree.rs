@@ -1,6 +1,6 @@
 //! `get -r` and `put -r`: whole trees against braid serve, vsftpd and a scripted server that
 //! lists hostile names.
-use crate::util::{Server, braid, json, random_bytes, tempdir};
+use crate::util::{Server, braid, json, random_bytes, sent_before_first_reuse, tempdir};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -86,20 +86,6 @@ fn paths<'a>(s: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
         .as_array()
         .map(|a| a.iter().filter_map(|f| f["path"].as_str()).collect())
         .unwrap_or_default()
-}
-
-/// How many commands starting with one of `prefixes` the `-v` dialogue in `err` shows sent
-/// before the server's first `125` (a transfer on kept connections).
-fn sent_before_first_reuse(err: &str, prefixes: &[&str]) -> usize {
-    let dialogue: Vec<&str> = err.lines().collect();
-    let first_reuse = dialogue
-        .iter()
-        .position(|l| l.starts_with("< 125"))
-        .unwrap_or_else(|| panic!("no 125 in {err}"));
-    dialogue[..first_reuse]
-        .iter()
-        .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
-        .count()
 }
 
 /// The lines of `--json` output before the last: one record per file moved.

@@ -656,3 +656,17 @@ pub fn serve_files(files: &[(&str, &[u8])], args: &[&str]) -> (tempfile::TempDir
     let server = Server::start(&root, args);
     (top, root, server)
 }
+
+/// How many commands starting with one of `prefixes` the `-v` dialogue in `err` shows sent
+/// before the server's first `125` (a transfer on kept connections).
+pub fn sent_before_first_reuse(err: &str, prefixes: &[&str]) -> usize {
+    let dialogue: Vec<&str> = err.lines().collect();
+    let first_reuse = dialogue
+        .iter()
+        .position(|l| l.starts_with("< 125"))
+        .unwrap_or_else(|| panic!("no 125 in {err}"));
+    dialogue[..first_reuse]
+        .iter()
+        .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
+        .count()
+}
