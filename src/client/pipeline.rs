@@ -38,14 +38,15 @@ pub const MAX_SIZE: u64 = 4 << 20;
 /// (`inflight::Flight`: 64 files of 4 KiB are 13 Mbit/s over 20 ms).
 pub const AHEAD: usize = super::inflight::START;
 
-/// Files requested ahead on one session at most: 1,024 files' commands and answers fit in the
-/// control connection's buffers (a flight that outgrew them could leave both ends writing),
-/// and over 20 ms they carry 4 KiB files at 1.6 Gbit/s.
-pub const DOWNLOADS_AHEAD: usize = 1024;
+/// Files asked for ahead on one session at most: 1,024 files' commands and answers fit in
+/// the control connection's buffers (a flight that outgrew them could leave both ends
+/// writing), and over 20 ms they carry 4 KiB files at 1.6 Gbit/s.
+pub const MOST_AHEAD: usize = 1024;
 
-/// Files sent ahead on one session at most: each is an open file until its answer comes (8
-/// sessions of 32 stay well under the usual limit of 1024).
-pub const UPLOADS_AHEAD: usize = 32;
+/// Files stored ahead on a GridFTP server at most: each is an open file until its data goes
+/// after its `125` (8 sessions of 32 stay well under the usual limit of 1024). Files
+/// announced to braid are open only while they are read.
+pub const GRIDFTP_UPLOADS_AHEAD: usize = 32;
 
 /// Whether the session can move files this way: a server that reads pipelined commands in
 /// order (braid, the Globus GridFTP server), with data connections kept from the file before,
@@ -259,10 +260,12 @@ pub fn receive_next(
     ))
 }
 
-/// A file to upload ahead: open, and read once it is its turn to go.
+/// A file to upload ahead: read once it is its turn to go.
 pub struct Outgoing {
     wanted: Wanted,
-    file: std::fs::File,
+    /// Open from the start for GridFTP, which takes the data after its `125`; for braid,
+    /// opened only to be read whole, so that a long flight holds no file open.
+    file: Option<std::fs::File>,
     read: Read,
     /// Once its data went: the bytes on each connection.
     sent: Vec<u64>,
@@ -270,30 +273,47 @@ pub struct Outgoing {
 }
 
 impl Outgoing {
+    /// Opened now (for [`store`]): a file that cannot be read fails before it is asked for.
     pub fn open(wanted: Wanted) -> Result<Outgoing> {
         let shown = wanted.local.display().to_string();
         let file = std::fs::File::open(&wanted.local)
             .map_err(local_err(format!("cannot read {shown}")))?;
         Ok(Outgoing {
-            wanted,
-            file,
-            read: Read::Pending,
-            sent: Vec::new(),
-            started: Instant::now(),
+            file: Some(file),
+            ..Outgoing::to_read(wanted)
         })
     }
 
+    /// Opened when it is read (for [`announce`]), which is when it fails if it cannot be.
+    pub fn to_read(wanted: Wanted) -> Outgoing {
+        Outgoing {
+            wanted,
+            file: None,
+            read: Read::Pending,
+            sent: Vec::new(),
+            started: Instant::now(),
+        }
+    }
+
     /// Reads the whole file into `into`, which is its size, and keeps its checksum (or
-    /// why it could not be read).
+    /// why it could not be read); the file is closed after.
     fn read(&mut self, into: &mut [u8]) {
         use std::os::unix::fs::FileExt;
-        self.read = match self.file.read_exact_at(into, 0) {
+        let read = match self.file.take() {
+            Some(file) => Ok(file),
+            None => std::fs::File::open(&self.wanted.local),
+        }
+        .and_then(|file| file.read_exact_at(into, 0));
+        let shown = self.wanted.local.display();
+        self.read = match read {
             Ok(()) => Read::Sum(checksum::hex(checksum::of(into))),
             Err(cause) => Read::Failed(ClientError::Local {
-                what: format!(
-                    "cannot read {} (did it shrink since the walk?)",
-                    self.wanted.local.display()
-                ),
+                what: match cause.kind() {
+                    std::io::ErrorKind::UnexpectedEof => {
+                        format!("cannot read {shown} (did it shrink since the walk?)")
+                    }
+                    _ => format!("cannot read {shown}"),
+                },
                 cause,
             }),
         };
@@ -457,8 +477,12 @@ pub fn stored_next(
     }
     let stor = format!("STOR {}", o.wanted.remote);
     started_with_checksum_behind(c, &stor)?;
+    let Some(file) = o.file.take() else {
+        let e = ClientError::Protocol("a file stored ahead unopened (a bug in braid)".into());
+        return Err(Failed::session(e));
+    };
     let source = Source::File {
-        file: &o.file,
+        file: &file,
         size: o.wanted.size,
     };
     o.sent = send_on_kept(c, source).map_err(Failed::session)?;
@@ -467,7 +491,7 @@ pub fn stored_next(
     let alg = Peer::GridFtp.checksum(c);
     let checked = (|| {
         end?;
-        let ours = crate::sums::named(alg, &o.file, 0, o.wanted.size)
+        let ours = crate::sums::named(alg, &file, 0, o.wanted.size)
             .map_err(local_err("cannot read the file back to check it"))?;
         agree_with(
             theirs,
@@ -531,8 +555,9 @@ mod tests {
             o.sum(),
             Some(checksum::hex(checksum::of(b"hello world")).as_str())
         );
+        assert!(o.file.is_none(), "closed once read");
         // Listed at 20 bytes, it has 11 now: its upload fails with a reason, nothing goes out.
-        let mut o = Outgoing::open(wanted(20)).unwrap();
+        let mut o = Outgoing::to_read(wanted(20));
         let mut buf = vec![0u8; 20];
         o.read(&mut buf);
         assert_eq!(o.sum(), None);
@@ -541,7 +566,11 @@ mod tests {
             local: dir.path().join("none"),
             ..wanted(1)
         };
-        assert!(Outgoing::open(gone).is_err());
+        assert!(Outgoing::open(gone.clone()).is_err());
+        // Opened only when read: a file gone by then fails then, alone.
+        let mut o = Outgoing::to_read(gone);
+        o.read(&mut [0u8; 1]);
+        assert!(matches!(&o.read, Read::Failed(e) if e.to_string().contains("cannot read")));
     }
 
     #[test]

@@ -967,14 +967,16 @@ where
                 }
             }
             if !ask.is_empty() {
-                if let Err(e) = (self.request)(c, &mut ask) {
+                // Before asking: an upload's request sends its data, which can take a while.
+                let now = Instant::now();
+                let result = (self.request)(c, &mut ask);
+                let asked = ask.into_iter().map(|(j, t)| (j, t, now));
+                if let Err(e) = result {
                     tracing::info!("asking for files ahead: {e}");
-                    let asked = ask.into_iter().map(|(j, t)| (j, t, Instant::now()));
                     give_back(out.into_iter().chain(asked).collect());
                     return false;
                 }
-                let now = Instant::now();
-                out.extend(ask.into_iter().map(|(j, t)| (j, t, now)));
+                out.extend(asked);
             }
             let Some((job, item, asked)) = out.pop_front() else {
                 return true;
@@ -1013,7 +1015,7 @@ fn get_ahead(
     done: &(impl Fn(&Summary) + Sync),
 ) -> bool {
     Ahead {
-        most: pipeline::DOWNLOADS_AHEAD,
+        most: pipeline::MOST_AHEAD,
         // Known exactly, small, and not a partial with a record to resume from.
         fits: |j: &Job| {
             j.exact
@@ -1060,15 +1062,21 @@ fn put_ahead(
     let times = std::cell::RefCell::new(Vec::new());
     let gridftp = super::peer::Peer::of(c) == Some(super::peer::Peer::GridFtp);
     let ok = Ahead {
-        most: pipeline::UPLOADS_AHEAD,
+        most: match gridftp {
+            true => pipeline::GRIDFTP_UPLOADS_AHEAD,
+            false => pipeline::MOST_AHEAD,
+        },
         fits: |j: &Job| j.size.is_some_and(|s| s <= pipeline::MAX_SIZE),
         prepare: |job: &Job| {
-            pipeline::Outgoing::open(Wanted {
+            let wanted = Wanted {
                 remote: job.remote.clone(),
                 local: job.local.clone(),
                 size: job.size.unwrap_or(0),
-            })
-            .map(Some)
+            };
+            match gridftp {
+                true => pipeline::Outgoing::open(wanted).map(Some),
+                false => Ok(Some(pipeline::Outgoing::to_read(wanted))),
+            }
         },
         request: |c: &mut Control, ask: &mut [(Job, pipeline::Outgoing)]| {
             if gridftp {

@@ -14,8 +14,8 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::timeout;
 
 /// One direction of a control connection that is not a plain TCP one (TLS, a pipe).
-type Reader = Box<dyn AsyncRead + Send + Unpin>;
-type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+pub(super) type Reader = Box<dyn AsyncRead + Send + Unpin>;
+pub(super) type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// Commands a client may pipeline behind a running transfer before the server stops reading.
 pub(super) const MAX_QUEUED: usize = 32;
@@ -69,16 +69,8 @@ impl Conn {
     }
 
     /// A session over a pipe's two ends, for a client at `peer` (as ssh reports it).
-    pub(super) fn piped(
-        rd: impl AsyncRead + Send + Unpin + 'static,
-        wr: impl AsyncWrite + Send + Unpin + 'static,
-        peer: SocketAddr,
-    ) -> Conn {
-        let channel = Channel::Pipe {
-            rd: Box::new(rd),
-            wr: Box::new(wr),
-        };
-        Conn::over(channel, peer)
+    pub(super) fn piped(rd: Reader, wr: Writer, peer: SocketAddr) -> Conn {
+        Conn::over(Channel::Pipe { rd, wr }, peer)
     }
 
     fn over(channel: Channel, peer: SocketAddr) -> Conn {

@@ -16,6 +16,7 @@ mod pacing;
 mod partials;
 mod quota;
 pub mod settings;
+mod stdio;
 mod supervise;
 pub mod tls;
 mod xferlog;
@@ -220,7 +221,8 @@ pub async fn serve_stdio(mut config: Config) -> anyhow::Result<()> {
         .ok()
         .and_then(|cwd| start_dir(&config.root, &cwd))
         .unwrap_or_else(braid_proto::path::VPath::root);
-    let conn = conn::Conn::piped(tokio::io::stdin(), tokio::io::stdout(), peer);
+    let (rd, wr) = stdio::halves();
+    let conn = conn::Conn::piped(rd, wr, peer);
     // Nothing stops a one-shot session but its end.
     let (_running, shutdown) = watch::channel(Shutdown::Running);
     control::serve_piped(conn, local, start, greeting, config, shutdown).await;
