@@ -207,7 +207,8 @@ impl Context<'_> {
                 };
                 let mut c = self.over_ssh(cell, port);
                 match cell.tool {
-                    Tool::BraidCp => c.args(["-r", "-j", "8", &from, &to]),
+                    // Its default sessions: each more starts another far side over ssh.
+                    Tool::BraidCp => c.args(["-r", &from, &to]),
                     Tool::Scp => c.args(["-r", &from, &to]),
                     // A trailing / copies what is in it, as the others copy the directory.
                     _ => c.args(["-a", &format!("{from}/"), &to]),

@@ -50,9 +50,10 @@ pub struct TreeArgs {
     /// re-run after an interruption moves only what is missing.
     #[arg(long, requires = "recursive")]
     pub update: bool,
-    /// With -r: files in flight at once, each on a session of its own.
+    /// With -r: sessions at once, each moving its own files.
     ///
-    /// Large files still get their -n connections each. Lower it for servers that limit
+    /// Small files go many at a time on each session, as many as the path holds; large ones
+    /// one at a time, with their -n connections each. Lower it for servers that limit
     /// sessions per client (a refused session leaves its files to the others).
     #[arg(short = 'j', long, default_value_t = 4, value_name = "N", requires = "recursive",
           value_parser = clap::value_parser!(u16).range(1..=64))]

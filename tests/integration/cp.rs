@@ -366,3 +366,157 @@ fn cp_through_openssh_moves_files_and_trees_and_leaves_nothing_running() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The far side's process ids this test has started, oldest first.
+fn far_pids(s: &Sides) -> Vec<i32> {
+    let pids = std::fs::read_to_string(&s.pids).unwrap_or_default();
+    pids.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+/// Interrupted either way, a download over the ssh route keeps its partial and resumes from
+/// it: Ctrl-C on the client (while the far side is frozen, so the transfer cannot end
+/// first) exits 7 saying how to resume; the far side killed mid-transfer fails the client
+/// with the partial kept; then --resume completes the file, identical, from where the
+/// partial ended, and no far side is left running.
+#[test]
+fn cp_keeps_the_partial_when_either_side_is_killed_and_resumes_from_it() {
+    use crate::util::{Stderr, signal_process};
+    use rustix::process::Signal;
+    use std::time::Instant;
+    let s = Sides::new();
+    let content = random_bytes(64 << 20, 44);
+    std::fs::write(s.home.join("big.bin"), &content).unwrap();
+    let (dest, part) = (s.here.join("got.bin"), s.here.join("got.bin.part"));
+    let args = [
+        "--resume",
+        "-n",
+        "2",
+        "--block-size",
+        "1MiB",
+        "--rate-limit",
+        "16MB",
+        "127.0.0.1:big.bin",
+        "got.bin",
+    ];
+    for kill_far_side in [false, true] {
+        let before = std::fs::metadata(&part).map_or(0, |m| m.len());
+        let mut child = s
+            .command("-v", &args)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Stderr::follow(&mut child);
+        // Past 4 blocks more than before: a whole block of this run is stored.
+        let deadline = Instant::now() + LIMIT;
+        while std::fs::metadata(&part).map_or(0, |m| m.len()) < before + (4 << 20)
+            && Instant::now() < deadline
+            && child.try_wait().unwrap().is_none()
+        {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let far = *far_pids(&s).last().expect("a far side started");
+        let running = child.try_wait().unwrap().is_none();
+        if kill_far_side {
+            signal_process(far as u32, Signal::KILL);
+        } else {
+            signal_process(far as u32, Signal::STOP);
+            signal_process(child.id(), Signal::INT);
+            // The far side goes on once the client has stopped its side (its ABOR is out).
+            let aborted = stderr.wait_for("> ABOR", LIMIT);
+            signal_process(far as u32, Signal::CONT);
+            assert!(aborted, "no ABOR after Ctrl-C");
+        }
+        let (code, err) = stderr.finish(child, LIMIT);
+        assert!(
+            running,
+            "the copy ended before it could be interrupted: {err}"
+        );
+        if kill_far_side {
+            assert!(code.is_some_and(|c| c != 0), "{code:?} {err}");
+        } else {
+            assert_eq!(code, Some(7), "{err}");
+            assert!(err.contains("Ctrl-C"), "{err}");
+        }
+        assert!(err.contains("--resume"), "{err}");
+        assert!(!dest.exists(), "{err}");
+        assert!(
+            std::fs::metadata(&part).map_or(0, |m| m.len()) > before,
+            "{err}"
+        );
+    }
+    let (ok, out, err) = s.cp_json(&["--resume", "-n", "2", "127.0.0.1:big.bin", "got.bin"]);
+    assert!(ok, "{err}");
+    let summary = json(out.lines().last().unwrap_or_default());
+    assert!(summary["resumed_from"].as_u64() > Some(0), "{summary}");
+    assert!(
+        std::fs::read(&dest).unwrap() == content,
+        "the resumed file differs"
+    );
+    s.assert_far_sides_gone();
+}
+
+/// A stranger who connects to the far side's data port while a copy runs gets none of the
+/// file (at most a TLS alert, or no connection at all), and the copy completes, identical.
+#[test]
+fn a_stranger_on_the_data_port_gets_nothing_and_the_copy_goes_on() {
+    use crate::util::Stderr;
+    use std::io::{Read, Write};
+    use std::time::Instant;
+    let s = Sides::new();
+    let content = random_bytes(32 << 20, 45);
+    std::fs::write(s.home.join("big.bin"), &content).unwrap();
+    let args = [
+        "-n",
+        "2",
+        "--rate-limit",
+        "16MB",
+        "127.0.0.1:big.bin",
+        "got.bin",
+    ];
+    let mut child = s
+        .command("-v", &args)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = Stderr::follow(&mut child);
+    assert!(stderr.wait_for("< 113 Sender", LIMIT), "no data flowed");
+    let port = {
+        let shown = stderr.so_far();
+        let line = shown
+            .lines()
+            .rfind(|l| l.contains("Extended Passive Mode"))
+            .unwrap_or_else(|| panic!("no 229 in {shown}"))
+            .to_string();
+        line.split("|||")
+            .nth(1)
+            .and_then(|r| r.split('|').next())
+            .and_then(|p| p.parse::<u16>().ok())
+            .unwrap_or_else(|| panic!("no port in {line}"))
+    };
+    let mut got = Vec::new();
+    if let Ok(mut stranger) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+        stranger
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let _ = stranger.write_all(b"GET / HTTP/1.0\r\n\r\n");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut buf = [0u8; 65536];
+        while Instant::now() < deadline {
+            match stranger.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+    let (code, err) = stderr.finish(child, LIMIT);
+    assert_eq!(code, Some(0), "{err}");
+    same(&s.home.join("big.bin"), &s.here.join("got.bin"));
+    // A TLS alert record (type 21) is all a stranger may see.
+    assert!(
+        got.is_empty() || (got[0] == 21 && got.len() < 64),
+        "a stranger read {} bytes: {:?}",
+        got.len(),
+        &got[..got.len().min(32)]
+    );
+    s.assert_far_sides_gone();
+}

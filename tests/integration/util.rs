@@ -605,6 +605,11 @@ impl Stderr {
         false
     }
 
+    /// What the child has written so far.
+    pub fn so_far(&self) -> String {
+        self.text.lock().unwrap().clone()
+    }
+
     /// Waits for the child to exit (at most `limit`): its exit code and all it wrote.
     pub fn finish(mut self, mut child: Child, limit: Duration) -> (Option<i32>, String) {
         let status = wait_timeout(&mut child, limit).expect("the child did not exit in time");
