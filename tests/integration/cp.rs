@@ -56,6 +56,17 @@ impl Sides {
         (ok, err)
     }
 
+    /// `braid cp -v` started, its standard error followed.
+    fn spawn(&self, args: &[&str]) -> (std::process::Child, crate::util::Stderr) {
+        let mut child = self
+            .command("-v", args)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = crate::util::Stderr::follow(&mut child);
+        (child, stderr)
+    }
+
     /// The same with a JSON summary; (success, stdout, stderr).
     fn cp_json(&self, args: &[&str]) -> (bool, String, String) {
         run(&mut self.command("--json", args), LIMIT)
@@ -380,7 +391,7 @@ fn far_pids(s: &Sides) -> Vec<i32> {
 /// partial ended, and no far side is left running.
 #[test]
 fn cp_keeps_the_partial_when_either_side_is_killed_and_resumes_from_it() {
-    use crate::util::{Stderr, signal_process};
+    use crate::util::signal_process;
     use rustix::process::Signal;
     use std::time::Instant;
     let s = Sides::new();
@@ -400,12 +411,7 @@ fn cp_keeps_the_partial_when_either_side_is_killed_and_resumes_from_it() {
     ];
     for kill_far_side in [false, true] {
         let before = std::fs::metadata(&part).map_or(0, |m| m.len());
-        let mut child = s
-            .command("-v", &args)
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = Stderr::follow(&mut child);
+        let (mut child, stderr) = s.spawn(&args);
         // Past 4 blocks more than before: a whole block of this run is stored.
         let deadline = Instant::now() + LIMIT;
         while std::fs::metadata(&part).map_or(0, |m| m.len()) < before + (4 << 20)
@@ -459,7 +465,6 @@ fn cp_keeps_the_partial_when_either_side_is_killed_and_resumes_from_it() {
 /// file (at most a TLS alert, or no connection at all), and the copy completes, identical.
 #[test]
 fn a_stranger_on_the_data_port_gets_nothing_and_the_copy_goes_on() {
-    use crate::util::Stderr;
     use std::io::{Read, Write};
     use std::time::Instant;
     let s = Sides::new();
@@ -473,12 +478,7 @@ fn a_stranger_on_the_data_port_gets_nothing_and_the_copy_goes_on() {
         "127.0.0.1:big.bin",
         "got.bin",
     ];
-    let mut child = s
-        .command("-v", &args)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = Stderr::follow(&mut child);
+    let (child, stderr) = s.spawn(&args);
     assert!(stderr.wait_for("< 113 Sender", LIMIT), "no data flowed");
     let port = {
         let shown = stderr.so_far();
