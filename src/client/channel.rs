@@ -141,3 +141,72 @@ impl Drop for Piped {
         let _ = self.child.wait();
     }
 }
+
+/// What a child writes to its standard error: passed on to ours as it comes (ssh's warnings,
+/// the far side's errors), and its last words kept for an error message that explains them.
+#[derive(Clone, Default)]
+pub struct Said(std::sync::Arc<(std::sync::Mutex<Words>, std::sync::Condvar)>);
+
+#[derive(Default)]
+struct Words {
+    tail: Vec<u8>,
+    ended: bool,
+}
+
+/// The most of a child's last words kept.
+const WORDS_KEPT: usize = 4096;
+
+impl Said {
+    /// Passes `from` on to this process's standard error until it ends, keeping its tail.
+    pub fn tee(&self, mut from: impl Read + Send + 'static) {
+        let said = self.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = match from.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let _ = std::io::stderr().write_all(&buf[..n]);
+                let mut words = said.words();
+                words.tail.extend_from_slice(&buf[..n]);
+                let over = words.tail.len().saturating_sub(WORDS_KEPT);
+                words.tail.drain(..over);
+            }
+            said.words().ended = true;
+            said.0.1.notify_all();
+        });
+    }
+
+    fn words(&self) -> std::sync::MutexGuard<'_, Words> {
+        self.0.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The last words, once the child has closed its standard error or `limit` has passed
+    /// (a process it left behind may hold it open).
+    pub fn last(&self, limit: Duration) -> String {
+        let words = self.words();
+        let (words, _) = self
+            .0
+            .1
+            .wait_timeout_while(words, limit, |w| !w.ended)
+            .unwrap_or_else(|p| p.into_inner());
+        String::from_utf8_lossy(&words.tail).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_childs_last_words_are_kept_once_it_ends_and_only_the_last_of_them() {
+        let said = Said::default();
+        let mut long = vec![b'x'; 10_000];
+        long.extend_from_slice(b"error: unexpected argument '--stdio' found\n");
+        said.tee(std::io::Cursor::new(long));
+        let words = said.last(Duration::from_secs(10));
+        assert!(words.ends_with("'--stdio' found\n"), "{words}");
+        assert_eq!(words.len(), WORDS_KEPT);
+    }
+}

@@ -94,11 +94,13 @@ impl Control {
 
     /// A session with the far side `command` starts and speaks to on its standard input and
     /// output (ssh running `braid serve --stdio`); its data connections go to `data_host`,
-    /// the machine ssh reached. `name` says what was run, for errors.
+    /// the machine ssh reached. `name` says what was run, for errors; what it writes to its
+    /// standard error goes on to ours, its last words kept in `said`.
     pub fn over_child(
         mut command: std::process::Command,
         data_host: std::net::IpAddr,
         name: &str,
+        said: &super::channel::Said,
     ) -> Result<Control> {
         let local = |what: &str, e: std::io::Error| ClientError::Local {
             what: format!("{what} for {name}"),
@@ -110,16 +112,20 @@ impl Control {
             .try_clone()
             .map_err(|e| local("a socket pair", e))?
             .into();
-        let child = command
+        let mut child = command
             .stdin(std::process::Stdio::from(input))
             .stdout(std::process::Stdio::from(std::os::fd::OwnedFd::from(
                 theirs,
             )))
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .map_err(|e| ClientError::Connect {
                 addr: name.to_string(),
                 cause: e,
             })?;
+        if let Some(words) = child.stderr.take() {
+            said.tee(words);
+        }
         // The command holds the child's ends of the pair: while they are open here, a child
         // that exits would never be seen to close.
         drop(command);

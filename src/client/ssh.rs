@@ -6,6 +6,7 @@ use super::control::Control;
 use super::error::{ClientError, Result};
 use std::net::{IpAddr, ToSocketAddrs};
 use std::process::Command;
+use std::time::Duration;
 
 /// How to reach the far side.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,8 +60,9 @@ impl Ssh {
 
     /// A session with the far side.
     pub fn session(&self) -> Result<Control> {
-        let mut c = Control::over_child(self.command(), self.data_host, &self.shown())
-            .map_err(|e| self.explain(e))?;
+        let said = super::channel::Said::default();
+        let mut c = Control::over_child(self.command(), self.data_host, &self.shown(), &said)
+            .map_err(|e| self.explain(e, &said))?;
         // The greeting came over ssh's authenticated channel: the certificate it names is the
         // far side's, and TLS with it protects every data connection, bound to this session.
         let Some(digest) = c.pinned_certificate() else {
@@ -105,18 +107,34 @@ impl Ssh {
         })
     }
 
-    /// A far side that did not greet: most often braid is not installed there.
-    fn explain(&self, e: ClientError) -> ClientError {
-        match e {
-            ClientError::Protocol(_) => ClientError::Protocol(format!(
-                "`{}` did not start a braid session (its own words, if any, are above): can \
-                 ssh reach {}, and is braid installed there, on the PATH ssh gives commands? \
-                 Install it, or name it with --remote-braid PATH",
-                self.shown(),
-                self.destination
-            )),
-            e => e,
-        }
+    /// A far side that did not greet: most often braid is not installed there, or one too
+    /// old to serve over ssh; what it said tells which.
+    fn explain(&self, e: ClientError, said: &super::channel::Said) -> ClientError {
+        let ClientError::Protocol(_) = e else {
+            return e;
+        };
+        let words = said.last(Duration::from_secs(2));
+        let why = match words.as_str() {
+            w if w.contains("--stdio") => format!(
+                "the braid there is older than this one ({}) and cannot serve over ssh \
+                 (it has no `serve --stdio`): install this version there, or name a newer \
+                 one with --remote-braid PATH",
+                env!("CARGO_PKG_VERSION")
+            ),
+            w if w.contains("not found") || w.contains("No such file") => format!(
+                "{} is not there, or not on the PATH ssh gives commands: install braid \
+                 there, or name it with --remote-braid PATH",
+                self.remote_braid
+            ),
+            _ => "can ssh reach it, and is braid installed there, on the PATH ssh gives \
+                  commands? Install it, or name it with --remote-braid PATH"
+                .to_string(),
+        };
+        ClientError::Protocol(format!(
+            "`{}` did not start a braid session on {} (its own words, if any, are above): {why}",
+            self.shown(),
+            self.destination
+        ))
     }
 }
 

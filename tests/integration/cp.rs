@@ -198,12 +198,44 @@ fn cp_says_what_to_do_when_the_far_side_has_no_braid() {
     let (ok, _, err) = run(&mut cmd, LIMIT);
     assert!(!ok);
     assert!(err.contains("did not start a braid session"), "{err}");
+    assert!(
+        err.contains("/nonexistent/braid is not there"),
+        "the shell's words read: {err}"
+    );
     assert!(err.contains("--remote-braid PATH"), "{err}");
     assert!(
         started.elapsed() < Duration::from_secs(30),
         "it waited for a reply timeout"
     );
     assert!(!s.here.join("f").exists() && !s.here.join("f.part").exists());
+}
+
+/// A far side whose braid is too old to serve over ssh (it refuses `serve --stdio` as clap
+/// does): its own words are passed on, and the error says it is older and what to do.
+#[test]
+fn cp_says_when_the_far_sides_braid_is_too_old() {
+    let s = Sides::new();
+    let old = s.home.join("old-braid");
+    std::fs::write(
+        &old,
+        "#!/bin/sh\necho \"error: unexpected argument '--stdio' found\" >&2\nexit 2\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut cmd = braid_command(&s.here);
+    cmd.current_dir(&s.here)
+        .args(["cp", "-e", s.ssh.to_str().unwrap(), "--remote-braid"])
+        .arg(&old)
+        .args(["127.0.0.1:f", "f"]);
+    let (ok, _, err) = run(&mut cmd, LIMIT);
+    assert!(!ok);
+    assert!(
+        err.contains("unexpected argument '--stdio'"),
+        "not passed on: {err}"
+    );
+    assert!(err.contains("older than this one"), "{err}");
+    assert!(err.contains("install this version there"), "{err}");
 }
 
 /// The far side alone: one session on standard input and output, greeting with its
