@@ -298,10 +298,13 @@ pub struct ClientSession {
     stored: RangeSet,
     /// Ops begun and not yet polled, oldest first.
     ops: VecDeque<Running>,
+    /// How many ops at the front of `ops` have sent every command: where the next command
+    /// is looked for (a long pipeline would otherwise be walked for each one).
+    sent_through: usize,
     next_id: u64,
     /// Sent, reply not yet seen: the op each belongs to, and what it waits for. Replies come
     /// in the order the commands went out; one whose op has ended is dropped.
-    waiting: VecDeque<(u64, Wait)>,
+    waiting: Waits,
     /// Commands handed out by `poll_command`, not yet sent.
     outbox: VecDeque<Command>,
     /// Send every command as soon as its op begins, without waiting for the replies before
@@ -317,6 +320,56 @@ pub struct ClientSession {
     sender: Option<crate::markers::SenderReport>,
     /// Probes (`STAT`) not yet answered.
     probes_due: usize,
+}
+
+/// Replies due, in the order their commands went out, each with its op and what it waits
+/// for; and how many each op still awaits, so that asking costs nothing however many files
+/// are in flight.
+#[derive(Debug, Default)]
+struct Waits {
+    queue: VecDeque<(u64, Wait)>,
+    per_op: std::collections::HashMap<u64, usize>,
+}
+
+impl Waits {
+    fn push_back(&mut self, id: u64, wait: Wait) {
+        *self.per_op.entry(id).or_default() += 1;
+        self.queue.push_back((id, wait));
+    }
+
+    fn push_front(&mut self, id: u64, wait: Wait) {
+        *self.per_op.entry(id).or_default() += 1;
+        self.queue.push_front((id, wait));
+    }
+
+    fn pop_front(&mut self) -> Option<(u64, Wait)> {
+        let (id, wait) = self.queue.pop_front()?;
+        if let std::collections::hash_map::Entry::Occupied(mut due) = self.per_op.entry(id) {
+            *due.get_mut() -= 1;
+            if *due.get() == 0 {
+                due.remove();
+            }
+        }
+        Some((id, wait))
+    }
+
+    fn front(&self) -> Option<&(u64, Wait)> {
+        self.queue.front()
+    }
+
+    fn clear(&mut self) {
+        self.queue.clear();
+        self.per_op.clear();
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Whether a reply is due to op `id`.
+    fn due(&self, id: u64) -> bool {
+        self.per_op.contains_key(&id)
+    }
 }
 
 impl ClientSession {
@@ -377,6 +430,7 @@ impl ClientSession {
     pub fn begin(&mut self, op: Op) -> u64 {
         if !self.pipeline {
             self.ops.clear();
+            self.sent_through = 0;
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -435,7 +489,7 @@ impl ClientSession {
             }
             Op::FinishTransfer => {
                 // No command: the final reply of the transfer under way.
-                self.waiting.push_back((id, Wait::Final));
+                self.waiting.push_back(id, Wait::Final);
                 vec![]
             }
             Op::Checksum { alg, path } => vec![(
@@ -467,7 +521,7 @@ impl ClientSession {
 
     /// Whether a reply is due to op `id`.
     fn waits_for(&self, id: u64) -> bool {
-        self.waiting.iter().any(|(w, _)| *w == id)
+        self.waiting.due(id)
     }
 
     /// MODE E, then only the settings that differ from what is in effect.
@@ -507,11 +561,14 @@ impl ClientSession {
             if !self.pipeline && !self.waiting.is_empty() {
                 return;
             }
-            let Some(op) = self
+            while self
                 .ops
-                .iter_mut()
-                .find(|o| o.outcome.is_none() && !o.queue.is_empty())
-            else {
+                .get(self.sent_through)
+                .is_some_and(|o| o.outcome.is_some() || o.queue.is_empty())
+            {
+                self.sent_through += 1;
+            }
+            let Some(op) = self.ops.get_mut(self.sent_through) else {
                 return;
             };
             let Some((cmd, wait)) = op.queue.pop_front() else {
@@ -519,7 +576,7 @@ impl ClientSession {
             };
             self.last_verb = cmd.verb().to_string();
             self.outbox.push_back(cmd);
-            self.waiting.push_back((op.id, wait));
+            self.waiting.push_back(op.id, wait);
         }
     }
 
@@ -531,6 +588,7 @@ impl ClientSession {
     /// How the oldest op ended, once it has.
     pub fn poll_outcome(&mut self) -> Option<Result<Outcome, Failure>> {
         self.ops.front()?.outcome.as_ref()?;
+        self.sent_through = self.sent_through.saturating_sub(1);
         self.ops.pop_front()?.outcome
     }
 
@@ -665,8 +723,11 @@ impl ClientSession {
                 op.outcome = Some(Ok(Outcome::Done(r)));
             }
             Step::Next => {}
-            Step::Then(cmd, wait) => op.queue.push_front((cmd, wait)),
-            Step::Wait(wait) => self.waiting.push_front((id, wait)),
+            Step::Then(cmd, wait) => {
+                op.queue.push_front((cmd, wait));
+                self.sent_through = self.sent_through.min(i);
+            }
+            Step::Wait(wait) => self.waiting.push_front(id, wait),
             Step::End(o) => {
                 op.queue.clear();
                 op.outcome = Some(o);

@@ -919,6 +919,56 @@ mod tests {
         }
     }
 
+    /// A whole flight of 1,024 files requested ahead (the most a session keeps), every
+    /// tenth one gone: one round trip, and every op ends by its own reply, in order.
+    #[test]
+    fn a_thousand_files_requested_ahead_end_each_by_its_own_reply_in_one_round_trip() {
+        let mut p = logged_in();
+        p.client.set_pipeline(true);
+        p.run(setup(Direction::Download)).unwrap();
+        assert_eq!(p.run(Op::Passive), Ok(Outcome::Passive(40000)));
+        p.run(Op::StartTransfer(Command::Retr("first".into())))
+            .unwrap();
+        p.run(Op::FinishTransfer).unwrap();
+        let names: Vec<String> = (0..1024).map(|i| format!("f{i}")).collect();
+        p.gone = names.iter().step_by(10).cloned().collect();
+        let trips = p.round_trips;
+        let ops = names.iter().flat_map(|f| {
+            [
+                Op::StartTransfer(Command::Retr(f.clone())),
+                Op::FinishTransfer,
+                Op::Checksum {
+                    alg: "XXH3".into(),
+                    path: f.clone(),
+                },
+            ]
+        });
+        let results = p.run_flight(ops.collect());
+        assert_eq!(p.round_trips - trips, 1);
+        assert_eq!(results.len(), 3 * 1024);
+        for (i, r) in results.chunks(3).enumerate() {
+            if i % 10 == 0 {
+                assert!(
+                    r[..2]
+                        .iter()
+                        .all(|o| matches!(o, Err(Failure::Refused { .. }))),
+                    "file {i}: {r:?}"
+                );
+            } else {
+                assert_eq!(r[0], Ok(Outcome::Started { reused: true }), "file {i}");
+                assert!(
+                    matches!(&r[1], Ok(Outcome::Done(d)) if d.code == 226),
+                    "file {i}"
+                );
+                assert_eq!(
+                    r[2],
+                    Ok(Outcome::Checksum(Some("c0ffee".into()))),
+                    "file {i}"
+                );
+            }
+        }
+    }
+
     /// `OPTS STOR Eager=1` goes once, only while uploads' data is to go eagerly, and the
     /// server drops a refused upload's data only then and only on connections kept from an
     /// upload (a download's would carry nothing of the client's).
