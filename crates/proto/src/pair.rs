@@ -878,11 +878,8 @@ mod tests {
         assert_eq!(p.round_trips, 1);
     }
 
-    /// Downloads requested ahead, each as RETR, its end and CKSM, where the middle file has
-    /// gone: its refusal ends its start and its end, and every other op still gets its own
-    /// reply (the files after it start, end and have their checksums), in one round trip.
-    #[test]
-    fn a_refused_transfer_requested_ahead_ends_without_taking_the_next_reply() {
+    /// A pipelining session whose first download has left its data connections open.
+    fn pipelining_with_kept_connections() -> Pair {
         let mut p = logged_in();
         p.client.set_pipeline(true);
         p.run(setup(Direction::Download)).unwrap();
@@ -890,6 +887,15 @@ mod tests {
         p.run(Op::StartTransfer(Command::Retr("first".into())))
             .unwrap();
         p.run(Op::FinishTransfer).unwrap();
+        p
+    }
+
+    /// Downloads requested ahead, each as RETR, its end and CKSM, where the middle file has
+    /// gone: its refusal ends its start and its end, and every other op still gets its own
+    /// reply (the files after it start, end and have their checksums), in one round trip.
+    #[test]
+    fn a_refused_transfer_requested_ahead_ends_without_taking_the_next_reply() {
+        let mut p = pipelining_with_kept_connections();
         p.gone = vec!["b".into()];
         let trips = p.round_trips;
         let ahead = |f: &str| {
@@ -923,13 +929,7 @@ mod tests {
     /// tenth one gone: one round trip, and every op ends by its own reply, in order.
     #[test]
     fn a_thousand_files_requested_ahead_end_each_by_its_own_reply_in_one_round_trip() {
-        let mut p = logged_in();
-        p.client.set_pipeline(true);
-        p.run(setup(Direction::Download)).unwrap();
-        assert_eq!(p.run(Op::Passive), Ok(Outcome::Passive(40000)));
-        p.run(Op::StartTransfer(Command::Retr("first".into())))
-            .unwrap();
-        p.run(Op::FinishTransfer).unwrap();
+        let mut p = pipelining_with_kept_connections();
         let names: Vec<String> = (0..1024).map(|i| format!("f{i}")).collect();
         p.gone = names.iter().step_by(10).cloned().collect();
         let trips = p.round_trips;
