@@ -5,11 +5,13 @@
 use super::get::download;
 use super::options::Shared;
 use super::put::upload;
+use crate::client::detour::Detour;
 use crate::client::error::ClientError;
-use crate::client::ssh::{Ssh, parse_remote};
+use crate::client::ssh::{Ssh, control_path, parse_remote};
 use crate::client::url::Target;
 use clap::Args;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Args, Debug)]
 pub struct CpArgs {
@@ -68,12 +70,17 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
     let mut args = a.args;
     let dest = args.pop().unwrap_or_default();
     let ssh = |destination: String, host: &str| -> anyhow::Result<Ssh> {
+        let shared_connection = sharing.as_ref().map(|d| d.path().to_path_buf());
+        let detour = shared_connection
+            .as_ref()
+            .map(|dir| Arc::new(Detour::new(&program, control_path(dir), &destination)));
         Ok(Ssh {
             data_host: Ssh::data_host(&program, host)?,
             program: program.clone(),
             destination,
             remote_braid: a.remote_braid.clone(),
-            shared_connection: sharing.as_ref().map(|d| d.path().to_path_buf()),
+            shared_connection,
+            detour,
         })
     };
     let base = a.shared.options(a.resume)?;

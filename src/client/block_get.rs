@@ -378,7 +378,7 @@ fn connect(
             let addr = c.passive_addr()?;
             c.restart_ranges(have)?;
             let elastic = transfer.elastic();
-            let socks = open_and_start(c, retr, addr, n, opts.buffer, elastic)?;
+            let socks = open_and_start(c, retr, &addr, n, opts.buffer, elastic)?;
             plan.joins(socks, addr, opts.buffer, steering, transfer.waker())
                 .protected(c.data_tls())
         }

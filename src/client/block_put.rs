@@ -5,6 +5,7 @@
 
 use super::Options;
 use super::control::Control;
+use super::detour::DataAddr;
 use super::error::{ClientError, Result};
 use super::job::local_err;
 use super::parallel::{
@@ -31,7 +32,7 @@ use braid_proto::client::{Direction, Op};
 use braid_proto::ranges::RangeSet;
 use braid_proto::retr_opts::RetrOpts;
 use std::fs::File;
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -162,7 +163,7 @@ enum Opened {
     /// Those the last upload of this session left open: no PASV, no connecting.
     Kept(Vec<DataConn>),
     /// Fresh ones to the server's passive address (where later ones go too).
-    Fresh(Vec<TcpStream>, SocketAddr),
+    Fresh(Vec<TcpStream>, DataAddr),
 }
 
 /// Sends STOR and opens the data connections (before waiting for 150: the Globus server sends
@@ -186,7 +187,7 @@ fn open(
     let addr = c.passive_addr()?;
     c.restart_ranges(have)?;
     c.reset_stored(have.clone());
-    let fresh = open_and_start(c, stor, addr, plan.start, opts.buffer, elastic)?;
+    let fresh = open_and_start(c, stor, &addr, plan.start, opts.buffer, elastic)?;
     Ok(Opened::Fresh(fresh, addr))
 }
 

@@ -1,7 +1,9 @@
 //! The client's control connection: send commands, read replies, open data connections.
 
 use super::channel::{Channel, Piped};
+use super::detour::{DataAddr, Detour};
 use super::error::{ClientError, Result};
+use super::summary::Summary;
 use super::url::Target;
 use super::wire::Wire;
 use crate::engine::hooks::Tell;
@@ -56,6 +58,12 @@ pub struct Control {
     braid_greeting: bool,
     /// The certificate a one-shot server's greeting named (`braid serve --stdio`).
     pinned: Option<[u8; 32]>,
+    /// Where data connections go when they cannot reach the server (`braid cp`: through
+    /// ssh's channel).
+    detour: Option<Arc<Detour>>,
+    /// The address a one-shot server's data connections listen on, as its greeting named it:
+    /// where ssh connects to from the far side when the data goes round.
+    far_data_ip: Option<std::net::IpAddr>,
 }
 
 /// What AUTH TLS set up: the settings and name the server's certificate was checked with,
@@ -155,6 +163,8 @@ impl Control {
             range_markers_asked: false,
             braid_greeting: false,
             pinned: None,
+            detour: None,
+            far_data_ip: None,
         };
         let greeting = c.greeting(name)?;
         if greeting.code != 220 {
@@ -170,6 +180,7 @@ impl Control {
             .set_pipeline(braid_proto::session::reads_pipelined(&greeting));
         c.braid_greeting = braid_proto::session::is_braid_greeting(&greeting);
         c.pinned = braid_proto::session::pinned_certificate(&greeting);
+        c.far_data_ip = braid_proto::session::data_address(&greeting);
         Ok(c)
     }
 
@@ -622,7 +633,7 @@ impl Control {
     /// names, which defeats both private-address replies and bounce tricks.
     pub fn open_data(&mut self) -> Result<TcpStream> {
         let addr = self.passive_addr()?;
-        connect_data(addr)
+        connect_data(&addr)
     }
 
     /// Listens on the control connection's local address and tells the server to connect
@@ -701,22 +712,47 @@ impl Control {
     /// EPSV (or PASV): the address at which the server listens for data connections. The
     /// control connection's peer, whatever address a 227 names, which defeats both
     /// private-address replies and bounce tricks.
-    pub fn passive_addr(&mut self) -> Result<SocketAddr> {
+    pub fn passive_addr(&mut self) -> Result<DataAddr> {
         // The server drops the connections it kept open: so do we.
         self.data.clear();
         if let Some(port) = self.early_passive.take() {
-            return Ok(SocketAddr::new(self.peer.ip(), port));
+            return Ok(self.data_addr(port));
         }
         self.begin(Op::Passive)?;
         self.passive_answer()
     }
 
     /// The address the answer to EPSV or PASV (the oldest op not yet read) gives.
-    fn passive_answer(&mut self) -> Result<SocketAddr> {
+    fn passive_answer(&mut self) -> Result<DataAddr> {
         match self.finished(None)? {
-            Outcome::Passive(port) => Ok(SocketAddr::new(self.peer.ip(), port)),
+            Outcome::Passive(port) => Ok(self.data_addr(port)),
             o => Err(unexpected(o)),
         }
+    }
+
+    /// The server's `port`, on the control connection's peer, with the way round to it.
+    fn data_addr(&self, port: u16) -> DataAddr {
+        let target = SocketAddr::new(self.peer.ip(), port);
+        DataAddr {
+            target,
+            round: SocketAddr::new(self.far_data_ip.unwrap_or(target.ip()), port),
+            detour: self.detour.clone(),
+        }
+    }
+
+    /// `summary` with how the data connections reached the far side, for a session that has a
+    /// way round (`braid cp`).
+    pub fn with_data_route(&self, mut summary: Summary) -> Summary {
+        summary.data_route = self.detour.as_ref().map(|d| match d.taken() {
+            true => "ssh-channel",
+            false => "direct",
+        });
+        summary
+    }
+
+    /// Where a data connection that cannot reach the server goes instead (`braid cp`).
+    pub fn set_detour(&mut self, detour: Option<Arc<Detour>>) {
+        self.detour = detour;
     }
 
     /// REST, sent right before the transfer command as RFC 3659 asks.
@@ -911,7 +947,7 @@ impl Control {
                 self.begin(Op::Rest(offset))?;
             }
             self.send_transfer(cmd)?;
-            let data = connect_data(self.passive_answer()?)?;
+            let data = connect_data(&self.passive_answer()?)?;
             if offset > 0 {
                 self.restarted(offset)?;
             }
@@ -1003,16 +1039,10 @@ fn cmd_for_error(cmd: &Command) -> String {
     }
 }
 
-/// Opens one data connection to `addr`, with the reply timeout as its read/write limit.
-pub fn connect_data(addr: SocketAddr) -> Result<TcpStream> {
-    let s =
-        TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).map_err(|e| ClientError::Connect {
-            addr: format!("data connection {addr}"),
-            cause: e,
-        })?;
-    s.set_read_timeout(Some(REPLY_TIMEOUT)).ok();
-    s.set_write_timeout(Some(REPLY_TIMEOUT)).ok();
-    Ok(s)
+/// Opens one data connection to `addr` (or round it, see [`DataAddr`]), with the reply
+/// timeout as its read/write limit.
+pub fn connect_data(addr: &DataAddr) -> Result<TcpStream> {
+    super::detour::connect(addr, REPLY_TIMEOUT, CONNECT_TIMEOUT)
 }
 
 /// Why reading the control connection stopped.
@@ -1071,12 +1101,18 @@ mod tests {
     fn a_passive_address_is_the_control_connections_peer_whatever_227_names() {
         // EPSV: the port only.
         let (mut c, server) = scripted(b"229 Entering Extended Passive Mode (|||4242|)\r\n");
-        assert_eq!(c.passive_addr().unwrap(), "127.0.0.1:4242".parse().unwrap());
+        assert_eq!(
+            c.passive_addr().unwrap().target,
+            "127.0.0.1:4242".parse().unwrap()
+        );
         done(c, server);
         // No EPSV: PASV, whose private address (or a bounce target) is not followed.
         let (mut c, server) =
             scripted(b"500 EPSV not understood\r\n227 Entering Passive Mode (10,9,8,7,16,147)\r\n");
-        assert_eq!(c.passive_addr().unwrap(), "127.0.0.1:4243".parse().unwrap());
+        assert_eq!(
+            c.passive_addr().unwrap().target,
+            "127.0.0.1:4243".parse().unwrap()
+        );
         done(c, server);
         let (mut c, server) = scripted(b"229 Entering Extended Passive Mode (|||garbage|)\r\n");
         assert!(matches!(c.passive_addr(), Err(ClientError::Protocol(_))));

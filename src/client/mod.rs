@@ -14,6 +14,7 @@ mod block_get;
 mod block_put;
 mod channel;
 mod control;
+pub mod detour;
 pub mod error;
 mod inflight;
 mod interrupt;

@@ -4,6 +4,7 @@
 
 use super::Options;
 use super::control::{Control, connect_data};
+use super::detour::DataAddr;
 use super::error::{ClientError, Result};
 use super::interrupt::send_abort;
 use super::peer::{background_needs_braid, offers_elastic};
@@ -190,7 +191,7 @@ pub fn data_phase_failed(
 pub fn open_and_start(
     c: &mut Control,
     cmd: &Command,
-    addr: std::net::SocketAddr,
+    addr: &DataAddr,
     n: u32,
     buffer: Option<u64>,
     elastic: bool,

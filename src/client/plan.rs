@@ -4,6 +4,7 @@
 
 use super::Options;
 use super::control::{ASSUMED_RTT, Control, connect_data};
+use super::detour::DataAddr;
 use super::peer::{Peer, STALL};
 use crate::engine;
 use crate::engine::hooks::{Fixed, Policy, Schedule, Steering};
@@ -12,7 +13,7 @@ use crate::engine::tune::{self, Tuning};
 use crate::engine::widen::Widen;
 use braid_proto::client::Direction;
 use braid_proto::retr_opts::CcName;
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -200,7 +201,7 @@ impl Plan {
     pub fn joins(
         &self,
         socks: Vec<TcpStream>,
-        addr: SocketAddr,
+        addr: DataAddr,
         buffer: Option<u64>,
         steering: &mut Steering,
         waker: Option<Waker>,
@@ -212,7 +213,8 @@ impl Plan {
             joins.incoming = Some(rx);
             steering.set_opener(initial, move |failed: Arc<AtomicUsize>| {
                 let (tx, waker) = (tx.clone(), waker.clone());
-                std::thread::spawn(move || match connect_data(addr) {
+                let addr = addr.clone();
+                std::thread::spawn(move || match connect_data(&addr) {
                     Ok(s) => {
                         engine::set_buffer(&s, buffer);
                         if tx.send(s).is_err() {

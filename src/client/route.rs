@@ -92,10 +92,12 @@ pub fn get_on(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> 
         Dest::Stdout | Dest::Null => None,
     };
     let existed = part.as_ref().is_some_and(|p| p.exists());
-    let result = get_file(c, target, dest, opts).map_err(|e| {
-        let fix = "fetch it with get -r";
-        directory_hint(c, &target.path, e, fix)
-    });
+    let result = get_file(c, target, dest, opts)
+        .map(|s| c.with_data_route(s))
+        .map_err(|e| {
+            let fix = "fetch it with get -r";
+            directory_hint(c, &target.path, e, fix)
+        });
     if result.is_err()
         && !existed
         && let Some(p) = part
@@ -148,10 +150,12 @@ pub fn put_on(
     held: Held,
 ) -> Result<Summary> {
     let src = Source::open(local, target)?;
-    put_source(c, &src, opts, held).map_err(|e| {
-        let fix = "end the URL with / to put the file into it";
-        directory_hint(c, &src.target.path, e, fix)
-    })
+    put_source(c, &src, opts, held)
+        .map(|s| c.with_data_route(s))
+        .map_err(|e| {
+            let fix = "end the URL with / to put the file into it";
+            directory_hint(c, &src.target.path, e, fix)
+        })
 }
 
 /// What the server holds of the file (a record of an earlier MODE E upload, or nothing), the

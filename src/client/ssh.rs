@@ -24,6 +24,9 @@ pub struct Ssh {
     /// Where data connections go: the machine ssh reaches (see [`Ssh::data_host`]), found once
     /// for all of a transfer's sessions.
     pub data_host: IpAddr,
+    /// The way through ssh's shared connection for data connections that cannot reach
+    /// `data_host`, one for all of a transfer's sessions; None without connection sharing.
+    pub detour: Option<std::sync::Arc<super::detour::Detour>>,
 }
 
 impl Ssh {
@@ -35,7 +38,7 @@ impl Ssh {
             // After the user's own options, which win. The master lingers a second after its
             // last session, so a session that ends early cannot take the others with it.
             c.args(["-o", "ControlMaster=auto", "-o"])
-                .arg(format!("ControlPath={}/%C", dir.display()))
+                .arg(format!("ControlPath={}", control_path(dir)))
                 .args(["-o", "ControlPersist=1"]);
         }
         c.arg(&self.destination)
@@ -63,6 +66,7 @@ impl Ssh {
         let said = super::channel::Said::default();
         let mut c = Control::over_child(self.command(), self.data_host, &self.shown(), &said)
             .map_err(|e| self.explain(e, &said))?;
+        c.set_detour(self.detour.clone());
         // The greeting came over ssh's authenticated channel: the certificate it names is the
         // far side's, and TLS with it protects every data connection, bound to this session.
         let Some(digest) = c.pinned_certificate() else {
@@ -136,6 +140,12 @@ impl Ssh {
             self.destination
         ))
     }
+}
+
+/// The socket of the connection ssh shares, in the private directory `dir`: one per
+/// destination (`%C` hashes the host, port and user).
+pub fn control_path(dir: &std::path::Path) -> String {
+    format!("{}/%C", dir.display())
 }
 
 fn resolve(host: &str) -> Option<IpAddr> {
@@ -219,6 +229,7 @@ mod tests {
             remote_braid: "/opt/braid".into(),
             shared_connection: None,
             data_host: IpAddr::from([192, 0, 2, 1]),
+            detour: None,
         };
         let args = |c: Command| -> Vec<String> {
             c.get_args()

@@ -56,6 +56,10 @@ pub struct Summary {
     /// `--schedule`, or a GridFTP server, whose count is fixed per transfer).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tuning: Option<&'static str>,
+    /// `braid cp`: how the data connections reached the far side, "direct" or "ssh-channel"
+    /// (through ssh's own connection, where they could not get there themselves).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_route: Option<&'static str>,
     /// MODE E: the block size used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub block_size: Option<u64>,
@@ -199,6 +203,7 @@ pub fn summary(
         connection_count: Vec::new(),
         timeline: Vec::new(),
         tuning: None,
+        data_route: None,
         block_size: None,
         congestion: None,
         sender: None,

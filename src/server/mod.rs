@@ -215,8 +215,8 @@ pub async fn serve_stdio(mut config: Config) -> anyhow::Result<()> {
     let (tls, digest) = tls::Tls::made_now()?;
     config.tls = Some(Arc::new(tls));
     let config = Arc::new(config);
-    let greeting = braid_proto::session::Session::greeting_with_certificate(&digest);
     let (peer, local) = ssh_ends(std::env::var("SSH_CONNECTION").ok().as_deref());
+    let greeting = braid_proto::session::Session::greeting_with_certificate(&digest, local.ip());
     let start = std::env::current_dir()
         .ok()
         .and_then(|cwd| start_dir(&config.root, &cwd))

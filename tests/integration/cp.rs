@@ -267,8 +267,11 @@ fn serve_stdio_serves_one_session_and_ends_with_its_input() {
     say("", &mut line);
     assert!(line.starts_with("220-braid"), "{line}");
     say("", &mut line);
-    assert!(line.starts_with("220 Certificate SHA-256 "), "{line}");
-    assert_eq!(line.trim_end().len(), "220 Certificate SHA-256 ".len() + 64);
+    assert!(line.starts_with("Certificate SHA-256 "), "{line}");
+    assert_eq!(line.trim_end().len(), "Certificate SHA-256 ".len() + 64);
+    // Where its data connections listen: loopback, started without ssh.
+    say("", &mut line);
+    assert_eq!(line.trim_end(), "220 Data address 127.0.0.1");
     say("USER anonymous", &mut line);
     say("PASS x", &mut line);
     assert!(line.starts_with("230"), "{line}");
@@ -376,6 +379,7 @@ fn cp_through_openssh_moves_files_and_trees_and_leaves_nothing_running() {
     same(&here.join("got.bin"), &far.join("big.bin"));
     let summary = json(out.lines().last().unwrap_or_default());
     assert_encrypted(&summary);
+    assert_eq!(summary["data_route"], "direct", "{summary}");
     cp(&["-n", "4", "-q", "got.bin", &at(&far.join("up.bin"))]);
     same(&far.join("up.bin"), &far.join("big.bin"));
     cp(&["-r", "-q", "tree", &format!("{}/", at(&far))]);
@@ -551,4 +555,57 @@ fn a_stranger_on_the_data_port_gets_nothing_and_the_copy_goes_on() {
         &got[..got.len().min(32)]
     );
     s.assert_far_sides_gone();
+}
+
+/// Where the far side's data port cannot be reached (its data connections listen on an
+/// address the client does not connect to, as behind a firewall), the data goes through
+/// ssh's own channel instead, both ways: the file arrives identical, TLS bound to the
+/// session, and `-v` and `--json` say which way it went.
+#[test]
+fn cp_carries_the_data_through_ssh_when_the_data_port_cannot_be_reached() {
+    let top = tempdir();
+    let sshd = Sshd::start(top.path());
+    let (far, here) = (top.path().join("far"), top.path().join("here"));
+    std::fs::create_dir_all(&far).unwrap();
+    std::fs::create_dir_all(&here).unwrap();
+    // The far side listens where ssh says it was reached: told 127.0.0.2, it listens there,
+    // and the client's connections to 127.0.0.1 find no one.
+    let remote_braid = top.path().join("far-braid");
+    std::fs::write(
+        &remote_braid,
+        format!("#!/bin/sh\nSSH_CONNECTION='127.0.0.1 1 127.0.0.2 22' exec {BRAID} \"$@\"\n"),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&remote_braid, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(far.join("big.bin"), random_bytes(3 << 20, 46)).unwrap();
+    let at = |p: &Path| format!("127.0.0.1:{}", p.display());
+    let (down, up) = (at(&far.join("big.bin")), at(&far.join("up.bin")));
+    for (from, to, landed) in [
+        (down.as_str(), "got.bin", here.join("got.bin")),
+        ("got.bin", up.as_str(), far.join("up.bin")),
+    ] {
+        let mut cmd = braid_command(&here);
+        let options = [
+            "cp",
+            "-v",
+            "--json",
+            "-n",
+            "2",
+            "-e",
+            &sshd.ssh,
+            "--remote-braid",
+        ];
+        cmd.current_dir(&here)
+            .args(options)
+            .arg(&remote_braid)
+            .args([from, to]);
+        let (ok, out, err) = run(&mut cmd, LIMIT);
+        assert!(ok, "{err}");
+        same(&landed, &far.join("big.bin"));
+        assert!(err.contains("through ssh's channel"), "{err}");
+        let summary = json(out.lines().last().unwrap_or_default());
+        assert_eq!(summary["data_route"], "ssh-channel", "{summary}");
+        assert_encrypted(&summary);
+    }
 }

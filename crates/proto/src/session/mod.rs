@@ -133,14 +133,17 @@ impl Session {
 
     /// The greeting of a one-shot session over ssh (`braid serve --stdio`): the usual one, and
     /// the SHA-256 of the certificate its TLS uses, which the client, reading it over ssh's
-    /// authenticated channel, pins (see [`pinned_certificate`]).
-    pub fn greeting_with_certificate(sha256: &[u8; 32]) -> Reply {
+    /// authenticated channel, pins (see [`pinned_certificate`]); and the address its data
+    /// connections listen on, which a client whose own connections cannot reach it asks ssh
+    /// to connect to from the far side (see [`data_address`]).
+    pub fn greeting_with_certificate(sha256: &[u8; 32], data: std::net::IpAddr) -> Reply {
         let hex: String = sha256.iter().map(|b| format!("{b:02x}")).collect();
         Reply::multi(
             220,
             vec![
                 format!("{GREETING_MARK} FTP server ready."),
                 format!("{CERTIFICATE_MARK} {hex}"),
+                format!("{DATA_ADDRESS_MARK} {data}"),
             ],
         )
     }
@@ -809,6 +812,23 @@ pub fn pinned_certificate(r: &Reply) -> Option<[u8; 32]> {
     Some(out)
 }
 
+/// What precedes a one-shot session's data address in its greeting.
+const DATA_ADDRESS_MARK: &str = "Data address";
+
+/// The address a one-shot session's data connections listen on, as its greeting names it
+/// ([`Session::greeting_with_certificate`]).
+pub fn data_address(r: &Reply) -> Option<std::net::IpAddr> {
+    if !is_braid_greeting(r) {
+        return None;
+    }
+    r.lines
+        .iter()
+        .find_map(|l| l.strip_prefix(DATA_ADDRESS_MARK))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Whether the server that sent this greeting reads pipelined commands in order, also while a
 /// transfer runs: a braid server; the Globus GridFTP server ("... GridFTP Server 13.24
 /// ... ready."), whose control library queues what arrives meanwhile, which
@@ -968,13 +988,16 @@ mod tests {
     #[test]
     fn a_one_shot_greeting_names_its_certificate_for_the_client_to_pin() {
         let digest: [u8; 32] = std::array::from_fn(|i| (i * 7) as u8);
-        let greeting = Session::greeting_with_certificate(&digest);
+        let data: std::net::IpAddr = "198.18.0.2".parse().unwrap();
+        let greeting = Session::greeting_with_certificate(&digest, data);
         // Through the wire and the parser, as the client reads it.
         let mut parser = crate::reply::ReplyParser::new();
         parser.feed(&greeting.to_bytes());
         let read = parser.next_reply().unwrap().unwrap();
         assert!(is_braid_greeting(&read) && reads_pipelined(&read));
         assert_eq!(pinned_certificate(&read), Some(digest));
+        assert_eq!(data_address(&read), Some(data));
+        assert_eq!(data_address(&Session::greeting()), None);
         // An ordinary greeting names none, nor does another server's that says the words.
         assert_eq!(pinned_certificate(&Session::greeting()), None);
         let other = Reply::multi(
