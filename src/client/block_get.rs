@@ -388,7 +388,7 @@ fn connect(
             c.start_transfer(retr)?;
             let accept = Accept {
                 listener,
-                peer: braid_proto::session::canonical_ip(c.peer().ip()),
+                peer: crate::engine::transfer::Admits::client(c.peer().ip()),
                 max: 4 * n as usize + 4,
                 buffer: opts.buffer,
                 timeout: Some(STALL),

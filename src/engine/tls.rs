@@ -428,7 +428,7 @@ mod tests {
         let joins = Joins::accept(
             Accept {
                 listener,
-                peer: addr.ip(),
+                peer: crate::engine::transfer::Admits::client(addr.ip()),
                 max: 8,
                 buffer: None,
                 timeout: Some(Duration::from_secs(30)),

@@ -490,9 +490,38 @@ pub struct Joins {
 
 /// A listener the peer opens data connections to. Connections from any host but `peer` are
 /// dropped (RFC 2577).
+/// Who may open a transfer's data connections: the client's host (RFC 2577: anyone else
+/// could steal the port), and for a one-shot session over ssh also this host itself, whose
+/// sshd connects from here when the client's own connections cannot reach the port (their
+/// TLS still proves they belong to the session).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admits {
+    pub client: IpAddr,
+    /// This host's data address, when ssh may forward to it.
+    pub forwarded_to: Option<IpAddr>,
+}
+
+impl Admits {
+    pub fn client(ip: IpAddr) -> Admits {
+        Admits {
+            client: braid_proto::session::canonical_ip(ip),
+            forwarded_to: None,
+        }
+    }
+
+    /// Whether a connection from `ip` may be a data connection.
+    pub fn admits(&self, ip: IpAddr) -> bool {
+        let ip = braid_proto::session::canonical_ip(ip);
+        ip == self.client
+            || self
+                .forwarded_to
+                .is_some_and(|here| ip == here || ip.is_loopback())
+    }
+}
+
 pub struct Accept {
     pub listener: TcpListener,
-    pub peer: IpAddr,
+    pub peer: Admits,
     /// Most connections for one transfer, counting the open ones.
     pub max: usize,
     pub buffer: Option<u64>,
@@ -585,7 +614,7 @@ pub(super) fn join_loop(
         if let Some(a) = accept {
             match a.listener.accept() {
                 Ok((sock, from)) => {
-                    if braid_proto::session::canonical_ip(from.ip()) != a.peer {
+                    if !a.peer.admits(from.ip()) {
                         crate::warnings::warn(
                             "stranger-data",
                             from.ip(),
@@ -657,6 +686,22 @@ pub(super) fn join_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn data_connections_come_from_the_client_or_for_a_session_over_ssh_from_this_host() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let plain = Admits::client(ip("198.18.0.1"));
+        assert!(plain.admits(ip("198.18.0.1")));
+        assert!(plain.admits(ip("::ffff:198.18.0.1")), "v4-mapped is the same host");
+        assert!(!plain.admits(ip("198.18.0.2")) && !plain.admits(ip("127.0.0.1")));
+        let over_ssh = Admits {
+            forwarded_to: Some(ip("198.18.0.2")),
+            ..plain
+        };
+        assert!(over_ssh.admits(ip("198.18.0.1")));
+        assert!(over_ssh.admits(ip("198.18.0.2")) && over_ssh.admits(ip("127.0.0.1")));
+        assert!(!over_ssh.admits(ip("198.18.0.3")), "a stranger is still one");
+    }
 
     fn connected() -> (TcpStream, TcpStream) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

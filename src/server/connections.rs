@@ -3,9 +3,10 @@
 
 use super::data::{self, BlockConns};
 use super::io::Io;
+
 use crate::engine;
 use crate::engine::tls::{DataConn, DataTls};
-use crate::engine::transfer::{Accept, Joins};
+use crate::engine::transfer::{Accept, Admits, Joins};
 use braid_proto::session::{BlockMode, DataEndpoint, Direction, Transfer, canonical_ip};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -60,7 +61,7 @@ impl Io {
         let sock = match endpoint {
             DataEndpoint::Passive(_) => {
                 let listener = self.passive.take().ok_or("no passive listener")?;
-                accept_from(&listener, canonical_ip(self.peer.ip()), deadline).await?
+                accept_from(&listener, self.admits(), deadline).await?
             }
             DataEndpoint::Active(addr) => connect_to(*addr, self.local.ip(), deadline).await?,
             DataEndpoint::ActivePorts(addrs) => {
@@ -130,7 +131,7 @@ impl Io {
             return Ok(BlockConns::Send(joins.protected(self.data_tls(t))));
         }
         let n = b.parallelism.max(1) as usize;
-        let want = canonical_ip(self.peer.ip());
+        let want = self.admits();
         let socks = match &t.endpoint {
             // Elastic: start on the first connection and take the others as they come, for as
             // long as there are blocks to send. Under TLS the first comes the same way: it
@@ -187,11 +188,19 @@ impl Io {
         })
     }
 
+    /// Who may open this session's data connections.
+    fn admits(&self) -> Admits {
+        Admits {
+            forwarded_to: self.forwarded.then(|| canonical_ip(self.local.ip())),
+            ..Admits::client(self.peer.ip())
+        }
+    }
+
     /// Where the client opens (more) data connections of a MODE E transfer.
     fn accept(&self, listener: std::net::TcpListener, buffer: Option<u64>) -> Accept {
         Accept {
             listener,
-            peer: canonical_ip(self.peer.ip()),
+            peer: self.admits(),
             max: self.config.max_streams as usize,
             buffer,
             timeout: Some(self.config.idle_timeout),
@@ -215,11 +224,11 @@ impl Io {
     }
 }
 
-/// Accepts one data connection from the client's address; strangers are dropped (port
-/// stealing, RFC 2577) and the wait goes on.
+/// Accepts one data connection from the client's address (or where `want` also admits);
+/// strangers are dropped (port stealing, RFC 2577) and the wait goes on.
 async fn accept_from(
     listener: &TcpListener,
-    want: IpAddr,
+    want: Admits,
     deadline: Instant,
 ) -> Result<TcpStream, String> {
     loop {
@@ -227,7 +236,7 @@ async fn accept_from(
             .await
             .map_err(|_| "no connection arrived in time".to_string())?
             .map_err(|e| e.to_string())?;
-        if canonical_ip(from.ip()) == want {
+        if want.admits(from.ip()) {
             return Ok(s);
         }
         crate::warnings::warn(

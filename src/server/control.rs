@@ -34,6 +34,7 @@ pub(super) async fn serve(
         start: VPath::root(),
         guarded: true,
         greeting: Session::greeting(),
+        forwarded: false,
     };
     run(conn, ends, config, shutdown).await;
 }
@@ -55,6 +56,7 @@ pub(super) async fn serve_piped(
         start,
         guarded: false,
         greeting,
+        forwarded: true,
     };
     run(conn, ends, config, shutdown).await;
 }
@@ -69,6 +71,8 @@ struct Ends {
     /// Whether the session holds a pre-login place ([`super::guard`]) until it logs in.
     guarded: bool,
     greeting: Reply,
+    /// A one-shot session over ssh, whose data connections may come through ssh's forward.
+    forwarded: bool,
 }
 
 async fn run(
@@ -83,11 +87,13 @@ async fn run(
         start,
         guarded,
         greeting,
+        forwarded,
     } = ends;
     let mut io = Io {
         config: config.clone(),
         peer,
         local,
+        forwarded,
         root: None,
         passive: None,
         cached: None,

@@ -16,6 +16,8 @@ pub(super) struct Io {
     pub(super) config: Arc<Config>,
     pub(super) peer: SocketAddr,
     pub(super) local: SocketAddr,
+    /// A one-shot session over ssh: ssh may forward data connections from this host.
+    pub(super) forwarded: bool,
     pub(super) root: Option<Arc<Root>>,
     pub(super) passive: Option<TcpListener>,
     /// MODE E data connections the last transfer left open. The session records which way
