@@ -692,7 +692,10 @@ mod tests {
         let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
         let plain = Admits::client(ip("198.18.0.1"));
         assert!(plain.admits(ip("198.18.0.1")));
-        assert!(plain.admits(ip("::ffff:198.18.0.1")), "v4-mapped is the same host");
+        assert!(
+            plain.admits(ip("::ffff:198.18.0.1")),
+            "v4-mapped is the same host"
+        );
         assert!(!plain.admits(ip("198.18.0.2")) && !plain.admits(ip("127.0.0.1")));
         let over_ssh = Admits {
             forwarded_to: Some(ip("198.18.0.2")),
@@ -700,7 +703,10 @@ mod tests {
         };
         assert!(over_ssh.admits(ip("198.18.0.1")));
         assert!(over_ssh.admits(ip("198.18.0.2")) && over_ssh.admits(ip("127.0.0.1")));
-        assert!(!over_ssh.admits(ip("198.18.0.3")), "a stranger is still one");
+        assert!(
+            !over_ssh.admits(ip("198.18.0.3")),
+            "a stranger is still one"
+        );
     }
 
     fn connected() -> (TcpStream, TcpStream) {

@@ -50,8 +50,9 @@ pub struct ServeArgs {
     /// The session logs in as anonymous with the rights of the user running this (ssh's),
     /// serves --root [default: /] and starts in the current directory (where ssh starts a
     /// command: the home directory), so relative paths mean what they mean to scp. Data
-    /// connections listen on the address ssh was reached at (SSH_CONNECTION). It ends when
-    /// its input closes. Logs only warnings unless -v.
+    /// connections listen on the address ssh was reached at (SSH_CONNECTION) and come from
+    /// the client's address or, through ssh's forward, from this host; each is TLS bound to
+    /// the session. It ends when its input closes. Logs only warnings unless -v.
     #[arg(help_heading = "Where and what", long, conflicts_with_all = ["listen", "users", "metrics", "config"])]
     #[serde(skip)]
     pub stdio: bool,
