@@ -30,17 +30,14 @@ impl Sides {
         // ssh's first argument is the destination; the rest is the command, run in the home
         // directory as ssh runs it, as the same process (exec), whose id is noted.
         let ssh = top.path().join("fake-ssh");
-        std::fs::write(
+        script(
             &ssh,
-            format!(
-                "#!/bin/sh\nshift\ncd '{}' || exit 1\necho $$ >> '{}'\nexec \"$@\"\n",
+            &format!(
+                "shift\ncd '{}' || exit 1\necho $$ >> '{}'\nexec \"$@\"\n",
                 home.display(),
                 pids.display()
             ),
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        );
         Sides {
             _top: top,
             home,
@@ -98,6 +95,13 @@ impl Sides {
             assert!(!running, "the far side {pid} still runs: {state}");
         }
     }
+}
+
+/// A shell script at `path` running `body`, executable.
+fn script(path: &Path, body: &str) {
+    std::fs::write(path, format!("#!/bin/sh\n{body}")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 /// Every data connection that carried bytes was TLS resuming the session the dialogue
@@ -216,13 +220,10 @@ fn cp_says_what_to_do_when_the_far_side_has_no_braid() {
 fn cp_says_when_the_far_sides_braid_is_too_old() {
     let s = Sides::new();
     let old = s.home.join("old-braid");
-    std::fs::write(
+    script(
         &old,
-        "#!/bin/sh\necho \"error: unexpected argument '--stdio' found\" >&2\nexit 2\n",
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+        "echo \"error: unexpected argument '--stdio' found\" >&2\nexit 2\n",
+    );
     let mut cmd = braid_command(&s.here);
     cmd.current_dir(&s.here)
         .args(["cp", "-e", s.ssh.to_str().unwrap(), "--remote-braid"])
@@ -571,13 +572,10 @@ fn cp_carries_the_data_through_ssh_when_the_data_port_cannot_be_reached() {
     // The far side listens where ssh says it was reached: told 127.0.0.2, it listens there,
     // and the client's connections to 127.0.0.1 find no one.
     let remote_braid = top.path().join("far-braid");
-    std::fs::write(
+    script(
         &remote_braid,
-        format!("#!/bin/sh\nSSH_CONNECTION='127.0.0.1 1 127.0.0.2 22' exec {BRAID} \"$@\"\n"),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&remote_braid, std::fs::Permissions::from_mode(0o755)).unwrap();
+        &format!("SSH_CONNECTION='127.0.0.1 1 127.0.0.2 22' exec {BRAID} \"$@\"\n"),
+    );
     std::fs::write(far.join("big.bin"), random_bytes(3 << 20, 46)).unwrap();
     let at = |p: &Path| format!("127.0.0.1:{}", p.display());
     let (down, up) = (at(&far.join("big.bin")), at(&far.join("up.bin")));
