@@ -71,9 +71,14 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
     let dest = args.pop().unwrap_or_default();
     let ssh = |destination: String, host: &str| -> anyhow::Result<Ssh> {
         let shared_connection = sharing.as_ref().map(|d| d.path().to_path_buf());
-        let detour = shared_connection
-            .as_ref()
-            .map(|dir| Arc::new(Detour::new(&program, control_path(dir), &destination)));
+        let detour = shared_connection.as_ref().map(|dir| {
+            Arc::new(Detour::new(
+                &program,
+                control_path(dir),
+                &destination,
+                &a.remote_braid,
+            ))
+        });
         Ok(Ssh {
             data_host: Ssh::data_host(&program, host)?,
             program: program.clone(),

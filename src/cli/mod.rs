@@ -112,6 +112,10 @@ enum Cmd {
     },
     /// Run a loopback server, download a generated file from it, verify it and print the rate.
     Demo(DemoArgs),
+    /// The far side's data connections towards a braid cp client that it can reach but that
+    /// cannot reach it; braid cp runs this through ssh.
+    #[command(hide = true)]
+    ConnectBack,
 }
 
 #[derive(Args, Debug)]
@@ -162,6 +166,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Cmd::Completions { shell } => completions(shell),
         Cmd::Man { dir } => man(dir),
         Cmd::Demo(args) => crate::demo::run(args.size).map(|()| exit::OK),
+        Cmd::ConnectBack => crate::server::connect_back::run().map(|()| exit::OK),
         Cmd::Lab(cmd) => crate::lab::main(*cmd),
         Cmd::Trace(args) => crate::trace::main(args),
         Cmd::Model(args) => crate::model::main(*args),

@@ -743,10 +743,7 @@ impl Control {
     /// `summary` with how the data connections reached the far side, for a session that has a
     /// way round (`braid cp`).
     pub fn with_data_route(&self, mut summary: Summary) -> Summary {
-        summary.data_route = self.detour.as_ref().map(|d| match d.taken() {
-            true => "ssh-channel",
-            false => "direct",
-        });
+        summary.data_route = self.detour.as_ref().map(|d| d.way().name());
         summary
     }
 

@@ -1,40 +1,79 @@
-//! Where a data connection goes, and the way round when it cannot get there. `braid cp`'s data
-//! connections go straight to the machine ssh reached; where that does not answer (a
-//! firewall in front of the far side's data ports), they go through ssh's own channel: a
-//! SOCKS forward (`ssh -O forward -D`) on the connection ssh already shares, set up by the
-//! first connection that fails and taken by every one after. The data stays TLS bound to the
-//! session, now inside ssh's encryption too.
+//! Where a data connection goes, and the ways round when it cannot get there. `braid cp`'s
+//! data connections go straight to the machine ssh reached. Where that does not answer (a
+//! firewall in front of the far side's data ports), the far side opens them towards us
+//! instead (`braid connect-back` there, see [`super::connect_back`]); where that fails too (a
+//! firewall on this side as well), they go through ssh's own channel: a SOCKS forward (`ssh -O
+//! forward -D`) on the connection ssh already shares. The first connection that fails finds
+//! the way; every one after takes it at once. The data stays TLS bound to the session.
 
+use super::connect_back::Back;
 use super::error::{ClientError, Result};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-/// How long a straight data connection may take before the way through ssh is tried: a
-/// blocked port answers nothing, and waiting the usual 30 s for it would look like a hang.
+/// How long a straight data connection, or one the far side opens, may take before the next
+/// way is tried: a blocked port answers nothing, and waiting the usual 30 s for it would look
+/// like a hang.
 const STRAIGHT_LIMIT: Duration = Duration::from_secs(5);
 
 /// A data connection's destination, and the way round if there is one.
 #[derive(Debug, Clone)]
 pub struct DataAddr {
     pub target: SocketAddr,
-    /// The same port as the far side knows itself (its greeting's data address): where ssh
-    /// connects to from there when the connection goes round.
+    /// The same port as the far side knows itself (its greeting's data address): where the far
+    /// side connects to when the connection goes round.
     pub round: SocketAddr,
     pub detour: Option<Arc<Detour>>,
 }
 
-/// The way through ssh's channel for a transfer's data connections.
+/// The ways a data connection can take, in the order they are tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Way {
+    Straight = 0,
+    /// The far side opens it.
+    Back = 1,
+    /// Through ssh's channel.
+    Channel = 2,
+}
+
+impl Way {
+    /// As `--json`'s `data_route` says it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Way::Straight => "direct",
+            Way::Back => "connect-back",
+            Way::Channel => "ssh-channel",
+        }
+    }
+
+    fn from_u8(v: u8) -> Way {
+        match v {
+            0 => Way::Straight,
+            1 => Way::Back,
+            _ => Way::Channel,
+        }
+    }
+}
+
+/// The ways round for a transfer's data connections, through ssh's shared connection.
 pub struct Detour {
-    /// `ssh [options] -o ControlPath=... -O forward -D` without the port and destination.
-    forward: Vec<String>,
+    /// `ssh [options] -o ControlPath=...`, without the destination.
+    shared: Vec<String>,
     destination: String,
+    /// The braid to run on the far side for `connect-back`.
+    remote_braid: String,
     /// The local SOCKS port, once set up (or why it could not be).
     proxy: OnceLock<std::result::Result<SocketAddr, String>>,
-    /// A straight connection failed: every later one goes round at once.
-    taken: AtomicBool,
+    /// The far side's connect-back, once started (or why it could not be).
+    back: OnceLock<std::result::Result<Back, String>>,
+    /// The way every new connection takes: only ever further down the list.
+    way: AtomicU8,
 }
 
 impl std::fmt::Debug for Detour {
@@ -54,25 +93,43 @@ impl Eq for Detour {}
 
 impl Detour {
     /// Through the OpenSSH connection shared at `control_path` (`%C` in a private
-    /// directory), which the ssh of `program` (with its options) reaches `destination` by.
-    pub fn new(program: &[String], control_path: String, destination: &str) -> Detour {
-        let mut forward = program.to_vec();
-        if forward.is_empty() {
-            forward.push("ssh".into());
+    /// directory), which the ssh of `program` (with its options) reaches `destination` by;
+    /// `remote_braid` is the braid there.
+    pub fn new(
+        program: &[String],
+        control_path: String,
+        destination: &str,
+        remote_braid: &str,
+    ) -> Detour {
+        let mut shared = program.to_vec();
+        if shared.is_empty() {
+            shared.push("ssh".into());
         }
-        forward.extend(["-o".into(), format!("ControlPath={control_path}")]);
-        forward.extend(["-O".into(), "forward".into(), "-D".into()]);
+        shared.extend(["-o".into(), format!("ControlPath={control_path}")]);
         Detour {
-            forward,
+            shared,
             destination: destination.to_string(),
+            remote_braid: remote_braid.to_string(),
             proxy: OnceLock::new(),
-            taken: AtomicBool::new(false),
+            back: OnceLock::new(),
+            way: AtomicU8::new(Way::Straight as u8),
         }
     }
 
-    /// Whether the data connections went through ssh's channel.
-    pub fn taken(&self) -> bool {
-        self.taken.load(Ordering::Acquire)
+    /// The way the data connections took (the last one tried, if they differed).
+    pub fn way(&self) -> Way {
+        Way::from_u8(self.way.load(Ordering::Acquire))
+    }
+
+    fn take(&self, way: Way) {
+        self.way.fetch_max(way as u8, Ordering::AcqRel);
+    }
+
+    /// `ssh [options] -o ControlPath=...` and then `rest`.
+    fn ssh(&self, rest: &[&str]) -> Command {
+        let mut c = Command::new(&self.shared[0]);
+        c.args(&self.shared[1..]).args(rest);
+        c
     }
 
     /// The local SOCKS port ssh forwards through its channel, asked for once.
@@ -84,14 +141,17 @@ impl Detour {
                     .and_then(|l| l.local_addr())
                     .map_err(|e| format!("no free local port: {e}"))?
                     .port();
-                let (program, options) = self.forward.split_first().ok_or("no ssh")?;
-                let out = std::process::Command::new(program)
-                    .args(options)
-                    .arg(format!("127.0.0.1:{port}"))
-                    .arg(&self.destination)
+                let out = self
+                    .ssh(&[
+                        "-O",
+                        "forward",
+                        "-D",
+                        &format!("127.0.0.1:{port}"),
+                        &self.destination,
+                    ])
                     .stdin(std::process::Stdio::null())
                     .output()
-                    .map_err(|e| format!("{program} did not run: {e}"))?;
+                    .map_err(|e| format!("{} did not run: {e}", self.shared[0]))?;
                 if !out.status.success() {
                     return Err(format!(
                         "ssh would not forward ({}): {}",
@@ -103,35 +163,73 @@ impl Detour {
             })
             .clone()
     }
+
+    /// A connection the far side opens to us, for its data port `target`.
+    fn back(&self, target: SocketAddr) -> std::result::Result<TcpStream, String> {
+        let back = self.back.get_or_init(|| {
+            let far = self.ssh(&[&self.destination, &self.remote_braid, "connect-back"]);
+            Back::start(far, target.ip(), STRAIGHT_LIMIT)
+        });
+        back.as_ref().map_err(String::clone)?.connect(target)
+    }
+
+    /// A connection to `addr` by the ways round, from `from` on: the straight one failed with
+    /// `straight`.
+    fn round(&self, addr: &DataAddr, from: Way, straight: &str) -> Result<TcpStream> {
+        let mut back_failed = None;
+        if from <= Way::Back {
+            match self.back(addr.round) {
+                Ok(s) => {
+                    if from < Way::Back {
+                        tracing::info!(
+                            "data connection {} failed ({straight}): the far side connects back",
+                            addr.target
+                        );
+                    }
+                    self.take(Way::Back);
+                    return Ok(s);
+                }
+                Err(e) => back_failed = Some(e),
+            }
+        }
+        if self.way() < Way::Channel {
+            tracing::info!(
+                "data connection {} failed ({straight}{}): the data goes through ssh's channel",
+                addr.target,
+                back_failed
+                    .as_ref()
+                    .map_or(String::new(), |b| format!("; connecting back, {b}"))
+            );
+        }
+        self.take(Way::Channel);
+        through_channel(self, addr.round).map_err(|r| {
+            ClientError::Protocol(format!(
+                "no data connection reaches {}: straight, {straight} (a firewall in front of \
+                 the far side's ports?); connecting back, {}; through ssh's channel, {r}",
+                addr.target,
+                back_failed.as_deref().unwrap_or("not tried again")
+            ))
+        })
+    }
 }
 
-/// Opens one data connection to `addr`: straight, or, where that fails and there is a way
-/// round, through it (and from then on straight through it); with `limit` as its read and
+/// Opens one data connection to `addr`: straight, or, where that fails and there are ways
+/// round, by them (and from then on by the way that worked); with `limit` as its read and
 /// write timeout.
 pub fn connect(addr: &DataAddr, limit: Duration, straight_limit: Duration) -> Result<TcpStream> {
-    let failed = |cause| ClientError::Connect {
-        addr: format!("data connection {}", addr.target),
-        cause,
-    };
     let s = match &addr.detour {
-        None => TcpStream::connect_timeout(&addr.target, straight_limit).map_err(failed)?,
-        Some(d) if d.taken() => round(d, addr.round)?,
-        Some(d) => match TcpStream::connect_timeout(&addr.target, STRAIGHT_LIMIT) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::info!(
-                    "data connection {} failed ({e}): the data goes through ssh's channel",
-                    addr.target
-                );
-                d.taken.store(true, Ordering::Release);
-                round(d, addr.round).map_err(|r| {
-                    ClientError::Protocol(format!(
-                        "no data connection reaches {}: straight, {e} (a firewall in front \
-                         of the far side's ports?); through ssh's channel, {r}",
-                        addr.target
-                    ))
-                })?
+        None => TcpStream::connect_timeout(&addr.target, straight_limit).map_err(|cause| {
+            ClientError::Connect {
+                addr: format!("data connection {}", addr.target),
+                cause,
             }
+        })?,
+        Some(d) => match d.way() {
+            Way::Straight => match TcpStream::connect_timeout(&addr.target, STRAIGHT_LIMIT) {
+                Ok(s) => s,
+                Err(e) => d.round(addr, Way::Straight, &e.to_string())?,
+            },
+            way => d.round(addr, way, "failed before")?,
         },
     };
     s.set_read_timeout(Some(limit)).ok();
@@ -140,7 +238,7 @@ pub fn connect(addr: &DataAddr, limit: Duration, straight_limit: Duration) -> Re
 }
 
 /// A connection to `target` through the detour's SOCKS forward.
-fn round(d: &Detour, target: SocketAddr) -> Result<TcpStream> {
+fn through_channel(d: &Detour, target: SocketAddr) -> Result<TcpStream> {
     let proxy = d.proxy().map_err(ClientError::Protocol)?;
     socks_connect(proxy, target).map_err(|e| ClientError::Connect {
         addr: format!("data connection {target} through ssh's channel"),
@@ -256,20 +354,26 @@ mod tests {
             &["ssh".into(), "-p".into(), "2222".into()],
             "/tmp/x/%C".into(),
             "ann@box",
+            "/opt/braid",
         );
+        let line = |c: Command| {
+            std::iter::once(c.get_program())
+                .chain(c.get_args())
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
         assert_eq!(
-            d.forward,
-            [
-                "ssh",
-                "-p",
-                "2222",
-                "-o",
-                "ControlPath=/tmp/x/%C",
-                "-O",
-                "forward",
-                "-D"
-            ]
+            line(d.ssh(&["-O", "forward", "-D", "127.0.0.1:1", "ann@box"])),
+            "ssh -p 2222 -o ControlPath=/tmp/x/%C -O forward -D 127.0.0.1:1 ann@box"
         );
-        assert!(!d.taken());
+        assert_eq!(d.way(), Way::Straight);
+        d.take(Way::Channel);
+        d.take(Way::Back);
+        assert_eq!(
+            d.way(),
+            Way::Channel,
+            "the way only goes further down the list"
+        );
     }
 }

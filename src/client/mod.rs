@@ -13,6 +13,7 @@
 mod block_get;
 mod block_put;
 mod channel;
+mod connect_back;
 mod control;
 pub mod detour;
 pub mod error;

@@ -3,6 +3,7 @@
 //! model of the link (rate, queue, delay, loss, corruption). This kernel has no netem, so the
 //! lab brings its own, in the style of mahimahi.
 
+pub mod firewall;
 pub mod hosts;
 pub mod model;
 pub mod packet;
@@ -128,6 +129,13 @@ pub struct LinkArgs {
     /// MTU of the hosts' devices [default: the scenario's, else 1500]
     #[arg(long)]
     mtu: Option<u16>,
+    /// Ports right takes new TCP connections on, as behind a firewall: openings to any other
+    /// port are dropped without an answer (e.g. 22,2222, or none) [default: every port]
+    #[arg(long, value_name = "PORTS", value_parser = firewall::Accepts::parse)]
+    right_accepts: Option<firewall::Accepts>,
+    /// --right-accepts, for left (connections from right).
+    #[arg(long, value_name = "PORTS", value_parser = firewall::Accepts::parse)]
+    left_accepts: Option<firewall::Accepts>,
     /// Seed for loss and corruption, to repeat a run exactly.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -194,6 +202,14 @@ pub struct LinkSpec {
     pub mtu: u16,
     pub up: Params,
     pub down: Params,
+    pub firewall: Firewall,
+}
+
+/// What each host takes new connections on (None: everything).
+#[derive(Debug, Clone, Default)]
+pub struct Firewall {
+    pub left: Option<firewall::Accepts>,
+    pub right: Option<firewall::Accepts>,
 }
 
 impl LinkSpec {
@@ -225,6 +241,7 @@ impl LinkSpec {
             mtu: o.mtu.unwrap_or(s.mtu),
             up: both(s.up)?,
             down: both(s.down)?,
+            firewall: Firewall::default(),
         })
     }
 }
@@ -282,6 +299,10 @@ impl LinkArgs {
             mtu,
             up,
             down,
+            firewall: Firewall {
+                left: self.left_accepts.clone(),
+                right: self.right_accepts.clone(),
+            },
         })
     }
 }
@@ -338,6 +359,12 @@ impl Report {
                 c.max_queue_delay_us as f64 / 1000.0,
                 side.device_drops
             );
+            if side.relay.firewall_drops > 0 {
+                eprintln!(
+                    "    connection openings dropped by the firewall: {}",
+                    side.relay.firewall_drops
+                );
+            }
         }
     }
 }
@@ -376,8 +403,8 @@ impl Running {
         let relay = relay::Relay::start(
             lab.devices[0].clone(),
             lab.devices[1].clone(),
-            spec.up.clone(),
-            spec.down.clone(),
+            [spec.up.clone(), spec.down.clone()],
+            &spec.firewall,
             seed,
             log,
         );

@@ -2,6 +2,7 @@
 //! link model what becomes of each, and writes the survivors to the other host's device when
 //! they are due.
 
+use super::firewall::Accepts;
 use super::model::{Counters, Fate, Link, Nanos, Params};
 use super::packet::corrupt_payload;
 use rand::SeedableRng;
@@ -30,6 +31,9 @@ pub struct DirectionReport {
     pub counters: Counters,
     /// Writes to the receiving TUN device that failed.
     pub write_errors: u64,
+    /// Connection openings the receiving host's firewall dropped (`--left-accepts`,
+    /// `--right-accepts`).
+    pub firewall_drops: u64,
 }
 
 pub struct Relay {
@@ -38,42 +42,64 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Starts both directions: `up` carries left → right, `down` right → left.
+    /// Starts both directions: `up` carries left → right, `down` right → left; `firewall`
+    /// says what left and right accept.
     pub fn start(
         left: Arc<SyncDevice>,
         right: Arc<SyncDevice>,
-        up: Params,
-        down: Params,
+        [up, down]: [Params; 2],
+        firewall: &super::Firewall,
         seed: u64,
         log: Option<PacketLog>,
     ) -> Relay {
         let stop = Arc::new(AtomicBool::new(false));
         let epoch = Instant::now();
-        let spawn =
-            |name: &'static str, src: Arc<SyncDevice>, dst: Arc<SyncDevice>, params, seed| {
-                let stop = stop.clone();
-                let log = log.clone();
-                std::thread::spawn(move || {
-                    let mut d = Direction {
-                        name,
-                        src,
-                        dst,
-                        link: Link::new(params),
-                        rng: StdRng::seed_from_u64(seed),
-                        epoch,
-                        log,
-                        write_errors: 0,
-                    };
-                    d.run(&stop);
-                    DirectionReport {
-                        counters: d.link.counters,
-                        write_errors: d.write_errors,
-                    }
-                })
-            };
+        let spawn = |name: &'static str,
+                     src: Arc<SyncDevice>,
+                     dst: Arc<SyncDevice>,
+                     params,
+                     accepts: Option<Accepts>,
+                     seed| {
+            let stop = stop.clone();
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let mut d = Direction {
+                    name,
+                    src,
+                    dst,
+                    link: Link::new(params),
+                    accepts,
+                    firewall_drops: 0,
+                    rng: StdRng::seed_from_u64(seed),
+                    epoch,
+                    log,
+                    write_errors: 0,
+                };
+                d.run(&stop);
+                DirectionReport {
+                    counters: d.link.counters,
+                    write_errors: d.write_errors,
+                    firewall_drops: d.firewall_drops,
+                }
+            })
+        };
         let threads = vec![
-            spawn("up", left.clone(), right.clone(), up, seed),
-            spawn("down", right, left, down, seed.wrapping_add(1)),
+            spawn(
+                "up",
+                left.clone(),
+                right.clone(),
+                up,
+                firewall.right.clone(),
+                seed,
+            ),
+            spawn(
+                "down",
+                right,
+                left,
+                down,
+                firewall.left.clone(),
+                seed.wrapping_add(1),
+            ),
         ];
         Relay { stop, threads }
     }
@@ -96,6 +122,9 @@ struct Direction {
     src: Arc<SyncDevice>,
     dst: Arc<SyncDevice>,
     link: Link,
+    /// The receiving host's firewall.
+    accepts: Option<Accepts>,
+    firewall_drops: u64,
     rng: StdRng,
     epoch: Instant,
     log: Option<PacketLog>,
@@ -134,6 +163,12 @@ impl Direction {
                     // WouldBlock, or a device that went away as the lab stops.
                     Err(_) => break,
                 };
+                if let Some(a) = &self.accepts
+                    && !a.passes(&buf[..n])
+                {
+                    self.firewall_drops += 1;
+                    continue;
+                }
                 let arrival = self.now();
                 let fate = self.link.arrive(arrival, n, &mut self.rng);
                 self.record(arrival, n, &fate);

@@ -3,6 +3,7 @@
 //! control task moves itself when nothing can make it wait (see [`inline`]).
 
 mod conn;
+pub mod connect_back;
 mod connections;
 mod control;
 mod data;

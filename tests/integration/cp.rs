@@ -393,8 +393,13 @@ fn cp_through_openssh_moves_files_and_trees_and_leaves_nothing_running() {
         same(&here.join(&rel), &far.join(&rel));
         same(&here.join(&rel), &here.join("back").join(&rel));
     }
-    // The far sides end with their sessions; sshd's own session process a moment later.
-    let marker = remote_braid.display().to_string();
+    nothing_left_running(&remote_braid);
+}
+
+/// Waits (10 s at most) until no process runs `program`: the far sides end with their
+/// sessions, sshd's own session process a moment later.
+fn nothing_left_running(program: &Path) {
+    let marker = program.display().to_string();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let left: Vec<String> = std::fs::read_dir("/proc")
@@ -559,51 +564,78 @@ fn a_stranger_on_the_data_port_gets_nothing_and_the_copy_goes_on() {
 }
 
 /// Where the far side's data port cannot be reached (its data connections listen on an
-/// address the client does not connect to, as behind a firewall), the data goes through
-/// ssh's own channel instead, both ways: the file arrives identical, TLS bound to the
-/// session, and `-v` and `--json` say which way it went.
+/// address the client does not connect to, as behind a firewall), the far side opens the data
+/// connections towards the client; where it cannot either, the data goes through ssh's own
+/// channel. Both ways, both directions: the file arrives identical, TLS bound to the session,
+/// and `-v` and `--json` say which way it went.
 #[test]
-fn cp_carries_the_data_through_ssh_when_the_data_port_cannot_be_reached() {
+fn cp_has_the_far_side_connect_back_or_goes_through_ssh_when_its_data_port_cannot_be_reached() {
     let top = tempdir();
     let sshd = Sshd::start(top.path());
     let (far, here) = (top.path().join("far"), top.path().join("here"));
     std::fs::create_dir_all(&far).unwrap();
     std::fs::create_dir_all(&here).unwrap();
     // The far side listens where ssh says it was reached: told 127.0.0.2, it listens there,
-    // and the client's connections to 127.0.0.1 find no one.
-    let remote_braid = top.path().join("far-braid");
+    // and the client's connections to 127.0.0.1 find no one. It can connect back to the
+    // client (at 127.0.0.1, as ssh says); the second far side cannot (its connect-back fails
+    // as an egress firewall would make it).
+    let listens_elsewhere = "export SSH_CONNECTION='127.0.0.1 1 127.0.0.2 22'\n";
+    // Named by a link of this test's own, so that its far sides are told from others'.
+    let far_braid = top.path().join("braid");
+    std::os::unix::fs::symlink(BRAID, &far_braid).unwrap();
+    let far_braid = far_braid.display();
+    let connects_back = top.path().join("far-braid");
     script(
-        &remote_braid,
-        &format!("SSH_CONNECTION='127.0.0.1 1 127.0.0.2 22' exec {BRAID} \"$@\"\n"),
+        &connects_back,
+        &format!("{listens_elsewhere}exec {far_braid} \"$@\"\n"),
+    );
+    let walled_in = top.path().join("walled-in-braid");
+    script(
+        &walled_in,
+        &format!(
+            "{listens_elsewhere}if [ \"$1\" = connect-back ]; then echo 'no way out' >&2; exit 1; fi\n\
+             exec {far_braid} \"$@\"\n"
+        ),
     );
     std::fs::write(far.join("big.bin"), random_bytes(3 << 20, 46)).unwrap();
     let at = |p: &Path| format!("127.0.0.1:{}", p.display());
     let (down, up) = (at(&far.join("big.bin")), at(&far.join("up.bin")));
-    for (from, to, landed) in [
-        (down.as_str(), "got.bin", here.join("got.bin")),
-        ("got.bin", up.as_str(), far.join("up.bin")),
+    for (remote_braid, route, said) in [
+        (&connects_back, "connect-back", "the far side connects back"),
+        (&walled_in, "ssh-channel", "through ssh's channel"),
     ] {
-        let mut cmd = braid_command(&here);
-        let options = [
-            "cp",
-            "-v",
-            "--json",
-            "-n",
-            "2",
-            "-e",
-            &sshd.ssh,
-            "--remote-braid",
-        ];
-        cmd.current_dir(&here)
-            .args(options)
-            .arg(&remote_braid)
-            .args([from, to]);
-        let (ok, out, err) = run(&mut cmd, LIMIT);
-        assert!(ok, "{err}");
-        same(&landed, &far.join("big.bin"));
-        assert!(err.contains("through ssh's channel"), "{err}");
-        let summary = json(out.lines().last().unwrap_or_default());
-        assert_eq!(summary["data_route"], "ssh-channel", "{summary}");
-        assert_encrypted(&summary);
+        for (from, to, landed) in [
+            (down.as_str(), "got.bin", here.join("got.bin")),
+            ("got.bin", up.as_str(), far.join("up.bin")),
+        ] {
+            let mut cmd = braid_command(&here);
+            let options = [
+                "cp",
+                "-v",
+                "--json",
+                "-n",
+                "2",
+                "-e",
+                &sshd.ssh,
+                "--remote-braid",
+            ];
+            cmd.current_dir(&here)
+                .args(options)
+                .arg(remote_braid)
+                .args([from, to]);
+            let (ok, out, err) = run(&mut cmd, LIMIT);
+            assert!(ok, "{err}");
+            same(&landed, &far.join("big.bin"));
+            assert!(err.contains(said), "{err}");
+            if route == "ssh-channel" {
+                assert!(err.contains("no way out"), "the far side's words: {err}");
+            }
+            let summary = json(out.lines().last().unwrap_or_default());
+            assert_eq!(summary["data_route"], route, "{summary}");
+            assert_encrypted(&summary);
+        }
+        std::fs::remove_file(here.join("got.bin")).unwrap();
+        std::fs::remove_file(far.join("up.bin")).unwrap();
     }
+    nothing_left_running(&top.path().join("braid"));
 }

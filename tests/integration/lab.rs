@@ -798,3 +798,75 @@ fn background_keeps_ping_low_where_a_plain_transfer_fills_the_queue() {
         );
     }
 }
+
+/// braid cp to a host behind a firewall that lets in nothing but ssh (the lab drops every
+/// other connection opening to right without an answer): after 5 s without an answer on the
+/// data port, the far side connects back; with a firewall in front of left as well, the data
+/// goes through ssh's channel. Each way the file arrives identical, and the summary says
+/// which way the data went.
+#[test]
+fn cp_through_firewalls_has_the_far_side_connect_back_or_goes_through_ssh() {
+    require_lab();
+    require("ssh");
+    let sshd = braid::bench::servers::find_program("sshd")
+        .expect("this test needs OpenSSH's server: run ./scripts/test, which installs it");
+    let top = tempdir();
+    let conf = braid::bench::servers::sshd_setup(top.path(), "198.18.0.2", 2222).unwrap();
+    let ssh = format!(
+        "ssh {} -p 2222",
+        braid::bench::servers::ssh_options(top.path()).join(" ")
+    );
+    let big = top.path().join("big.bin");
+    std::fs::write(&big, random_bytes(4 << 20, 61)).unwrap();
+    let server = format!(
+        "{} -D -f {} -E {}",
+        sshd.display(),
+        conf.display(),
+        top.path().join("sshd.log").display()
+    );
+    for (tag, firewall, route, said) in [
+        (
+            "fb",
+            &["--right-accepts", "2222"][..],
+            "connect-back",
+            "the far side connects back",
+        ),
+        (
+            "fc",
+            &["--right-accepts", "2222", "--left-accepts", "none"][..],
+            "ssh-channel",
+            "through ssh's channel",
+        ),
+    ] {
+        let got = top.path().join(format!("got-{tag}.bin"));
+        // sshd gets up to 5 s to listen; the copy's own state stays in the test's directory.
+        let client = format!(
+            "for i in $(seq 50); do {ssh} 198.18.0.2 true 2>/dev/null && break; sleep 0.1; done; \
+             XDG_STATE_HOME={state} {BRAID} cp -v --json -n 2 -e '{ssh}' --remote-braid {BRAID} \
+             198.18.0.2:{big} {got}",
+            state = top.path().join("state").display(),
+            big = big.display(),
+            got = got.display(),
+        );
+        let mut link = vec!["--delay", "2ms"];
+        link.extend(firewall);
+        let (_, v) = run_json(&lab_name(tag), &link, &server, &client);
+        let (out, err) = (
+            v["client"]["stdout"].as_str().unwrap_or_default(),
+            v["client"]["stderr"].as_str().unwrap_or_default(),
+        );
+        assert_eq!(v["client"]["exit"], 0, "{err}");
+        assert_eq!(std::fs::read(&got).unwrap(), std::fs::read(&big).unwrap());
+        assert!(err.contains(said), "{err}");
+        let summary: serde_json::Value =
+            serde_json::from_str(out.lines().last().unwrap_or_default()).unwrap();
+        assert_eq!(summary["data_route"], route, "{summary}");
+        // The firewalls dropped openings, and only what they were told to.
+        assert!(
+            v["link"]["up"]["firewall_drops"].as_u64().unwrap() > 0,
+            "{v}"
+        );
+        let down_drops = v["link"]["down"]["firewall_drops"].as_u64().unwrap();
+        assert_eq!(down_drops > 0, route == "ssh-channel", "{v}");
+    }
+}

@@ -10,6 +10,7 @@ pub mod block;
 pub mod checksum;
 pub mod client;
 pub mod command;
+pub mod connect_back;
 pub mod line;
 pub mod listing;
 pub mod markers;

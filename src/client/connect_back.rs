@@ -1,0 +1,286 @@
+//! Data connections the far side opens towards us (`braid connect-back` there, started through
+//! ssh's shared connection): for a far side behind a firewall that lets nothing in but ssh and
+//! lets connections out. We listen on a port of our own; for each connection wanted, one
+//! request goes down ssh's channel and the far side connects to that port and to its own
+//! session's data port, and carries the bytes between them. Its first 16 bytes are the
+//! request's token, which tells our requests (and strangers) apart; the data connection's TLS,
+//! bound to the session, then runs end to end as on a straight connection.
+
+use braid_proto::connect_back::{Request, failure};
+use std::collections::HashMap;
+use std::io::{BufRead, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+/// What a waiting request gets: its connection, or why not.
+type Answer = Result<TcpStream, String>;
+
+/// The far side's `braid connect-back` and our port it connects to.
+pub struct Back {
+    child: Mutex<Child>,
+    requests: Mutex<ChildStdin>,
+    port: u16,
+    waiting: Arc<Mutex<Waiting>>,
+    closing: Arc<AtomicBool>,
+    /// How long a request waits for its connection.
+    limit: Duration,
+}
+
+#[derive(Default)]
+struct Waiting {
+    by_token: HashMap<[u8; 16], mpsc::Sender<Answer>>,
+    /// Why no request can be answered any more (the far side's connect-back ended).
+    gone: Option<String>,
+}
+
+impl Back {
+    /// Starts `far` (ssh running `braid connect-back` on the far side) and listens for its
+    /// connections on every address of `family`'s kind.
+    pub fn start(mut far: Command, family: IpAddr, limit: Duration) -> Result<Back, String> {
+        let any = match family {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        let listener = TcpListener::bind((any, 0))
+            .map_err(|e| format!("cannot listen for the far side's connections: {e}"))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| format!("listener address: {e}"))?
+            .port();
+        let mut child = far
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run ssh for connect-back: {e}"))?;
+        let (Some(requests), Some(answers), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            let _ = child.kill();
+            return Err("ssh's pipes are missing".into());
+        };
+        let waiting = Arc::new(Mutex::new(Waiting::default()));
+        let closing = Arc::new(AtomicBool::new(false));
+        let words = Arc::new(Mutex::new(String::new()));
+        std::thread::spawn({
+            let words = words.clone();
+            move || keep_last_words(stderr, &words)
+        });
+        std::thread::spawn({
+            let waiting = waiting.clone();
+            move || read_answers(answers, &waiting, &words)
+        });
+        std::thread::spawn({
+            let (waiting, closing) = (waiting.clone(), closing.clone());
+            move || accept(listener, &waiting, &closing, limit)
+        });
+        Ok(Back {
+            child: Mutex::new(child),
+            requests: Mutex::new(requests),
+            port,
+            waiting,
+            closing,
+            limit,
+        })
+    }
+
+    /// A data connection to `target` (the far side's data port, as it knows it), opened by the
+    /// far side.
+    pub fn connect(&self, target: SocketAddr) -> Result<TcpStream, String> {
+        let r = Request {
+            target,
+            port: self.port,
+            token: rand::random(),
+        };
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut w = lock(&self.waiting);
+            if let Some(why) = &w.gone {
+                return Err(why.clone());
+            }
+            w.by_token.insert(r.token, tx);
+        }
+        let asked = {
+            let mut requests = lock(&self.requests);
+            requests
+                .write_all(r.line().as_bytes())
+                .and_then(|()| requests.flush())
+        };
+        let answer = match asked {
+            // A far side that ended says why on its way out.
+            Err(e) => rx
+                .recv_timeout(Duration::from_secs(1))
+                .unwrap_or_else(|_| Err(format!("cannot ask the far side: {e}"))),
+            Ok(()) => match rx.recv_timeout(self.limit) {
+                Ok(answer) => answer,
+                Err(_) => Err(format!(
+                    "the far side's connection did not arrive in {} s (a firewall in front \
+                     of this side too?)",
+                    self.limit.as_secs()
+                )),
+            },
+        };
+        lock(&self.waiting).by_token.remove(&r.token);
+        answer
+    }
+}
+
+impl Drop for Back {
+    fn drop(&mut self) {
+        self.closing.store(true, Ordering::Release);
+        // Wakes the acceptor, which then stops.
+        let _ = TcpStream::connect_timeout(
+            &SocketAddr::from((Ipv4Addr::LOCALHOST, self.port)),
+            Duration::from_secs(1),
+        );
+        let mut child = lock(&self.child);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Takes the far side's connections; each that starts with a waiting request's token answers
+/// it, any other is closed.
+fn accept(
+    listener: TcpListener,
+    waiting: &Arc<Mutex<Waiting>>,
+    closing: &AtomicBool,
+    limit: Duration,
+) {
+    for conn in listener.incoming() {
+        if closing.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(mut s) = conn else { continue };
+        let waiting = waiting.clone();
+        // A stranger who sends nothing holds up only its own thread, for `limit` at most.
+        std::thread::spawn(move || {
+            let mut token = [0u8; 16];
+            let _ = s.set_read_timeout(Some(limit));
+            if s.read_exact(&mut token).is_err() || s.set_read_timeout(None).is_err() {
+                return;
+            }
+            if let Some(tx) = lock(&waiting).by_token.remove(&token) {
+                let _ = tx.send(Ok(s));
+            }
+        });
+    }
+}
+
+/// Answers requests the far side could not carry out; when it ends, every request still
+/// waiting, and every later one, gets why.
+fn read_answers(answers: impl Read, waiting: &Mutex<Waiting>, words: &Mutex<String>) {
+    for line in std::io::BufReader::new(answers).lines() {
+        let Ok(line) = line else { break };
+        if let Some((token, why)) = failure(&line)
+            && let Some(tx) = lock(waiting).by_token.remove(&token)
+        {
+            let _ = tx.send(Err(format!("the far side: {why}")));
+        }
+    }
+    // Its last words come on standard error, which may close a moment later.
+    std::thread::sleep(Duration::from_millis(100));
+    let said = lock(words).trim().to_string();
+    let why = if said.is_empty() {
+        "the far side's braid connect-back ended".to_string()
+    } else {
+        format!("the far side's braid connect-back ended: {said}")
+    };
+    let mut w = lock(waiting);
+    for (_, tx) in w.by_token.drain() {
+        let _ = tx.send(Err(why.clone()));
+    }
+    w.gone = Some(why);
+}
+
+/// Keeps the last 2 KiB the far side wrote on standard error (an older braid's "unrecognized
+/// subcommand", ssh's own complaints).
+fn keep_last_words(mut from: impl Read, words: &Mutex<String>) {
+    let mut buf = [0u8; 1024];
+    while let Ok(n) = from.read(&mut buf) {
+        if n == 0 {
+            return;
+        }
+        let mut w = lock(words);
+        w.push_str(&String::from_utf8_lossy(&buf[..n]));
+        if w.len() > 2048 {
+            let cut = w.len() - 2048;
+            let cut = (cut..w.len()).find(|&i| w.is_char_boundary(i)).unwrap_or(0);
+            w.drain(..cut);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in for the far side: a shell loop that answers each request by connecting to
+    /// the client's port (with bash's /dev/tcp) and writing the token, then `reply`.
+    fn far_side(script: &str) -> Command {
+        let mut c = Command::new("bash");
+        c.args(["-c", script]);
+        c
+    }
+
+    #[test]
+    fn a_requested_connection_arrives_with_its_token_and_carries_bytes() {
+        // Reads `TARGET PORT TOKEN`, connects back, writes the token (hex to bytes) and a
+        // greeting, as the real far side's target would speak first.
+        let script = r#"
+            while read target port token; do
+                exec 3<>/dev/tcp/127.0.0.1/$port
+                printf "$(echo $token | sed 's/../\\x&/g')hello" >&3
+                exec 3>&-
+            done"#;
+        let back = Back::start(
+            far_side(script),
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        for _ in 0..2 {
+            let mut s = back.connect("127.0.0.1:1".parse().unwrap()).unwrap();
+            let mut got = String::new();
+            s.read_to_string(&mut got).unwrap();
+            assert_eq!(got, "hello");
+        }
+    }
+
+    #[test]
+    fn a_failure_the_far_side_reports_and_its_end_are_errors_that_say_why() {
+        let script = r#"
+            read target port token; echo "failed $token cannot connect to $target"
+            echo "no more" >&2"#;
+        let back = Back::start(
+            far_side(script),
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let target: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let e = back.connect(target).unwrap_err();
+        assert_eq!(e, "the far side: cannot connect to 127.0.0.1:9");
+        let e = back.connect(target).unwrap_err();
+        assert!(e.contains("connect-back ended: no more"), "{e}");
+    }
+
+    #[test]
+    fn a_connection_that_never_comes_is_an_error_after_the_limit() {
+        let back = Back::start(
+            far_side("read line; sleep 10"),
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        let e = back.connect("127.0.0.1:9".parse().unwrap()).unwrap_err();
+        assert!(e.contains("did not arrive"), "{e}");
+    }
+}
