@@ -135,11 +135,12 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
 }
 
 /// The far side's file as a session target: its one-shot server takes anonymous logins,
-/// ssh having authenticated the user.
+/// ssh having authenticated the user; port 0, as no port of the far side's is reached for the
+/// dialogue (and summaries show `host:path`).
 fn far(host: String, path: String) -> Target {
     Target {
         host,
-        port: 22,
+        port: 0,
         user: "anonymous".into(),
         password: String::new(),
         path,

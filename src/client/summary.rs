@@ -123,8 +123,12 @@ pub fn human_bytes(n: f64) -> String {
     format!("{v:.1} {}", UNITS[u])
 }
 
-/// The URL without its password, for summaries and logs.
+/// The URL without its password, for summaries and logs; `host:path` as scp writes it for a
+/// file reached through ssh (`braid cp`, port 0).
 pub fn display_url(t: &Target) -> String {
+    if t.port == 0 {
+        return format!("{}:{}", t.host, t.path);
+    }
     let host = if t.host.contains(':') {
         format!("[{}]", t.host)
     } else {
@@ -242,6 +246,11 @@ mod tests {
         assert_eq!(display_url(&target("h")), "ftp://alice@h:2121/pub/f");
         assert_eq!(display_url(&target("::1")), "ftp://alice@[::1]:2121/pub/f");
         assert!(!display_url(&target("h")).contains("secret"));
+        let far = Target {
+            port: 0,
+            ..target("box")
+        };
+        assert_eq!(display_url(&far), "box:pub/f");
     }
 
     #[test]

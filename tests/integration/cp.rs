@@ -632,6 +632,9 @@ fn cp_has_the_far_side_connect_back_or_goes_through_ssh_when_its_data_port_canno
             }
             let summary = json(out.lines().last().unwrap_or_default());
             assert_eq!(summary["data_route"], route, "{summary}");
+            // The far file as scp writes it, not as an FTP URL nobody typed.
+            let remote = if from.starts_with("127.") { from } else { to };
+            assert_eq!(summary["url"], remote, "{summary}");
             assert_encrypted(&summary);
         }
         std::fs::remove_file(here.join("got.bin")).unwrap();
