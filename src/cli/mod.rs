@@ -69,7 +69,8 @@ enum Cmd {
     /// Your ssh starts a one-shot braid on the far side (braid serve --stdio); the dialogue
     /// runs over ssh's channel, the data over braid's own parallel connections, each TLS with
     /// the certificate the far side named over ssh (no CA, nothing to set up), with braid's
-    /// tuning, checksums and resume.
+    /// tuning, checksums and resume. Where a firewall blocks the far side's data ports, the
+    /// far side connects back, or else the data goes through ssh's channel (-v says which).
     #[command(after_long_help = EXIT_CODES)]
     Cp(cp::CpArgs),
     /// List a remote directory.
