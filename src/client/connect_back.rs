@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
@@ -154,14 +154,22 @@ fn accept(
     closing: &AtomicBool,
     limit: Duration,
 ) {
+    let reading = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
         if closing.load(Ordering::Acquire) {
             return;
         }
         let Ok(mut s) = conn else { continue };
-        let waiting = waiting.clone();
-        // A stranger who sends nothing holds up only its own thread, for `limit` at most.
+        // A stranger who sends nothing holds up only its own thread, for `limit` at most, and
+        // a flood of them no more than `MOST_READING` threads: past that, connections are
+        // closed at once (the far side's own then fail, and the data goes through ssh).
+        if reading.fetch_add(1, Ordering::AcqRel) >= MOST_READING {
+            reading.fetch_sub(1, Ordering::AcqRel);
+            continue;
+        }
+        let (waiting, reading) = (waiting.clone(), reading.clone());
         std::thread::spawn(move || {
+            let _done = Done(&reading);
             let mut token = [0u8; 16];
             let _ = s.set_read_timeout(Some(limit));
             if s.read_exact(&mut token).is_err() || s.set_read_timeout(None).is_err() {
@@ -171,6 +179,18 @@ fn accept(
                 let _ = tx.send(Ok(s));
             }
         });
+    }
+}
+
+/// Connections whose token is being read at most at once.
+const MOST_READING: usize = 64;
+
+/// Counts a reading thread out when it ends, however it ends.
+struct Done<'a>(&'a AtomicUsize);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -270,6 +290,27 @@ mod tests {
         assert_eq!(e, "the far side: cannot connect to 127.0.0.1:9");
         let e = back.connect(target).unwrap_err();
         assert!(e.contains("connect-back ended: no more"), "{e}");
+    }
+
+    #[test]
+    fn a_flood_of_silent_strangers_holds_a_bounded_number_of_threads() {
+        let back = Back::start(
+            far_side("read line"),
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        let at = SocketAddr::from((Ipv4Addr::LOCALHOST, back.port));
+        let silent: Vec<TcpStream> = (0..MOST_READING)
+            .map(|_| TcpStream::connect(at).unwrap())
+            .collect();
+        // The next is closed at once rather than waited on for 60 s.
+        let mut one_more = TcpStream::connect(at).unwrap();
+        one_more
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        assert_eq!(one_more.read(&mut [0u8; 1]).unwrap(), 0);
+        drop(silent);
     }
 
     #[test]
