@@ -242,12 +242,12 @@ fn keep_last_words(mut from: impl Read, words: &Mutex<String>) {
 mod tests {
     use super::*;
 
-    /// A stand-in for the far side: a shell loop that answers each request by connecting to
-    /// the client's port (with bash's /dev/tcp) and writing the token, then `reply`.
-    fn far_side(script: &str) -> Command {
-        let mut c = Command::new("bash");
-        c.args(["-c", script]);
-        c
+    /// Listens for a stand-in far side: `script`, run by bash (which can connect with
+    /// /dev/tcp), reading the requests.
+    fn start(script: &str, limit: Duration) -> Back {
+        let mut far = Command::new("bash");
+        far.args(["-c", script]);
+        Back::start(far, IpAddr::V4(Ipv4Addr::LOCALHOST), limit).unwrap()
     }
 
     #[test]
@@ -260,12 +260,7 @@ mod tests {
                 printf "$(echo $token | sed 's/../\\x&/g')hello" >&3
                 exec 3>&-
             done"#;
-        let back = Back::start(
-            far_side(script),
-            IpAddr::V4(Ipv4Addr::LOCALHOST),
-            Duration::from_secs(5),
-        )
-        .unwrap();
+        let back = start(script, Duration::from_secs(5));
         for _ in 0..2 {
             let mut s = back.connect("127.0.0.1:1".parse().unwrap()).unwrap();
             let mut got = String::new();
@@ -279,12 +274,7 @@ mod tests {
         let script = r#"
             read target port token; echo "failed $token cannot connect to $target"
             echo "no more" >&2"#;
-        let back = Back::start(
-            far_side(script),
-            IpAddr::V4(Ipv4Addr::LOCALHOST),
-            Duration::from_secs(5),
-        )
-        .unwrap();
+        let back = start(script, Duration::from_secs(5));
         let target: SocketAddr = "127.0.0.1:9".parse().unwrap();
         let e = back.connect(target).unwrap_err();
         assert_eq!(e, "the far side: cannot connect to 127.0.0.1:9");
@@ -294,12 +284,7 @@ mod tests {
 
     #[test]
     fn a_flood_of_silent_strangers_holds_a_bounded_number_of_threads() {
-        let back = Back::start(
-            far_side("read line"),
-            IpAddr::V4(Ipv4Addr::LOCALHOST),
-            Duration::from_secs(60),
-        )
-        .unwrap();
+        let back = start("read line", Duration::from_secs(60));
         let at = SocketAddr::from((Ipv4Addr::LOCALHOST, back.port));
         let silent: Vec<TcpStream> = (0..MOST_READING)
             .map(|_| TcpStream::connect(at).unwrap())
@@ -315,12 +300,7 @@ mod tests {
 
     #[test]
     fn a_connection_that_never_comes_is_an_error_after_the_limit() {
-        let back = Back::start(
-            far_side("read line; sleep 10"),
-            IpAddr::V4(Ipv4Addr::LOCALHOST),
-            Duration::from_millis(300),
-        )
-        .unwrap();
+        let back = start("read line; sleep 10", Duration::from_millis(300));
         let e = back.connect("127.0.0.1:9".parse().unwrap()).unwrap_err();
         assert!(e.contains("did not arrive"), "{e}");
     }
