@@ -158,7 +158,17 @@ const WORDS_KEPT: usize = 4096;
 
 impl Said {
     /// Passes `from` on to this process's standard error until it ends, keeping its tail.
-    pub fn tee(&self, mut from: impl Read + Send + 'static) {
+    pub fn tee(&self, from: impl Read + Send + 'static) {
+        self.read(from, true);
+    }
+
+    /// Keeps the tail of `from` without passing it on: words that matter only if something
+    /// fails, and then go into the error.
+    pub fn keep(&self, from: impl Read + Send + 'static) {
+        self.read(from, false);
+    }
+
+    fn read(&self, mut from: impl Read + Send + 'static, pass_on: bool) {
         let said = self.clone();
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
@@ -167,7 +177,9 @@ impl Said {
                     Ok(0) | Err(_) => break,
                     Ok(n) => n,
                 };
-                let _ = std::io::stderr().write_all(&buf[..n]);
+                if pass_on {
+                    let _ = std::io::stderr().write_all(&buf[..n]);
+                }
                 let mut words = said.words();
                 words.tail.extend_from_slice(&buf[..n]);
                 let over = words.tail.len().saturating_sub(WORDS_KEPT);

@@ -6,6 +6,7 @@
 //! request's token, which tells our requests (and strangers) apart; the data connection's TLS,
 //! bound to the session, then runs end to end as on a straight connection.
 
+use super::channel::Said;
 use braid_proto::connect_back::{Request, failure};
 use std::collections::HashMap;
 use std::io::{BufRead, Read, Write};
@@ -64,11 +65,8 @@ impl Back {
         };
         let waiting = Arc::new(Mutex::new(Waiting::default()));
         let closing = Arc::new(AtomicBool::new(false));
-        let words = Arc::new(Mutex::new(String::new()));
-        std::thread::spawn({
-            let words = words.clone();
-            move || keep_last_words(stderr, &words)
-        });
+        let words = Said::default();
+        words.keep(stderr);
         std::thread::spawn({
             let waiting = waiting.clone();
             move || read_answers(answers, &waiting, &words)
@@ -196,7 +194,7 @@ impl Drop for Done<'_> {
 
 /// Answers requests the far side could not carry out; when it ends, every request still
 /// waiting, and every later one, gets why.
-fn read_answers(answers: impl Read, waiting: &Mutex<Waiting>, words: &Mutex<String>) {
+fn read_answers(answers: impl Read, waiting: &Mutex<Waiting>, words: &Said) {
     for line in std::io::BufReader::new(answers).lines() {
         let Ok(line) = line else { break };
         if let Some((token, why)) = failure(&line)
@@ -205,9 +203,9 @@ fn read_answers(answers: impl Read, waiting: &Mutex<Waiting>, words: &Mutex<Stri
             let _ = tx.send(Err(format!("the far side: {why}")));
         }
     }
-    // Its last words come on standard error, which may close a moment later.
-    std::thread::sleep(Duration::from_millis(100));
-    let said = lock(words).trim().to_string();
+    // Its last words come on standard error, which closes with it.
+    let said = words.last(Duration::from_secs(1));
+    let said = said.trim();
     let why = if said.is_empty() {
         "the far side's braid connect-back ended".to_string()
     } else {
@@ -218,24 +216,6 @@ fn read_answers(answers: impl Read, waiting: &Mutex<Waiting>, words: &Mutex<Stri
         let _ = tx.send(Err(why.clone()));
     }
     w.gone = Some(why);
-}
-
-/// Keeps the last 2 KiB the far side wrote on standard error (an older braid's "unrecognized
-/// subcommand", ssh's own complaints).
-fn keep_last_words(mut from: impl Read, words: &Mutex<String>) {
-    let mut buf = [0u8; 1024];
-    while let Ok(n) = from.read(&mut buf) {
-        if n == 0 {
-            return;
-        }
-        let mut w = lock(words);
-        w.push_str(&String::from_utf8_lossy(&buf[..n]));
-        if w.len() > 2048 {
-            let cut = w.len() - 2048;
-            let cut = (cut..w.len()).find(|&i| w.is_char_boundary(i)).unwrap_or(0);
-            w.drain(..cut);
-        }
-    }
 }
 
 #[cfg(test)]

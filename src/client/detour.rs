@@ -173,9 +173,10 @@ impl Detour {
         back.as_ref().map_err(String::clone)?.connect(target)
     }
 
-    /// A connection to `addr` by the ways round, from `from` on: the straight one failed with
-    /// `straight`.
-    fn round(&self, addr: &DataAddr, from: Way, straight: &str) -> Result<TcpStream> {
+    /// A connection to `addr` by the ways round, from the way taken so far on: the straight
+    /// one failed with `straight`.
+    fn round(&self, addr: &DataAddr, straight: &str) -> Result<TcpStream> {
+        let from = self.way();
         let mut back_failed = None;
         if from <= Way::Back {
             match self.back(addr.round) {
@@ -227,9 +228,9 @@ pub fn connect(addr: &DataAddr, limit: Duration, straight_limit: Duration) -> Re
         Some(d) => match d.way() {
             Way::Straight => match TcpStream::connect_timeout(&addr.target, STRAIGHT_LIMIT) {
                 Ok(s) => s,
-                Err(e) => d.round(addr, Way::Straight, &e.to_string())?,
+                Err(e) => d.round(addr, &e.to_string())?,
             },
-            way => d.round(addr, way, "failed before")?,
+            _ => d.round(addr, "failed before")?,
         },
     };
     s.set_read_timeout(Some(limit)).ok();

@@ -34,10 +34,10 @@ fn records() -> PathBuf {
     PathBuf::from("/run/braid-lab")
 }
 
-/// The two hosts of a running lab. Dropping it tears everything down.
 /// Packets a host's TUN device holds for the relay to read (its `txqueuelen`).
 const TUN_RING: u32 = 10_000;
 
+/// The two hosts of a running lab. Dropping it tears everything down.
 pub struct Lab {
     pub name: String,
     pub devices: Vec<Arc<SyncDevice>>,

@@ -21,24 +21,18 @@ const CARRY_BUFFER: usize = 256 << 10;
 
 /// Serves requests from standard input until it closes.
 pub fn run() -> anyhow::Result<()> {
-    let (client, here) =
-        ssh_ends(std::env::var("SSH_CONNECTION").ok().as_deref()).ok_or_else(|| {
+    let (client, here) = super::ssh_ends(std::env::var("SSH_CONNECTION").ok().as_deref())
+        .ok_or_else(|| {
             anyhow::anyhow!("connect-back runs under ssh (SSH_CONNECTION is not set)")
         })?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(serve(client, here));
+    rt.block_on(serve(client.ip(), here.ip()));
     // Connections still carrying bytes end with the process: the client is done.
     rt.shutdown_background();
     Ok(())
-}
-
-/// The client's address and this side's, from ssh's `SSH_CONNECTION`.
-fn ssh_ends(var: Option<&str>) -> Option<(IpAddr, IpAddr)> {
-    let fields: Vec<&str> = var?.split_whitespace().collect();
-    Some((fields.first()?.parse().ok()?, fields.get(2)?.parse().ok()?))
 }
 
 async fn serve(client: IpAddr, here: IpAddr) {
@@ -100,20 +94,4 @@ async fn carry(r: &Request, client: IpAddr) -> Result<(), String> {
         tokio::io::copy_bidirectional_with_sizes(&mut back, &mut local, CARRY_BUFFER, CARRY_BUFFER)
             .await;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_ends_come_from_ssh_connection() {
-        let ends = ssh_ends(Some("198.18.0.1 40000 198.18.0.2 22"));
-        assert_eq!(
-            ends,
-            Some(("198.18.0.1".parse().unwrap(), "198.18.0.2".parse().unwrap()))
-        );
-        assert_eq!(ssh_ends(None), None);
-        assert_eq!(ssh_ends(Some("garbage")), None);
-    }
 }

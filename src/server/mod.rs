@@ -216,7 +216,10 @@ pub async fn serve_stdio(mut config: Config) -> anyhow::Result<()> {
     let (tls, digest) = tls::Tls::made_now()?;
     config.tls = Some(Arc::new(tls));
     let config = Arc::new(config);
-    let (peer, local) = ssh_ends(std::env::var("SSH_CONNECTION").ok().as_deref());
+    // Loopback for a session started some other way than by ssh.
+    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+    let (peer, local) =
+        ssh_ends(std::env::var("SSH_CONNECTION").ok().as_deref()).unwrap_or((loopback, loopback));
     let greeting = braid_proto::session::Session::greeting_with_certificate(&digest, local.ip());
     let start = std::env::current_dir()
         .ok()
@@ -231,24 +234,17 @@ pub async fn serve_stdio(mut config: Config) -> anyhow::Result<()> {
 }
 
 /// The client's and this side's addresses from ssh's `SSH_CONNECTION` ("client-ip
-/// client-port server-ip server-port"); loopback for a session started some other way.
-fn ssh_ends(var: Option<&str>) -> (SocketAddr, SocketAddr) {
-    let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
-    let Some(fields) = var.map(|v| v.split_whitespace().collect::<Vec<_>>()) else {
-        return (loopback, loopback);
-    };
+/// client-port server-ip server-port"), this side's with port 0 (passive ports listen on the
+/// server's address, each on a port of its own); None outside ssh.
+pub(crate) fn ssh_ends(var: Option<&str>) -> Option<(SocketAddr, SocketAddr)> {
+    let fields: Vec<&str> = var?.split_whitespace().collect();
     let addr = |ip: Option<&&str>, port: Option<&&str>| -> Option<SocketAddr> {
         let ip: IpAddr = ip?.parse().ok()?;
         Some(SocketAddr::new(ip, port?.parse().ok()?))
     };
-    match (
-        addr(fields.first(), fields.get(1)),
-        addr(fields.get(2), fields.get(3)),
-    ) {
-        // Passive ports listen on the server's address, on a port of their own.
-        (Some(peer), Some(local)) => (peer, SocketAddr::new(local.ip(), 0)),
-        _ => (loopback, loopback),
-    }
+    let peer = addr(fields.first(), fields.get(1))?;
+    let local = addr(fields.get(2), fields.get(3))?;
+    Some((peer, SocketAddr::new(local.ip(), 0)))
 }
 
 /// `cwd` as a path inside `root`, if it is inside.
@@ -376,4 +372,23 @@ pub(crate) async fn reached(rx: &mut watch::Receiver<Shutdown>, level: Shutdown)
 /// Describes where the server listens, for the startup line.
 pub fn url_for(addr: SocketAddr) -> String {
     format!("ftp://{addr}/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ends_come_from_ssh_connection() {
+        let ends = ssh_ends(Some("198.18.0.1 40000 198.18.0.2 22"));
+        assert_eq!(
+            ends,
+            Some((
+                "198.18.0.1:40000".parse().unwrap(),
+                "198.18.0.2:0".parse().unwrap()
+            ))
+        );
+        assert_eq!(ssh_ends(None), None);
+        assert_eq!(ssh_ends(Some("garbage")), None);
+    }
 }
