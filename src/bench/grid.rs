@@ -3,6 +3,7 @@
 //! (another job starting, the CPU warming) spreads over all cells instead of biasing the
 //! ones measured last. Scenarios run one after the other, each on its own lab link.
 
+use braid_proto::compress::Policy;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -248,6 +249,12 @@ pub struct Cell {
     /// braid with `--background`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub background: bool,
+    /// braid's `--compress` (braid's tools only; None for the others).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "policy_name"
+    )]
+    pub compress: Option<Policy>,
     /// Kermit's own parameters (kermit cells only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kermit: Option<Kermit>,
@@ -281,7 +288,19 @@ impl Cell {
         if self.background {
             s += " --background";
         }
+        match (self.tool, self.compress) {
+            (Tool::LftpBraid, Some(Policy::On)) => s += " (MODE Z)",
+            (_, Some(p)) if p != Policy::Auto => s += &format!(" --compress {}", p.name()),
+            _ => {}
+        }
         s
+    }
+}
+
+fn policy_name<S: serde::Serializer>(p: &Option<Policy>, s: S) -> Result<S::Ok, S::Error> {
+    match p {
+        Some(p) => s.serialize_str(p.name()),
+        None => s.serialize_none(),
     }
 }
 
@@ -298,6 +317,8 @@ pub struct Grid {
     pub nice: Vec<bool>,
     /// braid without and/or with `--background` (other tools have no such mode).
     pub background: Vec<bool>,
+    /// braid's `--compress` settings (other tools run once, as they are).
+    pub compress: Vec<Policy>,
     /// Kermit's settings, each a cell of its own for the kermit tool.
     pub kermit: Vec<Kermit>,
 }
@@ -324,20 +345,34 @@ impl Grid {
                                     Tool::Braid | Tool::BraidVsftpd => self.background.clone(),
                                     _ => vec![false],
                                 };
+                                let compress: Vec<Option<Policy>> = match tool {
+                                    Tool::Braid | Tool::BraidCp => {
+                                        self.compress.iter().copied().map(Some).collect()
+                                    }
+                                    // lftp has MODE Z, off unless asked for: `on` adds a cell
+                                    // with it beside the one without.
+                                    Tool::LftpBraid if self.compress.contains(&Policy::On) => {
+                                        vec![None, Some(Policy::On)]
+                                    }
+                                    _ => vec![None],
+                                };
                                 for &nice in &self.nice {
                                     for &background in &background {
-                                        for &k in &kermit {
-                                            out.push(Cell {
-                                                scenario: scenario.clone(),
-                                                tool,
-                                                direction,
-                                                streams,
-                                                buffer,
-                                                block,
-                                                nice,
-                                                background,
-                                                kermit: k,
-                                            });
+                                        for &compress in &compress {
+                                            for &k in &kermit {
+                                                out.push(Cell {
+                                                    scenario: scenario.clone(),
+                                                    tool,
+                                                    direction,
+                                                    streams,
+                                                    buffer,
+                                                    block,
+                                                    nice,
+                                                    background,
+                                                    compress,
+                                                    kermit: k,
+                                                });
+                                            }
                                         }
                                     }
                                 }
@@ -394,6 +429,7 @@ mod tests {
             blocks: vec![None, Some(1 << 20)],
             nice: vec![false],
             background: vec![false],
+            compress: vec![Policy::Auto],
             kermit: Vec::new(),
         }
     }

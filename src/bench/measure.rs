@@ -4,6 +4,7 @@
 use super::grid::{Cell, Direction, Kermit, Streams, Tool};
 use super::parse::{Measured, parse_braid, parse_curl, parse_iperf3, parse_ping_line};
 use super::servers::{Place, Ports, wait_listening};
+use braid_proto::compress::Policy;
 use std::io::{Read, Seek};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -233,6 +234,9 @@ impl Context<'_> {
                 let mut c = self.place.command(&braid);
                 c.args(["cp", "-q", "--json", "-e", &ssh, "--remote-braid", &braid]);
                 c.args(["-n", &cell.streams.label()]);
+                if let Some(p) = cell.compress {
+                    c.args(["--compress", p.name()]);
+                }
                 if let Some(b) = cell.buffer {
                     c.args(["--buffer", &b.to_string()]);
                 }
@@ -317,6 +321,9 @@ impl Context<'_> {
                 if cell.background {
                     c.arg("--background");
                 }
+                if let Some(p) = cell.compress {
+                    c.args(["--compress", p.name()]);
+                }
                 self.add_tls(&mut c, cell);
                 c
             }
@@ -354,6 +361,10 @@ impl Context<'_> {
                 let mut script = String::from("set net:max-retries 1; set xfer:clobber on; ");
                 if let Some(b) = cell.buffer {
                     script += &format!("set net:socket-buffer {b}; ");
+                }
+                // lftp's compression is MODE Z, used where the server offers it.
+                if cell.compress == Some(Policy::On) {
+                    script += "set ftp:use-mode-z true; ";
                 }
                 let out = self.work.join("lftp.bin").display().to_string();
                 // Whole URLs, so the same script reaches the lab's vsftpd or a remote server.

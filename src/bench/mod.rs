@@ -109,6 +109,15 @@ pub struct BenchArgs {
     /// tools have no such mode and run once).
     #[arg(long, value_delimiter = ',', default_value = "off", value_parser = on_off)]
     pub background: Vec<bool>,
+    /// braid's --compress, comma-separated: auto, on, off (braid get/put and braid cp; the
+    /// other tools run once, as they are). With --data text, auto against off is what
+    /// compression gains; with random data, what its probing costs.
+    #[arg(long, value_delimiter = ',', default_value = "auto", value_parser = braid_proto::compress::Policy::parse)]
+    pub compress: Vec<braid_proto::compress::Policy>,
+    /// What the files hold: random (incompressible), or text (web-server log lines, made
+    /// from the seed: zstd shrinks them about fourfold, gzip about threefold).
+    #[arg(long, default_value = "random", value_parser = ["random", "text"])]
+    pub data: String,
     /// Measure on this machine's loopback instead of the lab: the same servers, on free ports
     /// of 127.0.0.1, no link between them (what the CPUs and the programs manage), no root.
     #[arg(long, conflicts_with_all = ["url", "experiment", "scenario", "mtu", "rate", "delay",
@@ -392,33 +401,95 @@ fn runnable_copy(dir: &std::path::Path) -> Result<std::path::PathBuf> {
     Ok(if runs { copy } else { braid })
 }
 
+/// What the bench's files hold (`--data`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Data {
+    Random,
+    Text,
+}
+
+impl Data {
+    fn of(args: &BenchArgs) -> Data {
+        if args.data == "text" {
+            Data::Text
+        } else {
+            Data::Random
+        }
+    }
+}
+
 /// The tree payload: `files` files of `size` bytes in 10 directories under `top`.
-fn make_tree(top: &std::path::Path, files: u64, size: u64) -> Result<()> {
+fn make_tree(top: &std::path::Path, files: u64, size: u64, data: Data) -> Result<()> {
     for i in 0..files {
         let dir = top.join(format!("d{}", i % 10));
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        make_file(&dir.join(format!("f{i}")), size)?;
+        make_data(&dir.join(format!("f{i}")), size, data, i)?;
     }
     Ok(())
 }
 
-/// A file of `size` random-looking bytes (compressible data would flatter nothing here, but
-/// a pattern keeps generation cheap).
+/// A file of `size` random bytes: a xorshift stream that never repeats, so that nothing in
+/// it compresses, whatever the block size.
 fn make_file(path: &std::path::Path, size: u64) -> Result<()> {
+    make_data(path, size, Data::Random, 0)
+}
+
+/// A file of `size` bytes of `data`, the same for the same `seed`. Text is web-server log
+/// lines whose fields vary as real ones do (addresses, paths, sizes, times).
+fn make_data(path: &std::path::Path, size: u64, data: Data, seed: u64) -> Result<()> {
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
     );
-    let mut block = vec![0u8; 1 << 20];
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    for b in block.chunks_mut(8) {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0x2545_F491_4F6C_DD1D);
+    let mut next = move || {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        b.copy_from_slice(&x.to_le_bytes()[..b.len()]);
-    }
+        x
+    };
+    let mut block = Vec::with_capacity((1 << 20) + 256);
     let mut left = size;
     while left > 0 {
+        block.clear();
+        match data {
+            Data::Random => {
+                while block.len() < 1 << 20 {
+                    block.extend_from_slice(&next().to_le_bytes());
+                }
+            }
+            Data::Text => {
+                const PATHS: [&str; 8] = [
+                    "/index.html",
+                    "/api/v1/items",
+                    "/static/app.js",
+                    "/static/style.css",
+                    "/api/v1/users",
+                    "/images/logo.png",
+                    "/search",
+                    "/api/v1/orders",
+                ];
+                const CODES: [u16; 6] = [200, 200, 200, 304, 404, 500];
+                while block.len() < 1 << 20 {
+                    let r = next();
+                    let line = format!(
+                        "10.{}.{}.{} - - [28/Nov/2026:{:02}:{:02}:{:02} +0000] \"GET {}?id={} HTTP/1.1\" {} {} {:.3}\n",
+                        r % 4,
+                        (r >> 8) % 256,
+                        (r >> 16) % 256,
+                        (r >> 24) % 24,
+                        (r >> 29) % 60,
+                        (r >> 35) % 60,
+                        PATHS[((r >> 41) % 8) as usize],
+                        (r >> 44) % 100_000,
+                        CODES[((r >> 61) % 6) as usize],
+                        (r >> 20) % 50_000,
+                        ((r >> 50) % 2000) as f64 / 1000.0,
+                    );
+                    block.extend_from_slice(line.as_bytes());
+                }
+            }
+        }
         let n = left.min(block.len() as u64) as usize;
         f.write_all(&block[..n])?;
         left -= n as u64;
@@ -585,6 +656,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         blocks: args.block_size.clone(),
         nice,
         background,
+        compress: args.compress.clone(),
         kermit: kermit_cells(&args),
     };
     let cells = grid.cells();
@@ -623,11 +695,12 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     let tmp = work_dir()?;
     let root = tmp.path().join("root");
     std::fs::create_dir(&root)?;
+    let data = Data::of(&args);
     let mut made = args.size;
-    make_file(&root.join("bench.bin"), made)?;
+    make_data(&root.join("bench.bin"), made, data, args.seed)?;
     make_file(&root.join("tiny.bin"), 1)?;
     if let Some(files) = args.files {
-        make_tree(&root.join(measure::TREE), files, args.size)?;
+        make_tree(&root.join(measure::TREE), files, args.size, data)?;
     }
     let braid = runnable_copy(tmp.path())?;
     let tls = match (args.tls, args.loopback) {
@@ -664,7 +737,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             .get(&scenario)
             .map_or(args.size, |spec| payload_size(&args, spec));
         if size != made {
-            make_file(&root.join("bench.bin"), size)?;
+            make_data(&root.join("bench.bin"), size, data, args.seed)?;
             made = size;
         }
         let lab = match (&remote, args.loopback) {

@@ -52,6 +52,9 @@ pub struct Measured {
     pub ramp_seconds: Option<f64>,
     /// braid: its data connections were TLS (its summary counts their handshakes).
     pub tls: bool,
+    /// braid, when it agreed on compressed blocks: the bytes on the wire and zstd's levels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compression: Option<serde_json::Value>,
 }
 
 /// `[epoch] 64 bytes from ...: icmp_seq=1 ttl=64 time=21.6 ms` (ping -D) → (epoch, ms).
@@ -105,6 +108,7 @@ pub fn parse_braid(stdout: &str) -> Measured {
         bytes_per_second: f("bytes_per_second").unwrap_or(0.0),
         streams: f("streams").map(|s| s as u32),
         tls: v.get("tls_handshakes").is_some(),
+        compression: v.get("compression").cloned(),
         ..Measured::default()
     };
     if let Some(rows) = v.get("timeline").and_then(|t| t.as_array()) {

@@ -673,6 +673,7 @@ mod tests {
                 block: None,
                 nice: false,
                 background: false,
+                compress: None,
                 kermit: None,
             },
             started: 0.0,

@@ -144,6 +144,16 @@ pub struct TransferArgs {
     /// the path (--json reports which was used).
     #[arg(long, value_name = "NAME", value_parser = parse_congestion)]
     pub congestion: Option<braid_proto::retr_opts::CcName>,
+    /// Compress data blocks with zstd, between braid peers: auto, on or off.
+    ///
+    /// auto compresses while that moves the file faster than sending it as it is: on slow
+    /// links, data that shrinks; not on fast ones, where the CPU would be the limit, and
+    /// never data that does not shrink (measured as it goes, per connection). on compresses
+    /// every block that shrinks. Over TLS only on does (lengths of compressed data can leak
+    /// what it holds, as CRIME and BREACH showed). Other servers: off. -v and --json report
+    /// the bytes on the wire and the zstd levels used.
+    #[arg(long, value_name = "auto|on|off", default_value = "auto", value_parser = braid_proto::compress::Policy::parse)]
+    pub compress: braid_proto::compress::Policy,
 }
 
 /// Explicit FTPS (RFC 4217).
@@ -274,6 +284,7 @@ pub fn options(
         rate_limit: t.and_then(|t| t.rate_limit),
         background: t.filter(|t| t.background).map(|t| t.background_target),
         congestion: t.and_then(|t| t.congestion),
+        compress: t.map_or(braid_proto::compress::Policy::Off, |t| t.compress),
         keep_connections: false,
         growing: false,
         ssh: None,

@@ -55,10 +55,10 @@ pub fn get(
         max_rate: pacer.rate(&View::at_start(None)),
         dscp: opts.background.map(|_| background::LOWER_EFFORT),
     };
-    let elastic = block_mode(c, Direction::Download, retr, opts.buffer)?;
+    let elastic = block_mode(c, Direction::Download, retr, opts)?;
     let landing = Landing::open(dest, &target.path, size, &plan, elastic, opts)?;
     let started = Instant::now();
-    let transfer = Transfer::new(elastic);
+    let transfer = super::parallel::transfer(c, Direction::Download, elastic);
     if opts.background.is_some() {
         // Only acknowledgements go this way, but they too should not compete.
         transfer.set_dscp(background::LOWER_EFFORT);

@@ -65,7 +65,7 @@ pub fn put(
     let hint = || PathHint::of(c, Direction::Upload, opts.buffer);
     let todo_len = Some(have.missing(len).len());
     let plan = Plan::new(opts, peer, offers_elastic(c), todo_len, hint);
-    let elastic = block_mode(c, Direction::Upload, RetrOpts::default(), opts.buffer)?;
+    let elastic = block_mode(c, Direction::Upload, RetrOpts::default(), opts)?;
     announce(c, peer, file, len, &have)?;
     // The record exists from the start: a later --resume then knows this upload was in MODE E.
     if let Err(e) = record.save(&have) {
@@ -97,7 +97,7 @@ pub fn put(
         }
         Ok(opened) => opened,
     };
-    let transfer = Transfer::new(elastic);
+    let transfer = super::parallel::transfer(c, Direction::Upload, elastic);
     let congestion = sending_congestion(c, opts, &plan);
     transfer.set_congestion(congestion);
     if opts.background.is_some() {

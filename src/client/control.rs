@@ -618,6 +618,11 @@ impl Control {
         self.session.features().has(name)
     }
 
+    /// Whether FEAT listed MODE Z.
+    pub fn offers_mode_z(&self) -> bool {
+        self.session.features().mode_z()
+    }
+
     /// The kind of MODE E server this is, from its FEAT.
     pub fn block_peer(&self) -> Option<BlockPeer> {
         self.session.features().block_peer()

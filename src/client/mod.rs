@@ -86,6 +86,8 @@ pub struct Options {
     /// `--congestion`: the TCP congestion control of the sending side's data connections
     /// (a braid server's, for a download).
     pub congestion: Option<braid_proto::retr_opts::CcName>,
+    /// `--compress`: compressed MODE E blocks with a braid server that offers them.
+    pub compress: braid_proto::compress::Policy,
     /// MODE E uploads end with EOD but without CLOSE, so the next upload of the session can
     /// use the same data connections (set for batches).
     pub keep_connections: bool,

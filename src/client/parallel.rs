@@ -17,6 +17,7 @@ use crate::engine::hooks::{Cap, Pacer, Steering};
 use crate::engine::transfer::Transfer;
 use crate::engine::{self, EngineError};
 use braid_proto::client::{BlockSetup, Direction, Failure, Op};
+use braid_proto::compress::Policy;
 use braid_proto::retr_opts::{CcName, RetrOpts};
 use braid_proto::{Command, Reply};
 use std::net::TcpStream;
@@ -33,6 +34,10 @@ pub fn extended(
 ) -> Summary {
     let h = transfer.handshakes();
     s.tls_handshakes = (h.full + h.resumed > 0).then_some(h);
+    s.compression = transfer
+        .compression()
+        .agreed()
+        .then(|| transfer.compression().report());
     s.new_data_connections = if reused {
         0
     } else {
@@ -122,16 +127,24 @@ pub fn block_mode(
     c: &mut Control,
     direction: Direction,
     retr: RetrOpts,
-    buffer: Option<u64>,
+    opts: &Options,
 ) -> Result<bool> {
     let op = Op::BlockMode(BlockSetup {
         direction,
         retr,
-        buffer,
+        buffer: opts.buffer,
+        compress: (opts.compress != Policy::Off).then_some(opts.compress),
     });
     c.later(op, None)?;
     let pipelined = c.session().pipelining();
     Ok(c.session().elastic() || (pipelined && offers_elastic(c)))
+}
+
+/// A MODE E transfer this way, with the compressed blocks the session agreed on.
+pub fn transfer(c: &mut Control, direction: Direction, elastic: bool) -> Transfer {
+    let private = c.data_tls().is_some();
+    let agreed = c.session().compression(direction, private);
+    Transfer::new(elastic).with_compression(agreed)
 }
 
 /// the server's partial is bad: the record goes, so the next run sends everything.

@@ -20,7 +20,7 @@ use super::verify::agree_with;
 use crate::engine::receive::{Progress, Shared, receive};
 use crate::engine::send::{Source, send};
 use crate::engine::sink::Sink;
-use crate::engine::transfer::{Joins, Transfer};
+use crate::engine::transfer::Joins;
 use braid_proto::Command;
 use braid_proto::checksum;
 use braid_proto::client::{Direction, Op, Outcome};
@@ -210,7 +210,8 @@ pub fn receive_next(
         Progress::holding(RangeSet::new()),
         Arc::new(AtomicU64::new(0)),
     );
-    let transfer = Transfer::new(c.session().elastic());
+    let elastic = c.session().elastic();
+    let transfer = super::parallel::transfer(c, Direction::Download, elastic);
     let joins = Joins::cached(c.take_data_connections(), STALL).protected(c.data_tls());
     let kept = receive(&transfer, joins, &sink, Some(w.size), &shared).map_err(|e| {
         let _ = std::fs::remove_file(&part);
@@ -424,7 +425,8 @@ pub fn announce(c: &mut Control, files: &mut [&mut Outgoing], buf: &mut Vec<u8>)
 fn send_on_kept(c: &mut Control, source: Source) -> Result<Vec<u64>> {
     let mut todo = RangeSet::new();
     todo.insert(0, source.size());
-    let transfer = Transfer::new(c.session().elastic());
+    let elastic = c.session().elastic();
+    let transfer = super::parallel::transfer(c, Direction::Upload, elastic);
     let joins = Joins::cached(c.take_data_connections(), STALL).protected(c.data_tls());
     let options = crate::engine::send::Options {
         block: crate::engine::DEFAULT_BLOCK,

@@ -16,6 +16,8 @@ use crate::engine::Abort;
 use crate::engine::stream::{self, CopyError};
 use braid_proto::Command;
 use braid_proto::checksum::{self, ChunkSum};
+use braid_proto::command::Mode;
+use braid_proto::compress::Policy;
 use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::net::TcpStream;
@@ -107,12 +109,20 @@ fn receive(
     opts: &Options,
 ) -> Result<(u64, Option<OnStream>)> {
     let retr = Command::Retr(target.path.clone());
+    let deflated = deflating(c, opts)?;
     let mut data = c.stream_transfer(&retr, offset)?;
     let mut on = Watched::start(c, &data, opts, size, offset, false)?;
     // A server that does not stop (or a file that grows while it is sent) would otherwise
-    // fill the disk.
+    // fill the disk; in MODE Z, what it inflates to.
     let limit = size.filter(|_| !opts.growing);
-    let mut capped = Capped::new(&mut data, limit.map(|s| s.saturating_sub(offset)));
+    let mut inflating;
+    let wire: &mut dyn Read = if deflated {
+        inflating = flate2::read::ZlibDecoder::new(&mut data);
+        &mut inflating
+    } else {
+        &mut data
+    };
+    let mut capped = Capped::new(wire, limit.map(|s| s.saturating_sub(offset)));
     let bar = on.watch.bar.clone();
     let copied =
         on.run(|| stream::read_to_end(&mut capped, out, false, |n| bar.set_position(offset + n)));
@@ -156,7 +166,11 @@ fn receive(
     flushed.map_err(local_err(cannot_write(partial.as_deref())))?;
     // Stream mode cannot tell a finished download from a server that died: only the 226
     // (and the size check after it) can.
-    if let Err(e) = c.finish_transfer(&retr) {
+    let finished = c.finish_transfer(&retr);
+    if deflated {
+        plain_again(c)?;
+    }
+    if let Err(e) = finished {
         let why = match e {
             ClientError::Remote { reply, .. } => format!("server reported {reply}"),
             e => e.to_string(),
@@ -343,8 +357,13 @@ pub fn put(
     if checked {
         c.expect(&whole_file_checksum(&src.file, len)?, &[200])?;
     }
-    let (sent, background) = send(c, &stor, &src.file, offset, len, opts)?;
-    c.finish_transfer(&stor).map_err(|e| match e {
+    let deflated = deflating(c, opts)?;
+    let (sent, background) = send(c, &stor, &src.file, (offset, len), deflated, opts)?;
+    let finished = c.finish_transfer(&stor);
+    if deflated {
+        plain_again(c)?;
+    }
+    finished.map_err(|e| match e {
         ClientError::Remote { reply, .. } => ClientError::Interrupted {
             bytes: sent,
             why: format!("server reported {reply}; run again with --resume to continue"),
@@ -384,14 +403,21 @@ fn send(
     c: &mut Control,
     stor: &Command,
     file: &File,
-    offset: u64,
-    len: u64,
+    (offset, len): (u64, u64),
+    deflated: bool,
     opts: &Options,
 ) -> Result<(u64, Option<OnStream>)> {
     let mut data = c.stream_transfer(stor, offset)?;
     let mut on = Watched::start(c, &data, opts, Some(len), offset, true)?;
     let bar = on.watch.bar.clone();
     let r = on.run(|| match &mut data {
+        wire if deflated => {
+            let level = flate2::Compression::new(braid_proto::session::DEFLATE_LEVEL.into());
+            let mut z = flate2::write::ZlibEncoder::new(wire, level);
+            let n = send_copied(file, offset, len, &mut z, |at| bar.set_position(at))?;
+            z.finish().map_err(|e| (n, e))?;
+            Ok(n)
+        }
         Wire::Clear(sock) => send_file(file, offset, len, sock, |at| bar.set_position(at)),
         tls => send_copied(file, offset, len, tls, |at| bar.set_position(at)),
     });
@@ -408,6 +434,22 @@ fn send(
     })?;
     end_upload(data);
     Ok((sent, on.background))
+}
+
+/// Whether this transfer goes in MODE Z: `--compress on` with a server that lists it. Set
+/// before each transfer and undone after ([`plain_again`]), so that listings and whatever
+/// else the session moves stay as they are. `auto` leaves it off: a zlib stream cannot
+/// change its mind midway, and deflate is slower than most paths worth compressing for.
+fn deflating(c: &mut Control, opts: &Options) -> Result<bool> {
+    if opts.compress != Policy::On || !c.offers_mode_z() {
+        return Ok(false);
+    }
+    let r = c.cmd(&Command::Mode(Mode::Deflate))?;
+    Ok(r.code == 200)
+}
+
+fn plain_again(c: &mut Control) -> Result<()> {
+    c.expect(&Command::Mode(Mode::Stream), &[200]).map(drop)
 }
 
 /// Ends a stream-mode upload's data (close_notify under TLS, then FIN) and waits for the

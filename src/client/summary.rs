@@ -83,12 +83,15 @@ pub struct Summary {
     /// skips the certificate exchange).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_handshakes: Option<crate::engine::transfer::Handshakes>,
+    /// Compressed blocks were agreed on: the bytes on the wire, and the zstd levels used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compression: Option<crate::engine::compress::Report>,
 }
 
 impl Summary {
     pub fn human(&self) -> String {
         format!(
-            "{} {} bytes in {:.2} s ({}/s), {} mode, {} stream(s){}{}",
+            "{} {} bytes in {:.2} s ({}/s), {} mode, {} stream(s){}{}{}",
             self.op,
             self.bytes,
             self.seconds,
@@ -107,7 +110,19 @@ impl Summary {
                     b.base_ms.map_or("?".into(), |q| format!("{q:.1}")),
                     b.yielded_s
                 )
-            })
+            }),
+            self.compression
+                .as_ref()
+                .filter(|c| c.compressed_blocks > 0)
+                .map_or(String::new(), |c| format!(
+                    ", compressed: {} on the wire (zstd level {})",
+                    human_bytes(c.wire_bytes as f64),
+                    c.levels
+                        .iter()
+                        .map(i32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
         )
     }
 }
@@ -215,6 +230,7 @@ pub fn summary(
         background: None,
         new_data_connections: 1,
         tls_handshakes: None,
+        compression: None,
     }
 }
 

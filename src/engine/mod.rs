@@ -21,11 +21,16 @@
 //! - [`background`]: background mode's controller; [`background_stream`] runs it on one
 //!   stream-mode connection to a server that is not braid.
 //! - [`sockets`]: congestion control, DSCP and bbr's restart on a data socket.
+//! - [`compress`] and [`compress_level`]: zstd for compressed blocks (a braid extension),
+//!   and each sending connection's choice of whether and how hard to compress, from what its
+//!   last blocks measured.
 //! - [`tune`]: the self-tuning policy (`-n auto`): the connection count from measured
 //!   goodput, loss and queueing delay.
 
 pub mod background;
 pub mod background_stream;
+pub mod compress;
+pub mod compress_level;
 pub mod file_send;
 pub mod hooks;
 pub mod receive;

@@ -2,12 +2,14 @@
 //! and folded into the checksum; done when the EOF block's count of EODs has arrived.
 //! Connections may join until then (the sender connects, or this side opens more).
 
+use super::compress::Unpacker;
 use super::sink::Sink;
 use super::tls::{DataConn, refused};
 use super::transfer::{Joins, Link, LinkState, Transfer, join_loop};
 use super::{EngineError, FirstError, PIECE};
-use braid_proto::block::{BlockError, Completion, Connection, HEADER_LEN, Header, Next};
+use braid_proto::block::{BlockError, Completion, Connection, HEADER_LEN, Header, Next, desc};
 use braid_proto::checksum::ChunkSum;
+use braid_proto::compress;
 use braid_proto::ranges::RangeSet;
 use std::io::Read;
 use std::net::TcpListener;
@@ -311,6 +313,19 @@ fn receive_conn(
     let mut buf = Vec::new();
     // For bytes that arrive a second time: what is stored there, to compare.
     let mut check = Vec::new();
+    // Compressed blocks: the payload as it came, and their zstd context and output.
+    let mut packed = Vec::new();
+    let mut unpacker = Unpacker::default();
+    // The connection ended inside a block's payload.
+    let cut_short = |e: std::io::Error, into: u64, count: u64, offset: u64| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            proto(BlockError::ClosedBeforeEod(format!(
+                "the sender closed it {into} bytes into a {count}-byte block at offset {offset}"
+            )))
+        } else {
+            net(e)
+        }
+    };
     let mut first = true;
     let ended = |checks: &Connection, sock| {
         if checks.reusable() {
@@ -338,6 +353,33 @@ fn receive_conn(
         }
         first = false;
         let header = Header::decode(&raw).map_err(proto)?;
+        // A compressed block is read whole and inflated first; the checks then see the
+        // header of the bytes it stands for.
+        let (header, inflated) = if header.descriptor & desc::COMPRESSED != 0 {
+            if !transfer.compression().agreed() {
+                return Err(proto(BlockError::UnknownDescriptor(desc::COMPRESSED)));
+            }
+            compress::check_header(&header).map_err(proto)?;
+            packed.resize(header.count as usize, 0);
+            sock.read_exact(&mut packed)
+                .map_err(|e| cut_short(e, 0, header.count, header.offset))?;
+            let (prefix, plain) = compress::unwrap(&header, &packed).map_err(proto)?;
+            let bytes = unpacker
+                .unpack(prefix, &packed[compress::PREFIX_LEN..])
+                .map_err(|why| {
+                    proto(BlockError::Compressed(format!(
+                        "the block at offset {}: {why}",
+                        header.offset
+                    )))
+                })?;
+            transfer
+                .compression()
+                .packed(plain.count, header.count, prefix.level.into());
+            (plain, Some(bytes))
+        } else {
+            transfer.compression().plain(header.payload());
+            (header, None)
+        };
         let (offset, count, stored) = {
             let mut state = shared.lock();
             let (offset, count) = match checks
@@ -368,20 +410,17 @@ fn receive_conn(
         let end = offset + count;
         while at < end {
             let n = (end - at).min(PIECE as u64) as usize;
-            if buf.len() < n {
-                buf.resize(n, 0);
-            }
-            let piece = &mut buf[..n];
-            sock.read_exact(piece).map_err(|e| {
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    proto(BlockError::ClosedBeforeEod(format!(
-                        "the sender closed it {} bytes into a {count}-byte block at offset {offset}",
-                        at - offset
-                    )))
-                } else {
-                    net(e)
+            let piece: &[u8] = match inflated {
+                Some(bytes) => &bytes[(at - offset) as usize..][..n],
+                None => {
+                    if buf.len() < n {
+                        buf.resize(n, 0);
+                    }
+                    sock.read_exact(&mut buf[..n])
+                        .map_err(|e| cut_short(e, at - offset, count, offset))?;
+                    &buf[..n]
                 }
-            })?;
+            };
             // A short piece can only be the file's last chunk.
             let ends_file = limit.map_or(
                 !n.is_multiple_of(braid_proto::checksum::CHUNK as usize),

@@ -4,6 +4,8 @@
 //! or break (their blocks are sent again on the others), so the EOF count is settled only
 //! when the last connection leaves.
 
+use super::compress::Packer;
+use super::compress_level::{Choice, Governor, PROBE, Sent as Cost};
 use super::file_send::{FileSender, send_more};
 use super::roster::{Leave, Roster};
 use super::tls::{DataConn, refused};
@@ -11,6 +13,7 @@ use super::transfer::{Joins, Link, LinkState, Transfer, join_loop};
 use super::{EngineError, FirstError, PIECE};
 use braid_proto::block::Header;
 use braid_proto::checksum::ChunkSum;
+use braid_proto::compress::Policy;
 use braid_proto::ranges::RangeSet;
 use std::fs::File;
 use std::io::Write;
@@ -18,7 +21,7 @@ use std::net::TcpStream;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Where the bytes come from.
 #[derive(Clone, Copy)]
@@ -329,7 +332,7 @@ impl State<'_> {
     /// The next block to send on a connection moving `rate`, and whether it goes out for the
     /// first time: one a broken connection left first, else the next bytes, as many as
     /// [`block_len`] says.
-    fn next_block(&self, rate: Option<f64>) -> Option<(u64, u64, bool)> {
+    fn next_block(&self, rate: Option<f64>, most: u64) -> Option<(u64, u64, bool)> {
         if self.redo_waiting.load(Ordering::Acquire) {
             let mut redo = self.redo.lock().unwrap_or_else(|p| p.into_inner());
             if let Some((offset, len)) = redo.pop() {
@@ -338,7 +341,7 @@ impl State<'_> {
             }
         }
         let want = block_len(
-            self.options.block,
+            self.options.block.min(most),
             self.blocks.left(),
             self.transfer.open(),
             rate,
@@ -413,7 +416,11 @@ impl State<'_> {
         let conn = link.id;
         let net = |source| EngineError::Net { conn, source };
         let elastic = self.transfer.elastic();
-        let mut out = FileSender::for_socket(sock.tcp());
+        let mut squeeze = Squeeze::new(
+            FileSender::for_socket(sock.tcp()),
+            self.transfer.compression().sending(),
+            self.source.size(),
+        );
         let mut sum = ChunkSum::new();
         let mut unsent = UnsentCap::default();
         // Elastic: every block this connection carried, to send again if it breaks.
@@ -426,8 +433,9 @@ impl State<'_> {
                 break exit;
             }
             let rate = self.transfer.rate(link);
-            unsent.follow(sock.tcp(), rate);
-            let Some((offset, len, fresh)) = self.next_block(rate) else {
+            // The socket's queue is in bytes on the wire; the rate, in bytes of the file.
+            unsent.follow(sock.tcp(), rate.map(|r| r * squeeze.governor.wire_share()));
+            let Some((offset, len, fresh)) = self.next_block(rate, squeeze.most()) else {
                 match self.idle() {
                     Some(exit) => break exit,
                     None => continue,
@@ -444,7 +452,7 @@ impl State<'_> {
             match self.send_block(
                 link,
                 &mut sock,
-                &mut out,
+                &mut squeeze,
                 hash.then_some(&mut sum),
                 (offset, len),
                 eod_next,
@@ -499,10 +507,125 @@ impl State<'_> {
         Ok((sum, keep.then_some(sock)))
     }
 
-    /// Sends one block. When `sum` is given the block is hashed into it whole, even if the
-    /// connection breaks halfway (the block is then sent again, unhashed, elsewhere). `more`:
-    /// the caller writes more at once.
+    /// Sends one block, compressed or as it is as `squeeze` chooses, and tells it what that
+    /// cost. When `sum` is given the block is hashed into it whole, even if the connection
+    /// breaks halfway (the block is then sent again, unhashed, elsewhere). `more`: the caller
+    /// writes more at once.
     fn send_block(
+        &self,
+        link: &Link,
+        sock: &mut DataConn,
+        squeeze: &mut Squeeze,
+        sum: Option<&mut ChunkSum>,
+        (offset, len): (u64, u64),
+        more: bool,
+    ) -> Result<(), EngineError> {
+        if squeeze.governor.in_play() {
+            // One getsockopt a block, only while compression is in play.
+            let delivered = braid_sockopt::tcp_info(sock.tcp()).map_or(0, |i| i.delivery_rate);
+            squeeze.governor.path(delivered as f64);
+        }
+        match squeeze.governor.choose() {
+            Choice::Compress(level) => {
+                return self.send_packed(link, sock, squeeze, sum, (offset, len), more, level);
+            }
+            Choice::Probe(level) => self.probe(squeeze, offset, len, level)?,
+            Choice::Plain => {}
+        }
+        self.send_plain(link, sock, &mut squeeze.out, sum, (offset, len), more)?;
+        squeeze.governor.sent(Cost::Plain);
+        self.transfer.compression().plain(len);
+        Ok(())
+    }
+
+    /// Compresses a sample from the start of the block to learn what compressing would cost
+    /// and save; the block itself then goes plain.
+    fn probe(
+        &self,
+        squeeze: &mut Squeeze,
+        offset: u64,
+        len: u64,
+        level: i32,
+    ) -> Result<(), EngineError> {
+        let n = (len as usize).min(PROBE);
+        let sample = read_block(self.source, &mut squeeze.raw, offset, n)?;
+        let started = Instant::now();
+        let wire = squeeze.packer.pack(sample, level).map_or(n, <[u8]>::len);
+        squeeze.governor.sent(Cost::Probed {
+            level,
+            raw: n as u64,
+            wire: wire as u64,
+            compress: started.elapsed().as_secs_f64(),
+        });
+        Ok(())
+    }
+
+    /// Sends one block compressed at `level`, or plain from memory when it does not shrink.
+    #[allow(clippy::too_many_arguments)]
+    fn send_packed(
+        &self,
+        link: &Link,
+        sock: &mut DataConn,
+        squeeze: &mut Squeeze,
+        sum: Option<&mut ChunkSum>,
+        (offset, len): (u64, u64),
+        more: bool,
+        level: i32,
+    ) -> Result<(), EngineError> {
+        let net = |source| EngineError::Net {
+            conn: link.id,
+            source,
+        };
+        let Squeeze {
+            governor,
+            packer,
+            raw,
+            ..
+        } = squeeze;
+        let raw = read_block(self.source, raw, offset, len as usize)?;
+        if let Some(sum) = sum {
+            let ends_file = offset + len == self.source.size();
+            // Blocks are cut at multiples of the chunk, so this cannot fail.
+            let _ = sum.add(offset, raw, ends_file);
+        }
+        let started = Instant::now();
+        let packed = packer.pack(raw, level);
+        let compress = started.elapsed().as_secs_f64();
+        let (header, payload) = match packed {
+            Some(p) => (braid_proto::compress::header(offset, p.len() as u64), p),
+            None => (Header::data(offset, len), raw),
+        };
+        let wrote = match &mut *sock {
+            DataConn::Clear(tcp) => send_more(tcp, &header.encode()).and_then(|()| {
+                if more {
+                    send_more(tcp, payload)
+                } else {
+                    (&*tcp).write_all(payload)
+                }
+            }),
+            tls => tls
+                .write_all(&header.encode())
+                .and_then(|()| tls.write_all(payload)),
+        };
+        wrote.map_err(net)?;
+        let wire = payload.len() as u64;
+        governor.sent(Cost::Compressed {
+            level,
+            raw: len,
+            wire,
+            compress,
+        });
+        match packed {
+            Some(_) => self.transfer.compression().packed(len, wire, level),
+            None => self.transfer.compression().plain(len),
+        }
+        self.progress.fetch_add(len, Ordering::Relaxed);
+        link.add_bytes(len);
+        Ok(())
+    }
+
+    /// Sends one block as it is.
+    fn send_plain(
         &self,
         link: &Link,
         sock: &mut DataConn,
@@ -576,6 +699,64 @@ impl State<'_> {
                 broken.map_or(Ok(()), |e| Err(net(e)))
             }
         }
+    }
+}
+
+/// See [`Squeeze::new`]: small files moved ahead in a row go plain in `auto`.
+const LEAST_AUTO: u64 = 1 << 20;
+
+/// How a connection's thread sends: `sendfile` or copies for plain blocks, and for
+/// compression its choice, its zstd context and a buffer for a block's bytes (grown to the
+/// largest block compressed, never past `MAX_RAW`).
+struct Squeeze {
+    out: FileSender,
+    governor: Governor,
+    packer: Packer,
+    raw: Vec<u8>,
+}
+
+impl Squeeze {
+    /// `auto` leaves a file smaller than [`LEAST_AUTO`] plain: its few blocks could not tell
+    /// whether compressing pays before it is gone (`on` compresses it).
+    fn new(out: FileSender, policy: Policy, size: u64) -> Squeeze {
+        let policy = match policy {
+            Policy::Auto if size < LEAST_AUTO => Policy::Off,
+            p => p,
+        };
+        Squeeze {
+            out,
+            governor: Governor::new(policy),
+            packer: Packer::default(),
+            raw: Vec::new(),
+        }
+    }
+
+    /// The largest block worth taking: a compressed one may stand for `MAX_RAW` at most.
+    fn most(&self) -> u64 {
+        match self.governor.choose() {
+            Choice::Plain => u64::MAX,
+            _ => braid_proto::compress::MAX_RAW,
+        }
+    }
+}
+
+/// `len` bytes of the source at `offset`: read into `buf`, or where they are in memory.
+fn read_block<'a>(
+    source: Source<'a>,
+    buf: &'a mut Vec<u8>,
+    offset: u64,
+    len: usize,
+) -> Result<&'a [u8], EngineError> {
+    match source {
+        Source::File { file, .. } => {
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            file.read_exact_at(&mut buf[..len], offset)
+                .map_err(EngineError::Local)?;
+            Ok(&buf[..len])
+        }
+        Source::Memory(m) => Ok(&m[offset as usize..][..len]),
     }
 }
 

@@ -165,6 +165,8 @@ pub struct Transfer {
     /// Connections in their TLS handshake, not yet counted in: they count towards the most
     /// connections a listener takes, so that a peer cannot pile up handshaking threads.
     handshaking: AtomicUsize,
+    /// Compressed blocks: whether the ends agreed on them, and what they saved.
+    compression: super::compress::Compression,
 }
 
 /// A connection in its handshake, counted until dropped.
@@ -199,7 +201,19 @@ impl Transfer {
             waker: Waker::new().ok(),
             handshakes: Default::default(),
             handshaking: AtomicUsize::new(0),
+            compression: super::compress::Compression::default(),
         }
+    }
+
+    /// A transfer whose ends agreed on compressed blocks (`policy`: what this side does as
+    /// the sender); without it a compressed block is a protocol error.
+    pub fn with_compression(mut self, policy: Option<braid_proto::compress::Policy>) -> Transfer {
+        self.compression = super::compress::Compression::new(policy);
+        self
+    }
+
+    pub fn compression(&self) -> &super::compress::Compression {
+        &self.compression
     }
 
     /// Runs `tls`'s handshake on a connection not yet secured, and counts it. A connection

@@ -109,6 +109,7 @@ async fn run(
             max_streams: config.max_streams,
             tls: config.tls.is_some(),
             private_data_required: config.tls.as_ref().is_some_and(|t| t.data_required),
+            compress: config.compress,
         },
         peer.ip(),
     );

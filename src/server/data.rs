@@ -236,16 +236,18 @@ fn keep(block: u64) -> engine::send::Options {
     }
 }
 
-/// Runs a stream-mode transfer; `tls` (PROT P) makes the data connection TLS.
+/// Runs a stream-mode transfer; `tls` (PROT P) makes the data connection TLS; `deflate`
+/// (MODE Z) makes the data one zlib stream, deflated at that level when this side sends.
 pub fn run(
     job: Job,
     sock: TcpStream,
     tls: Option<SessionTls>,
+    deflate: Option<u8>,
     progress: Arc<AtomicU64>,
 ) -> Result<Finished, DataError> {
     match tls {
-        None => run_clear(job, sock, &progress),
-        Some(tls) => run_tls(job, sock, &tls, &progress),
+        None => run_clear(job, sock, deflate, &progress),
+        Some(tls) => run_tls(job, sock, &tls, deflate, &progress),
     }
 }
 
@@ -255,6 +257,7 @@ fn run_tls(
     job: Job,
     sock: TcpStream,
     tls: &SessionTls,
+    deflate: Option<u8>,
     progress: &AtomicU64,
 ) -> Result<Finished, DataError> {
     let tls = tls.stream_data();
@@ -278,30 +281,7 @@ fn run_tls(
              (a client that cannot resume needs a server run with --tls-session-reuse optional)"
         )));
     }
-    let (bytes, upload) = match job {
-        Job::List { text } => {
-            s.write_all(&text).map_err(DataError::Net)?;
-            progress.store(text.len() as u64, Ordering::Relaxed);
-            (text.len() as u64, None)
-        }
-        Job::Retr {
-            file,
-            offset,
-            ascii,
-            ..
-        } => (send_copied(&file, offset, ascii, &mut s, progress)?, None),
-        Job::Stor {
-            upload,
-            file,
-            offset,
-            ascii,
-            check,
-            charge,
-        } => {
-            let n = receive(&file, offset, ascii, charge, &mut s, progress)?;
-            (n, Some((upload, file, check)))
-        }
-    };
+    let (bytes, upload) = move_copied(job, &mut s, deflate, progress)?;
     // close_notify tells the client the data ended here, not by a cut connection.
     s.conn.send_close_notify();
     let ended = s.flush();
@@ -312,25 +292,42 @@ fn run_tls(
     stream_finished(bytes, upload)
 }
 
-fn run_clear(job: Job, mut sock: TcpStream, progress: &AtomicU64) -> Result<Finished, DataError> {
-    let (bytes, upload) = match job {
-        Job::List { text } => {
-            sock.write_all(&text).map_err(DataError::Net)?;
-            progress.store(text.len() as u64, Ordering::Relaxed);
-            (text.len() as u64, None)
-        }
-        Job::Retr {
-            file,
-            offset,
-            ascii: false,
-            ..
-        } => (send_binary(&file, offset, &sock, progress)?, None),
-        Job::Retr {
-            file,
-            offset,
-            ascii: true,
-            ..
-        } => (send_copied(&file, offset, true, &mut sock, progress)?, None),
+fn run_clear(
+    job: Job,
+    mut sock: TcpStream,
+    deflate: Option<u8>,
+    progress: &AtomicU64,
+) -> Result<Finished, DataError> {
+    let (bytes, upload) = match (job, deflate) {
+        (
+            Job::Retr {
+                file,
+                offset,
+                ascii: false,
+                ..
+            },
+            None,
+        ) => (send_binary(&file, offset, &sock, progress)?, None),
+        (job, deflate) => move_copied(job, &mut sock, deflate, progress)?,
+    };
+    if upload.is_none() {
+        finish_send(sock)?;
+    }
+    stream_finished(bytes, upload)
+}
+
+/// The bytes a stream transfer moved, and an upload's file (and whether to hash it whole).
+type Moved = (u64, Option<(Upload, File, bool)>);
+
+/// What a stream transfer moves through user space (listings, ASCII, TLS, MODE Z): the bytes
+/// of the file or listing, and an upload's file.
+fn move_copied<S: Read + Write>(
+    job: Job,
+    s: &mut S,
+    deflate: Option<u8>,
+    progress: &AtomicU64,
+) -> Result<Moved, DataError> {
+    match job {
         Job::Stor {
             upload,
             file,
@@ -339,14 +336,50 @@ fn run_clear(job: Job, mut sock: TcpStream, progress: &AtomicU64) -> Result<Fini
             check,
             charge,
         } => {
-            let n = receive(&file, offset, ascii, charge, &mut sock, progress)?;
-            (n, Some((upload, file, check)))
+            let n = match deflate {
+                None => receive(&file, offset, ascii, charge, s, progress)?,
+                Some(_) => {
+                    let mut inflating = flate2::read::ZlibDecoder::new(s);
+                    receive(&file, offset, ascii, charge, &mut inflating, progress)?
+                }
+            };
+            Ok((n, Some((upload, file, check))))
         }
-    };
-    if upload.is_none() {
-        finish_send(sock)?;
+        Job::List { text } => {
+            let n = deflated(s, deflate, |out| {
+                out.write_all(&text).map_err(DataError::Net)?;
+                progress.store(text.len() as u64, Ordering::Relaxed);
+                Ok(text.len() as u64)
+            })?;
+            Ok((n, None))
+        }
+        Job::Retr {
+            file,
+            offset,
+            ascii,
+            ..
+        } => {
+            let n = deflated(s, deflate, |mut out| {
+                send_copied(&file, offset, ascii, &mut out, progress)
+            })?;
+            Ok((n, None))
+        }
     }
-    stream_finished(bytes, upload)
+}
+
+/// Runs `send` on `out`, or on a zlib stream at `level` into it, ended once `send` is done.
+fn deflated<W: Write>(
+    out: &mut W,
+    level: Option<u8>,
+    send: impl FnOnce(&mut dyn Write) -> Result<u64, DataError>,
+) -> Result<u64, DataError> {
+    let Some(level) = level else {
+        return send(out);
+    };
+    let mut z = flate2::write::ZlibEncoder::new(out, flate2::Compression::new(level.into()));
+    let n = send(&mut z)?;
+    z.finish().map_err(DataError::Net)?;
+    Ok(n)
 }
 
 /// The end of a stream transfer. An upload whose client announced the whole file's checksum

@@ -68,6 +68,8 @@ pub struct Config {
     pub guard: Arc<guard::Guard>,
     /// Most data connections for one MODE E transfer.
     pub max_streams: u32,
+    /// `--compress`: whether MODE E blocks are compressed between braid peers.
+    pub compress: braid_proto::compress::Policy,
     /// XXH3 checksums already computed, shared by all sessions.
     pub checksums: ChecksumCache,
     /// Bytes and files under the roots of accounts with a quota, counted afresh per
@@ -181,6 +183,7 @@ impl Config {
             login_fail_delay: Duration::from_millis(500),
             guard: Arc::default(),
             max_streams: 64,
+            compress: braid_proto::compress::Policy::Auto,
             checksums: ChecksumCache::default(),
             usages: Arc::default(),
             tls: None,

@@ -176,6 +176,14 @@ pub struct ServeArgs {
     #[arg(help_heading = "Sharing the uplink", long, value_name = "BYTES_PER_SECOND", value_parser = crate::units::parse_size)]
     #[serde(default, deserialize_with = "size")]
     pub uplink: Option<u64>,
+    /// Compress MODE E blocks (zstd) for braid clients that ask [default: auto].
+    ///
+    /// auto: as the client says (its default, auto, compresses a download only while that
+    /// moves it faster, never over TLS); on: every block that shrinks unless the client says
+    /// off, TLS included; off: never, and compressed uploads are refused.
+    #[arg(long, value_name = "auto|on|off", value_parser = braid_proto::compress::Policy::parse)]
+    #[serde(default, deserialize_with = "policy")]
+    pub compress: Option<braid_proto::compress::Policy>,
 }
 
 /// Whether the server insists on a protection.
@@ -230,6 +238,7 @@ impl ServeArgs {
             verbose: self.verbose || file.verbose,
             background: self.background || file.background,
             uplink: self.uplink.or(file.uplink),
+            compress: self.compress.or(file.compress),
         }
     }
 
@@ -284,6 +293,7 @@ impl ServeArgs {
         }
         config.background = self.background;
         config.uplink = self.uplink;
+        config.compress = self.compress.unwrap_or_default();
         if let Some(path) = &self.users {
             config.users = Users::load(path)?;
             if config.users.is_empty() {
@@ -429,6 +439,15 @@ fn size<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error>
             .map(Some)
             .map_err(serde::de::Error::custom),
     }
+}
+
+fn policy<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<braid_proto::compress::Policy>, D::Error> {
+    let text = String::deserialize(d)?;
+    braid_proto::compress::Policy::parse(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
 }
 
 #[cfg(test)]

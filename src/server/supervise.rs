@@ -76,7 +76,8 @@ pub(super) async fn transfer(
     let started = std::time::Instant::now();
     let progress = Arc::new(AtomicU64::new(0));
     let elastic = t.block.as_ref().is_some_and(|b| b.elastic);
-    let moving = Arc::new(engine::transfer::Transfer::new(elastic));
+    let compression = t.block.as_ref().and_then(|b| b.compression);
+    let moving = Arc::new(engine::transfer::Transfer::new(elastic).with_compression(compression));
     let is_upload = matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_));
     // What the server sends goes at the pace of the user's class, its share of the uplink and
     // background mode (listings are small and go as they are).
@@ -121,8 +122,9 @@ pub(super) async fn transfer(
             moving.watch(&sock);
             let progress = progress.clone();
             let tls = io.tls.clone().filter(|_| t.private);
+            let deflate = t.deflate;
             Worker::Thread(tokio::task::spawn_blocking(move || {
-                data::run(job, sock, tls, progress)
+                data::run(job, sock, tls, deflate, progress)
             }))
         }),
         Some(b) => io.block_connections(&t, b, &progress).await.map(|conns| {
@@ -356,7 +358,17 @@ pub(super) async fn transfer(
         user = session.user().unwrap_or("-"),
         path = %t.path(),
         direction = if is_upload { "upload" } else { "download" },
-        mode = if t.block.is_some() { "E" } else { "S" },
+        mode = match (&t.block, t.deflate) {
+            (Some(_), _) => "E",
+            (None, Some(_)) => "Z",
+            (None, None) => "S",
+        },
+        // MODE E between braid peers: payload bytes on the wire, less than `bytes` when
+        // blocks went compressed.
+        wire_bytes = moving
+            .compression()
+            .agreed()
+            .then(|| moving.compression().report().wire_bytes),
         // Data connections this transfer used, and whether the last transfer left them open.
         data_connections = if t.block.is_some() { moving.links().len() } else { 1 },
         reused = t.endpoint == DataEndpoint::Cached,

@@ -1,5 +1,5 @@
 //! lftp as a client of `braid serve`.
-use crate::util::{Server, random_bytes, require, run, tempdir};
+use crate::util::{Server, log_lines, random_bytes, require, run, tempdir};
 use std::process::Command;
 use std::time::Duration;
 
@@ -67,4 +67,59 @@ fn lftp_mirror_get_put_resume_and_file_operations() {
     // Errors reach lftp as errors.
     let (ok, _, _) = lftp(&server, "get nope.bin -o /dev/null");
     assert!(!ok, "a missing file must fail");
+}
+
+/// MODE Z (draft-preston-ftpext-deflate), lftp's `ftp:use-mode-z`: deflated downloads (a
+/// resumed one too), uploads and listings against braid serve come out byte for byte, and the
+/// server said yes to MODE Z (lftp inflates what it is sent, so a server that ignored it
+/// would fail here). A server with --compress off does not offer it, and lftp goes plain.
+#[test]
+fn lftp_mode_z_downloads_uploads_and_lists_byte_for_byte() {
+    require("lftp");
+    let top = tempdir();
+    let root = top.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let text = log_lines(3 << 20, 7);
+    std::fs::write(root.join("log.txt"), &text).unwrap();
+    let local = top.path().join("local");
+    std::fs::create_dir(&local).unwrap();
+    let l = local.to_str().unwrap();
+    std::fs::write(local.join("part.txt"), &text[..1_234_567]).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let script = format!(
+        "set ftp:use-mode-z true; get log.txt -o {l}/got.txt; \
+         get -c log.txt -o {l}/part.txt; put {l}/got.txt -o up.txt; cls -l"
+    );
+    let (ok, out, err) = lftp(&server, &script);
+    assert!(ok, "{err}");
+    // The server's log line for each transfer names the mode it ran in: the three files and
+    // the listing (MLSD) went deflated.
+    let log = server.log();
+    let deflated: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" transfer ") && l.contains("mode=\"Z\""))
+        .collect();
+    assert_eq!(
+        deflated.len(),
+        4,
+        "not four transfers in MODE Z: {log}\n{err}"
+    );
+    assert!(deflated[3].contains("path=/ "), "the listing: {log}");
+    assert!(out.contains("log.txt") && out.contains("up.txt"), "{out}");
+    for (what, path) in [
+        ("download", local.join("got.txt")),
+        ("resumed download", local.join("part.txt")),
+        ("upload", root.join("up.txt")),
+    ] {
+        assert!(std::fs::read(path).unwrap() == text, "the {what} differs");
+    }
+    server.terminate();
+    let plain = Server::start(&root, &["--compress", "off"]);
+    let (ok, _, err) = lftp(
+        &plain,
+        &format!("set ftp:use-mode-z true; get log.txt -o {l}/plain.txt"),
+    );
+    assert!(ok, "{err}");
+    assert!(!plain.log().contains("mode=\"Z\""), "{}", plain.log());
+    assert!(std::fs::read(local.join("plain.txt")).unwrap() == text);
 }

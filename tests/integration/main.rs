@@ -5,6 +5,7 @@ mod abuse;
 mod admin;
 mod background;
 mod cli;
+mod compress;
 mod cp;
 mod curl;
 mod diskfull;

@@ -3,7 +3,7 @@
 //! only once the client has closed its side of the data connection, or after its lingering
 //! timeout: a client that waits for the 226 first stalls for that timeout on every file.
 
-use crate::util::{Daemon, braid_command, random_bytes, run, tempdir};
+use crate::util::{Daemon, braid_command, log_lines, random_bytes, run, tempdir};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -27,6 +27,11 @@ fn proftpd() -> PathBuf {
 /// (certificate and key), FTPS required, with its default of data connections that must
 /// resume the control connection's TLS session.
 fn start(top: &Path, tls: Option<(&str, &str)>) -> Daemon {
+    start_with(top, tls, "")
+}
+
+/// [`start`] with more configuration (a module and its directives).
+fn start_with(top: &Path, tls: Option<(&str, &str)>, extra: &str) -> Daemon {
     assert!(
         rustix::process::geteuid().is_root(),
         "this test needs root: ProFTPD starts as root and drops to nobody"
@@ -55,7 +60,7 @@ fn start(top: &Path, tls: Option<(&str, &str)>) -> Daemon {
                  DefaultAddress 127.0.0.1\nUseIPv6 off\nUser nobody\nGroup nogroup\n\
                  PidFile {t}/proftpd.pid\nScoreboardFile {t}/proftpd.scoreboard\n\
                  DelayTable none\nWtmpLog off\nUseFtpUsers off\nUseReverseDNS off\nTimeoutLinger {LINGER_SECONDS}\n\
-                 ModulePath {}\n{tls}\
+                 ModulePath {}\n{tls}{extra}\
                  <Anonymous {}>\n  User nobody\n  Group nogroup\n  UserAlias anonymous nobody\n\
                  RequireValidShell off\n  Umask 022\n  <Directory pub>\n    <Limit WRITE>\n\
                  AllowAll\n    </Limit>\n  </Directory>\n</Anonymous>\n",
@@ -200,4 +205,85 @@ fn braid_client_against_proftpd_over_tls() {
         Duration::from_secs(60),
     );
     assert!(!ok && (err.contains("550") || err.contains("530")), "{err}");
+}
+
+/// MODE Z with ProFTPD's mod_deflate: `--compress on` downloads, resumes and uploads through
+/// zlib, byte for byte, and says so in -v; the default (auto) leaves MODE Z alone.
+#[test]
+fn braid_client_uses_mode_z_with_proftpd_mod_deflate() {
+    let top = tempdir();
+    let deflate = format!(
+        "LoadModule mod_deflate.c\nDeflateEngine on\nDeflateLog {}/deflate.log\n",
+        top.path().display()
+    );
+    let server = start_with(top.path(), None, &deflate);
+    let root = top.path().join("root");
+    let text = log_lines(4 << 20, 93);
+    std::fs::write(root.join("log.txt"), &text).unwrap();
+    let base = format!("ftp://127.0.0.1:{}", server.port);
+    let home = top.path();
+    let got = top.path().join("got.txt");
+    let (ok, _, err) = run(
+        braid_command(home).args([
+            "get",
+            &format!("{base}/log.txt"),
+            got.to_str().unwrap(),
+            "--compress",
+            "on",
+            "-v",
+        ]),
+        Duration::from_secs(60),
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("> MODE Z\n< 200"),
+        "MODE Z was not used: {err}"
+    );
+    assert!(std::fs::read(&got).unwrap() == text, "download differs");
+    // Resumed: REST counts bytes of the file, not of the deflated stream.
+    std::fs::remove_file(&got).unwrap();
+    std::fs::write(top.path().join("got.txt.part"), &text[..1_500_000]).unwrap();
+    let out = braid_ok(
+        home,
+        &[
+            "get",
+            &format!("{base}/log.txt"),
+            got.to_str().unwrap(),
+            "--compress",
+            "on",
+            "--resume",
+            "--json",
+        ],
+    );
+    assert!(out.contains("\"resumed_from\":1500000"), "{out}");
+    assert!(
+        std::fs::read(&got).unwrap() == text,
+        "resumed download differs"
+    );
+    let (ok, _, err) = run(
+        braid_command(home).args([
+            "put",
+            got.to_str().unwrap(),
+            &format!("{base}/pub/up.txt"),
+            "--compress",
+            "on",
+            "-v",
+        ]),
+        Duration::from_secs(60),
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("> MODE Z\n< 200"),
+        "MODE Z was not used: {err}"
+    );
+    assert!(
+        std::fs::read(root.join("pub/up.txt")).unwrap() == text,
+        "upload differs"
+    );
+    let (ok, _, err) = run(
+        braid_command(home).args(["get", &format!("{base}/log.txt"), "-", "-v"]),
+        Duration::from_secs(60),
+    );
+    assert!(ok, "{err}");
+    assert!(!err.contains("> MODE Z"), "auto used MODE Z: {err}");
 }

@@ -37,14 +37,17 @@ fn login_and_informational_replies_are_exact() {
     c.expect("SYST", "215 UNIX Type: L8\r\n");
     c.expect(
         "FEAT",
-        "211-Features:\r\n EPRT\r\n EPSV\r\n MDTM\r\n MFMT\r\n MLSR\r\n MLST type*;size*;modify*;perm*;unique*;UNIX.mode*;\r\n PARALLEL\r\n PASV\r\n REST STREAM\r\n SBUF\r\n CKSM XXH3;MD5;ADLER32;\r\n BRAID 4\r\n SIZE\r\n SPAS\r\n SPOR\r\n TVFS\r\n UTF8\r\n211 End\r\n",
+        "211-Features:\r\n EPRT\r\n EPSV\r\n MDTM\r\n MFMT\r\n MLSR\r\n MLST type*;size*;modify*;perm*;unique*;UNIX.mode*;\r\n PARALLEL\r\n PASV\r\n REST STREAM\r\n SBUF\r\n CKSM XXH3;MD5;ADLER32;\r\n BRAID 4\r\n BRAID-COMPRESS zstd\r\n MODE Z\r\n SIZE\r\n SPAS\r\n SPOR\r\n TVFS\r\n UTF8\r\n211 End\r\n",
     );
     c.expect("OPTS UTF8 ON", "200 Always in UTF8 mode.\r\n");
     c.expect("PWD", "257 \"/\" is the current directory.\r\n");
     c.expect("TYPE I", "200 Switching to Binary mode.\r\n");
     c.expect("TYPE E", "504 TYPE E is not implemented.\r\n");
     c.expect("MODE S", "200 Mode set to S.\r\n");
-    c.expect("MODE B", "504 Only MODE S and MODE E are supported.\r\n");
+    c.expect(
+        "MODE B",
+        "504 Only MODE S, MODE E and MODE Z are supported.\r\n",
+    );
     c.expect("STRU F", "200 Structure set to F.\r\n");
     c.expect("STRU R", "504 Only STRU F is supported.\r\n");
     c.expect("NOOP", "200 NOOP ok.\r\n");

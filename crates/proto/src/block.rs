@@ -23,8 +23,11 @@ pub mod desc {
     pub const EOD: u8 = 0x08;
     /// The sender closes this connection after this block (otherwise it may be reused).
     pub const CLOSE: u8 = 0x04;
+    /// braid's extension, only between peers that agreed on it: the payload is a
+    /// compressed block ([`crate::compress`]), unwrapped before the block checks see it.
+    pub const COMPRESSED: u8 = 0x02;
     /// Bits braid understands; any other bit is an error (as GFD.20 asks).
-    pub const KNOWN: u8 = EOF | EOD | CLOSE;
+    pub const KNOWN: u8 = EOF | EOD | CLOSE | COMPRESSED;
 }
 
 /// One decoded block header.
@@ -72,6 +75,8 @@ pub enum BlockError {
         "the blocks received so far leave more than {0} separate pieces: too fragmented to keep track of"
     )]
     TooFragmented(usize),
+    #[error("a compressed block is broken: {0}")]
+    Compressed(String),
 }
 
 impl Header {
@@ -197,6 +202,11 @@ impl Connection {
     pub fn header(&mut self, h: &Header, completion: &mut Completion) -> Result<Next, BlockError> {
         if self.finished {
             return Err(BlockError::DataAfterEod);
+        }
+        // A compressed block reaches here unwrapped, or from a sender that was not asked to
+        // compress: then the bit is one this transfer does not define.
+        if h.descriptor & desc::COMPRESSED != 0 {
+            return Err(BlockError::UnknownDescriptor(desc::COMPRESSED));
         }
         if let Some(limit) = self.limit
             && !h.is_eof()

@@ -49,6 +49,13 @@ impl Features {
             .any(|f| f.split_whitespace().next() == Some(name))
     }
 
+    /// MODE Z (draft-preston-ftpext-deflate): stream mode through zlib.
+    pub fn mode_z(&self) -> bool {
+        self.lines
+            .iter()
+            .any(|f| f.split_whitespace().eq(["MODE", "Z"]))
+    }
+
     /// The number after a feature's name (`BRAID 2` gives 2).
     pub fn version(&self, name: &str) -> Option<u32> {
         self.lines.iter().find_map(|f| {
@@ -123,6 +130,9 @@ pub struct BlockSetup {
     pub retr: RetrOpts,
     /// SBUF: fixed socket buffers.
     pub buffer: Option<u64>,
+    /// Compressed blocks, asked for from a braid server that offers them (FEAT
+    /// `BRAID-COMPRESS`); None: not asked for (off).
+    pub compress: Option<crate::compress::Policy>,
 }
 
 /// One piece of work on the control connection.
@@ -269,6 +279,7 @@ enum Setting {
     Retr(RetrOpts),
     Sbuf(u64),
     Eager(bool),
+    Compress(crate::compress::Policy),
 }
 
 /// One op between `begin` and `poll_outcome`.
@@ -291,6 +302,8 @@ pub struct ClientSession {
     sbuf: Option<u64>,
     /// `OPTS STOR Eager=1` is in effect.
     eager: bool,
+    /// `OPTS BRAID COMPRESS`: what was asked, and whether the server agreed.
+    compress: Option<(crate::compress::Policy, bool)>,
     no_epsv: bool,
     /// The last MODE E transfer left its data connections open, carrying data this way.
     cached: Option<Direction>,
@@ -389,6 +402,27 @@ impl ClientSession {
     /// MODE E transfers are elastic on this session.
     pub fn elastic(&self) -> bool {
         self.elastic
+    }
+
+    /// What a MODE E transfer this way does about compressed blocks: None unless they were
+    /// asked for and the server did not refuse; a download only accepts them; an upload
+    /// compresses as asked, except
+    /// that `auto` does not over TLS (`private`), where compressed lengths can leak what an
+    /// attacker could not otherwise read (CRIME, BREACH): only an explicit `on` does.
+    pub fn compression(
+        &self,
+        direction: Direction,
+        private: bool,
+    ) -> Option<crate::compress::Policy> {
+        use crate::compress::Policy;
+        let (asked, true) = self.compress? else {
+            return None;
+        };
+        Some(match (direction, asked) {
+            (Direction::Download, _) => Policy::Off,
+            (Direction::Upload, Policy::Auto) if private => Policy::Off,
+            (Direction::Upload, p) => p,
+        })
     }
 
     /// What the server's range markers say it holds.
@@ -525,7 +559,7 @@ impl ClientSession {
     }
 
     /// MODE E, then only the settings that differ from what is in effect.
-    fn plan_block_mode(&self, setup: BlockSetup) -> Vec<(Command, Wait)> {
+    fn plan_block_mode(&mut self, setup: BlockSetup) -> Vec<(Command, Wait)> {
         let mut steps = Vec::new();
         if !self.mode_e {
             steps.push((Command::Mode(Mode::Extended), Wait::Setting(Setting::ModeE)));
@@ -544,6 +578,18 @@ impl ClientSession {
             steps.push((
                 Command::Opts(format!("RETR {}", setup.retr.encode())),
                 Wait::Setting(Setting::Retr(setup.retr)),
+            ));
+        }
+        if let Some(p) = setup.compress
+            && self.features.has("BRAID-COMPRESS")
+            && self.compress.map(|(asked, _)| asked) != Some(p)
+        {
+            // Taken as agreed until the answer says otherwise: a server that lists the
+            // feature takes the option, and the transfer need not wait for the answer.
+            self.compress = Some((p, true));
+            steps.push((
+                Command::Opts(format!("BRAID COMPRESS={}", p.name())),
+                Wait::Setting(Setting::Compress(p)),
             ));
         }
         if let Some(b) = setup.buffer
@@ -785,6 +831,11 @@ impl ClientSession {
                 self.features = Features::parse(&r);
                 Step::End(Ok(Outcome::Features(self.features.clone())))
             }
+            // A server that compresses nothing says so; blocks then go as they are.
+            Wait::Setting(Setting::Compress(p)) => {
+                self.compress = Some((p, r.code == 200));
+                Step::Next
+            }
             Wait::Setting(s) => {
                 if r.code != 200 {
                     return fail(setting_name(&s), r);
@@ -796,6 +847,7 @@ impl ClientSession {
                     Setting::Retr(o) => self.retr = Some(o),
                     Setting::Sbuf(b) => self.sbuf = Some(b),
                     Setting::Eager(on) => self.eager = on,
+                    Setting::Compress(_) => {}
                 }
                 Step::Next
             }
@@ -876,6 +928,7 @@ fn setting_name(s: &Setting) -> &'static str {
         Setting::Retr(_) => "OPTS RETR",
         Setting::Sbuf(_) => "SBUF",
         Setting::Eager(_) => "OPTS STOR Eager",
+        Setting::Compress(_) => "OPTS BRAID COMPRESS",
     }
 }
 

@@ -21,6 +21,9 @@ pub enum Mode {
     Block,
     Compressed,
     Extended,
+    /// Stream mode whose data is one zlib (deflate) stream per transfer
+    /// (draft-preston-ftpext-deflate; lftp, ProFTPD's mod_deflate).
+    Deflate,
 }
 
 /// File structure (RFC 959 STRU).
@@ -201,8 +204,9 @@ impl Command {
                 "B" => Mode::Block,
                 "C" => Mode::Compressed,
                 "E" => Mode::Extended,
+                "Z" => Mode::Deflate,
                 "" => return Err(ParseError::MissingArgument("MODE")),
-                _ => return Err(bad("MODE", "expected S, B, C or E")),
+                _ => return Err(bad("MODE", "expected S, B, C, E or Z")),
             }),
             "STRU" => Command::Stru(match word.to_ascii_uppercase().as_str() {
                 "F" => Structure::File,
@@ -380,6 +384,7 @@ impl Command {
                     Mode::Block => "B",
                     Mode::Compressed => "C",
                     Mode::Extended => "E",
+                    Mode::Deflate => "Z",
                 },
             ),
             Command::Stru(s) => with(
@@ -628,7 +633,8 @@ mod tests {
                 Just(Mode::Stream),
                 Just(Mode::Block),
                 Just(Mode::Compressed),
-                Just(Mode::Extended)
+                Just(Mode::Extended),
+                Just(Mode::Deflate)
             ]
             .prop_map(Command::Mode),
             prop_oneof![

@@ -10,6 +10,7 @@ pub mod block;
 pub mod checksum;
 pub mod client;
 pub mod command;
+pub mod compress;
 pub mod connect_back;
 pub mod line;
 pub mod listing;
@@ -80,6 +81,7 @@ pub mod fuzzing {
                 max_streams: 8,
                 tls: data.first().is_some_and(|b| b & 1 == 1),
                 private_data_required: data.first().is_some_and(|b| b & 2 == 2),
+                compress: crate::compress::Policy::Auto,
             },
             std::net::IpAddr::from([198, 18, 0, 1]),
         );

@@ -101,16 +101,7 @@ impl Pair {
     }
 
     pub fn over(link: Link) -> Pair {
-        let server = Session::new(
-            SessionConfig {
-                anonymous: Some(Perm::ReadWrite),
-                max_login_failures: 3,
-                max_streams: 16,
-                tls: false,
-                private_data_required: false,
-            },
-            IpAddr::V4(Ipv4Addr::LOCALHOST),
-        );
+        let server = Pair::server(crate::compress::Policy::Auto);
         let mut p = Pair {
             client: ClientSession::new(),
             server,
@@ -135,6 +126,20 @@ impl Pair {
         };
         p.users.insert("alice".into(), "secret".into());
         p
+    }
+
+    /// The server's session: anonymous users may write; `compress` as `braid serve
+    /// --compress` sets it.
+    pub fn server(compress: crate::compress::Policy) -> Session {
+        let config = SessionConfig {
+            anonymous: Some(Perm::ReadWrite),
+            max_login_failures: 3,
+            max_streams: 16,
+            tls: false,
+            private_data_required: false,
+            compress,
+        };
+        Session::new(config, IpAddr::V4(Ipv4Addr::LOCALHOST))
     }
 
     /// Runs one op to its end.
@@ -413,6 +418,10 @@ pub fn receive_blocks(
 }
 
 fn setup(direction: Direction) -> Op {
+    setup_compressed(direction, None)
+}
+
+fn setup_compressed(direction: Direction, compress: Option<crate::compress::Policy>) -> Op {
     Op::BlockMode(BlockSetup {
         direction,
         retr: RetrOpts {
@@ -423,6 +432,7 @@ fn setup(direction: Direction) -> Op {
             dscp: None,
         },
         buffer: None,
+        compress,
     })
 }
 
@@ -430,6 +440,7 @@ fn setup(direction: Direction) -> Op {
 mod tests {
     use super::*;
     use crate::client::BlockPeer;
+    use crate::compress::Policy;
     use crate::ranges::RangeSet;
     use proptest::prelude::*;
     use std::time::Duration;
@@ -1010,6 +1021,112 @@ mod tests {
         p.run(Op::FinishTransfer).unwrap();
         assert!(!p.server.drains_refused_upload());
         assert_eq!(fixed(&p), [false, true, false], "a download is never fixed");
+    }
+
+    /// A pair whose server runs with `braid serve --compress <server>`, logged in.
+    fn compressing(server: Policy) -> Pair {
+        let mut p = Pair::new();
+        p.server = Pair::server(server);
+        let login = Op::Login {
+            user: "alice".into(),
+            password: "secret".into(),
+        };
+        p.run(login).unwrap();
+        p.run(Op::Features).unwrap();
+        p.run(Op::Binary).unwrap();
+        p
+    }
+
+    /// What each MODE E transfer the server ran did about compressed blocks.
+    fn compression(p: &Pair) -> Vec<Option<Policy>> {
+        let blocks = p.transfers.iter().map(|t| t.block.as_ref());
+        blocks.map(|b| b.expect("MODE E").compression).collect()
+    }
+
+    fn one_transfer(p: &mut Pair, direction: Direction, compress: Option<Policy>) {
+        p.run(setup_compressed(direction, compress)).unwrap();
+        assert_eq!(p.run(Op::Passive), Ok(Outcome::Passive(40000)));
+        let cmd = match direction {
+            Direction::Download => Command::Retr("f".into()),
+            Direction::Upload => Command::Stor("up".into()),
+        };
+        p.run(Op::StartTransfer(cmd)).unwrap();
+        p.run(Op::FinishTransfer).unwrap();
+    }
+
+    #[test]
+    fn compressed_blocks_are_asked_for_once_and_each_side_compresses_only_what_it_sends() {
+        let mut p = compressing(Policy::Auto);
+        one_transfer(&mut p, Direction::Download, Some(Policy::Auto));
+        one_transfer(&mut p, Direction::Upload, Some(Policy::Auto));
+        let asked = p
+            .seen
+            .iter()
+            .filter(|l| l.starts_with("OPTS BRAID COMPRESS"));
+        assert_eq!(asked.collect::<Vec<_>>(), ["OPTS BRAID COMPRESS=auto"]);
+        // The server compresses what it sends and takes compressed uploads.
+        assert_eq!(compression(&p), [Some(Policy::Auto), Some(Policy::Off)]);
+        let c = &p.client;
+        assert_eq!(c.compression(Direction::Download, false), Some(Policy::Off));
+        assert_eq!(c.compression(Direction::Upload, false), Some(Policy::Auto));
+        // Over TLS, auto compresses nothing; an explicit on does.
+        assert_eq!(c.compression(Direction::Upload, true), Some(Policy::Off));
+        one_transfer(&mut p, Direction::Upload, Some(Policy::On));
+        assert_eq!(
+            p.client.compression(Direction::Upload, true),
+            Some(Policy::On)
+        );
+    }
+
+    #[test]
+    fn a_server_set_to_on_compresses_unless_the_client_says_off() {
+        let mut p = compressing(Policy::On);
+        one_transfer(&mut p, Direction::Download, Some(Policy::Auto));
+        one_transfer(&mut p, Direction::Download, Some(Policy::Off));
+        assert_eq!(compression(&p), [Some(Policy::On), Some(Policy::Off)]);
+    }
+
+    #[test]
+    fn a_server_that_compresses_nothing_is_not_asked_and_refuses_if_asked_anyway() {
+        let mut p = compressing(Policy::Off);
+        one_transfer(&mut p, Direction::Download, Some(Policy::On));
+        assert!(
+            !p.seen.iter().any(|l| l.contains("COMPRESS")),
+            "{:?}",
+            p.seen
+        );
+        assert_eq!(compression(&p), [None]);
+        assert_eq!(p.client.compression(Direction::Upload, false), None);
+        let r = p.run(Op::Ask(Command::Opts("BRAID COMPRESS=on".into())));
+        assert!(matches!(&r, Ok(Outcome::Done(x)) if x.code == 504), "{r:?}");
+        let r = p.run(Op::Ask(Command::Mode(crate::command::Mode::Deflate)));
+        assert!(matches!(&r, Ok(Outcome::Done(x)) if x.code == 504), "{r:?}");
+        assert_eq!(compression(&p), [None]);
+    }
+
+    #[test]
+    fn mode_z_deflates_stream_transfers_at_the_level_asked_for_until_another_mode() {
+        use crate::command::Mode;
+        let mut p = compressing(Policy::Auto);
+        let ask = |p: &mut Pair, cmd: Command| match p.run(Op::Ask(cmd)) {
+            Ok(Outcome::Done(r)) => r.code,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(ask(&mut p, Command::Mode(Mode::Deflate)), 200);
+        assert_eq!(ask(&mut p, Command::Opts("MODE Z LEVEL 9".into())), 200);
+        assert_eq!(ask(&mut p, Command::Opts("MODE Z LEVEL 10".into())), 501);
+        let stream = |p: &mut Pair| {
+            assert_eq!(p.run(Op::Passive), Ok(Outcome::Passive(40000)));
+            p.run(Op::StartTransfer(Command::Retr("f".into()))).unwrap();
+            p.run(Op::FinishTransfer).unwrap();
+            p.transfers.last().map(|t| t.deflate)
+        };
+        assert_eq!(stream(&mut p), Some(Some(9)));
+        assert_eq!(ask(&mut p, Command::Mode(Mode::Stream)), 200);
+        assert_eq!(stream(&mut p), Some(None));
+        ask(&mut p, Command::Mode(Mode::Deflate));
+        ask(&mut p, Command::Mode(Mode::Extended));
+        assert_eq!(stream(&mut p), Some(None), "MODE E ends MODE Z");
     }
 
     proptest! {

@@ -38,6 +38,15 @@ impl Session {
             // OPTS STOR Eager=1: their data may come before STOR's answer, on the open data
             // connections only (a refused file's data is read and dropped).
             " BRAID 4".into(),
+        ]);
+        // OPTS BRAID COMPRESS=auto|on|off is taken: MODE E blocks may then be compressed
+        // (zstd, descriptor bit 0x02; see `crate::compress`). Listed only when this server
+        // takes them, so that a client may send them without waiting for the answer.
+        if self.config.compress != crate::compress::Policy::Off {
+            lines.push(" BRAID-COMPRESS zstd".into());
+            lines.push(" MODE Z".into());
+        }
+        lines.extend([
             " SIZE".into(),
             " SPAS".into(),
             " SPOR".into(),
@@ -58,6 +67,24 @@ impl Session {
                 Reply::new(200, "Always in UTF8 mode.")
             }
             "UTF8" => Reply::new(504, "UTF8 cannot be turned off."),
+            // draft-preston-ftpext-deflate: `OPTS MODE Z LEVEL n` (0-9).
+            "MODE" => {
+                let words: Vec<&str> = value.split_whitespace().collect();
+                match words.as_slice() {
+                    [z, level, n]
+                        if z.eq_ignore_ascii_case("Z") && level.eq_ignore_ascii_case("LEVEL") =>
+                    {
+                        match n.parse::<u8>() {
+                            Ok(n) if n <= 9 => {
+                                self.deflate_level = n;
+                                Reply::new(200, format!("MODE Z level set to {n}."))
+                            }
+                            _ => Reply::new(501, "MODE Z LEVEL takes 0 to 9."),
+                        }
+                    }
+                    _ => Reply::new(501, "OPTS MODE takes Z LEVEL n."),
+                }
+            }
             "MLST" => {
                 let wanted: Vec<String> = value
                     .split(';')
@@ -112,6 +139,9 @@ impl Session {
                 }
                 _ => Reply::new(501, "OPTS STOR takes Eager=1 or Eager=0."),
             },
+            "BRAID" if value.len() > 9 && value[..9].eq_ignore_ascii_case("COMPRESS=") => {
+                self.compress_opts(&value[9..])
+            }
             "BRAID" if value.eq_ignore_ascii_case("ELASTIC") => {
                 self.elastic = true;
                 Reply::new(
@@ -121,6 +151,31 @@ impl Session {
             }
             _ => Reply::new(501, format!("OPTS {name} is not understood.")),
         }
+    }
+
+    /// `OPTS BRAID COMPRESS=auto|on|off`: compressed MODE E blocks for this session, unless
+    /// the server's own setting is off.
+    fn compress_opts(&mut self, value: &str) -> Reply {
+        use crate::compress::Policy;
+        let asked = match Policy::parse(value) {
+            Ok(p) => p,
+            Err(e) => return Reply::new(501, format!("OPTS BRAID COMPRESS: {e}.")),
+        };
+        if self.config.compress == Policy::Off {
+            self.compress = None;
+            return Reply::new(
+                504,
+                "This server compresses nothing (braid serve --compress off); blocks go as they are.",
+            );
+        }
+        self.compress = Some(asked);
+        Reply::new(
+            200,
+            format!(
+                "Compressed blocks (zstd): {} for downloads; uploads may send them.",
+                asked.with(self.config.compress).name()
+            ),
+        )
     }
 
     pub(super) fn status(&self) -> Reply {

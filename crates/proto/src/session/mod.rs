@@ -49,6 +49,9 @@ enum Login {
 /// Every MLSx fact braid can show; `*` marks those shown by default (all of them).
 const FACTS: [&str; 6] = ["type", "size", "modify", "perm", "unique", "UNIX.mode"];
 
+/// zlib's own default: MODE Z pays on slow links, where the level matters more than the CPU.
+pub const DEFLATE_LEVEL: u8 = 6;
+
 /// One control connection's protocol state.
 #[derive(Debug)]
 pub struct Session {
@@ -66,6 +69,10 @@ pub struct Session {
     pending: Option<FsOp>,
     /// MODE E is in effect.
     extended: bool,
+    /// MODE Z is in effect: stream mode through zlib.
+    deflate: bool,
+    /// OPTS MODE Z LEVEL: the level of what this server deflates.
+    deflate_level: u8,
     parallelism: u32,
     block_size: Option<u64>,
     /// OPTS RETR MaxRate: cap on the server's sending rate, bytes/s.
@@ -76,6 +83,8 @@ pub struct Session {
     dscp: Option<u8>,
     /// OPTS BRAID ELASTIC: the client is braid and handles elastic transfers.
     elastic: bool,
+    /// OPTS BRAID COMPRESS: what the client wants; None until it asks.
+    compress: Option<crate::compress::Policy>,
     /// OPTS STOR Eager=1: the client sends an upload's data on the open data connections
     /// without waiting for its STOR's answer; a refused upload's data is read and dropped.
     eager: bool,
@@ -108,12 +117,15 @@ impl Session {
             facts: FACTS.iter().map(|f| f.to_ascii_lowercase()).collect(),
             pending: None,
             extended: false,
+            deflate: false,
+            deflate_level: DEFLATE_LEVEL,
             parallelism: 1,
             block_size: None,
             max_rate: None,
             congestion: None,
             dscp: None,
             elastic: false,
+            compress: None,
             eager: false,
             rest_ranges: None,
             expect: None,
@@ -408,6 +420,7 @@ impl Session {
                 congestion: self.congestion,
                 dscp: self.dscp,
                 fixed: upload && self.eager && endpoint == DataEndpoint::Cached,
+                compression: self.compression(upload),
             })
         } else {
             if rest_ranges.is_some() {
@@ -424,9 +437,27 @@ impl Session {
             facts: self.facts.clone(),
             expect: expect.filter(|_| direction == Direction::FromClient),
             allocate: allocate.filter(|_| direction == Direction::FromClient),
+            deflate: (self.deflate && block.is_none()).then_some(self.deflate_level),
             block,
             buffer: self.buffer,
             private: self.protection.data,
+        })
+    }
+
+    /// What a MODE E transfer does about compressed blocks: nothing unless the client asked;
+    /// as the receiver it accepts them; as the sender it does what the client and the server's
+    /// setting together say, except that `auto` does not compress under PROT P: compressing
+    /// data an attacker may partly choose next to data they may not, and letting them see the
+    /// lengths, is how CRIME and BREACH read secrets through TLS. Only an explicit `on` does.
+    fn compression(&self, upload: bool) -> Option<crate::compress::Policy> {
+        use crate::compress::Policy;
+        let client = self.compress?;
+        if upload {
+            return Some(Policy::Off);
+        }
+        Some(match client.with(self.config.compress) {
+            Policy::Auto if self.protection.data => Policy::Off,
+            p => p,
         })
     }
 
@@ -858,6 +889,7 @@ mod tests {
                 max_streams: 16,
                 tls,
                 private_data_required: false,
+                compress: crate::compress::Policy::Auto,
             },
             "127.0.0.1".parse().unwrap(),
         )

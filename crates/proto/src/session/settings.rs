@@ -4,6 +4,7 @@
 
 use super::{DataEndpoint, Session, family};
 use crate::command::{Command, EpsvArg, Mode, Structure, TransferType};
+use crate::compress::Policy;
 use crate::reply::Reply;
 use crate::session::Action;
 use std::net::SocketAddr;
@@ -22,13 +23,24 @@ impl Session {
             }
             Command::Mode(Mode::Stream) => {
                 self.extended = false;
+                self.deflate = false;
                 reply(200, "Mode set to S.")
             }
             Command::Mode(Mode::Extended) => {
                 self.extended = true;
+                self.deflate = false;
                 reply(200, "Mode set to E.")
             }
-            Command::Mode(_) => reply(504, "Only MODE S and MODE E are supported."),
+            Command::Mode(Mode::Deflate) if self.config.compress == Policy::Off => reply(
+                504,
+                "MODE Z is off on this server (braid serve --compress off); use MODE S.",
+            ),
+            Command::Mode(Mode::Deflate) => {
+                self.extended = false;
+                self.deflate = true;
+                reply(200, "Mode set to Z.")
+            }
+            Command::Mode(_) => reply(504, "Only MODE S, MODE E and MODE Z are supported."),
             Command::Stru(Structure::File) => reply(200, "Structure set to F."),
             Command::Stru(_) => reply(504, "Only STRU F is supported."),
             Command::Pasv => {

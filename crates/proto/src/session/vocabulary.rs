@@ -27,6 +27,9 @@ pub struct SessionConfig {
     pub tls: bool,
     /// After AUTH TLS, transfers need PROT P: clear data is refused with 522.
     pub private_data_required: bool,
+    /// `braid serve --compress`: off refuses compressed blocks both ways; on compresses
+    /// downloads unless the client says off; auto follows the client.
+    pub compress: crate::compress::Policy,
 }
 
 /// Whether `name` asks for anonymous login (RFC 1635: `anonymous` or `ftp`, any case).
@@ -81,6 +84,9 @@ pub struct BlockMode {
     /// An upload sent ahead (`OPTS STOR Eager=1`) on the open data connections: they carry
     /// all of it and none joins, so the server need not watch for more.
     pub fixed: bool,
+    /// Compressed blocks, when the client asked for them (`OPTS BRAID COMPRESS`): what the
+    /// server does as the sender (`Off` for uploads, whose blocks it only accepts).
+    pub compression: Option<crate::compress::Policy>,
 }
 
 /// An upload's expected checksum.
@@ -144,6 +150,8 @@ pub struct Transfer {
     pub buffer: Option<u64>,
     /// PROT P: the data connection is TLS.
     pub private: bool,
+    /// MODE Z: the data is one zlib stream, deflated here at this level (or inflated).
+    pub deflate: Option<u8>,
     /// What an upload's checksum must be (SCKS), in either mode: the whole file, REST prefix
     /// or ranges included, must hash to it before it takes its name.
     pub expect: Option<Expected>,

@@ -1,0 +1,504 @@
+//! zstd for compressed MODE E blocks (their framing is `braid_proto::compress`): one packer
+//! per sending connection and one unpacker per receiving one, each with its buffers and zstd
+//! context made once, and the transfer's count of what compression saved.
+
+use braid_proto::compress::{MAX_RAW, PREFIX_LEN, Policy, Prefix};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// A compressed block is sent only when it saves at least this share of its bytes: below
+/// that the receiver's work and the sender's copy cost more than the wire time they save.
+const LEAST_SAVING: usize = 16;
+
+/// Compresses blocks on one connection.
+pub struct Packer {
+    zstd: Option<zstd::bulk::Compressor<'static>>,
+    level: i32,
+    /// The prefix and frame of the last block packed.
+    out: Vec<u8>,
+}
+
+impl Default for Packer {
+    fn default() -> Self {
+        Packer {
+            zstd: None,
+            level: i32::MIN,
+            out: Vec::new(),
+        }
+    }
+}
+
+impl Packer {
+    /// The prefix and frame for `raw` at `level`, or None when it does not shrink by at least
+    /// a sixteenth (random or already compressed data: then it goes as it is).
+    pub fn pack(&mut self, raw: &[u8], level: i32) -> Option<&[u8]> {
+        if raw.is_empty() || raw.len() as u64 > MAX_RAW {
+            return None;
+        }
+        let zstd = match &mut self.zstd {
+            Some(z) => z,
+            None => self.zstd.insert(zstd::bulk::Compressor::new(level).ok()?),
+        };
+        if self.level != level {
+            zstd.set_compression_level(level).ok()?;
+            self.level = level;
+        }
+        // Room for a frame that saves enough and no more: zstd gives up once it is full.
+        let room = raw.len() - raw.len() / LEAST_SAVING;
+        if self.out.len() < PREFIX_LEN + room {
+            self.out.resize(PREFIX_LEN + room, 0);
+        }
+        let n = zstd
+            .compress_to_buffer(raw, &mut self.out[PREFIX_LEN..PREFIX_LEN + room])
+            .ok()?;
+        let prefix = Prefix {
+            raw_len: raw.len() as u32,
+            level: level.clamp(i8::MIN.into(), i8::MAX.into()) as i8,
+        };
+        self.out[..PREFIX_LEN].copy_from_slice(&prefix.encode());
+        Some(&self.out[..PREFIX_LEN + n])
+    }
+}
+
+/// Inflates compressed blocks on one connection, never past what the prefix announced.
+#[derive(Default)]
+pub struct Unpacker {
+    zstd: Option<zstd::bulk::Decompressor<'static>>,
+    out: Vec<u8>,
+}
+
+impl Unpacker {
+    /// The `prefix.raw_len` bytes `frame` stands for; an error says why it is broken (a frame
+    /// that inflates to more or fewer bytes than announced included).
+    pub fn unpack(&mut self, prefix: Prefix, frame: &[u8]) -> Result<&[u8], String> {
+        let zstd = match &mut self.zstd {
+            Some(z) => z,
+            None => self.zstd.insert(
+                zstd::bulk::Decompressor::new().map_err(|e| format!("cannot start zstd: {e}"))?,
+            ),
+        };
+        let want = prefix.raw_len as usize;
+        // One byte more than announced, to tell a frame that is too long from an exact one.
+        if self.out.len() < want + 1 {
+            self.out.resize(want + 1, 0);
+        }
+        let n = zstd
+            .decompress_to_buffer(frame, &mut self.out[..want + 1])
+            .map_err(|e| {
+                format!("zstd cannot inflate it into the {want} bytes its prefix announced ({e})")
+            })?;
+        if n != want {
+            return Err(format!(
+                "it inflates to {}, not the {want} bytes its prefix announced",
+                if n > want {
+                    "more".to_string()
+                } else {
+                    format!("{n} bytes")
+                }
+            ));
+        }
+        Ok(&self.out[..want])
+    }
+}
+
+/// A transfer's compression: what its ends agreed on, and what it did.
+#[derive(Debug, Default)]
+pub struct Compression {
+    /// None: not agreed on, so a compressed block is a protocol error. `Some(Off)`: the peer
+    /// may send compressed blocks, this side sends none.
+    policy: Option<Policy>,
+    /// Payload bytes on the wire (compressed blocks as sent, plain blocks as they are).
+    wire: AtomicU64,
+    /// Bytes of the file that went in compressed blocks.
+    packed_raw: AtomicU64,
+    blocks: AtomicU64,
+    /// The zstd levels blocks were made at: bit `level + LEVEL_BIAS`.
+    levels: AtomicU32,
+}
+
+const LEVEL_BIAS: i32 = 8;
+
+/// What compression did in one transfer, as `-v` and `--json` report it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Report {
+    /// Payload bytes that crossed the network for the file's bytes.
+    pub wire_bytes: u64,
+    /// Blocks that went compressed, and the bytes of the file they stood for.
+    pub compressed_blocks: u64,
+    pub compressed_bytes: u64,
+    /// The zstd levels used, lowest first.
+    pub levels: Vec<i32>,
+}
+
+impl Compression {
+    pub fn new(policy: Option<Policy>) -> Compression {
+        Compression {
+            policy,
+            ..Compression::default()
+        }
+    }
+
+    /// Whether the peer may send compressed blocks.
+    pub fn agreed(&self) -> bool {
+        self.policy.is_some()
+    }
+
+    /// What this side does as the sender.
+    pub fn sending(&self) -> Policy {
+        self.policy.unwrap_or(Policy::Off)
+    }
+
+    pub fn plain(&self, bytes: u64) {
+        self.wire.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn packed(&self, raw: u64, wire: u64, level: i32) {
+        self.wire.fetch_add(wire, Ordering::Relaxed);
+        self.packed_raw.fetch_add(raw, Ordering::Relaxed);
+        self.blocks.fetch_add(1, Ordering::Relaxed);
+        let bit = (level + LEVEL_BIAS).clamp(0, 31) as u32;
+        self.levels.fetch_or(1 << bit, Ordering::Relaxed);
+    }
+
+    pub fn report(&self) -> Report {
+        let bits = self.levels.load(Ordering::Relaxed);
+        Report {
+            wire_bytes: self.wire.load(Ordering::Relaxed),
+            compressed_blocks: self.blocks.load(Ordering::Relaxed),
+            compressed_bytes: self.packed_raw.load(Ordering::Relaxed),
+            levels: (0..32)
+                .filter(|b| bits & (1 << b) != 0)
+                .map(|b| b - LEVEL_BIAS)
+                .collect(),
+        }
+    }
+}
+
+/// Entry points for `fuzz/`.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+    use braid_proto::block::{HEADER_LEN, Header};
+
+    /// A compressed block from a hostile peer (header, prefix and frame), taken as the
+    /// receiver takes it: whatever it claims, nothing past [`MAX_RAW`] is buffered or
+    /// inflated, and what inflates is exactly what its prefix announced.
+    pub fn compressed_block(data: &[u8]) {
+        let Some((raw, payload)) = data.split_first_chunk::<HEADER_LEN>() else {
+            return;
+        };
+        let Ok(h) = Header::decode(raw) else { return };
+        if braid_proto::compress::check_header(&h).is_err() {
+            return;
+        }
+        assert!(h.count <= MAX_RAW + PREFIX_LEN as u64);
+        let payload = &payload[..payload.len().min(h.count as usize)];
+        let Ok((prefix, plain)) = braid_proto::compress::unwrap(&h, payload) else {
+            return;
+        };
+        assert!(plain.count <= MAX_RAW);
+        if let Ok(bytes) = Unpacker::default().unpack(prefix, &payload[PREFIX_LEN..]) {
+            assert_eq!(bytes.len() as u64, plain.count);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(n: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n);
+        let mut i = 0u64;
+        while out.len() < n {
+            out.extend(format!("2026-11-28 09:{:02} GET /item/{} 200\n", i % 60, i % 977).bytes());
+            i += 1;
+        }
+        out.truncate(n);
+        out
+    }
+
+    #[test]
+    fn text_packs_and_unpacks_to_the_same_bytes() {
+        let raw = text(1 << 20);
+        let mut p = Packer::default();
+        let packed = p.pack(&raw, 3).expect("text shrinks").to_vec();
+        assert!(packed.len() < raw.len() / 4, "{} bytes", packed.len());
+        let h = braid_proto::compress::header(0, packed.len() as u64);
+        let (prefix, plain) = braid_proto::compress::unwrap(&h, &packed).expect("prefix");
+        assert_eq!((prefix.level, plain.count), (3, 1 << 20));
+        let mut u = Unpacker::default();
+        assert_eq!(
+            u.unpack(prefix, &packed[PREFIX_LEN..]).expect("inflates"),
+            raw
+        );
+        // The same packer at another level, then back.
+        assert!(p.pack(&raw, 1).is_some());
+        assert_eq!(
+            p.pack(&raw, 3).map(<[u8]>::to_vec),
+            Some(packed),
+            "a level change is undone"
+        );
+    }
+
+    #[test]
+    fn random_bytes_are_not_packed() {
+        let raw: Vec<u8> = (0..256 << 10).map(|_| rand::random::<u8>()).collect();
+        assert!(Packer::default().pack(&raw, 1).is_none());
+        assert!(Packer::default().pack(&[], 1).is_none());
+    }
+
+    #[test]
+    fn a_frame_that_inflates_to_other_than_announced_is_refused() {
+        let raw = text(100_000);
+        let packed = Packer::default().pack(&raw, 1).expect("shrinks").to_vec();
+        let frame = &packed[PREFIX_LEN..];
+        let mut u = Unpacker::default();
+        let claim = |raw_len| Prefix { raw_len, level: 1 };
+        // Claims fewer bytes than it holds: the bomb stops at the claim.
+        let e = u.unpack(claim(1000), frame).expect_err("too long");
+        assert!(e.contains("the 1000 bytes"), "{e}");
+        let e = u.unpack(claim(200_000), frame).expect_err("too short");
+        assert!(e.contains("100000 bytes"), "{e}");
+        let mut broken = frame.to_vec();
+        let mid = broken.len() / 2;
+        broken[mid] ^= 0xff;
+        broken.truncate(broken.len() - 3);
+        assert!(u.unpack(claim(100_000), &broken).is_err());
+        // A sound block after the broken ones still inflates.
+        assert_eq!(u.unpack(claim(100_000), frame).expect("sound"), raw);
+    }
+
+    #[test]
+    fn the_report_adds_up_what_went_and_at_which_levels() {
+        let c = Compression::new(Some(Policy::Auto));
+        c.plain(100);
+        c.packed(1000, 200, 3);
+        c.packed(1000, 150, -1);
+        c.packed(1000, 150, 3);
+        assert_eq!(
+            c.report(),
+            Report {
+                wire_bytes: 600,
+                compressed_blocks: 3,
+                compressed_bytes: 3000,
+                levels: vec![-1, 3],
+            }
+        );
+        assert!(!Compression::new(None).agreed());
+        assert_eq!(Compression::new(None).sending(), Policy::Off);
+    }
+
+    #[test]
+    fn the_fuzz_entry_inflates_only_what_a_block_announces() {
+        let raw = text(50_000);
+        let packed = Packer::default().pack(&raw, 1).expect("shrinks").to_vec();
+        let mut block = braid_proto::compress::header(0, packed.len() as u64)
+            .encode()
+            .to_vec();
+        block.extend(&packed);
+        fuzzing::compressed_block(&block);
+        // The same frame announced as fewer bytes, and cut short.
+        block[17..21].copy_from_slice(&100u32.to_be_bytes());
+        fuzzing::compressed_block(&block);
+        fuzzing::compressed_block(&block[..40]);
+        fuzzing::compressed_block(&[]);
+    }
+}
+
+#[cfg(test)]
+mod on_sockets {
+    //! Compressed blocks through the real sender and receiver on loopback connections.
+    use super::*;
+    use crate::engine::EngineError;
+    use crate::engine::receive::{Progress, Shared, receive};
+    use crate::engine::send::{Options, Source, send};
+    use crate::engine::sink::Sink;
+    use crate::engine::transfer::{Joins, Transfer};
+    use braid_proto::block::Header;
+    use braid_proto::ranges::RangeSet;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Duration;
+
+    fn pairs(n: usize) -> (Vec<TcpStream>, Vec<TcpStream>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let out: Vec<TcpStream> = (0..n)
+            .map(|_| TcpStream::connect(l.local_addr().unwrap()).unwrap())
+            .collect();
+        let inn = (0..n).map(|_| l.accept().unwrap().0).collect();
+        (out, inn)
+    }
+
+    /// Log lines, then random bytes, then log lines: blocks of both kinds in one file.
+    fn mixed() -> Vec<u8> {
+        let mut data = Vec::new();
+        let mut i = 0u64;
+        while data.len() < 3 << 20 {
+            data.extend(
+                format!(
+                    "10.0.{}.{} - GET /files/{} 200 {}\n",
+                    i % 7,
+                    i % 251,
+                    i % 89,
+                    i % 4096
+                )
+                .bytes(),
+            );
+            i += 1;
+        }
+        data.truncate(3 << 20);
+        data.splice(1 << 20..2 << 20, (0..1 << 20).map(|_| rand::random::<u8>()));
+        data
+    }
+
+    /// Moves `todo` of `data` from a sender with `sending` to a receiver that holds `have`
+    /// already (and agreed on compression if `agreed`); the receiver's file, its sum, and
+    /// both transfers.
+    fn transfer(
+        data: &[u8],
+        sending: Policy,
+        agreed: bool,
+        have: &RangeSet,
+    ) -> (
+        Result<Vec<u8>, EngineError>,
+        Option<u128>,
+        Transfer,
+        Transfer,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("got");
+        std::fs::write(&path, vec![0u8; data.len()]).unwrap();
+        for (s, e) in have.iter() {
+            std::fs::write(&path, {
+                let mut f = std::fs::read(&path).unwrap();
+                f[s as usize..e as usize].copy_from_slice(&data[s as usize..e as usize]);
+                f
+            })
+            .unwrap();
+        }
+        let (out, inn) = pairs(3);
+        let sender = Transfer::new(false).with_compression(Some(sending));
+        let receiver = Transfer::new(false).with_compression(agreed.then_some(Policy::Off));
+        let todo = have.missing(data.len() as u64);
+        let shared = Shared::new(Progress::holding(have.clone()), Default::default());
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .read(true)
+            .open(&path)
+            .unwrap();
+        let got = std::thread::scope(|s| {
+            s.spawn(|| {
+                let options = Options {
+                    block: 256 << 10,
+                    hash: false,
+                    keep: false,
+                };
+                let joins = Joins::fixed(out, Duration::from_secs(10));
+                let _ = send(
+                    &sender,
+                    Source::Memory(data),
+                    &todo,
+                    joins,
+                    options,
+                    &Default::default(),
+                );
+            });
+            let joins = Joins::fixed(inn, Duration::from_secs(10));
+            receive(
+                &receiver,
+                joins,
+                &Sink::File(file),
+                Some(data.len() as u64),
+                &shared,
+            )
+        });
+        let sum = shared.snapshot().sum.map(|s| s.finish(data.len() as u64));
+        (
+            got.map(|_| std::fs::read(&path).unwrap()),
+            sum,
+            sender,
+            receiver,
+        )
+    }
+
+    #[test]
+    fn compressed_and_plain_blocks_arrive_as_the_file_with_its_checksum() {
+        let data = mixed();
+        let empty = RangeSet::new();
+        let (got, sum, sender, receiver) = transfer(&data, Policy::On, true, &empty);
+        assert!(got.expect("received") == data, "the file differs");
+        assert_eq!(sum, Some(braid_proto::checksum::of(&data)));
+        let (sent, seen) = (
+            sender.compression().report(),
+            receiver.compression().report(),
+        );
+        assert_eq!(sent, seen, "both ends count the same");
+        // The text went compressed, the random megabyte plain (but for a block that reaches
+        // into it from the text).
+        assert!(sent.compressed_bytes >= 1 << 20, "{sent:?}");
+        assert!(sent.compressed_bytes <= (2 << 20) + (256 << 10), "{sent:?}");
+        assert!(sent.wire_bytes < (1 << 20) + (1 << 20) / 2, "{sent:?}");
+        assert!(!sent.levels.is_empty());
+    }
+
+    #[test]
+    fn a_resumed_transfer_sends_only_what_is_missing_compressed() {
+        let data = mixed();
+        let have = RangeSet::from_iter([(0, 512 << 10), (2 << 20, (2 << 20) + 4096)]);
+        let (got, _, sender, _) = transfer(&data, Policy::On, true, &have);
+        assert!(got.expect("received") == data, "the file differs");
+        let sent = sender.compression().report();
+        assert!(sent.compressed_blocks > 0, "{sent:?}");
+        assert!(
+            sent.compressed_bytes + 4096 + (512 << 10) <= 3 << 20,
+            "{sent:?}"
+        );
+    }
+
+    #[test]
+    fn a_receiver_that_did_not_agree_refuses_compressed_blocks() {
+        let data = mixed();
+        let (got, ..) = transfer(&data, Policy::On, false, &RangeSet::new());
+        let e = got.expect_err("refused").to_string();
+        assert!(e.contains("0x02"), "{e}");
+    }
+
+    #[test]
+    fn off_sends_nothing_compressed() {
+        let data = mixed();
+        let (got, _, sender, _) = transfer(&data, Policy::Off, true, &RangeSet::new());
+        assert!(got.expect("received") == data);
+        let sent = sender.compression().report();
+        assert_eq!((sent.compressed_blocks, sent.wire_bytes), (0, 3 << 20));
+    }
+
+    #[test]
+    fn a_corrupt_compressed_block_is_a_clear_error() {
+        let raw = vec![b'a'; 100_000];
+        let mut packed = Packer::default().pack(&raw, 1).expect("shrinks").to_vec();
+        let last = packed.len() - 1;
+        packed[last] ^= 0x55;
+        packed[PREFIX_LEN + 2] ^= 0x55;
+        let (mut out, inn) = pairs(1);
+        let mut w = out.remove(0);
+        w.write_all(&braid_proto::compress::header(0, packed.len() as u64).encode())
+            .unwrap();
+        w.write_all(&packed).unwrap();
+        w.write_all(&Header::eof(1).encode()).unwrap();
+        let receiver = Transfer::new(false).with_compression(Some(Policy::Off));
+        let shared = Shared::new(Progress::default(), Default::default());
+        let got = receive(
+            &receiver,
+            Joins::fixed(inn, Duration::from_secs(10)),
+            &Sink::Discard,
+            Some(raw.len() as u64),
+            &shared,
+        );
+        let e = got.expect_err("corrupt").to_string();
+        assert!(e.contains("compressed block is broken"), "{e}");
+        assert!(
+            shared.snapshot().ranges.is_empty(),
+            "nothing counted as stored"
+        );
+    }
+}
