@@ -481,6 +481,7 @@ mod tests {
             verbose = true
             background = true
             uplink = "12MB"
+            compress = "off"
             "#,
         )
         .unwrap();
@@ -507,6 +508,8 @@ mod tests {
         assert!(args.background);
         assert_eq!(args.uplink, Some(12_000_000));
         assert_eq!(parse("uplink = 1000\n").unwrap().uplink, Some(1000));
+        assert_eq!(args.compress, Some(braid_proto::compress::Policy::Off));
+        assert!(parse("compress = \"zstd\"\n").is_err());
     }
 
     #[test]

@@ -71,6 +71,13 @@ const MATRIX: &[Cell] = &[
     },
     Cell {
         role: CLIENT,
+        client: "lftp",
+        security: CLEAR,
+        covers: "MODE Z (`ftp:use-mode-z`): get, `get -c` resume, put and `cls` deflated, byte-identical",
+        test: "lftp::lftp_mode_z_downloads_uploads_and_lists_byte_for_byte",
+    },
+    Cell {
+        role: CLIENT,
         client: "Python ftplib `FTP`",
         security: CLEAR,
         covers: "tree down and up through MLSD, MKD, RETR, STOR; REST resume",
@@ -169,6 +176,13 @@ const MATRIX: &[Cell] = &[
     },
     Cell {
         role: SERVER,
+        client: "ProFTPD with mod_deflate",
+        security: CLEAR,
+        covers: "MODE Z with `--compress on`: `braid get`, `get --resume` and `put`, byte-identical",
+        test: "proftpd::braid_client_uses_mode_z_with_proftpd_mod_deflate",
+    },
+    Cell {
+        role: SERVER,
         client: "pure-ftpd",
         security: CLEAR,
         covers: "the tree up with `braid put -r` and down with `braid get -r`, times kept",
@@ -245,6 +259,7 @@ fn every_cell_names_a_test() {
         ("interop", include_str!("interop.rs")),
         ("vsftpd", include_str!("vsftpd.rs")),
         ("proftpd", include_str!("proftpd.rs")),
+        ("lftp", include_str!("lftp.rs")),
         ("globus", include_str!("globus.rs")),
     ];
     for c in MATRIX {
