@@ -29,6 +29,8 @@ pub struct Control {
     parser: ReplyParser,
     peer: SocketAddr,
     pub verbose: bool,
+    /// `--compress on`: stream transfers and listings in MODE Z where the server offers it.
+    pub deflate: bool,
     /// The protocol: which command to send next, what each reply means, what the server has
     /// in effect. This type only moves bytes for it.
     session: ClientSession,
@@ -150,6 +152,7 @@ impl Control {
             parser: ReplyParser::new(),
             peer,
             verbose: false,
+            deflate: false,
             session: ClientSession::new(),
             pending: VecDeque::new(),
             tls: None,
@@ -618,9 +621,25 @@ impl Control {
         self.session.features().has(name)
     }
 
-    /// Whether FEAT listed MODE Z.
-    pub fn offers_mode_z(&self) -> bool {
-        self.session.features().mode_z()
+    /// MODE Z for the next stream transfer or listing, when `--compress on` asked for it and
+    /// FEAT lists it; whether it is in effect. Undone after it ([`Control::plain_again`]), so
+    /// that the session's other transfers stay as they are. `auto` leaves it off: a zlib
+    /// stream cannot change its mind midway, and deflate is slower than most paths worth
+    /// compressing for. Never with a MODE E server (braid, GridFTP): its files go compressed
+    /// in blocks, and a MODE change would end the MODE E the session keeps in effect.
+    pub fn deflate_next(&mut self) -> Result<bool> {
+        let features = self.session.features();
+        if !self.deflate || !features.mode_z() || features.block_peer().is_some() {
+            return Ok(false);
+        }
+        let r = self.cmd(&Command::Mode(braid_proto::command::Mode::Deflate))?;
+        Ok(r.code == 200)
+    }
+
+    /// MODE S again after a transfer in MODE Z.
+    pub fn plain_again(&mut self) -> Result<()> {
+        self.expect(&Command::Mode(braid_proto::command::Mode::Stream), &[200])
+            .map(drop)
     }
 
     /// The kind of MODE E server this is, from its FEAT.

@@ -36,10 +36,15 @@ pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
 /// serve offer), each named by its path relative to `path`.
 pub fn list_tree(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
     let mlsr = Command::Mlsr((!path.is_empty()).then(|| path.to_string()));
+    let deflated = c.deflate_next()?;
     let data = c.open_data()?;
-    c.start_transfer(&mlsr)?;
-    let text = read_all(c.protect(data)?, c, &mlsr)?;
-    Ok(machine_entries(&text))
+    let listed = c
+        .start_transfer(&mlsr)
+        .and_then(|_| read_all(c.protect(data)?, c, &mlsr, deflated));
+    if deflated {
+        c.plain_again()?;
+    }
+    Ok(machine_entries(&listed?))
 }
 
 /// The entries of an MLSD or MLSR listing, the listed directory (and its parent) left out.
@@ -63,20 +68,25 @@ fn machine_entries(text: &str) -> Vec<ListEntry> {
 pub fn list_dir(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
     let path = (!path.is_empty()).then(|| path.to_string());
     let mlsd = Command::Mlsd(path.clone());
+    let deflated = c.deflate_next()?;
     let data = c.open_data()?;
     c.send_transfer(&mlsd)?;
-    let (text, machine) = match c.transfer_started(&mlsd) {
-        Ok(_) => (read_all(c.protect(data)?, c, &mlsd)?, true),
+    let listed = match c.transfer_started(&mlsd) {
+        Ok(_) => read_all(c.protect(data)?, c, &mlsd, deflated).map(|t| (t, true)),
         // No MLSD (RFC 3659).
         Err(ClientError::Remote { reply, .. }) if matches!(reply.code, 500 | 501 | 502 | 504) => {
             drop(data);
             let list = Command::List(path);
             let data = c.open_data()?;
             c.start_transfer(&list)?;
-            (read_all(c.protect(data)?, c, &list)?, false)
+            read_all(c.protect(data)?, c, &list, deflated).map(|t| (t, false))
         }
-        Err(e) => return Err(e),
+        Err(e) => Err(e),
     };
+    if deflated {
+        c.plain_again()?;
+    }
+    let (text, machine) = listed?;
     if machine {
         return Ok(machine_entries(&text));
     }
@@ -103,10 +113,18 @@ pub fn list_dir(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
 /// ends must not fill the client's memory.
 const MAX_LISTING: u64 = 256 << 20;
 
-pub fn read_all(mut data: Wire, c: &mut Control, cmd: &Command) -> Result<String> {
+/// Reads a listing's data connection to its end (through zlib in MODE Z, `deflated`), then the
+/// transfer's final reply.
+pub fn read_all(mut data: Wire, c: &mut Control, cmd: &Command, deflated: bool) -> Result<String> {
     let mut buf = Vec::new();
-    (&mut data)
-        .take(MAX_LISTING + 1)
+    let mut inflating;
+    let wire: &mut dyn Read = if deflated {
+        inflating = flate2::read::ZlibDecoder::new(&mut data);
+        &mut inflating
+    } else {
+        &mut data
+    };
+    wire.take(MAX_LISTING + 1)
         .read_to_end(&mut buf)
         .map_err(|e| ClientError::Interrupted {
             bytes: buf.len() as u64,

@@ -13,6 +13,7 @@ pub fn session(target: &Target, opts: &Options, size_of: Option<&str>) -> Result
         None => Control::connect(target)?,
     };
     c.set_verbose(opts.verbose);
+    c.deflate = opts.compress == braid_proto::compress::Policy::On;
     if let Some(tls) = &opts.tls {
         c.start_tls(tls, &target.host)?;
     }

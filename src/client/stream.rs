@@ -16,8 +16,6 @@ use crate::engine::Abort;
 use crate::engine::stream::{self, CopyError};
 use braid_proto::Command;
 use braid_proto::checksum::{self, ChunkSum};
-use braid_proto::command::Mode;
-use braid_proto::compress::Policy;
 use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::net::TcpStream;
@@ -109,7 +107,7 @@ fn receive(
     opts: &Options,
 ) -> Result<(u64, Option<OnStream>)> {
     let retr = Command::Retr(target.path.clone());
-    let deflated = deflating(c, opts)?;
+    let deflated = c.deflate_next()?;
     let mut data = c.stream_transfer(&retr, offset)?;
     let mut on = Watched::start(c, &data, opts, size, offset, false)?;
     // A server that does not stop (or a file that grows while it is sent) would otherwise
@@ -168,7 +166,7 @@ fn receive(
     // (and the size check after it) can.
     let finished = c.finish_transfer(&retr);
     if deflated {
-        plain_again(c)?;
+        c.plain_again()?;
     }
     if let Err(e) = finished {
         let why = match e {
@@ -357,11 +355,11 @@ pub fn put(
     if checked {
         c.expect(&whole_file_checksum(&src.file, len)?, &[200])?;
     }
-    let deflated = deflating(c, opts)?;
+    let deflated = c.deflate_next()?;
     let (sent, background) = send(c, &stor, &src.file, (offset, len), deflated, opts)?;
     let finished = c.finish_transfer(&stor);
     if deflated {
-        plain_again(c)?;
+        c.plain_again()?;
     }
     finished.map_err(|e| match e {
         ClientError::Remote { reply, .. } => ClientError::Interrupted {
@@ -434,22 +432,6 @@ fn send(
     })?;
     end_upload(data);
     Ok((sent, on.background))
-}
-
-/// Whether this transfer goes in MODE Z: `--compress on` with a server that lists it. Set
-/// before each transfer and undone after ([`plain_again`]), so that listings and whatever
-/// else the session moves stay as they are. `auto` leaves it off: a zlib stream cannot
-/// change its mind midway, and deflate is slower than most paths worth compressing for.
-fn deflating(c: &mut Control, opts: &Options) -> Result<bool> {
-    if opts.compress != Policy::On || !c.offers_mode_z() {
-        return Ok(false);
-    }
-    let r = c.cmd(&Command::Mode(Mode::Deflate))?;
-    Ok(r.code == 200)
-}
-
-fn plain_again(c: &mut Control) -> Result<()> {
-    c.expect(&Command::Mode(Mode::Stream), &[200]).map(drop)
 }
 
 /// Ends a stream-mode upload's data (close_notify under TLS, then FIN) and waits for the

@@ -280,6 +280,30 @@ fn braid_client_uses_mode_z_with_proftpd_mod_deflate() {
         std::fs::read(root.join("pub/up.txt")).unwrap() == text,
         "upload differs"
     );
+    // A tree: its listings (MLSD) and its files, each in MODE Z and back to MODE S.
+    std::fs::create_dir_all(root.join("tree/sub")).unwrap();
+    std::fs::write(root.join("tree/a.txt"), &text[..100_000]).unwrap();
+    std::fs::write(root.join("tree/sub/b.txt"), &text[..200_000]).unwrap();
+    let back = top.path().join("back");
+    let (ok, _, err) = run(
+        braid_command(home).args([
+            "get",
+            "-r",
+            "-j",
+            "1",
+            &format!("{base}/tree/"),
+            back.to_str().unwrap(),
+            "--compress",
+            "on",
+            "-v",
+        ]),
+        Duration::from_secs(60),
+    );
+    assert!(ok, "{err}");
+    let listed = err.matches("> MODE Z\n< 200").count();
+    assert!(listed >= 4, "two listings and two files in MODE Z: {err}");
+    assert!(std::fs::read(back.join("tree/a.txt")).unwrap() == text[..100_000]);
+    assert!(std::fs::read(back.join("tree/sub/b.txt")).unwrap() == text[..200_000]);
     let (ok, _, err) = run(
         braid_command(home).args(["get", &format!("{base}/log.txt"), "-", "-v"]),
         Duration::from_secs(60),
