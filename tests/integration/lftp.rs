@@ -70,9 +70,9 @@ fn lftp_mirror_get_put_resume_and_file_operations() {
 }
 
 /// MODE Z (draft-preston-ftpext-deflate), lftp's `ftp:use-mode-z`: deflated downloads (a
-/// resumed one too), uploads and listings against braid serve come out byte for byte, and the
-/// server said yes to MODE Z (lftp inflates what it is sent, so a server that ignored it
-/// would fail here). A server with --compress off does not offer it, and lftp goes plain.
+/// resumed one too), uploads and listings against `braid serve --compress on` come out byte
+/// for byte, each in MODE Z by the server's log. The default server (auto) does not list it,
+/// so lftp, which uses it wherever it is listed, goes plain there, as with `--compress off`.
 #[test]
 fn lftp_mode_z_downloads_uploads_and_lists_byte_for_byte() {
     require("lftp");
@@ -85,7 +85,7 @@ fn lftp_mode_z_downloads_uploads_and_lists_byte_for_byte() {
     std::fs::create_dir(&local).unwrap();
     let l = local.to_str().unwrap();
     std::fs::write(local.join("part.txt"), &text[..1_234_567]).unwrap();
-    let server = Server::start(&root, &["--anonymous-write"]);
+    let server = Server::start(&root, &["--anonymous-write", "--compress", "on"]);
     let script = format!(
         "set ftp:use-mode-z true; get log.txt -o {l}/got.txt; \
          get -c log.txt -o {l}/part.txt; put {l}/got.txt -o up.txt; cls -l"
@@ -114,12 +114,14 @@ fn lftp_mode_z_downloads_uploads_and_lists_byte_for_byte() {
         assert!(std::fs::read(path).unwrap() == text, "the {what} differs");
     }
     server.terminate();
-    let plain = Server::start(&root, &["--compress", "off"]);
-    let (ok, _, err) = lftp(
-        &plain,
-        &format!("set ftp:use-mode-z true; get log.txt -o {l}/plain.txt"),
-    );
-    assert!(ok, "{err}");
-    assert!(!plain.log().contains("mode=\"Z\""), "{}", plain.log());
-    assert!(std::fs::read(local.join("plain.txt")).unwrap() == text);
+    for setting in ["auto", "off"] {
+        let plain = Server::start(&root, &["--compress", setting]);
+        let (ok, _, err) = lftp(
+            &plain,
+            &format!("set ftp:use-mode-z true; get log.txt -o {l}/plain-{setting}.txt"),
+        );
+        assert!(ok, "{err}");
+        assert!(plain.log().contains("mode=\"S\""), "{}", plain.log());
+        assert!(std::fs::read(local.join(format!("plain-{setting}.txt"))).unwrap() == text);
+    }
 }

@@ -44,6 +44,12 @@ impl Session {
         // takes them, so that a client may send them without waiting for the answer.
         if self.config.compress != crate::compress::Policy::Off {
             lines.push(" BRAID-COMPRESS zstd".into());
+        }
+        // MODE Z is listed only when the server is told to compress: clients that see it use
+        // it for every transfer (lftp does by default), and a deflate stream, unlike braid's
+        // blocks, cannot back off where the CPU, not the link, is the limit. Asked for
+        // unlisted, it is still given (unless off).
+        if self.config.compress == crate::compress::Policy::On {
             lines.push(" MODE Z".into());
         }
         lines.extend([
