@@ -146,6 +146,12 @@ impl Governor {
         }
     }
 
+    /// Whether the path has been measured: until then blocks are kept small (the first
+    /// acknowledgements come a round trip after the first block).
+    pub fn measured(&self) -> bool {
+        !self.path.is_empty()
+    }
+
     fn path_rate(&self) -> Option<f64> {
         self.path.iter().copied().reduce(f64::max)
     }

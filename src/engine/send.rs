@@ -731,10 +731,14 @@ impl Squeeze {
         }
     }
 
-    /// The largest block worth taking: a compressed one may stand for `MAX_RAW` at most.
+    /// The largest block worth taking: a compressed one may stand for `MAX_RAW` at most, and
+    /// before the path is measured a [`PROBE`]: enough to learn how the data shrinks, little
+    /// to compress where the path turns out to be faster than zstd, little to send plain if
+    /// it does not shrink, and little to wait for on a slow path.
     fn most(&self) -> u64 {
         match self.governor.choose() {
             Choice::Plain => u64::MAX,
+            _ if !self.governor.measured() => PROBE as u64,
             _ => braid_proto::compress::MAX_RAW,
         }
     }
