@@ -104,7 +104,7 @@ pub fn run(args: &BenchArgs) -> Result<u8> {
         tmp.path(),
         &root,
         &[Tool::Braid, Tool::Iperf3],
-        None,
+        &[],
     )?;
     let mut background = place.server_command(&braid.to_string_lossy());
     background

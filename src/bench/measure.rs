@@ -362,10 +362,10 @@ impl Context<'_> {
                 if let Some(b) = cell.buffer {
                     script += &format!("set net:socket-buffer {b}; ");
                 }
-                // lftp's compression is MODE Z, used where the server offers it.
-                if cell.compress == Some(Policy::On) {
-                    script += "set ftp:use-mode-z true; ";
-                }
+                // lftp's compression is MODE Z, which it uses wherever the server lists it
+                // unless told not to.
+                let mode_z = cell.compress == Some(Policy::On);
+                script += &format!("set ftp:use-mode-z {mode_z}; ");
                 let out = self.work.join("lftp.bin").display().to_string();
                 // Whole URLs, so the same script reaches the lab's vsftpd or a remote server.
                 let get = url(port, name, Direction::Get);

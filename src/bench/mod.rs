@@ -16,6 +16,7 @@ pub mod stats;
 use crate::lab::{BothWays, LinkSpec, Running};
 use crate::model::limits::{self, Congestion, Load, Path as ModelPath, Prediction, Window};
 use anyhow::{Context, Result, bail};
+use braid_proto::compress::Policy;
 use clap::Args;
 use grid::{Cell, Direction, Grid, Streams, Tool};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -111,7 +112,9 @@ pub struct BenchArgs {
     pub background: Vec<bool>,
     /// braid's --compress, comma-separated: auto, on, off (braid get/put and braid cp; the
     /// other tools run once, as they are). With --data text, auto against off is what
-    /// compression gains; with random data, what its probing costs.
+    /// compression gains; with random data, what its probing costs. With on, lftp-braid also
+    /// runs with MODE Z, against braid serve --compress on (braid's cells in that run then
+    /// compress downloads as on).
     #[arg(long, value_delimiter = ',', default_value = "auto", value_parser = braid_proto::compress::Policy::parse)]
     pub compress: Vec<braid_proto::compress::Policy>,
     /// What the files hold: random (incompressible), or text (web-server log lines, made
@@ -757,10 +760,22 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
             (None, Some(r)) => servers::Place::Remote(r),
             (None, None) => servers::Place::Loopback,
         };
+        // lftp's MODE Z needs a braid server that lists it (`serve --compress on`); braid's own
+        // cells in the same run then compress as `on` would.
+        let mode_z = cells
+            .iter()
+            .any(|c| c.tool == Tool::LftpBraid && c.compress == Some(Policy::On));
+        let mut serve_args = tls
+            .as_ref()
+            .map(servers::Tls::serve_args)
+            .unwrap_or_default();
+        if mode_z {
+            serve_args.extend(["--compress".into(), "on".into()]);
+        }
         let (ports, servers) = match place {
             servers::Place::Loopback => {
                 let (ports, servers) =
-                    servers::start_on_loopback(&braid, tmp.path(), &root, &used, tls.as_ref())?;
+                    servers::start_on_loopback(&braid, tmp.path(), &root, &used, &serve_args)?;
                 loopback_ports = Some(ports);
                 (ports, Some(servers))
             }
@@ -774,7 +789,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
                     tmp.path(),
                     &root,
                     &used,
-                    tls.as_ref(),
+                    &serve_args,
                 )?),
             ),
         };

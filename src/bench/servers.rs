@@ -89,6 +89,17 @@ pub struct Tls {
 }
 
 impl Tls {
+    /// What `braid serve` needs to offer TLS with this certificate.
+    pub fn serve_args(&self) -> Vec<String> {
+        let (cert, key) = (self.cert.display(), self.key.display());
+        vec![
+            "--tls-cert".into(),
+            cert.to_string(),
+            "--tls-key".into(),
+            key.to_string(),
+        ]
+    }
+
     /// A self-signed certificate for `addr` (an IP subjectAltName), written into `dir`.
     pub fn make(dir: &std::path::Path, addr: &str) -> anyhow::Result<Tls> {
         let made = rcgen::generate_simple_self_signed(vec![addr.to_string()])?;
@@ -285,7 +296,7 @@ pub fn find_program(name: &str) -> Option<std::path::PathBuf> {
 }
 
 /// The servers the `tools` need, in the lab's `right` or on loopback: braid serve always
-/// (offering TLS with `tls`), iperf3 -s, vsftpd (anonymous, uploads allowed, `root` as its
+/// (with `serve_args`: TLS's certificate, say), iperf3 -s, vsftpd (anonymous, uploads allowed, `root` as its
 /// directory), a Kermit server and globus-gridftp-server.
 pub fn start_servers(
     place: &Place,
@@ -294,7 +305,7 @@ pub fn start_servers(
     work: &std::path::Path,
     root: &std::path::Path,
     tools: &[Tool],
-    tls: Option<&Tls>,
+    serve_args: &[String],
 ) -> anyhow::Result<Servers> {
     let mut servers = Servers {
         children: Vec::new(),
@@ -306,14 +317,8 @@ pub fn start_servers(
     serve
         .args(["serve", "--anonymous-write", "--root"])
         .arg(root)
-        .args(["--listen", &format!("{addr}:{}", ports.ftp)]);
-    if let Some(tls) = tls {
-        serve
-            .arg("--tls-cert")
-            .arg(&tls.cert)
-            .arg("--tls-key")
-            .arg(&tls.key);
-    }
+        .args(["--listen", &format!("{addr}:{}", ports.ftp)])
+        .args(serve_args);
     start(serve, ports.ftp)?;
     let program = |name: &str| {
         find_program(name).map_or_else(|| name.to_string(), |p| p.display().to_string())
@@ -391,12 +396,21 @@ pub fn start_on_loopback(
     work: &std::path::Path,
     root: &std::path::Path,
     tools: &[Tool],
-    tls: Option<&Tls>,
+    serve_args: &[String],
 ) -> anyhow::Result<(Ports, Servers)> {
     let mut tries = 0;
     loop {
         let ports = Ports::free()?;
-        match start_servers(&Place::Loopback, ports, braid, work, root, tools, tls) {
+        let started = start_servers(
+            &Place::Loopback,
+            ports,
+            braid,
+            work,
+            root,
+            tools,
+            serve_args,
+        );
+        match started {
             Ok(servers) => return Ok((ports, servers)),
             Err(e) if tries < 2 => {
                 tracing::debug!("starting the servers on {ports:?}: {e:#}; trying other ports");
