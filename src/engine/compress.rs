@@ -200,6 +200,28 @@ pub mod fuzzing {
             assert_eq!(bytes.len() as u64, plain.count);
         }
     }
+
+    /// Most bytes [`mode_z_stream`] inflates: the part a caller's own limit plays in braid
+    /// (a download's announced size, an upload's quota and disk).
+    pub const MODE_Z_LIMIT: u64 = 16 << 20;
+
+    /// A MODE Z stream from a hostile peer, through the reader the server's uploads and the
+    /// client's downloads inflate with (flate2's zlib decoder), read in pieces as the copy
+    /// loops read: it ends, fails, or is cut at the limit, and memory stays that of one piece
+    /// whatever the stream claims.
+    pub fn mode_z_stream(data: &[u8]) {
+        use std::io::Read;
+        let mut inflating = flate2::read::ZlibDecoder::new(data).take(MODE_Z_LIMIT + 1);
+        let mut piece = vec![0u8; 64 << 10];
+        let mut total = 0u64;
+        loop {
+            match inflating.read(&mut piece) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n as u64,
+            }
+        }
+        assert!(total <= MODE_Z_LIMIT + 1);
+    }
 }
 
 #[cfg(test)]
@@ -302,6 +324,23 @@ mod tests {
         fuzzing::compressed_block(&block);
         fuzzing::compressed_block(&block[..40]);
         fuzzing::compressed_block(&[]);
+    }
+
+    #[test]
+    fn the_mode_z_fuzz_entry_stops_a_bomb_at_its_limit() {
+        use std::io::Write;
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        // 64 MiB of zeros: about 64 kB deflated, four times the limit inflated.
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..64 {
+            z.write_all(&zeros).unwrap();
+        }
+        let bomb = z.finish().unwrap();
+        assert!(bomb.len() < 1 << 20, "{}", bomb.len());
+        fuzzing::mode_z_stream(&bomb);
+        fuzzing::mode_z_stream(&bomb[..bomb.len() / 2]);
+        fuzzing::mode_z_stream(b"not zlib at all");
+        fuzzing::mode_z_stream(&[]);
     }
 }
 
