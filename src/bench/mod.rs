@@ -119,8 +119,8 @@ pub struct BenchArgs {
     pub compress: Vec<braid_proto::compress::Policy>,
     /// What the files hold: random (incompressible), or text (web-server log lines, made
     /// from the seed: zstd shrinks them about fourfold, gzip about threefold).
-    #[arg(long, default_value = "random", value_parser = ["random", "text"])]
-    pub data: String,
+    #[arg(long, value_enum, default_value_t = Data::Random)]
+    pub data: Data,
     /// Measure on this machine's loopback instead of the lab: the same servers, on free ports
     /// of 127.0.0.1, no link between them (what the CPUs and the programs manage), no root.
     #[arg(long, conflicts_with_all = ["url", "experiment", "scenario", "mtu", "rate", "delay",
@@ -405,20 +405,10 @@ fn runnable_copy(dir: &std::path::Path) -> Result<std::path::PathBuf> {
 }
 
 /// What the bench's files hold (`--data`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Data {
     Random,
     Text,
-}
-
-impl Data {
-    fn of(args: &BenchArgs) -> Data {
-        if args.data == "text" {
-            Data::Text
-        } else {
-            Data::Random
-        }
-    }
 }
 
 /// The tree payload: `files` files of `size` bytes in 10 directories under `top`.
@@ -698,7 +688,7 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     let tmp = work_dir()?;
     let root = tmp.path().join("root");
     std::fs::create_dir(&root)?;
-    let data = Data::of(&args);
+    let data = args.data;
     let mut made = args.size;
     make_data(&root.join("bench.bin"), made, data, args.seed)?;
     make_file(&root.join("tiny.bin"), 1)?;

@@ -117,14 +117,8 @@ const MAX_LISTING: u64 = 256 << 20;
 /// transfer's final reply.
 pub fn read_all(mut data: Wire, c: &mut Control, cmd: &Command, deflated: bool) -> Result<String> {
     let mut buf = Vec::new();
-    let mut inflating;
-    let wire: &mut dyn Read = if deflated {
-        inflating = flate2::read::ZlibDecoder::new(&mut data);
-        &mut inflating
-    } else {
-        &mut data
-    };
-    wire.take(MAX_LISTING + 1)
+    super::wire::reading(&mut data, deflated)
+        .take(MAX_LISTING + 1)
         .read_to_end(&mut buf)
         .map_err(|e| ClientError::Interrupted {
             bytes: buf.len() as u64,

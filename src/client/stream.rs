@@ -113,18 +113,16 @@ fn receive(
     // A server that does not stop (or a file that grows while it is sent) would otherwise
     // fill the disk; in MODE Z, what it inflates to.
     let limit = size.filter(|_| !opts.growing);
-    let mut inflating;
-    let wire: &mut dyn Read = if deflated {
-        inflating = flate2::read::ZlibDecoder::new(&mut data);
-        &mut inflating
-    } else {
-        &mut data
-    };
-    let mut capped = Capped::new(wire, limit.map(|s| s.saturating_sub(offset)));
+    let mut capped = Capped::new(
+        super::wire::reading(&mut data, deflated),
+        limit.map(|s| s.saturating_sub(offset)),
+    );
     let bar = on.watch.bar.clone();
     let copied =
         on.run(|| stream::read_to_end(&mut capped, out, false, |n| bar.set_position(offset + n)));
     let overran = capped.overran;
+    // Lets go of the connection (and of its decoder, in MODE Z) before it is ended.
+    drop(capped);
     let flushed = out.flush();
     if on.watch.stopped() {
         flushed.map_err(local_err(cannot_write(partial.as_deref())))?;

@@ -9,6 +9,16 @@ use std::sync::Arc;
 /// The client's connections are the engine's: in clear, or TLS as the client.
 pub use crate::engine::tls::DataConn as Wire;
 
+/// A stream-mode data connection's bytes as the transfer means them: inflated in MODE Z
+/// (`deflated`), as they come otherwise.
+pub fn reading(data: &mut Wire, deflated: bool) -> Box<dyn std::io::Read + '_> {
+    if deflated {
+        Box::new(flate2::read::ZlibDecoder::new(data))
+    } else {
+        Box::new(data)
+    }
+}
+
 /// Starts TLS on `sock`, checking the server's certificate against `host`. The handshake runs
 /// now, so a certificate problem is reported as such.
 pub fn tls(sock: TcpStream, config: &Arc<rustls::ClientConfig>, host: &str) -> Result<Wire> {

@@ -113,11 +113,6 @@ impl Governor {
         }
     }
 
-    /// Whether compression may be chosen at all (not `off`): then the path is worth sampling.
-    pub fn in_play(&self) -> bool {
-        self.policy != Policy::Off
-    }
-
     pub fn choose(&self) -> Choice {
         match (self.policy, self.level) {
             (Policy::Off, _) => Choice::Plain,

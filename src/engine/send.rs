@@ -520,8 +520,10 @@ impl State<'_> {
         (offset, len): (u64, u64),
         more: bool,
     ) -> Result<(), EngineError> {
-        if squeeze.governor.in_play() {
-            // One getsockopt a block, only while compression is in play.
+        // The path's rate matters only to a block about to be compressed or probed: one
+        // getsockopt for it, none for the plain blocks between probes. What it says may send
+        // this block plain after all, so the choice is made again.
+        if squeeze.governor.choose() != Choice::Plain {
             let delivered = braid_sockopt::tcp_info(sock.tcp()).map_or(0, |i| i.delivery_rate);
             squeeze.governor.path(delivered as f64);
         }
