@@ -3,18 +3,20 @@
 shared machine hits both alike. Each build runs against its own server. Prints each build's
 median and runs, and new/old.
 
-    python3 bench/ab.py OLD_BRAID NEW_BRAID file [--runs 6] [--size-mib 1024] [-n 4|auto]
+    python3 bench/ab.py OLD_BRAID NEW_BRAID file [--runs 6] [--size-mib 1024] [-n 4|auto] [--put]
     python3 bench/ab.py OLD_BRAID NEW_BRAID tree [--runs 4] [--files 10000] [--file-size 4096]
     sudo python3 bench/ab.py OLD_BRAID NEW_BRAID lab [--scenario satellite-t1] [--size-mib 4] [-n auto]
 
 - file: `get -n N` of one cached file to /dev/null on loopback: MB/s, and CPU seconds per GiB
-  (client + server).
+  (client + server); with `--put`, `put -n N` of it to each build's server, which writes it
+  into /dev/shm.
 - tree: `get -r` of a tree of FILES files (10 directories) on loopback into /dev/shm: seconds.
 - lab: `get -n N` of one file to /dev/null across `braid lab run --scenario S` (needs root):
   MB/s; a lab of its own per run (the NEW build runs the lab).
 
 Use it before and after a change that touches the data path (e.g. check out the old commit in
-a worktree and build it there). Only loopback and the lab's namespaces are used; every server
+a worktree and build it there). One build twice with different client options compares the
+options: `bench/ab.py B B file --old-args="--compress off" --new-args="--compress auto"`. Only loopback and the lab's namespaces are used; every server
 and lab is stopped at the end.
 """
 
@@ -45,10 +47,20 @@ def file_ab(bins, args, work):
     size = args.size_mib << 20
     random_file(os.path.join(work, "f.bin"), size)
     procs, urls = {}, {}
+    # Uploads land in memory, so that the disk's pace is not what is measured.
+    shm = tempfile.mkdtemp(prefix="braid-ab-put-", dir="/dev/shm") if args.put else None
     try:
         for k, b in bins.items():
-            procs[k], urls[k] = serve(b, work)
-        get = lambda k: [bins[k], "get", f"ftp://{urls[k]}/f.bin", "/dev/null", "-n", args.n, "--json"]
+            procs[k], urls[k] = serve(b, shm or work)
+
+        def get(k):
+            extra = (args.old_args if k == "old" else args.new_args).split()
+            if args.put:
+                move = ["put", os.path.join(work, "f.bin"), f"ftp://{urls[k]}/f-{k}.bin"]
+            else:
+                move = ["get", f"ftp://{urls[k]}/f.bin", "/dev/null"]
+            return [bins[k], *move, "-n", args.n, "--json", *extra]
+
         for k in bins:  # page cache and the servers' checksum caches
             subprocess.run(get(k), check=True, capture_output=True, timeout=600)
         rate = {k: [] for k in bins}
@@ -62,7 +74,11 @@ def file_ab(bins, args, work):
         for p in procs.values():
             p.kill()
             p.wait()
-    print(f"get -n {args.n}, {args.size_mib} MiB cached file to /dev/null, {args.runs} runs each, ABBA order\n")
+        if shm:
+            shutil.rmtree(shm, ignore_errors=True)
+    what = "to each server's /dev/shm" if args.put else "to /dev/null"
+    print(f"{'put' if args.put else 'get'} -n {args.n}, {args.size_mib} MiB cached file {what}, "
+          f"{args.runs} runs each, ABBA order; old {args.old_args!r}, new {args.new_args!r}\n")
     table(bins, rate, "MB/s", cpu)
 
 
@@ -133,6 +149,9 @@ def main():
     ap.add_argument("--files", type=int, default=10000)
     ap.add_argument("--file-size", type=int, default=4096)
     ap.add_argument("--scenario", default="satellite-t1")
+    ap.add_argument("--put", action="store_true", help="file: upload instead of download")
+    ap.add_argument("--old-args", default="", help="file: more client options for OLD")
+    ap.add_argument("--new-args", default="", help="file: more client options for NEW")
     args = ap.parse_args()
     bins = {"old": os.path.abspath(args.old), "new": os.path.abspath(args.new)}
     work = tempfile.mkdtemp(prefix="braid-ab-")

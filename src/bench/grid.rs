@@ -349,10 +349,15 @@ impl Grid {
                                     Tool::Braid | Tool::BraidCp => {
                                         self.compress.iter().copied().map(Some).collect()
                                     }
-                                    // lftp has MODE Z, off unless asked for: `on` adds a cell
-                                    // with it beside the one without.
-                                    Tool::LftpBraid if self.compress.contains(&Policy::On) => {
-                                        vec![None, Some(Policy::On)]
+                                    // lftp has MODE Z, off unless asked for: a cell with it
+                                    // for `on`, one without for `auto` or `off`.
+                                    Tool::LftpBraid => {
+                                        let plain = self.compress.iter().any(|&p| p != Policy::On);
+                                        let z = self.compress.contains(&Policy::On);
+                                        [(plain, None), (z, Some(Policy::On))]
+                                            .into_iter()
+                                            .filter_map(|(wanted, c)| wanted.then_some(c))
+                                            .collect()
                                     }
                                     _ => vec![None],
                                 };
@@ -458,6 +463,29 @@ mod tests {
         for (i, a) in cells.iter().enumerate() {
             assert!(!cells[i + 1..].contains(a), "{a:?} twice");
         }
+    }
+
+    #[test]
+    fn lftp_braid_runs_with_mode_z_for_on_and_without_for_auto_or_off() {
+        let lftp = |compress: Vec<Policy>| {
+            let g = Grid {
+                scenarios: vec!["a".into()],
+                tools: vec![Tool::LftpBraid],
+                directions: vec![Direction::Get],
+                streams: vec![Streams::Fixed(1)],
+                buffers: vec![None],
+                blocks: vec![None],
+                compress,
+                ..grid()
+            };
+            g.cells().iter().map(|c| c.compress).collect::<Vec<_>>()
+        };
+        assert_eq!(lftp(vec![Policy::On]), [Some(Policy::On)]);
+        assert_eq!(lftp(vec![Policy::Auto]), [None]);
+        assert_eq!(
+            lftp(vec![Policy::Off, Policy::On]),
+            [None, Some(Policy::On)]
+        );
     }
 
     #[test]
