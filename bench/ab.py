@@ -32,8 +32,9 @@ import time
 from common import children_cpu, proc_cpu, random_file
 
 
-def serve(b, root):
-    p = subprocess.Popen([b, "serve", "--root", root, "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE,
+def serve(b, root, writable=False):
+    args = ["--anonymous-write"] if writable else []
+    p = subprocess.Popen([b, "serve", "--root", root, "--listen", "127.0.0.1:0", *args], stdout=subprocess.PIPE,
                          stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     return p, p.stdout.readline().split("ftp://")[1].strip().rstrip("/")
 
@@ -51,7 +52,7 @@ def file_ab(bins, args, work):
     shm = tempfile.mkdtemp(prefix="braid-ab-put-", dir="/dev/shm") if args.put else None
     try:
         for k, b in bins.items():
-            procs[k], urls[k] = serve(b, shm or work)
+            procs[k], urls[k] = serve(b, shm or work, writable=args.put)
 
         def get(k):
             extra = (args.old_args if k == "old" else args.new_args).split()
