@@ -559,7 +559,7 @@ impl State<'_> {
         let n = (len as usize).min(PROBE);
         let sample = read_block(self.source, &mut squeeze.raw, offset, n)?;
         let started = Instant::now();
-        let wire = squeeze.packer.pack(sample, level).map_or(n, <[u8]>::len);
+        let wire = squeeze.packer.sample(sample, level);
         squeeze.governor.sent(Cost::Probed {
             level,
             raw: n as u64,

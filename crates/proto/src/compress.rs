@@ -1,7 +1,11 @@
 //! Compressed MODE E blocks, a braid extension (FEAT `BRAID 5`, then `OPTS BRAID
 //! COMPRESS=auto|on|off`): a data block whose descriptor has [`desc::COMPRESSED`] carries,
-//! instead of the file's bytes, a 5-byte prefix (the bytes it stands for, u32 big-endian, and
-//! the zstd level it was made at) and one zstd frame. Its header's offset is the file offset
+//! instead of the file's bytes, a 6-byte prefix (the bytes it stands for, u32 big-endian, the
+//! zstd level it was made at, and flags) and zstd data: the start of a zstd frame, or with
+//! [`CONTINUES`] the next flushed piece of the frame the compressed block before it on the
+//! same data connection began, so that each block has the history of those before it. A
+//! receiver thus inflates a connection's compressed blocks in the order they came, with one
+//! zstd context per connection, and each block to exactly the bytes it announced. Its header's offset is the file offset
 //! as always and its count the bytes on the wire, so a receiver that unwraps it hands the
 //! block checks an ordinary header for the original bytes: offsets, resume, range markers and
 //! the whole-file checksum (over the original bytes) do not change.
@@ -14,8 +18,12 @@ use crate::block::{BlockError, Header, desc};
 /// this per block, whatever a hostile frame claims (a decompression bomb ends here).
 pub const MAX_RAW: u64 = 4 << 20;
 
-/// Bytes before the zstd frame: the original length and the level.
-pub const PREFIX_LEN: usize = 5;
+/// Bytes before the zstd data: the original length, the level and the flags.
+pub const PREFIX_LEN: usize = 6;
+
+/// Prefix flag: the zstd data continues the frame of the compressed block before it on this
+/// connection (without it, a new frame starts and the receiver forgets the old one).
+pub const CONTINUES: u8 = 0x01;
 
 /// What each side of a session wants: `off` never compresses, `on` compresses every block
 /// that shrinks, `auto` only while compressing moves the file faster than sending it as it is.
@@ -65,6 +73,8 @@ pub struct Prefix {
     pub raw_len: u32,
     /// The zstd level it was compressed at (reported, not needed to decompress).
     pub level: i8,
+    /// Whether it continues the frame of the connection's compressed block before it.
+    pub continues: bool,
 }
 
 impl Prefix {
@@ -72,6 +82,7 @@ impl Prefix {
         let mut out = [0u8; PREFIX_LEN];
         out[..4].copy_from_slice(&self.raw_len.to_be_bytes());
         out[4] = self.level as u8;
+        out[5] = if self.continues { CONTINUES } else { 0 };
         out
     }
 }
@@ -123,9 +134,16 @@ pub fn unwrap(h: &Header, payload: &[u8]) -> Result<(Prefix, Header), BlockError
             h.offset
         )));
     }
+    if raw[5] & !CONTINUES != 0 {
+        return Err(BlockError::Compressed(format!(
+            "the block at offset {} has prefix flags {:#04x}, which this version does not know",
+            h.offset, raw[5]
+        )));
+    }
     let prefix = Prefix {
         raw_len,
         level: raw[4] as i8,
+        continues: raw[5] & CONTINUES != 0,
     };
     let plain = Header {
         descriptor: h.descriptor & !desc::COMPRESSED,
@@ -167,12 +185,14 @@ mod tests {
         let mut payload = Prefix {
             raw_len: 65536,
             level: -3,
+            continues: true,
         }
         .encode()
         .to_vec();
-        payload.extend([0u8; 295]);
+        payload.extend([0u8; 294]);
         let (prefix, plain) = unwrap(&decoded, &payload).expect("unwraps");
         assert_eq!(prefix.level, -3);
+        assert!(prefix.continues);
         assert_eq!(plain, Header::data(1 << 20, 65536));
         // The unwrapped header is what the ordinary checks see.
         let mut c = Connection::new(Some(2 << 20));
@@ -206,12 +226,14 @@ mod tests {
         let too_big = Prefix {
             raw_len: MAX_RAW as u32 + 1,
             level: 1,
+            continues: false,
         }
         .encode();
         assert!(unwrap(&header(0, 10), &too_big).is_err());
         let empty = Prefix {
             raw_len: 0,
             level: 1,
+            continues: false,
         }
         .encode();
         assert!(unwrap(&header(0, 10), &empty).is_err());
@@ -219,8 +241,18 @@ mod tests {
         let near_end = Prefix {
             raw_len: 16,
             level: 1,
+            continues: false,
         }
         .encode();
         assert!(unwrap(&header(u64::MAX - 4, 10), &near_end).is_err());
+        // Flags this version does not know are refused, not ignored.
+        let mut unknown = Prefix {
+            raw_len: 16,
+            level: 1,
+            continues: false,
+        }
+        .encode();
+        unknown[5] = 0x02;
+        assert!(unwrap(&header(0, 10), &unknown).is_err());
     }
 }
