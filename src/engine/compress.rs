@@ -649,10 +649,11 @@ mod on_sockets {
             receiver.compression().report(),
         );
         assert_eq!(sent, seen, "both ends count the same");
-        // The text went compressed, the random megabyte plain (but for a block that reaches
-        // into it from the text).
+        // The text went compressed; the random megabyte took its own size on the wire, alone
+        // or inside blocks that reach into it from the text (a settled connection's blocks
+        // may be larger than the transfer's, so how many there are is not fixed).
         assert!(sent.compressed_bytes >= 1 << 20, "{sent:?}");
-        assert!(sent.compressed_bytes <= (2 << 20) + (256 << 10), "{sent:?}");
+        assert!(sent.wire_bytes >= 1 << 20, "{sent:?}");
         assert!(sent.wire_bytes < (1 << 20) + (1 << 20) / 2, "{sent:?}");
         assert!(!sent.levels.is_empty());
     }
