@@ -54,7 +54,7 @@ def file_ab(bins, args, work):
         for k, b in bins.items():
             procs[k], urls[k] = serve(b, shm or work, writable=args.put)
 
-        def get(k):
+        def command(k):
             extra = (args.old_args if k == "old" else args.new_args).split()
             if args.put:
                 move = ["put", os.path.join(work, "f.bin"), f"ftp://{urls[k]}/f-{k}.bin"]
@@ -63,12 +63,12 @@ def file_ab(bins, args, work):
             return [bins[k], *move, "-n", args.n, "--json", *extra]
 
         for k in bins:  # page cache and the servers' checksum caches
-            subprocess.run(get(k), check=True, capture_output=True, timeout=600)
+            subprocess.run(command(k), check=True, capture_output=True, timeout=600)
         rate = {k: [] for k in bins}
         cpu = {k: [] for k in bins}
         for k in abba(args.runs):
             before = proc_cpu(procs[k].pid) + children_cpu()
-            out = subprocess.run(get(k), check=True, capture_output=True, text=True, timeout=600).stdout
+            out = subprocess.run(command(k), check=True, capture_output=True, text=True, timeout=600).stdout
             cpu[k].append((proc_cpu(procs[k].pid) + children_cpu() - before) / (size / 2**30))
             rate[k].append(json.loads(out)["bytes_per_second"] / 1e6)
     finally:

@@ -352,12 +352,14 @@ impl Grid {
                                     // lftp has MODE Z, off unless asked for: a cell with it
                                     // for `on`, one without for `auto` or `off`.
                                     Tool::LftpBraid => {
-                                        let plain = self.compress.iter().any(|&p| p != Policy::On);
-                                        let z = self.compress.contains(&Policy::On);
-                                        [(plain, None), (z, Some(Policy::On))]
-                                            .into_iter()
-                                            .filter_map(|(wanted, c)| wanted.then_some(c))
-                                            .collect()
+                                        let mut cells = Vec::new();
+                                        if self.compress.iter().any(|&p| p != Policy::On) {
+                                            cells.push(None);
+                                        }
+                                        if self.compress.contains(&Policy::On) {
+                                            cells.push(Some(Policy::On));
+                                        }
+                                        cells
                                     }
                                     _ => vec![None],
                                 };

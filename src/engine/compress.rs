@@ -121,16 +121,12 @@ impl Packer {
         if zstd.set_compression_level(level).is_err() {
             return sample.len();
         }
-        let mut out = std::mem::take(&mut self.out);
         let room = sample.len() - sample.len() / LEAST_SAVING;
-        if out.len() < room {
-            out.resize(room, 0);
+        if self.out.len() < room {
+            self.out.resize(room, 0);
         }
-        let n = zstd
-            .compress_to_buffer(sample, &mut out[..room])
-            .unwrap_or(sample.len());
-        self.out = out;
-        n
+        zstd.compress_to_buffer(sample, &mut self.out[..room])
+            .unwrap_or(sample.len())
     }
 }
 

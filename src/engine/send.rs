@@ -443,8 +443,7 @@ impl State<'_> {
                 break exit;
             }
             let rate = self.transfer.rate(link);
-            squeeze.measure(sock.tcp());
-            let sizing = squeeze.sizing();
+            let sizing = squeeze.sizing(sock.tcp());
             // The socket's queue is in bytes on the wire; the rate, in bytes of the file.
             let wire_rate = rate.map(|r| r * squeeze.governor.wire_share());
             let packed = matches!(sizing, Sizing::Packed { .. });
@@ -616,9 +615,9 @@ impl State<'_> {
                 .write_all(&header.encode())
                 .and_then(|()| tls.write_all(payload)),
         };
-        let waited = started.elapsed().as_secs_f64() - compress;
         wrote.map_err(net)?;
         let wire = payload.len() as u64;
+        // The time the write waited is read only when the line is logged.
         tracing::debug!(
             conn = link.id,
             offset,
@@ -626,7 +625,7 @@ impl State<'_> {
             wire,
             level,
             compress,
-            waited,
+            waited = started.elapsed().as_secs_f64() - compress,
             "compressed block"
         );
         governor.sent(Cost::Compressed {
@@ -733,8 +732,6 @@ struct Squeeze {
     governor: Governor,
     packer: Packer,
     raw: Vec<u8>,
-    /// Bytes the kernel held unsent when last asked, and its pace then (bytes/s).
-    queued: (u64, f64),
 }
 
 impl Squeeze {
@@ -750,37 +747,34 @@ impl Squeeze {
             governor: Governor::new(policy),
             packer: Packer::default(),
             raw: Vec::new(),
-            queued: (0, 0.0),
         }
     }
 
-    /// Reads what the kernel says of the path before a block about to be compressed or
-    /// probed: one getsockopt for it, none for the plain blocks between probes. What it says
-    /// may send the block plain after all.
-    fn measure(&mut self, sock: &TcpStream) {
+    /// How large the next block may be (see [`Sizing`]), from what the kernel says of the
+    /// path before a block about to be compressed or probed: one getsockopt for it, none for
+    /// the plain blocks between probes. What it says may send the block plain after all.
+    fn sizing(&mut self, sock: &TcpStream) -> Sizing {
         if self.governor.choose() == Choice::Plain {
-            return;
+            return Sizing::Plain;
         }
         let info = braid_sockopt::tcp_info(sock);
         self.governor
             .path(info.as_ref().map_or(0, |i| i.delivery_rate) as f64);
-        self.queued = info.map_or((0, 0.0), |i| {
-            (u64::from(i.notsent_bytes), i.pacing_rate as f64)
-        });
-    }
-
-    /// How large the next block may be: see [`Sizing`].
-    fn sizing(&self) -> Sizing {
         match self.governor.choose() {
             Choice::Plain => Sizing::Plain,
             _ if !self.governor.measured() => Sizing::Probing,
-            Choice::Compress(_) if self.governor.settled() => Sizing::Packed {
-                most: self
-                    .governor
-                    .compressible_while(self.queued.0, self.queued.1)
-                    .unwrap_or(0)
-                    .min(braid_proto::compress::MAX_RAW),
-            },
+            Choice::Compress(_) if self.governor.settled() => {
+                let (queued, pace) = info.map_or((0, 0.0), |i| {
+                    (u64::from(i.notsent_bytes), i.pacing_rate as f64)
+                });
+                Sizing::Packed {
+                    most: self
+                        .governor
+                        .compressible_while(queued, pace)
+                        .unwrap_or(0)
+                        .min(braid_proto::compress::MAX_RAW),
+                }
+            }
             _ => Sizing::Plain,
         }
     }
