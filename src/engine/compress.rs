@@ -3,8 +3,9 @@
 //! context made once, and the transfer's count of what compression saved.
 
 use braid_proto::compress::{MAX_RAW, PREFIX_LEN, Policy, Prefix};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use zstd::stream::raw::{CParameter, DParameter, Decoder, Encoder, InBuffer, Operation, OutBuffer};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use zstd::stream::raw::{DParameter, Decoder, Operation};
+use zstd::zstd_safe::{CCtx, CParameter, InBuffer, OutBuffer, ResetDirective};
 
 /// A compressed block is sent only when it saves at least this share of its bytes: below
 /// that the receiver's work and the sender's copy cost more than the wire time they save.
@@ -14,26 +15,23 @@ const LEAST_SAVING: usize = 16;
 /// current frame, so that it has the history of the blocks before it (web logs at level 16 in
 /// 1 MiB blocks: 1/5.5 of their size as frames of their own, about 1/5.9 so). A new frame
 /// starts at a level change and after a block that went plain, which the stream never saw.
+/// Its zstd contexts count against a [`Budget`] shared by the whole process.
 pub struct Packer {
-    zstd: Option<Encoder<'static>>,
+    budget: &'static Budget,
+    /// The stream's context, made for its level.
+    stream: Option<Context>,
     level: i32,
     /// A frame is open: the next block continues it.
     open: bool,
-    /// Its own context for samples, so that probing leaves the stream alone.
-    sampler: Option<zstd::bulk::Compressor<'static>>,
+    /// A context for samples, while the connection sends plain (it has no stream then).
+    sampler: Option<Context>,
     /// The prefix and data of the last block packed.
     out: Vec<u8>,
 }
 
 impl Default for Packer {
     fn default() -> Self {
-        Packer {
-            zstd: None,
-            level: i32::MIN,
-            open: false,
-            sampler: None,
-            out: Vec::new(),
-        }
+        Packer::within(&BUDGET)
     }
 }
 
@@ -41,40 +39,149 @@ impl Default for Packer {
 /// twice that.
 const WINDOW_LOG: u32 = 22;
 
+/// The memory the zstd contexts of all connections of this process may hold at once: a
+/// context at level 12 holds 47 MB, at 16 39 MB (their match tables), so without a bound
+/// a server's downloads on slow paths, or a client's many connections, would take gigabytes.
+/// A connection climbs only to levels whose context fits beside the others' (and sends
+/// plain when none does).
+pub static BUDGET: Budget = Budget::new(256 << 20);
+
+/// Bytes of contexts held, against a most.
+pub struct Budget {
+    held: AtomicUsize,
+    most: usize,
+}
+
+impl Budget {
+    pub const fn new(most: usize) -> Budget {
+        Budget {
+            held: AtomicUsize::new(0),
+            most,
+        }
+    }
+
+    fn reserve(&'static self, bytes: usize) -> Option<Reserved> {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held + bytes <= self.most).then_some(held + bytes)
+            })
+            .ok()
+            .map(|_| Reserved {
+                budget: self,
+                bytes,
+            })
+    }
+}
+
+struct Reserved {
+    budget: &'static Budget,
+    bytes: usize,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.budget.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+/// A zstd compression context and the memory it is counted for.
+struct Context {
+    zstd: CCtx<'static>,
+    _reserved: Reserved,
+}
+
+impl Context {
+    /// A context for `level` with a 4 MiB window, if its memory fits in `budget`.
+    fn new(budget: &'static Budget, level: i32) -> Option<Context> {
+        let reserved = budget.reserve(memory(level))?;
+        let mut zstd = CCtx::try_create()?;
+        zstd.set_parameter(CParameter::CompressionLevel(level))
+            .ok()?;
+        zstd.set_parameter(CParameter::WindowLog(WINDOW_LOG)).ok()?;
+        Some(Context {
+            zstd,
+            _reserved: reserved,
+        })
+    }
+}
+
+/// What a context at `level` holds with a 4 MiB window once it has compressed a block,
+/// rounded up from `ZSTD_sizeof_CCtx` with zstd 1.5.7 (a test holds it to the zstd linked):
+/// mostly its hash and chain tables, which grow with the level.
+fn memory(level: i32) -> usize {
+    let mb = match level {
+        ..=2 => 6,
+        3..=5 => 7,
+        6..=8 => 9,
+        9..=11 => 17,
+        12..=15 => 48,
+        16..=17 => 40,
+        _ => 90,
+    };
+    mb << 20
+}
+
 impl Packer {
+    /// A packer whose contexts count against `budget`.
+    pub fn within(budget: &'static Budget) -> Packer {
+        Packer {
+            budget,
+            stream: None,
+            level: i32::MIN,
+            open: false,
+            sampler: None,
+            out: Vec::new(),
+        }
+    }
+
+    /// The highest of `levels` (lowest first) whose context would fit in the budget beside
+    /// the others' (this packer's own counted as free), as an index; None when not even the
+    /// lowest does.
+    pub fn highest_fitting(&self, levels: &[i32]) -> Option<usize> {
+        let own = [&self.stream, &self.sampler]
+            .into_iter()
+            .flatten()
+            .map(|c| c._reserved.bytes)
+            .sum::<usize>();
+        let free =
+            (self.budget.most + own).saturating_sub(self.budget.held.load(Ordering::Acquire));
+        levels.iter().rposition(|&l| memory(l) <= free)
+    }
+
     /// The prefix and zstd data for `raw` at `level`, or None when it does not shrink by at
-    /// least a sixteenth (random or already compressed data: then it goes as it is).
+    /// least a sixteenth (random or already compressed data: then it goes as it is), or when
+    /// no context for `level` fits in the budget.
     pub fn pack(&mut self, raw: &[u8], level: i32) -> Option<&[u8]> {
         if raw.is_empty() || raw.len() as u64 > MAX_RAW {
             return None;
         }
-        let zstd = match &mut self.zstd {
-            Some(z) => z,
-            None => {
-                let mut z = Encoder::new(level).ok()?;
-                z.set_parameter(CParameter::WindowLog(WINDOW_LOG)).ok()?;
-                self.level = level;
-                self.zstd.insert(z)
-            }
-        };
+        // Compressing: no samples are taken until the connection goes plain again.
+        self.sampler = None;
         if self.level != level {
-            zstd.reinit().ok()?;
-            zstd.set_parameter(CParameter::CompressionLevel(level))
-                .ok()?;
-            self.level = level;
+            // A context of the level's own size: the tables of a higher one are let go.
+            self.stream = None;
             self.open = false;
+            self.level = level;
         }
+        let context = match &mut self.stream {
+            Some(c) => c,
+            None => self.stream.insert(Context::new(self.budget, level)?),
+        };
         // Room for data that saves enough and no more.
         let room = raw.len() - raw.len() / LEAST_SAVING;
         if self.out.len() < PREFIX_LEN + room {
             self.out.resize(PREFIX_LEN + room, 0);
         }
         let continues = self.open;
-        let n = Self::flushed(zstd, raw, &mut self.out[PREFIX_LEN..PREFIX_LEN + room]);
+        let n = Self::flushed(
+            &mut context.zstd,
+            raw,
+            &mut self.out[PREFIX_LEN..PREFIX_LEN + room],
+        );
         let Some(n) = n else {
             // What the stream took in will never reach the receiver: a new frame next time.
             self.open = false;
-            let _ = zstd.reinit();
+            let _ = context.zstd.reset(ResetDirective::SessionOnly);
             return None;
         };
         self.open = true;
@@ -89,17 +196,17 @@ impl Packer {
 
     /// Feeds `raw` to the stream and flushes it into `out`: the bytes written, or None when
     /// they do not fit.
-    fn flushed(zstd: &mut Encoder<'static>, raw: &[u8], out: &mut [u8]) -> Option<usize> {
+    fn flushed(zstd: &mut CCtx<'static>, raw: &[u8], out: &mut [u8]) -> Option<usize> {
         let mut input = InBuffer::around(raw);
         let mut output = OutBuffer::around(out);
         while input.pos() < raw.len() {
-            zstd.run(&mut input, &mut output).ok()?;
+            zstd.compress_stream(&mut output, &mut input).ok()?;
             if output.pos() == output.capacity() && input.pos() < raw.len() {
                 return None;
             }
         }
         loop {
-            let left = zstd.flush(&mut output).ok()?;
+            let left = zstd.flush_stream(&mut output).ok()?;
             if left == 0 {
                 return Some(output.pos());
             }
@@ -109,23 +216,33 @@ impl Packer {
         }
     }
 
-    /// How many bytes `sample` compresses to at `level`, by a context of its own.
+    /// How many bytes `sample` compresses to at `level`, by a context of its own (the
+    /// connection sends plain while it samples, so its stream's context is let go); its
+    /// length when no context fits in the budget.
     pub fn sample(&mut self, sample: &[u8], level: i32) -> usize {
-        let zstd = match &mut self.sampler {
-            Some(z) => z,
-            None => match zstd::bulk::Compressor::new(level) {
-                Ok(z) => self.sampler.insert(z),
-                Err(_) => return sample.len(),
-            },
+        self.stream = None;
+        self.open = false;
+        self.level = i32::MIN;
+        if self.sampler.is_none() {
+            self.sampler = Context::new(self.budget, level);
+        }
+        let Some(context) = &mut self.sampler else {
+            return sample.len();
         };
-        if zstd.set_compression_level(level).is_err() {
+        if context
+            .zstd
+            .set_parameter(CParameter::CompressionLevel(level))
+            .is_err()
+        {
             return sample.len();
         }
         let room = sample.len() - sample.len() / LEAST_SAVING;
         if self.out.len() < room {
             self.out.resize(room, 0);
         }
-        zstd.compress_to_buffer(sample, &mut self.out[..room])
+        context
+            .zstd
+            .compress2(&mut self.out[..room], sample)
             .unwrap_or(sample.len())
     }
 }
@@ -280,26 +397,33 @@ pub mod fuzzing {
     use super::*;
     use braid_proto::block::{HEADER_LEN, Header};
 
-    /// A compressed block from a hostile peer (header, prefix and frame), taken as the
-    /// receiver takes it: whatever it claims, nothing past [`MAX_RAW`] is buffered or
-    /// inflated, and what inflates is exactly what its prefix announced.
-    pub fn compressed_block(data: &[u8]) {
-        let Some((raw, payload)) = data.split_first_chunk::<HEADER_LEN>() else {
-            return;
-        };
-        let Ok(h) = Header::decode(raw) else { return };
-        if braid_proto::compress::check_header(&h).is_err() {
-            return;
+    /// Compressed blocks from a hostile peer (each a header, a prefix and zstd data), taken
+    /// as a receiving connection takes them, with one zstd context, until one is refused:
+    /// whatever they claim, nothing past [`MAX_RAW`] is buffered or inflated per block, and
+    /// what inflates is exactly what its prefix announced, also for blocks that continue a
+    /// frame. Returns how many blocks inflated.
+    pub fn compressed_block(mut data: &[u8]) -> usize {
+        let mut unpacker = Unpacker::default();
+        let mut inflated = 0;
+        while let Some((raw, rest)) = data.split_first_chunk::<HEADER_LEN>() {
+            let Ok(h) = Header::decode(raw) else { break };
+            if braid_proto::compress::check_header(&h).is_err() {
+                break;
+            }
+            assert!(h.count <= MAX_RAW + PREFIX_LEN as u64);
+            let (payload, next) = rest.split_at(rest.len().min(h.count as usize));
+            data = next;
+            let Ok((prefix, plain)) = braid_proto::compress::unwrap(&h, payload) else {
+                break;
+            };
+            assert!(plain.count <= MAX_RAW);
+            match unpacker.unpack(prefix, &payload[PREFIX_LEN..]) {
+                Ok(bytes) => assert_eq!(bytes.len() as u64, plain.count),
+                Err(_) => break,
+            }
+            inflated += 1;
         }
-        assert!(h.count <= MAX_RAW + PREFIX_LEN as u64);
-        let payload = &payload[..payload.len().min(h.count as usize)];
-        let Ok((prefix, plain)) = braid_proto::compress::unwrap(&h, payload) else {
-            return;
-        };
-        assert!(plain.count <= MAX_RAW);
-        if let Ok(bytes) = Unpacker::default().unpack(prefix, &payload[PREFIX_LEN..]) {
-            assert_eq!(bytes.len() as u64, plain.count);
-        }
+        inflated
     }
 
     /// Most bytes [`mode_z_stream`] inflates: the part a caller's own limit plays in braid
@@ -424,11 +548,67 @@ mod tests {
             Ok(b)
         );
         assert_eq!(u.unpack(prefix_of(&at_6), &at_6[PREFIX_LEN..]), Ok(a));
-        // Probing samples leaves the stream alone.
-        assert!(p.sample(b, 1) < b.len() / 2);
         let next = p.pack(b, 6).expect("shrinks").to_vec();
         assert!(prefix_of(&next).continues);
         assert_eq!(u.unpack(prefix_of(&next), &next[PREFIX_LEN..]), Ok(b));
+        // A connection samples only while it sends plain: its stream's context is let go.
+        assert!(p.sample(b, 1) < b.len() / 2);
+        let after_sample = p.pack(a, 6).expect("shrinks").to_vec();
+        assert!(!prefix_of(&after_sample).continues);
+        assert_eq!(
+            u.unpack(prefix_of(&after_sample), &after_sample[PREFIX_LEN..]),
+            Ok(a)
+        );
+    }
+
+    /// A budget of its own for a test (the process's is shared by tests running beside it).
+    fn budget(mb: usize) -> &'static Budget {
+        Box::leak(Box::new(Budget::new(mb << 20)))
+    }
+
+    #[test]
+    fn each_level_s_context_holds_no_more_than_it_is_counted_for() {
+        let raw = text(1 << 20);
+        for level in crate::engine::compress_level::LEVELS {
+            let mut c = Context::new(budget(1000), level).expect("fits");
+            let mut out = vec![0; 1 << 20];
+            assert!(Packer::flushed(&mut c.zstd, &raw, &mut out).is_some());
+            let held = c.zstd.sizeof();
+            assert!(
+                held <= memory(level) && held > memory(level) / 2,
+                "level {level}: {held} bytes, counted as {}",
+                memory(level)
+            );
+        }
+    }
+
+    #[test]
+    fn contexts_past_the_budget_are_not_made_and_their_room_comes_back() {
+        let budget = budget(100);
+        let raw = text(256 << 10);
+        let (mut a, mut b, mut c) = (
+            Packer::within(budget),
+            Packer::within(budget),
+            Packer::within(budget),
+        );
+        let levels = crate::engine::compress_level::LEVELS;
+        let at = |l: i32| levels.iter().position(|&x| x == l);
+        assert_eq!(a.highest_fitting(&levels), at(16));
+        assert!(a.pack(&raw, 16).is_some());
+        assert!(b.pack(&raw, 16).is_some());
+        // 80 of 100 MB held: room for level 9's 17 MB, not 12's or 16's.
+        assert_eq!(c.highest_fitting(&levels), at(9));
+        assert!(c.pack(&raw, 16).is_none());
+        assert!(c.pack(&raw, 9).is_some());
+        // A packer's own context counts as room for its next level.
+        assert_eq!(b.highest_fitting(&levels), at(16));
+        // A packer let go gives its room back; a level lower lets the higher one's go.
+        drop(a);
+        assert!(b.pack(&raw, 1).is_some());
+        assert_eq!(c.highest_fitting(&levels), at(16));
+        assert!(c.pack(&raw, 16).is_some());
+        drop((b, c));
+        assert_eq!(budget.held.load(Ordering::Acquire), 0);
     }
 
     #[test]
@@ -491,12 +671,46 @@ mod tests {
             .encode()
             .to_vec();
         block.extend(&packed);
-        fuzzing::compressed_block(&block);
+        assert_eq!(fuzzing::compressed_block(&block), 1);
         // The same frame announced as fewer bytes, and cut short.
         block[17..21].copy_from_slice(&100u32.to_be_bytes());
-        fuzzing::compressed_block(&block);
-        fuzzing::compressed_block(&block[..40]);
-        fuzzing::compressed_block(&[]);
+        assert_eq!(fuzzing::compressed_block(&block), 0);
+        assert_eq!(fuzzing::compressed_block(&block[..40]), 0);
+        assert_eq!(fuzzing::compressed_block(&[]), 0);
+    }
+
+    #[test]
+    fn the_fuzz_entry_takes_blocks_that_continue_a_frame_in_order_only() {
+        let raw = text(200_000);
+        let (a, b) = raw.split_at(100_000);
+        let mut p = Packer::default();
+        let blocks: Vec<Vec<u8>> = [a, b]
+            .iter()
+            .map(|part| {
+                let packed = p.pack(part, 3).expect("shrinks");
+                let mut block = braid_proto::compress::header(0, packed.len() as u64)
+                    .encode()
+                    .to_vec();
+                block.extend(packed);
+                block
+            })
+            .collect();
+        let (first, second) = (&blocks[0], &blocks[1]);
+        assert!(prefix_of(&second[braid_proto::block::HEADER_LEN..]).continues);
+        assert_eq!(
+            fuzzing::compressed_block(&[first.as_slice(), second].concat()),
+            2
+        );
+        // The continuing block alone, or first, is refused (and so ends the input).
+        assert_eq!(fuzzing::compressed_block(second), 0);
+        assert_eq!(
+            fuzzing::compressed_block(&[second.as_slice(), first].concat()),
+            0
+        );
+        assert_eq!(
+            fuzzing::compressed_block(&[first.as_slice(), first].concat()),
+            2
+        );
     }
 
     #[test]

@@ -105,6 +105,9 @@ pub struct Governor {
     /// Blocks since the level last changed, or since the last probe.
     blocks: u32,
     between: u32,
+    /// The highest level whose zstd context fits in the process's memory for them, as an
+    /// index (None: not even the lowest).
+    top: Option<usize>,
 }
 
 impl Governor {
@@ -120,6 +123,21 @@ impl Governor {
             path: Vec::with_capacity(PATH_SAMPLES),
             blocks: 0,
             between: FIRST_BETWEEN,
+            top: Some(LEVELS.len() - 1),
+        }
+    }
+
+    /// The highest level (index) whose context fits in memory now: a connection above it
+    /// comes down to it at once, or goes plain when none fits, and climbs no higher.
+    pub fn fits(&mut self, top: Option<usize>) {
+        self.top = top;
+        match (self.level, top) {
+            (Some(i), Some(t)) if i > t => self.go(t),
+            (Some(_), None) => {
+                self.level = None;
+                self.blocks = 0;
+            }
+            _ => {}
         }
     }
 
@@ -215,7 +233,8 @@ impl Governor {
             return;
         };
         let Some(i) = self.level else {
-            if self.moves(0, w).is_some_and(|m| m > START * w)
+            if self.top.is_some()
+                && self.moves(0, w).is_some_and(|m| m > START * w)
                 && self.ratio[0].0.is_some_and(|r| r <= SHRINKS)
             {
                 self.go(0);
@@ -251,7 +270,8 @@ impl Governor {
     fn highest_fast_enough(&self, i: usize, w: f64) -> Option<usize> {
         let (mut speed, mut ratio) = (self.speed[i].0?, self.ratio[i].0?);
         let mut best = None;
-        for (j, slower) in SLOWER.iter().enumerate().skip(i + 1) {
+        let top = self.top.unwrap_or(0);
+        for (j, slower) in SLOWER.iter().enumerate().take(top + 1).skip(i + 1) {
             speed = self.speed[j].0.unwrap_or(speed / slower);
             ratio = self.ratio[j].0.unwrap_or(ratio);
             if speed <= CLIMB * w / ratio.max(1e-3) {
@@ -486,5 +506,31 @@ mod tests {
             step(&mut g, 47e3, 0.2, &zstd_speed);
         }
         assert!(level(&g).is_some(), "{g:?}");
+    }
+
+    #[test]
+    fn a_connection_climbs_no_higher_than_memory_allows_and_goes_plain_without_any() {
+        // The T1 that takes a connection to 16, with room only up to level 9.
+        let mut g = Governor::new(Policy::Auto);
+        for _ in 0..30 {
+            g.fits(Some(3));
+            step(&mut g, 47e3, 0.2, &zstd_speed);
+        }
+        assert_eq!(level(&g), Some(9), "{g:?}");
+        // Room for no context at all: plain at once, and it does not start again.
+        for _ in 0..30 {
+            g.fits(None);
+            assert_eq!(level(&g), None, "{g:?}");
+            step(&mut g, 47e3, 0.2, &zstd_speed);
+        }
+        // Room again: it climbs to the top.
+        for _ in 0..60 {
+            g.fits(Some(LEVELS.len() - 1));
+            step(&mut g, 47e3, 0.2, &zstd_speed);
+        }
+        assert_eq!(level(&g), Some(16), "{g:?}");
+        // Others took memory: down at once.
+        g.fits(Some(1));
+        assert_eq!(level(&g), Some(3));
     }
 }

@@ -606,4 +606,44 @@ mod tests {
             Err(BlockError::PastRoom { room: 10_000, .. })
         ));
     }
+
+    /// A block that takes longer to arrive than the stall time (a modem, several
+    /// connections sharing it) is not a stalled peer while its bytes keep coming.
+    #[test]
+    fn a_block_slower_than_the_stall_time_is_not_a_stall_while_its_bytes_come() {
+        use std::io::Write;
+        use std::net::TcpStream;
+        use std::time::Duration;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut senders: Vec<TcpStream> =
+            (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let receivers: Vec<TcpStream> = (0..2).map(|_| listener.accept().unwrap().0).collect();
+        let data: Vec<u8> = (0..4000u32).map(|i| i as u8).collect();
+        let transfer = Transfer::new(false);
+        let shared = Shared::new(Progress::default(), Default::default());
+        let got = std::thread::scope(|s| {
+            s.spawn(|| {
+                let [a, b] = &mut senders[..] else { return };
+                a.write_all(&Header::data(0, data.len() as u64).encode())
+                    .unwrap();
+                // 4000 bytes over about a second, against a stall time of 300 ms.
+                for piece in data.chunks(100) {
+                    a.write_all(piece).unwrap();
+                    std::thread::sleep(Duration::from_millis(25));
+                }
+                a.write_all(&Header::eod().encode()).unwrap();
+                b.write_all(&Header::eof(2).encode()).unwrap();
+            });
+            receive(
+                &transfer,
+                Joins::fixed(receivers, Duration::from_millis(300)),
+                &Sink::Discard,
+                Some(data.len() as u64),
+                &shared,
+            )
+        });
+        assert!(got.is_ok(), "{:?}", got.err());
+        assert_eq!(shared.snapshot().ranges.len(), data.len() as u64);
+    }
 }

@@ -5,7 +5,7 @@
 //! when the last connection leaves.
 
 use super::compress::Packer;
-use super::compress_level::{Choice, Governor, PROBE, Sent as Cost};
+use super::compress_level::{Choice, Governor, LEVELS, PROBE, Sent as Cost};
 use super::file_send::{FileSender, send_more};
 use super::roster::{Leave, Roster};
 use super::tls::{DataConn, refused};
@@ -754,6 +754,7 @@ impl Squeeze {
     /// path before a block about to be compressed or probed: one getsockopt for it, none for
     /// the plain blocks between probes. What it says may send the block plain after all.
     fn sizing(&mut self, sock: &TcpStream) -> Sizing {
+        self.governor.fits(self.packer.highest_fitting(&LEVELS));
         if self.governor.choose() == Choice::Plain {
             return Sizing::Plain;
         }

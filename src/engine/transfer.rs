@@ -414,6 +414,16 @@ impl Transfer {
         self.lock().iter().map(|l| l.bytes()).collect()
     }
 
+    /// Bytes the kernel says the peer acknowledged and sent, over all connections: these
+    /// move while a block is still on its way.
+    pub fn wire_bytes(&self) -> u64 {
+        self.lock()
+            .iter()
+            .filter_map(|l| l.tcp_info())
+            .map(|i| i.bytes_acked + i.bytes_received)
+            .sum()
+    }
+
     /// Asks for a connection to be closed after the block it is carrying. A sender stops
     /// taking blocks on it; a receiver half-closes it, which a braid sender takes as the same
     /// request. The last open connection is never retired.
@@ -602,6 +612,7 @@ pub(super) fn join_loop(
     let mut incoming = incoming;
     let mut last = Instant::now();
     let mut last_bytes = 0;
+    let mut last_wire = 0;
     // Woken at once by a connection that ends or one that is ready to join; the timeout is
     // only for the stall check (and for a system without eventfd).
     let tick = if transfer.waker.is_some() { 100 } else { 5 };
@@ -680,9 +691,15 @@ pub(super) fn join_loop(
             }
         }
         // Data moving on open connections keeps the wait alive; a peer that neither sends nor
-        // connects for `stall` has stalled.
+        // connects for `stall` has stalled. Blocks count once they are through, which on a
+        // modem takes minutes; the kernel's counts of bytes acknowledged and received say
+        // sooner that the peer is alive (asked only while no block went through).
         let bytes: u64 = transfer.per_link_bytes().iter().sum();
-        if joined || bytes != last_bytes {
+        let moved = bytes != last_bytes || {
+            let wire = transfer.wire_bytes();
+            std::mem::replace(&mut last_wire, wire) != wire
+        };
+        if joined || moved {
             last_bytes = bytes;
             last = Instant::now();
         } else if last.elapsed() > stall {
