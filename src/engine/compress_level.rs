@@ -121,7 +121,9 @@ impl Governor {
             speed: Default::default(),
             ratio: Default::default(),
             path: Vec::with_capacity(PATH_SAMPLES),
-            blocks: 0,
+            // The first level was chosen without the path: one block judges it, and the
+            // climb follows the path's first measurement at once.
+            blocks: SETTLE - 1,
             between: FIRST_BETWEEN,
             top: Some(LEVELS.len() - 1),
         }
