@@ -46,7 +46,12 @@ def abba(runs):
 
 def file_ab(bins, args, work):
     size = args.size_mib << 20
-    random_file(os.path.join(work, "f.bin"), size)
+    if args.source:
+        # A copy: the server does not follow a link out of its root.
+        shutil.copyfile(args.source, os.path.join(work, "f.bin"))
+        size = os.path.getsize(args.source)
+    else:
+        random_file(os.path.join(work, "f.bin"), size)
     procs, urls = {}, {}
     # Uploads land in memory, so that the disk's pace is not what is measured.
     shm = tempfile.mkdtemp(prefix="braid-ab-put-", dir="/dev/shm") if args.put else None
@@ -78,7 +83,8 @@ def file_ab(bins, args, work):
         if shm:
             shutil.rmtree(shm, ignore_errors=True)
     what = "to each server's /dev/shm" if args.put else "to /dev/null"
-    print(f"{'put' if args.put else 'get'} -n {args.n}, {args.size_mib} MiB cached file {what}, "
+    print(f"{'put' if args.put else 'get'} -n {args.n}, {size >> 20} MiB cached file "
+          f"({args.source or 'random'}) {what}, "
           f"{args.runs} runs each, ABBA order; old {args.old_args!r}, new {args.new_args!r}\n")
     table(bins, rate, "MB/s", cpu)
 
@@ -151,6 +157,7 @@ def main():
     ap.add_argument("--file-size", type=int, default=4096)
     ap.add_argument("--scenario", default="satellite-t1")
     ap.add_argument("--put", action="store_true", help="file: upload instead of download")
+    ap.add_argument("--source", help="file: move this file (its size, not --size-mib) instead of random bytes")
     ap.add_argument("--old-args", default="", help="file: more client options for OLD")
     ap.add_argument("--new-args", default="", help="file: more client options for NEW")
     args = ap.parse_args()
