@@ -3,7 +3,7 @@
 shared machine hits both alike. Each build runs against its own server. Prints each build's
 median and runs, and new/old.
 
-    python3 bench/ab.py OLD_BRAID NEW_BRAID file [--runs 6] [--size-mib 1024] [-n 4|auto] [--put]
+    python3 bench/ab.py OLD_BRAID NEW_BRAID file [--runs 6] [--size-mib 1024] [-n 4|auto] [--put] [--data text]
     python3 bench/ab.py OLD_BRAID NEW_BRAID tree [--runs 4] [--files 10000] [--file-size 4096]
     sudo python3 bench/ab.py OLD_BRAID NEW_BRAID lab [--scenario satellite-t1] [--size-mib 4] [-n auto]
 
@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import time
 
-from common import children_cpu, proc_cpu, random_file
+from common import children_cpu, proc_cpu, random_file, text_file
 
 
 def serve(b, root, writable=False):
@@ -46,12 +46,7 @@ def abba(runs):
 
 def file_ab(bins, args, work):
     size = args.size_mib << 20
-    if args.source:
-        # A copy: the server does not follow a link out of its root.
-        shutil.copyfile(args.source, os.path.join(work, "f.bin"))
-        size = os.path.getsize(args.source)
-    else:
-        random_file(os.path.join(work, "f.bin"), size)
+    (text_file if args.data == "text" else random_file)(os.path.join(work, "f.bin"), size)
     procs, urls = {}, {}
     # Uploads land in memory, so that the disk's pace is not what is measured.
     shm = tempfile.mkdtemp(prefix="braid-ab-put-", dir="/dev/shm") if args.put else None
@@ -83,8 +78,8 @@ def file_ab(bins, args, work):
         if shm:
             shutil.rmtree(shm, ignore_errors=True)
     what = "to each server's /dev/shm" if args.put else "to /dev/null"
-    print(f"{'put' if args.put else 'get'} -n {args.n}, {size >> 20} MiB cached file "
-          f"({args.source or 'random'}) {what}, "
+    print(f"{'put' if args.put else 'get'} -n {args.n}, {args.size_mib} MiB cached file "
+          f"({args.data}) {what}, "
           f"{args.runs} runs each, ABBA order; old {args.old_args!r}, new {args.new_args!r}\n")
     table(bins, rate, "MB/s", cpu)
 
@@ -157,7 +152,8 @@ def main():
     ap.add_argument("--file-size", type=int, default=4096)
     ap.add_argument("--scenario", default="satellite-t1")
     ap.add_argument("--put", action="store_true", help="file: upload instead of download")
-    ap.add_argument("--source", help="file: move this file (its size, not --size-mib) instead of random bytes")
+    ap.add_argument("--data", choices=["random", "text"], default="random",
+                    help="file: random bytes, or braid bench's compressible text")
     ap.add_argument("--old-args", default="", help="file: more client options for OLD")
     ap.add_argument("--new-args", default="", help="file: more client options for NEW")
     args = ap.parse_args()

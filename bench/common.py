@@ -16,6 +16,33 @@ def random_file(path, size):
             left -= n
 
 
+def text_file(path, size):
+    """Writes `size` bytes of `braid bench --data text` (seed 0) to `path`: web-server log
+    lines from the same xorshift generator, so that zstd finds in them what it finds in the
+    bench's file."""
+    m = (1 << 64) - 1
+    x = 0x9E3779B97F4A7C15
+    paths = ["/index.html", "/api/v1/items", "/static/app.js", "/static/style.css",
+             "/api/v1/users", "/images/logo.png", "/search", "/api/v1/orders"]
+    codes = [200, 200, 200, 304, 404, 500]
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            lines = []
+            for _ in range(100_000):
+                x ^= (x << 13) & m
+                x ^= x >> 7
+                x ^= (x << 17) & m
+                r = x
+                lines.append("10.%d.%d.%d - - [28/Nov/2026:%02d:%02d:%02d +0000] \"GET %s?id=%d HTTP/1.1\" %d %d %.3f\n" % (
+                    r % 4, (r >> 8) % 256, (r >> 16) % 256, (r >> 24) % 24, (r >> 29) % 60,
+                    (r >> 35) % 60, paths[(r >> 41) % 8], (r >> 44) % 100000, codes[(r >> 61) % 6],
+                    (r >> 20) % 50000, ((r >> 50) % 2000) / 1000.0))
+            chunk = "".join(lines).encode()[:left]
+            f.write(chunk)
+            left -= len(chunk)
+
+
 def certificate(work, host):
     """A self-signed certificate (and key) for `host`, a name or an IPv4 address, in `work`:
     made once, with openssl, as admins make them."""

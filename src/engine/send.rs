@@ -858,6 +858,10 @@ impl UnsentCap {
         // Two blocks' time, so that the cap, which moves only in steps of two, holds one.
         let want = match (sizing, rate) {
             (Sizing::Probing, _) => 1,
+            // Probing is over before the rate is known (a fast path, within its first 100
+            // ms): no cap until it is, rather than a byte, which makes each write wait for
+            // the queue to empty.
+            (_, None) if self.now == Some(1) => u32::MAX,
             (_, None) => return,
             (Sizing::Packed { .. }, Some(rate)) => Self::bytes(rate, 2.0 * PACKED_BLOCK_TIME),
             (Sizing::Plain, Some(rate)) => Self::bytes(rate, BLOCK_TIME),
@@ -975,6 +979,10 @@ mod tests {
         assert_eq!(lowat(), 1);
         cap.follow(&sock, Some(1e3), Sizing::Plain);
         assert_eq!(lowat(), 16 << 10);
+        // Probing over before the rate is known: no cap, not a byte's.
+        cap.follow(&sock, None, Sizing::Probing);
+        cap.follow(&sock, None, Sizing::Plain);
+        assert_eq!(lowat(), u32::MAX);
     }
 
     #[test]
