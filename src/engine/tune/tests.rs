@@ -469,6 +469,10 @@ fn the_congestion_control_that_pays_is_kept() {
         .collect();
     assert_eq!(trial.len(), 2, "tried once, and went back: {notes:?}");
     assert!(trial[1].action.contains("back to bbr"), "{trial:?}");
+    assert!(
+        trial[1].action.contains("utility"),
+        "the deciding measure: {trial:?}"
+    );
     assert!(trial[1].t - trial[0].t < 8.0, "{trial:?}");
     // BBR losing a sixth of what it sends there: its half of the trial is cut short.
     let lossy = Path {

@@ -140,7 +140,13 @@ impl Auto {
             self.note(view, Some(&s), why);
             (s, Vec::new())
         } else {
-            let why = format!("{to}: {gained} against {from}; back to {from}");
+            // Goodput alone can rise while the loss and queue it costs outweigh it.
+            let utility = if base.utility > 0.0 {
+                format!("utility {:+.0}%", (s.utility / base.utility - 1.0) * 100.0)
+            } else {
+                "no utility to gain".to_string()
+            };
+            let why = format!("{to}: {gained}, {utility} against {from}; back to {from}");
             self.note(view, Some(&s), why);
             self.restart();
             (base, vec![Decision::Congestion(from)])
