@@ -20,9 +20,6 @@ pub struct Packer {
     budget: &'static Budget,
     /// The stream's context, made for its level.
     stream: Option<Context>,
-    level: i32,
-    /// A frame is open: the next block continues it.
-    open: bool,
     /// A context for samples, while the connection sends plain (it has no stream then).
     sampler: Option<Context>,
     /// The prefix and data of the last block packed.
@@ -87,7 +84,10 @@ impl Drop for Reserved {
 /// A zstd compression context and the memory it is counted for.
 struct Context {
     zstd: CCtx<'static>,
-    _reserved: Reserved,
+    level: i32,
+    /// A frame is open: the next block continues it.
+    open: bool,
+    reserved: Reserved,
 }
 
 impl Context {
@@ -100,7 +100,9 @@ impl Context {
         zstd.set_parameter(CParameter::WindowLog(WINDOW_LOG)).ok()?;
         Some(Context {
             zstd,
-            _reserved: reserved,
+            level,
+            open: false,
+            reserved,
         })
     }
 }
@@ -127,8 +129,6 @@ impl Packer {
         Packer {
             budget,
             stream: None,
-            level: i32::MIN,
-            open: false,
             sampler: None,
             out: Vec::new(),
         }
@@ -141,7 +141,7 @@ impl Packer {
         let own = [&self.stream, &self.sampler]
             .into_iter()
             .flatten()
-            .map(|c| c._reserved.bytes)
+            .map(|c| c.reserved.bytes)
             .sum::<usize>();
         let free =
             (self.budget.most + own).saturating_sub(self.budget.held.load(Ordering::Acquire));
@@ -157,11 +157,9 @@ impl Packer {
         }
         // Compressing: no samples are taken until the connection goes plain again.
         self.sampler = None;
-        if self.level != level {
+        if self.stream.as_ref().is_some_and(|c| c.level != level) {
             // A context of the level's own size: the tables of a higher one are let go.
             self.stream = None;
-            self.open = false;
-            self.level = level;
         }
         let context = match &mut self.stream {
             Some(c) => c,
@@ -172,7 +170,7 @@ impl Packer {
         if self.out.len() < PREFIX_LEN + room {
             self.out.resize(PREFIX_LEN + room, 0);
         }
-        let continues = self.open;
+        let continues = context.open;
         let n = Self::flushed(
             &mut context.zstd,
             raw,
@@ -180,11 +178,11 @@ impl Packer {
         );
         let Some(n) = n else {
             // What the stream took in will never reach the receiver: a new frame next time.
-            self.open = false;
+            context.open = false;
             let _ = context.zstd.reset(ResetDirective::SessionOnly);
             return None;
         };
-        self.open = true;
+        context.open = true;
         let prefix = Prefix {
             raw_len: raw.len() as u32,
             level: level.clamp(i8::MIN.into(), i8::MAX.into()) as i8,
@@ -221,8 +219,6 @@ impl Packer {
     /// length when no context fits in the budget.
     pub fn sample(&mut self, sample: &[u8], level: i32) -> usize {
         self.stream = None;
-        self.open = false;
-        self.level = i32::MIN;
         if self.sampler.is_none() {
             self.sampler = Context::new(self.budget, level);
         }

@@ -753,21 +753,19 @@ impl Squeeze {
     /// path before a block about to be compressed or probed: one getsockopt for it, none for
     /// the plain blocks between probes. What it says may send the block plain after all.
     fn sizing(&mut self, sock: &TcpStream) -> Sizing {
-        self.governor.fits(self.packer.highest_fitting(&LEVELS));
         if self.governor.choose() == Choice::Plain {
             return Sizing::Plain;
         }
-        let mut info = braid_sockopt::tcp_info(sock);
-        self.governor
-            .path(info.as_ref().map_or(0, |i| i.delivery_rate) as f64);
+        // The memory for a level, like the path, matters only to a block about to be
+        // compressed or probed.
+        self.governor.fits(self.packer.highest_fitting(&LEVELS));
+        let mut info = self.measure(sock);
         if !self.governor.measured() && info.as_ref().is_some_and(|i| i.notsent_bytes > 0) {
             // Before the first acknowledgement, a block compressed now would be made at the
             // level chosen without the path: wait for the queue to go out (the cap is 1 byte
             // then, see [`UnsentCap::follow`]), which is when the path has been measured.
             wait_writable(sock, Duration::from_secs(2));
-            info = braid_sockopt::tcp_info(sock);
-            self.governor
-                .path(info.as_ref().map_or(0, |i| i.delivery_rate) as f64);
+            info = self.measure(sock);
         }
         match self.governor.choose() {
             Choice::Plain => Sizing::Plain,
@@ -786,6 +784,14 @@ impl Squeeze {
             }
             _ => Sizing::Plain,
         }
+    }
+
+    /// The kernel's view of the connection, its delivery rate handed to the governor.
+    fn measure(&mut self, sock: &TcpStream) -> Option<braid_sockopt::TcpInfo> {
+        let info = braid_sockopt::tcp_info(sock);
+        self.governor
+            .path(info.as_ref().map_or(0, |i| i.delivery_rate) as f64);
+        info
     }
 }
 
