@@ -891,12 +891,12 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
         };
         let link = lab.stop();
         links.insert(scenario.clone(), serde_json::to_value(&link)?);
-        if link.up.device_drops + link.down.device_drops > 0 {
+        if link.device_drops() > 0 {
             note(
                 &bar,
                 format!(
                     "{scenario}: WARNING: the TUN devices dropped {} packets the emulator never saw (the relay fell behind): this scenario's numbers are not trustworthy",
-                    link.up.device_drops + link.down.device_drops
+                    link.device_drops()
                 ),
             );
         }

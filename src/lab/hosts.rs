@@ -1,4 +1,4 @@
-//! The lab's two hosts: a network namespace each, holding a TUN device whose other end is the
+//! The lab's hosts: a network namespace each, holding a TUN device whose other end is the
 //! relay. Set up with iproute2, and removed whatever happens (drop, Ctrl-C, error), together
 //! with every process still running inside.
 
@@ -11,17 +11,33 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tun_rs::SyncDevice;
 
-pub const HOSTS: [&str; 2] = ["left", "right"];
+/// The hosts of a lab that names none: two, joined by one link.
+pub const PAIR: [&str; 2] = ["left", "right"];
 /// The TUN device's name inside each host.
 pub const DEVICE: &str = "braid0";
+/// Most hosts a lab may have: each is a thread in the relay, on a machine with few cores.
+pub const MAX_HOSTS: usize = 16;
 
-/// A host's address: 198.18.0.0/15 is reserved for benchmarking (RFC 2544).
-pub fn address(host: &str) -> Ipv4Addr {
-    if host == "left" {
-        Ipv4Addr::new(198, 18, 0, 1)
-    } else {
-        Ipv4Addr::new(198, 18, 0, 2)
+/// The address of a lab's host number `index` (from 0): 198.18.0.0/15 is reserved for
+/// benchmarking (RFC 2544).
+pub fn address(index: usize) -> Ipv4Addr {
+    Ipv4Addr::new(198, 18, 0, index as u8 + 1)
+}
+
+/// A host name a lab can use: it becomes part of a namespace's name and of `/etc/hosts`.
+pub fn check_host_name(host: &str) -> Result<()> {
+    if host.is_empty()
+        || host.len() > 15
+        || !host.starts_with(|c: char| c.is_ascii_lowercase())
+        || !host
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        bail!(
+            "host name {host:?}: use up to 15 lowercase letters, digits and '-', starting with a letter"
+        );
     }
+    Ok(())
 }
 
 pub fn namespace(lab: &str, host: &str) -> String {
@@ -37,23 +53,34 @@ fn records() -> PathBuf {
 /// Packets a host's TUN device holds for the relay to read (its `txqueuelen`).
 const TUN_RING: u32 = 10_000;
 
-/// The two hosts of a running lab. Dropping it tears everything down.
+/// The hosts of a running lab. Dropping it tears everything down.
 pub struct Lab {
     pub name: String,
+    /// Host names, in the order of their addresses.
+    pub hosts: Vec<String>,
     pub devices: Vec<Arc<SyncDevice>>,
     created: Vec<String>,
 }
 
 impl Lab {
-    pub fn up(name: &str, mtu: u16) -> Result<Lab> {
+    pub fn up(name: &str, hosts: &[String], mtu: u16) -> Result<Lab> {
         preflight()?;
+        if hosts.len() < 2 || hosts.len() > MAX_HOSTS {
+            bail!("a lab has 2 to {MAX_HOSTS} hosts, not {}", hosts.len());
+        }
+        for (i, h) in hosts.iter().enumerate() {
+            check_host_name(h)?;
+            if hosts[..i].contains(h) {
+                bail!("host {h} is named twice");
+            }
+        }
         if name.is_empty()
             || name.len() > 20
             || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
         {
             bail!("lab name {name:?}: use up to 20 letters, digits and '-'");
         }
-        for host in HOSTS {
+        for host in hosts {
             let ns = namespace(name, host);
             if std::path::Path::new("/run/netns").join(&ns).exists() {
                 bail!(
@@ -65,22 +92,21 @@ impl Lab {
         }
         let mut lab = Lab {
             name: name.to_string(),
+            hosts: hosts.to_vec(),
             devices: Vec::new(),
             created: Vec::new(),
         };
         std::fs::create_dir_all(records()).context("cannot create /run/braid-lab")?;
         let me = std::process::id();
-        let record = match start_time(me) {
-            Some(t) => format!("{me} {t}"),
-            None => me.to_string(),
-        };
+        // "PID START HOST,HOST,...": whose lab it is, and what `clean` must remove.
+        let record = format!("{me} {} {}", start_time(me).unwrap_or(0), hosts.join(","));
         std::fs::write(records().join(name), record)
             .context("cannot write the lab record in /run/braid-lab")?;
-        for host in HOSTS {
+        for (index, host) in hosts.iter().enumerate() {
             let ns = namespace(name, host);
             ip(&["netns", "add", &ns])?;
             lab.created.push(ns.clone());
-            names_in(&ns)?;
+            names_in(&ns, hosts)?;
             // IPv6 autoconfiguration would send router solicitations and MLD reports over the
             // link: switch IPv6 off before the device exists.
             run(Command::new("ip").args([
@@ -95,7 +121,7 @@ impl Lab {
             ]))?;
             ip(&["-n", &ns, "link", "set", "lo", "up"])?;
             lab.devices.push(Arc::new(tun_in(&ns, mtu)?));
-            let addr = format!("{}/30", address(host));
+            let addr = format!("{}/24", address(index));
             ip(&["-n", &ns, "addr", "add", &addr, "dev", DEVICE])?;
             // The ring between the kernel and the relay: a TUN drops what arrives while it is
             // full, a loss outside the model, when the relay is held up on a busy machine. Its
@@ -120,7 +146,7 @@ impl Lab {
     /// Packets each host's TUN dropped before the relay read them (its TX ring was full):
     /// drops outside the model.
     pub fn device_drops(&self) -> Vec<u64> {
-        HOSTS
+        self.hosts
             .iter()
             .map(|h| tx_dropped(&namespace(&self.name, h)).unwrap_or(0))
             .collect()
@@ -200,25 +226,25 @@ fn tx_dropped(ns: &str) -> Option<u64> {
         .as_u64()
 }
 
-/// Stops every process inside `ns` (TERM, then KILL after a second), then deletes it.
 /// `ip netns exec` shows a namespace `/etc/netns/NS/hosts` as its `/etc/hosts`: the
-/// machine's entries plus `left` and `right`. Programs that look up the name of an address
+/// machine's entries plus the lab's hosts. Programs that look up the name of an address
 /// they serve (globus-gridftp-server does) then find it here instead of asking a DNS server
 /// the namespace cannot reach.
-fn names_in(ns: &str) -> Result<()> {
+fn names_in(ns: &str, hosts: &[String]) -> Result<()> {
     let dir = PathBuf::from("/etc/netns").join(ns);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
-    if !hosts.is_empty() && !hosts.ends_with('\n') {
-        hosts.push('\n');
+    let mut text = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
     }
-    for h in HOSTS {
-        hosts += &format!("{} {h}\n", address(h));
+    for (i, h) in hosts.iter().enumerate() {
+        text += &format!("{} {h}\n", address(i));
     }
-    std::fs::write(dir.join("hosts"), hosts)
+    std::fs::write(dir.join("hosts"), text)
         .with_context(|| format!("cannot write {}/hosts", dir.display()))
 }
 
+/// Stops every process inside `ns` (TERM, then KILL after a second), then deletes it.
 fn remove_namespace(ns: &str) {
     let deadline = Instant::now() + Duration::from_secs(1);
     let mut signal = rustix::process::Signal::TERM;
@@ -280,21 +306,14 @@ pub fn clean() -> Result<(Vec<String>, Vec<String>)> {
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        // "PID START": the owner is alive if that process still runs and started then (not
-        // a later process that reuses its PID), whatever its binary is called.
-        let record = std::fs::read_to_string(entry.path()).unwrap_or_default();
-        let mut fields = record.split_whitespace();
-        let owner = fields.next().and_then(|p| p.parse::<u32>().ok());
-        let started = fields.next().and_then(|t| t.parse::<u64>().ok());
-        let alive = owner.is_some_and(|pid| {
-            let now = start_time(pid);
-            now.is_some() && (started.is_none() || now == started)
-        });
-        if alive {
+        let Some(record) = Record::read(&name) else {
+            continue;
+        };
+        if record.alive() {
             running.push(name);
             continue;
         }
-        for host in HOSTS {
+        for host in &record.hosts {
             let ns = namespace(&name, host);
             if std::path::Path::new("/run/netns").join(&ns).exists() {
                 remove_namespace(&ns);
@@ -304,6 +323,45 @@ pub fn clean() -> Result<(Vec<String>, Vec<String>)> {
         removed.push(name);
     }
     Ok((removed, running))
+}
+
+/// What `/run/braid-lab/NAME` says of a lab.
+pub struct Record {
+    owner: Option<u32>,
+    started: Option<u64>,
+    pub hosts: Vec<String>,
+}
+
+impl Record {
+    /// "PID START HOST,HOST,...", the hosts left and right when the record names none. None:
+    /// no lab of that name is running (or left behind).
+    pub fn read(lab: &str) -> Option<Record> {
+        let text = std::fs::read_to_string(records().join(lab)).ok()?;
+        let mut fields = text.split_whitespace();
+        let owner = fields.next().and_then(|p| p.parse::<u32>().ok());
+        let started = fields
+            .next()
+            .and_then(|t| t.parse::<u64>().ok())
+            .filter(|&t| t > 0);
+        let hosts = match fields.next() {
+            Some(h) => h.split(',').map(str::to_string).collect(),
+            None => PAIR.map(str::to_string).to_vec(),
+        };
+        Some(Record {
+            owner,
+            started,
+            hosts,
+        })
+    }
+
+    /// The owner is alive if that process still runs and started then (not a later process
+    /// that reuses its PID), whatever its binary is called.
+    fn alive(&self) -> bool {
+        self.owner.is_some_and(|pid| {
+            let now = start_time(pid);
+            now.is_some() && (self.started.is_none() || now == self.started)
+        })
+    }
 }
 
 fn ip(args: &[&str]) -> Result<()> {

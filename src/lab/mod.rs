@@ -1,7 +1,7 @@
-//! `braid lab`: a packet-level link emulator. Two network namespaces, `left` and `right`, each
-//! with a TUN device; a relay in this process carries every packet between them through a
-//! model of the link (rate, queue, delay, loss, corruption). This kernel has no netem, so the
-//! lab brings its own, in the style of mahimahi.
+//! `braid lab`: a packet-level link emulator. Network namespaces (`left` and `right`, or the
+//! hosts `--host` names), each with a TUN device; a relay in this process carries every packet
+//! between them through a model of the link (rate, queue, delay, loss, corruption). This
+//! kernel has no netem, so the lab brings its own, in the style of mahimahi.
 
 pub mod firewall;
 pub mod hosts;
@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 #[derive(Subcommand, Debug)]
 pub enum LabCmd {
     /// Bring up two hosts, `left` (198.18.0.1) and `right` (198.18.0.2), joined by an
-    /// emulated link, and keep it up until Ctrl-C (or --duration). Prints the link's counters
-    /// at the end.
+    /// emulated link (or the hosts --host names, each behind its own link to one switch), and
+    /// keep it up until Ctrl-C (or --duration). Prints the links' counters at the end.
     Link {
         #[command(flatten)]
         link: LinkArgs,
@@ -36,7 +36,7 @@ pub enum LabCmd {
         /// Which lab (see `link --name`).
         #[arg(long, default_value = "braid")]
         name: String,
-        /// left or right
+        /// left or right (or a name --host gave)
         host: String,
         #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -69,9 +69,24 @@ pub struct LinkArgs {
     /// Start from a named scenario (see `braid lab scenarios`).
     #[arg(long)]
     scenario: Option<String>,
-    /// Lab name: its namespaces are NAME-left and NAME-right.
+    /// Lab name: its namespaces are NAME-left and NAME-right (NAME-HOST with --host).
     #[arg(long, default_value = "braid")]
     name: String,
+    /// A lab of more hosts than two: each --host is one, behind its own access link to a
+    /// switch; a packet crosses its sender's link up and its receiver's link down. Hosts get
+    /// 198.18.0.1, .2, ... in the order given, and know each other by name. LINK is
+    /// KEY=VALUE,... with the keys of the two-host link: rate, delay, queue, loss, ber, corrupt
+    /// (both ways), or up-rate, down-delay, ... (up is host → switch); none: an open link.
+    /// E.g. --host client --host dn1:rate=100mbit,delay=10ms --host dn2:rate=100mbit,delay=10ms
+    #[arg(
+        long = "host",
+        value_name = "NAME[:LINK]",
+        conflicts_with_all = ["scenario", "rate", "delay", "queue", "loss", "ber", "corrupt",
+            "up_rate", "down_rate", "up_delay", "down_delay", "up_queue", "down_queue",
+            "up_loss", "down_loss", "up_ber", "down_ber", "up_corrupt", "down_corrupt",
+            "right_accepts", "left_accepts"]
+    )]
+    hosts: Vec<String>,
     /// Link rate, e.g. 1.536mbit, 50mbit, 14.4kbit, or unlimited [default: unlimited]
     #[arg(long)]
     rate: Option<String>,
@@ -185,6 +200,121 @@ fn apply(mut p: Params, o: Overrides) -> Result<Params, String> {
     Ok(p)
 }
 
+/// A link with no rate limit, delay or loss.
+fn open_params() -> Params {
+    Params {
+        rate: None,
+        delay: 0,
+        queue: QueueLimit::Packets(1000),
+        loss: Loss::None,
+        corrupt: 0.0,
+    }
+}
+
+/// The keys a `--host` link takes, in the order of [`Overrides`].
+const LINK_KEYS: [&str; 6] = ["rate", "delay", "queue", "loss", "ber", "corrupt"];
+
+/// `NAME[:KEY=VALUE,...]` of `--host`.
+pub fn parse_host(arg: &str) -> Result<HostSpec> {
+    let (name, link) = arg.split_once(':').unwrap_or((arg, ""));
+    hosts::check_host_name(name).with_context(|| format!("--host {arg}"))?;
+    // [both ways, up, down] × LINK_KEYS
+    let mut given: [[Option<String>; 6]; 3] = Default::default();
+    for pair in link.split(',').filter(|p| !p.is_empty()) {
+        let Some((key, value)) = pair.split_once('=') else {
+            bail!("--host {arg}: {pair:?} is not KEY=VALUE (e.g. rate=100mbit)");
+        };
+        let (way, bare) = match key.split_once('-') {
+            Some(("up", k)) => (1, k),
+            Some(("down", k)) => (2, k),
+            _ => (0, key),
+        };
+        let Some(k) = LINK_KEYS.iter().position(|&k| k == bare) else {
+            bail!(
+                "--host {arg}: unknown key {key:?}; the keys are {} (both ways) and up-KEY, \
+                 down-KEY (one way; up is host → switch)",
+                LINK_KEYS.join(", ")
+            );
+        };
+        if given[way][k].replace(value.to_string()).is_some() {
+            bail!("--host {arg}: {key} is given twice");
+        }
+    }
+    for way in &given {
+        if way[3].is_some() && way[4].is_some() {
+            bail!("--host {arg}: give loss or ber, not both");
+        }
+    }
+    let way = |w: usize| {
+        apply(
+            open_params(),
+            Overrides {
+                rate: [&given[0][0], &given[w][0]],
+                delay: [&given[0][1], &given[w][1]],
+                queue: [&given[0][2], &given[w][2]],
+                loss: [&given[0][3], &given[w][3]],
+                ber: [&given[0][4], &given[w][4]],
+                corrupt: [&given[0][5], &given[w][5]],
+            },
+        )
+        .map_err(|e| anyhow::anyhow!("--host {arg}: {e}"))
+    };
+    let down = way(2)?;
+    Ok(HostSpec {
+        name: name.to_string(),
+        up: way(1)?,
+        down: (down != open_params()).then_some(down),
+        accepts: None,
+    })
+}
+
+/// One host of a lab, and its access link to the lab's switch.
+#[derive(Debug, Clone)]
+pub struct HostSpec {
+    pub name: String,
+    /// Host → switch.
+    pub up: Params,
+    /// Switch → host; None: open.
+    pub down: Option<Params>,
+    /// What it takes new connections on (None: everything).
+    pub accepts: Option<firewall::Accepts>,
+}
+
+/// The hosts of a lab and their links.
+#[derive(Debug, Clone)]
+pub struct Topology {
+    pub scenario: Option<String>,
+    pub mtu: u16,
+    pub hosts: Vec<HostSpec>,
+    /// Two hosts joined by one link (`left` and `right`): its report speaks of up and down.
+    pub pair: bool,
+}
+
+impl Topology {
+    /// `left` and `right`, each uplink the whole of its direction.
+    pub fn pair(spec: &LinkSpec) -> Topology {
+        let host = |name: &str, up: &Params, accepts: &Option<firewall::Accepts>| HostSpec {
+            name: name.to_string(),
+            up: up.clone(),
+            down: None,
+            accepts: accepts.clone(),
+        };
+        Topology {
+            scenario: spec.scenario.clone(),
+            mtu: spec.mtu,
+            hosts: vec![
+                host("left", &spec.up, &spec.firewall.left),
+                host("right", &spec.down, &spec.firewall.right),
+            ],
+            pair: true,
+        }
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.hosts.iter().map(|h| h.name.clone()).collect()
+    }
+}
+
 /// Overrides that apply to both directions of a scenario (`braid bench`).
 #[derive(Debug, Clone, Default)]
 pub struct BothWays {
@@ -247,22 +377,38 @@ impl LinkSpec {
 }
 
 impl LinkArgs {
+    /// The lab these arguments describe: two hosts and a link, or the hosts of `--host`.
+    pub fn topology(&self) -> Result<Topology> {
+        if self.hosts.is_empty() {
+            return Ok(Topology::pair(&self.spec()?));
+        }
+        let hosts = self
+            .hosts
+            .iter()
+            .map(|h| parse_host(h))
+            .collect::<Result<Vec<_>>>()?;
+        if hosts.len() < 2 {
+            bail!("--host: a lab has at least two hosts (give --host once per host)");
+        }
+        let mtu = self.mtu.unwrap_or(1500);
+        if !(576..=65535).contains(&mtu) {
+            bail!("--mtu {mtu}: use 576 to 65535");
+        }
+        Ok(Topology {
+            scenario: None,
+            mtu,
+            hosts,
+            pair: false,
+        })
+    }
+
     pub fn spec(&self) -> Result<LinkSpec> {
         let (mut mtu, up, down) = match &self.scenario {
             Some(name) => {
                 let s = scenario::find(name).map_err(anyhow::Error::msg)?;
                 (s.mtu, s.up, s.down)
             }
-            None => {
-                let open = Params {
-                    rate: None,
-                    delay: 0,
-                    queue: QueueLimit::Packets(1000),
-                    loss: Loss::None,
-                    corrupt: 0.0,
-                };
-                (1500, open.clone(), open)
-            }
+            None => (1500, open_params(), open_params()),
         };
         if let Some(m) = self.mtu {
             if !(576..=65535).contains(&m) {
@@ -313,6 +459,23 @@ pub struct Report {
     pub scenario: Option<String>,
     pub mtu: u16,
     pub seconds: f64,
+    #[serde(flatten)]
+    pub links: Links,
+}
+
+/// A two-host lab's link (up is left → right), or each host's link to the switch.
+#[derive(Debug, serde::Serialize)]
+#[serde(untagged)]
+pub enum Links {
+    Pair { up: Box<Side>, down: Box<Side> },
+    Star { hosts: Vec<HostSide> },
+}
+
+/// One host's access link (up is host → switch).
+#[derive(Debug, serde::Serialize)]
+pub struct HostSide {
+    pub name: String,
+    pub address: std::net::Ipv4Addr,
     pub up: Side,
     pub down: Side,
 }
@@ -328,8 +491,27 @@ pub struct Side {
 }
 
 impl Report {
-    fn device_drops(&self) -> u64 {
-        self.up.device_drops + self.down.device_drops
+    /// Packets the TUN devices dropped before the relay read them.
+    pub fn device_drops(&self) -> u64 {
+        self.sides().iter().map(|(_, s)| s.device_drops).sum()
+    }
+
+    fn sides(&self) -> Vec<(String, &Side)> {
+        match &self.links {
+            Links::Pair { up, down } => vec![
+                ("up (left → right)".into(), &**up),
+                ("down (right → left)".into(), &**down),
+            ],
+            Links::Star { hosts } => hosts
+                .iter()
+                .flat_map(|h| {
+                    [
+                        (format!("{} ({}) up", h.name, h.address), &h.up),
+                        (format!("{} down", h.name), &h.down),
+                    ]
+                })
+                .collect(),
+        }
     }
 
     fn print(&self) {
@@ -341,10 +523,7 @@ impl Report {
                 .as_ref()
                 .map_or(String::new(), |s| format!(", scenario {s}"))
         );
-        for (dir, side) in [
-            ("up (left → right)", &self.up),
-            ("down (right → left)", &self.down),
-        ] {
+        for (dir, side) in self.sides() {
             let c = &side.relay.counters;
             eprintln!("  {dir}: {}", side.link);
             eprintln!(
@@ -365,6 +544,12 @@ impl Report {
                     side.relay.firewall_drops
                 );
             }
+            if side.relay.unroutable > 0 {
+                eprintln!(
+                    "    packets for addresses no host has: {}",
+                    side.relay.unroutable
+                );
+            }
         }
     }
 }
@@ -373,13 +558,13 @@ impl Report {
 pub struct Running {
     lab: hosts::Lab,
     relay: relay::Relay,
-    pub spec: LinkSpec,
+    pub topology: Topology,
     started: Instant,
 }
 
 impl Running {
     fn start(args: &LinkArgs) -> Result<Running> {
-        let spec = args.spec()?;
+        let topology = args.topology()?;
         let log = match &args.log {
             Some(path) => {
                 let f = std::fs::File::create(path)
@@ -388,35 +573,58 @@ impl Running {
             }
             None => None,
         };
-        Running::up(&args.name, spec, args.seed, log)
+        Running::with_hosts(&args.name, topology, args.seed, log)
     }
 
-    /// Brings up lab `name` with the link `spec`; everything is removed when the result is
-    /// stopped or dropped.
+    /// Brings up two-host lab `name` with the link `spec`; everything is removed when the
+    /// result is stopped or dropped.
     pub fn up(
         name: &str,
         spec: LinkSpec,
         seed: u64,
         log: Option<relay::PacketLog>,
     ) -> Result<Running> {
-        let lab = hosts::Lab::up(name, spec.mtu)?;
-        let relay = relay::Relay::start(
-            lab.devices[0].clone(),
-            lab.devices[1].clone(),
-            [spec.up.clone(), spec.down.clone()],
-            &spec.firewall,
-            seed,
-            log,
-        );
+        Running::with_hosts(name, Topology::pair(&spec), seed, log)
+    }
+
+    /// Brings up lab `name` with the hosts and links of `topology`.
+    pub fn with_hosts(
+        name: &str,
+        topology: Topology,
+        seed: u64,
+        log: Option<relay::PacketLog>,
+    ) -> Result<Running> {
+        let lab = hosts::Lab::up(name, &topology.names(), topology.mtu)?;
+        // In a two-host lab the packet log names the directions up and down.
+        let labels = |h: &HostSpec| match (topology.pair, h.name.as_str()) {
+            (true, "left") => ("up".to_string(), "-".to_string()),
+            (true, _) => ("down".to_string(), "-".to_string()),
+            (false, name) => (format!("{name}-up"), format!("{name}-down")),
+        };
+        let ports = topology
+            .hosts
+            .iter()
+            .zip(&lab.devices)
+            .enumerate()
+            .map(|(i, (h, device))| relay::Port {
+                device: device.clone(),
+                address: hosts::address(i),
+                labels: labels(h),
+                up: h.up.clone(),
+                down: h.down.clone(),
+                accepts: h.accepts.clone(),
+            })
+            .collect();
+        let relay = relay::Relay::start(ports, seed, log).context("cannot start the relay")?;
         Ok(Running {
             lab,
             relay,
-            spec,
+            topology,
             started: Instant::now(),
         })
     }
 
-    /// A command to run in `host` (left or right) of this lab.
+    /// A command to run in host `host` of this lab.
     pub fn command(&self, host: &str, program: &str) -> Command {
         let mut c = Command::new("ip");
         c.args([
@@ -431,22 +639,49 @@ impl Running {
     pub fn stop(self) -> Report {
         let seconds = self.started.elapsed().as_secs_f64();
         let drops = self.lab.device_drops();
-        let (up, down) = self.relay.stop();
+        let reports = self.relay.stop();
         drop(self.lab);
+        let t = &self.topology;
+        let side = |params: Option<&Params>, relay: relay::DirectionReport, device_drops| Side {
+            link: params.map_or("open".to_string(), scenario::describe),
+            relay,
+            device_drops,
+        };
+        let links = if t.pair {
+            let mut r = reports.into_iter().map(|r| r.up);
+            Links::Pair {
+                up: Box::new(side(
+                    Some(&t.hosts[0].up),
+                    r.next().unwrap_or_default(),
+                    drops.first().copied().unwrap_or(0),
+                )),
+                down: Box::new(side(
+                    Some(&t.hosts[1].up),
+                    r.next().unwrap_or_default(),
+                    drops.get(1).copied().unwrap_or(0),
+                )),
+            }
+        } else {
+            Links::Star {
+                hosts: t
+                    .hosts
+                    .iter()
+                    .zip(reports)
+                    .enumerate()
+                    .map(|(i, (h, r))| HostSide {
+                        name: h.name.clone(),
+                        address: hosts::address(i),
+                        up: side(Some(&h.up), r.up, drops.get(i).copied().unwrap_or(0)),
+                        down: side(h.down.as_ref(), r.down, 0),
+                    })
+                    .collect(),
+            }
+        };
         Report {
-            scenario: self.spec.scenario.clone(),
-            mtu: self.spec.mtu,
+            scenario: t.scenario.clone(),
+            mtu: t.mtu,
             seconds,
-            up: Side {
-                link: scenario::describe(&self.spec.up),
-                relay: up,
-                device_drops: drops.first().copied().unwrap_or(0),
-            },
-            down: Side {
-                link: scenario::describe(&self.spec.down),
-                relay: down,
-                device_drops: drops.get(1).copied().unwrap_or(0),
-            },
+            links,
         }
     }
 }
@@ -483,13 +718,20 @@ pub fn main(cmd: LabCmd) -> Result<u8> {
         LabCmd::Link { link, duration } => {
             let stop = stop_flag();
             let running = Running::start(&link)?;
+            let t = &running.topology;
+            let names: Vec<String> = t
+                .hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| format!("{} {}", h.name, hosts::address(i)))
+                .collect();
             eprintln!(
-                "braid lab {}: left {} and right {} are up (MTU {}); run commands with `braid lab exec --name {} left -- CMD`; Ctrl-C stops",
+                "braid lab {}: {} are up (MTU {}); run commands with `braid lab exec --name {} {} -- CMD`; Ctrl-C stops",
                 link.name,
-                hosts::address("left"),
-                hosts::address("right"),
-                running.spec.mtu,
-                link.name
+                names.join(", "),
+                t.mtu,
+                link.name,
+                t.hosts[0].name
             );
             let deadline = duration.map(|d| Instant::now() + Duration::from_secs_f64(d.max(0.0)));
             while !stop.load(Ordering::Relaxed) && deadline.is_none_or(|d| Instant::now() < d) {
@@ -502,14 +744,17 @@ pub fn main(cmd: LabCmd) -> Result<u8> {
             host,
             command,
         } => {
-            if !hosts::HOSTS.contains(&host.as_str()) {
-                bail!("unknown host {host:?}: the lab's hosts are left and right");
-            }
             let ns = hosts::namespace(&name, &host);
             if !std::path::Path::new("/run/netns").join(&ns).exists() {
-                bail!(
-                    "no lab named {name} is running (start one with `braid lab link --name {name}`)"
-                );
+                match hosts::Record::read(&name) {
+                    Some(r) if !r.hosts.contains(&host) => bail!(
+                        "unknown host {host:?}: lab {name}'s hosts are {}",
+                        r.hosts.join(", ")
+                    ),
+                    _ => bail!(
+                        "no lab named {name} is running (start one with `braid lab link --name {name}`)"
+                    ),
+                }
             }
             let status = Command::new("ip")
                 .args(["netns", "exec", &ns])
@@ -536,7 +781,7 @@ pub fn main(cmd: LabCmd) -> Result<u8> {
         LabCmd::Clean => {
             let (removed, running) = hosts::clean()?;
             for name in &removed {
-                eprintln!("braid lab: removed {name}-left and {name}-right");
+                eprintln!("braid lab: removed lab {name}");
             }
             for name in &running {
                 eprintln!("braid lab: {name} is running; stop it with Ctrl-C where it runs");
@@ -558,6 +803,12 @@ struct Ran {
 }
 
 fn run_once(args: &LinkArgs, server: &str, client: &str, timeout: f64) -> Result<u8> {
+    if !args.hosts.is_empty() {
+        bail!(
+            "lab run puts its server in right and its client in left: with --host, start the \
+             lab with `braid lab link` and run commands with `braid lab exec`"
+        );
+    }
     let stop = stop_flag();
     let running = Running::start(args)?;
     // Output goes to unnamed temporary files: a pipe nobody reads would stall a chatty command.
@@ -645,6 +896,42 @@ impl Child {
             exit,
             stdout: read(&mut self.out),
             stderr: read(&mut self.err),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_link_applies_both_ways_then_one_way_and_open_downlinks_are_none() {
+        let h = parse_host("dn1:rate=100mbit,delay=10ms,up-delay=2ms,down-loss=1e-3").unwrap();
+        assert_eq!(h.name, "dn1");
+        assert_eq!(h.up.rate, Some(100_000_000));
+        assert_eq!(h.up.delay, 2_000_000);
+        assert_eq!(h.up.loss, Loss::None);
+        let down = h.down.unwrap();
+        assert_eq!((down.rate, down.delay), (Some(100_000_000), 10_000_000));
+        assert_eq!(down.loss, Loss::Random(1e-3));
+        // A host with no link, or an open downlink, skips the downlink's model.
+        assert!(parse_host("client").unwrap().down.is_none());
+        assert!(parse_host("c:up-rate=1mbit").unwrap().down.is_none());
+    }
+
+    #[test]
+    fn a_bad_host_argument_says_what_is_wrong() {
+        for (arg, says) in [
+            ("Dn1", "lowercase"),
+            ("1dn", "starting with a letter"),
+            ("dn1:speed=1mbit", "unknown key \"speed\""),
+            ("dn1:rate", "not KEY=VALUE"),
+            ("dn1:rate=1mbit,rate=2mbit", "given twice"),
+            ("dn1:loss=1e-3,ber=1e-6", "loss or ber"),
+            ("dn1:rate=fast", "--host dn1:rate=fast"),
+        ] {
+            let e = format!("{:#}", parse_host(arg).unwrap_err());
+            assert!(e.contains(says), "{arg}: {e}");
         }
     }
 }

@@ -24,26 +24,29 @@ pub fn lab_name(tag: &str) -> String {
     format!("bt{}{tag}", std::process::id() % 100_000)
 }
 
-/// Nothing of lab `name` remains: namespaces, record.
+/// Nothing of lab `name` remains: namespaces (NAME-HOST), their /etc/netns, the record.
 fn assert_gone(name: &str) {
     let list = Command::new("ip").args(["netns", "list"]).output().unwrap();
     let list = String::from_utf8_lossy(&list.stdout);
-    for host in ["left", "right"] {
-        let ns = format!("{name}-{host}");
-        assert!(
-            !list
-                .lines()
-                .any(|l| l.split_whitespace().next() == Some(ns.as_str())),
-            "namespace {ns} was left behind: {list}"
-        );
-    }
+    let prefix = format!("{name}-");
+    assert!(
+        !list.lines().any(|l| l.starts_with(&prefix)),
+        "a namespace of lab {name} was left behind: {list}"
+    );
     assert!(
         !std::path::Path::new("/run/braid-lab").join(name).exists(),
         "the lab's record was left behind"
     );
-    for host in ["left", "right"] {
-        let names = std::path::Path::new("/etc/netns").join(format!("{name}-{host}"));
-        assert!(!names.exists(), "{} was left behind", names.display());
+    for entry in std::fs::read_dir("/etc/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        assert!(
+            !entry.file_name().to_string_lossy().starts_with(&prefix),
+            "{} was left behind",
+            entry.path().display()
+        );
     }
 }
 
@@ -193,22 +196,12 @@ fn ping_rtt_is_twice_the_delay_plus_serialization() {
         "{}",
         String::from_utf8_lossy(&second.stderr)
     );
-    let out = link.exec("left", &["ping", "-c", "10", "-i", "0.2", "198.18.0.2"]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{text}");
-    let mut rtts: Vec<f64> = text
-        .lines()
-        .filter_map(|l| l.split("time=").nth(1))
-        .filter_map(|t| t.split_whitespace().next()?.parse().ok())
-        .collect();
-    assert_eq!(rtts.len(), 10, "{text}");
-    rtts.sort_by(f64::total_cmp);
-    let median = rtts[5];
+    let median = ping_median(&link, "left", "198.18.0.2");
     // 84-byte echo and reply, each serialized at 1.536 Mbit/s: 0.4375 ms per direction.
     let expected = 200.0 + 2.0 * 84.0 * 8.0 / 1536.0;
     assert!(
         (median - expected).abs() <= 1.0,
-        "median RTT {median} ms, expected {expected} ms: {rtts:?}"
+        "median RTT {median} ms, expected {expected} ms"
     );
     let report = link.stop();
     assert_eq!(report["up"]["delivered_packets"], 10, "{report}");
@@ -227,6 +220,170 @@ fn ping_rtt_is_twice_the_delay_plus_serialization() {
         );
         assert_eq!(delivered - sent, 100_000, "{log}");
         assert!((437..=438).contains(&(sent - arrival)), "{log}");
+    }
+}
+
+/// Median RTT in ms of ten pings from `host` to `to`.
+fn ping_median(link: &Link, host: &str, to: &str) -> f64 {
+    let out = link.exec(host, &["ping", "-c", "10", "-i", "0.2", to]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{host} → {to}: {text}");
+    let mut rtts: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.split("time=").nth(1))
+        .filter_map(|t| t.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(rtts.len(), 10, "{text}");
+    rtts.sort_by(f64::total_cmp);
+    rtts[5]
+}
+
+/// An iperf3 server for one test in `host` of a star lab, listening on `port` once this
+/// returns. The caller waits for it; the lab's teardown stops it if the test fails first.
+#[allow(clippy::zombie_processes)]
+fn iperf3_server(link: &Link, host: &str, port: u16) -> Child {
+    let mut child = Command::new(BRAID)
+        .args(["lab", "exec", "--name", &link.name, host, "--"])
+        .args(["iperf3", "-s", "-1", "-J", "-p", &port.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let filter = format!("sport = :{port}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = link.exec(host, &["ss", "-Hltn", &filter]);
+        if !out.stdout.is_empty() {
+            return child;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("iperf3 -s did not listen on {host} port {port}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A lab of four hosts, each behind its own access link to one switch: a packet crosses its
+/// sender's link up and its receiver's link down, so delays add along the path, the slower
+/// link sets the rate, and two senders into one host share its downlink.
+#[test]
+fn a_lab_of_more_hosts_gives_each_its_own_link_to_a_switch() {
+    require_lab();
+    require("ping");
+    require("iperf3");
+    require("ss");
+    let name = lab_name("m");
+    let link = Link::up(
+        &name,
+        &[
+            "--host",
+            "a:rate=20mbit,delay=10ms,queue=100pkt",
+            "--host",
+            "b:rate=50mbit,delay=5ms",
+            "--host",
+            "c",
+            "--host",
+            "d:down-delay=1ms",
+        ],
+    );
+    // Names resolve in every host; an unknown host is named as such.
+    let out = link.exec("a", &["getent", "hosts", "d"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("198.18.0.4 "),
+        "{out:?}"
+    );
+    let out = link.exec("e", &["true"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("hosts are a, b, c, d"),
+        "{out:?}"
+    );
+    // RTT: twice each link's delay, plus an 84-byte ping's serialization on each rated hop.
+    let ser = |mbit: f64| 2.0 * 84.0 * 8.0 / (mbit * 1000.0);
+    for (from, to, expected) in [
+        ("a", "198.18.0.2", 30.0 + ser(20.0) + ser(50.0)),
+        ("a", "198.18.0.3", 20.0 + ser(20.0)),
+        ("b", "198.18.0.3", 10.0 + ser(50.0)),
+        ("c", "198.18.0.4", 1.0),
+    ] {
+        let median = ping_median(&link, from, to);
+        assert!(
+            (median - expected).abs() <= 1.0,
+            "{from} → {to}: median RTT {median} ms, expected {expected:.2} ms"
+        );
+    }
+    // Rate: c → a is held to a's 20 Mbit/s; b and c sending to a at once share it.
+    let payload = 20e6 * 1448.0 / 1500.0;
+    let server = iperf3_server(&link, "a", 5201);
+    let out = link.exec(
+        "c",
+        &["iperf3", "-c", "198.18.0.1", "-t", "5", "-C", "cubic"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let alone = steady_goodput(&wait_output(server, Duration::from_secs(20)));
+    assert!(
+        (alone - payload).abs() <= 0.03 * payload,
+        "c → a alone: {alone:.0} bit/s against a payload rate of {payload:.0}"
+    );
+    let servers = [
+        iperf3_server(&link, "a", 5202),
+        iperf3_server(&link, "a", 5203),
+    ];
+    let senders: Vec<Child> = [("b", "5202"), ("c", "5203")]
+        .iter()
+        .map(|(host, port)| {
+            Command::new(BRAID)
+                .args(["lab", "exec", "--name", &name, host, "--"])
+                .args([
+                    "iperf3",
+                    "-c",
+                    "198.18.0.1",
+                    "-p",
+                    port,
+                    "-t",
+                    "6",
+                    "-C",
+                    "cubic",
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut s in senders {
+        assert!(s.wait().unwrap().success());
+    }
+    let shared: f64 = servers
+        .into_iter()
+        .map(|s| steady_goodput(&wait_output(s, Duration::from_secs(20))))
+        .sum();
+    assert!(
+        (shared - payload).abs() <= 0.05 * payload,
+        "b and c → a together: {shared:.0} bit/s against a's payload rate of {payload:.0}"
+    );
+    let report = link.stop();
+    let hosts = report["hosts"].as_array().unwrap();
+    let names: Vec<&str> = hosts.iter().map(|h| h["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["a", "b", "c", "d"], "{report}");
+    assert_eq!(hosts[0]["address"], "198.18.0.1", "{report}");
+    // a's downlink carried both senders and queued (its 100 packets filled and dropped);
+    // nothing was lost outside the model.
+    assert!(
+        hosts[0]["down"]["queue_drops"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    assert!(
+        hosts[0]["down"]["delivered_bytes"].as_u64().unwrap() > 20_000_000 / 8 * 10,
+        "{report}"
+    );
+    for h in hosts {
+        assert_eq!(h["up"]["device_drops"], 0, "{report}");
+        assert_eq!(h["up"]["write_errors"], 0, "{report}");
     }
 }
 
