@@ -20,6 +20,11 @@ pub struct CpArgs {
     /// host:path is relative to the home directory there, host:/path absolute. Either all
     /// sources are on one host and the destination is here (a download), or the sources are
     /// here and the destination is on a host (an upload).
+    ///
+    /// Or two braid servers, `ftp://A/path ftp://B/path` (with --tls): A sends the file
+    /// straight to B over TLS data connections only B's session can accept; this machine
+    /// drives both and checks both ends' checksums. A destination ending in / takes the
+    /// source's name.
     #[arg(required = true, num_args = 2.., value_name = "SRC... DEST")]
     args: Vec<String>,
     /// Continue an interrupted transfer from where it stopped.
@@ -41,6 +46,9 @@ pub struct CpArgs {
 }
 
 pub fn run(a: CpArgs) -> anyhow::Result<u8> {
+    if a.args.iter().all(|s| s.starts_with("ftp://")) {
+        return between_servers(&a);
+    }
     if a.shared.tls.tls || a.shared.tls.tls_ca.is_some() {
         return Err(ClientError::Usage(
             "--tls is for ftp:// servers; braid cp encrypts by itself, with keys it learns \
@@ -132,6 +140,57 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
             download(targets, Some(&dest), &opts, &a.shared)
         }
     }
+}
+
+/// `braid cp ftp://A/f ftp://B/g`: A sends the file straight to B.
+fn between_servers(a: &CpArgs) -> anyhow::Result<u8> {
+    let [src, dst] = a.args.as_slice() else {
+        return Err(ClientError::Usage(
+            "a copy between servers takes one source URL and one destination URL".into(),
+        )
+        .into());
+    };
+    if a.shared.tree.recursive || a.resume {
+        return Err(ClientError::Usage(
+            "-r and --resume are not available yet for copies between servers".into(),
+        )
+        .into());
+    }
+    let sources = crate::client::url::CredentialSources::from_env();
+    let src = crate::client::url::parse(src, &sources)?;
+    let mut dst = crate::client::url::parse(dst, &sources)?;
+    // A destination that names a directory takes the source's name.
+    if dst.path.is_empty() || dst.path.ends_with('/') {
+        let name = src.path.rsplit('/').next().unwrap_or_default();
+        dst.path.push_str(name);
+    }
+    let opts = a.shared.options(false)?;
+    let done = crate::client::third_party::copy(&src, &dst, &opts)?;
+    if a.shared.out.json {
+        let v = serde_json::json!({
+            "source": format!("{}:{}{}", src.host, src.port, src.path),
+            "destination": format!("{}:{}{}", dst.host, dst.port, dst.path),
+            "route": "third-party",
+            "bytes": done.bytes,
+            "seconds": done.seconds,
+            "streams": done.streams,
+            "checksum": { "algorithm": done.algorithm, "value": done.checksum },
+        });
+        println!("{v}");
+    } else if !a.shared.out.quiet {
+        eprintln!(
+            "{} → {}: {} bytes in {:.1} s ({:.1} MB/s), sent server to server on {} connections; {} {} at both ends",
+            src.path,
+            dst.host,
+            done.bytes,
+            done.seconds,
+            done.bytes as f64 / done.seconds.max(1e-9) / 1e6,
+            done.streams,
+            done.algorithm,
+            done.checksum
+        );
+    }
+    Ok(0)
 }
 
 /// The far side's file as a session target: its one-shot server takes anonymous logins,

@@ -197,6 +197,23 @@ impl Control {
         self.peer
     }
 
+    /// The SHA-256 of the certificate the server showed on the control connection (after
+    /// `start_tls`): what a third party is told to expect of it.
+    pub fn server_certificate(&self) -> Option<[u8; 32]> {
+        match &self.stream {
+            Channel::Net(Wire::Client(s)) => {
+                let der = s.conn.peer_certificates()?.first()?;
+                Some(crate::engine::tls::fingerprint(der))
+            }
+            _ => None,
+        }
+    }
+
+    /// The secret MODE E data connections of this session prove (after `start_tls`).
+    pub fn binding(&self) -> Option<Binding> {
+        self.tls.as_ref()?.binding
+    }
+
     /// The control connection's TCP socket (for `TCP_INFO`); None over a child's pipe.
     pub fn socket(&self) -> Option<&TcpStream> {
         self.stream.tcp()

@@ -37,13 +37,14 @@ mod stream_yield;
 pub mod summary;
 #[cfg(test)]
 mod testing;
+pub mod third_party;
 mod tickets;
 pub mod tree;
 mod trust;
 pub mod url;
 mod verify;
 mod watch;
-mod wire;
+pub(crate) mod wire;
 
 pub use control::Control;
 use error::{ClientError, Result};

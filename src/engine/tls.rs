@@ -46,6 +46,17 @@ impl std::fmt::Debug for Binding {
 }
 
 impl Binding {
+    /// A binding another party passed on: in a third-party transfer the client tells the
+    /// sending server the binding of its session with the receiving one.
+    pub fn from_bytes(bytes: [u8; BINDING_LEN]) -> Binding {
+        Binding(bytes)
+    }
+
+    /// The secret itself, for the client to pass on to the server it trusts with it.
+    pub fn to_bytes(self) -> [u8; BINDING_LEN] {
+        self.0
+    }
+
     /// The binding of a control connection whose handshake is complete.
     pub fn of<D>(control: &rustls::ConnectionCommon<D>) -> Result<Binding, rustls::Error> {
         control

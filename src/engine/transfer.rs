@@ -523,6 +523,9 @@ pub struct Admits {
     pub client: IpAddr,
     /// This host's data address, when ssh may forward to it.
     pub forwarded_to: Option<IpAddr>,
+    /// A third-party transfer: the other server may come from any address (each connection
+    /// proves the session's binding under TLS before it counts).
+    pub anyone: bool,
 }
 
 impl Admits {
@@ -530,13 +533,15 @@ impl Admits {
         Admits {
             client: braid_proto::session::canonical_ip(ip),
             forwarded_to: None,
+            anyone: false,
         }
     }
 
     /// Whether a connection from `ip` may be a data connection.
     pub fn admits(&self, ip: IpAddr) -> bool {
         let ip = braid_proto::session::canonical_ip(ip);
-        ip == self.client
+        self.anyone
+            || ip == self.client
             || self
                 .forwarded_to
                 .is_some_and(|here| ip == here || ip.is_loopback())

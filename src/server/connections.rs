@@ -5,9 +5,11 @@ use super::data::{self, BlockConns};
 use super::io::Io;
 
 use crate::engine;
-use crate::engine::tls::{DataConn, DataTls};
+use crate::engine::tls::{Binding, DataConn, DataTls};
 use crate::engine::transfer::{Accept, Admits, Joins};
-use braid_proto::session::{BlockMode, DataEndpoint, Direction, Transfer, canonical_ip};
+use braid_proto::session::{
+    BlockMode, DataEndpoint, Direction, ThirdParty, Transfer, canonical_ip,
+};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -61,7 +63,7 @@ impl Io {
         let sock = match endpoint {
             DataEndpoint::Passive(_) => {
                 let listener = self.passive.take().ok_or("no passive listener")?;
-                accept_from(&listener, self.admits(), deadline).await?
+                accept_from(&listener, self.admits_client(), deadline).await?
             }
             DataEndpoint::Active(addr) => connect_to(*addr, self.local.ip(), deadline).await?,
             DataEndpoint::ActivePorts(addrs) => {
@@ -111,7 +113,7 @@ impl Io {
             } else {
                 (listener, None)
             };
-            let accept = listener.map(|listener| self.accept(listener, t.buffer));
+            let accept = listener.map(|listener| self.accept(t, listener));
             let conns = Joins {
                 reused: !open.is_empty(),
                 open,
@@ -131,7 +133,7 @@ impl Io {
             return Ok(BlockConns::Send(joins.protected(self.data_tls(t))));
         }
         let n = b.parallelism.max(1) as usize;
-        let want = self.admits();
+        let want = self.admits(t);
         let socks = match &t.endpoint {
             // Elastic: start on the first connection and take the others as they come, for as
             // long as there are blocks to send. Under TLS the first comes the same way: it
@@ -144,8 +146,7 @@ impl Io {
                     None => Some(accept_from(&listener, want, deadline).await?),
                 };
                 let listener = listener.into_std().map_err(|e| e.to_string())?;
-                let mut joins =
-                    Joins::accept(self.accept(listener, t.buffer), self.config.idle_timeout);
+                let mut joins = Joins::accept(self.accept(t, listener), self.config.idle_timeout);
                 if let Some(first) = first {
                     joins
                         .open
@@ -180,27 +181,55 @@ impl Io {
     /// PROT P: how this transfer's MODE E data connections are secured. Only a TLS session
     /// has a binding, and only a braid client asks for MODE E under PROT P (GridFTP clients
     /// protect data with DCAU and GSI, which braid does not speak).
+    /// In a third-party transfer this server connects to the other one: it is the TLS client
+    /// there, checks that server's certificate against the one the client named, and proves
+    /// the binding of the client's session with it.
     fn data_tls(&self, t: &Transfer) -> Option<DataTls> {
         let config = self.tls.as_ref().filter(|_| t.private)?.control.clone();
+        if let Some(ThirdParty::Connect(peer)) = &t.third_party {
+            let config = match crate::client::wire::pinned_config(peer.certificate) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!("third-party transfer: {e:#}");
+                    return None;
+                }
+            };
+            return Some(DataTls::Client {
+                config,
+                name: rustls::pki_types::ServerName::try_from(engine::tls::ONE_SHOT_NAME).ok()?,
+                binding: Binding::from_bytes(peer.binding),
+            });
+        }
         Some(DataTls::Server {
             config,
             binding: self.binding?,
         })
     }
 
-    /// Who may open this session's data connections.
-    fn admits(&self) -> Admits {
+    /// Who may open a stream-mode data connection: the client.
+    fn admits_client(&self) -> Admits {
         Admits {
             forwarded_to: self.forwarded.then(|| canonical_ip(self.local.ip())),
             ..Admits::client(self.peer.ip())
         }
     }
 
+    /// Who may open this session's data connections: the client, or in a third-party
+    /// transfer anyone (each must prove the session's binding under TLS to count).
+    fn admits(&self, t: &Transfer) -> Admits {
+        Admits {
+            forwarded_to: self.forwarded.then(|| canonical_ip(self.local.ip())),
+            anyone: t.third_party == Some(ThirdParty::Accept),
+            ..Admits::client(self.peer.ip())
+        }
+    }
+
     /// Where the client opens (more) data connections of a MODE E transfer.
-    fn accept(&self, listener: std::net::TcpListener, buffer: Option<u64>) -> Accept {
+    fn accept(&self, t: &Transfer, listener: std::net::TcpListener) -> Accept {
+        let buffer = t.buffer;
         Accept {
             listener,
-            peer: self.admits(),
+            peer: self.admits(t),
             max: self.config.max_streams as usize,
             buffer,
             timeout: Some(self.config.idle_timeout),

@@ -110,6 +110,7 @@ async fn run(
             tls: config.tls.is_some(),
             private_data_required: config.tls.as_ref().is_some_and(|t| t.data_required),
             compress: config.compress,
+            third_party: config.third_party,
         },
         peer.ip(),
     );

@@ -70,6 +70,8 @@ pub struct Config {
     pub max_streams: u32,
     /// `--compress`: whether MODE E blocks are compressed between braid peers.
     pub compress: braid_proto::compress::Policy,
+    /// Third-party transfers with other braid servers (off: `--no-third-party`).
+    pub third_party: bool,
     /// XXH3 checksums already computed, shared by all sessions.
     pub checksums: ChecksumCache,
     /// Bytes and files under the roots of accounts with a quota, counted afresh per
@@ -184,6 +186,7 @@ impl Config {
             guard: Arc::default(),
             max_streams: 64,
             compress: braid_proto::compress::Policy::Auto,
+            third_party: true,
             checksums: ChecksumCache::default(),
             usages: Arc::default(),
             tls: None,

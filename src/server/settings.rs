@@ -184,6 +184,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "auto|on|off", value_parser = braid_proto::compress::Policy::parse)]
     #[serde(default, deserialize_with = "policy")]
     pub compress: Option<braid_proto::compress::Policy>,
+    /// Take no part in third-party transfers (`braid cp ftp://A/f ftp://B/f`).
+    ///
+    /// By default a user who logged in with a password over TLS may have this server send a
+    /// file to, or take one from, another braid server; its data connections are TLS and
+    /// each proves it belongs to that user's session. Anonymous users never may, and PORT to
+    /// any host but the client's stays refused otherwise (FTP bounce).
+    #[arg(long)]
+    #[serde(default)]
+    pub no_third_party: bool,
 }
 
 /// Whether the server insists on a protection.
@@ -239,6 +248,7 @@ impl ServeArgs {
             background: self.background || file.background,
             uplink: self.uplink.or(file.uplink),
             compress: self.compress.or(file.compress),
+            no_third_party: self.no_third_party || file.no_third_party,
         }
     }
 
@@ -294,6 +304,7 @@ impl ServeArgs {
         config.background = self.background;
         config.uplink = self.uplink;
         config.compress = self.compress.unwrap_or_default();
+        config.third_party = !self.no_third_party;
         if let Some(path) = &self.users {
             config.users = Users::load(path)?;
             if config.users.is_empty() {

@@ -33,10 +33,16 @@ pub struct Server {
 
 impl Server {
     pub fn start(root: &Path, extra: &[&str]) -> Server {
+        Server::start_at("127.0.0.1:0", root, extra)
+    }
+
+    /// A server on another loopback address (127.0.0.2, ...): its data connections then come
+    /// from an address that is not the client's.
+    pub fn start_at(listen: &str, root: &Path, extra: &[&str]) -> Server {
         let log_dir = tempfile::tempdir().expect("temp dir").keep();
         let stderr_log = log_dir.join("serve.log");
         let mut child = Command::new(BRAID)
-            .args(["serve", "--listen", "127.0.0.1:0", "--root"])
+            .args(["serve", "--listen", listen, "--root"])
             .arg(root)
             .args(extra)
             .stdout(Stdio::piped())

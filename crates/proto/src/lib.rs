@@ -82,6 +82,7 @@ pub mod fuzzing {
                 tls: data.first().is_some_and(|b| b & 1 == 1),
                 private_data_required: data.first().is_some_and(|b| b & 2 == 2),
                 compress: crate::compress::Policy::Auto,
+                third_party: true,
             },
             std::net::IpAddr::from([198, 18, 0, 1]),
         );

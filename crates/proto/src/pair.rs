@@ -138,6 +138,7 @@ impl Pair {
             tls: false,
             private_data_required: false,
             compress,
+            third_party: true,
         };
         Session::new(config, IpAddr::V4(Ipv4Addr::LOCALHOST))
     }

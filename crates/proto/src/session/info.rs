@@ -45,6 +45,10 @@ impl Session {
         if self.config.compress != crate::compress::Policy::Off {
             lines.push(" BRAID-COMPRESS zstd".into());
         }
+        // OPTS BRAID PEER: third-party transfers between braid servers, over TLS only.
+        if self.config.third_party && self.config.tls {
+            lines.push(" BRAID-PEER".into());
+        }
         // MODE Z is listed only when the server is told to compress: clients that see it use
         // it for every transfer (lftp does by default), and a deflate stream, unlike braid's
         // blocks, cannot back off where the CPU, not the link, is the limit. Asked for
@@ -148,6 +152,9 @@ impl Session {
             "BRAID" if value.len() > 9 && value[..9].eq_ignore_ascii_case("COMPRESS=") => {
                 self.compress_opts(&value[9..])
             }
+            "BRAID" if value.len() > 5 && value[..5].eq_ignore_ascii_case("PEER=") => {
+                self.peer_opts(&value[5..])
+            }
             "BRAID" if value.eq_ignore_ascii_case("ELASTIC") => {
                 self.elastic = true;
                 Reply::new(
@@ -156,6 +163,73 @@ impl Session {
                 )
             }
             _ => Reply::new(501, format!("OPTS {name} is not understood.")),
+        }
+    }
+
+    /// `OPTS BRAID PEER=*` (data connections may come from another server) or
+    /// `OPTS BRAID PEER=CERT:BINDING` (they go to the braid server whose certificate has SHA-256
+    /// CERT, proving BINDING; both hex): a third-party transfer. Only for a user who logged in
+    /// with a password over TLS, where each data connection must prove a binding; never for
+    /// anonymous users, who could otherwise aim this server at anyone.
+    fn peer_opts(&mut self, value: &str) -> Reply {
+        if !self.config.third_party {
+            return Reply::new(
+                504,
+                "This server takes no part in third-party transfers (braid serve --no-third-party).",
+            );
+        }
+        if !self.protection.control {
+            return Reply::new(
+                534,
+                "Third-party transfers need TLS: send AUTH TLS, log in, then OPTS BRAID PEER.",
+            );
+        }
+        match self.user() {
+            None => return Reply::new(530, "Log in first."),
+            Some(u) if super::is_anonymous(u) => {
+                return Reply::new(
+                    550,
+                    "Anonymous users cannot send to or take from another server.",
+                );
+            }
+            Some(_) => {}
+        }
+        let value = value.trim();
+        if value == "*" {
+            self.third_party = Some(super::ThirdParty::Accept);
+            return Reply::new(
+                200,
+                "Data connections may come from another server; each must prove this session's TLS binding.",
+            );
+        }
+        let hex32 = |h: &str| -> Option<[u8; 32]> {
+            let mut out = [0u8; 32];
+            if h.len() != 64 {
+                return None;
+            }
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok()?;
+            }
+            Some(out)
+        };
+        match value
+            .split_once(':')
+            .and_then(|(c, b)| Some((hex32(c)?, hex32(b)?)))
+        {
+            Some((certificate, binding)) => {
+                self.third_party = Some(super::ThirdParty::Connect(Box::new(super::PeerProof {
+                    certificate,
+                    binding,
+                })));
+                Reply::new(
+                    200,
+                    "Data connections may go to another braid server: TLS to the certificate named, bound to its session with you.",
+                )
+            }
+            None => Reply::new(
+                501,
+                "OPTS BRAID PEER takes * or CERT:BINDING (the other server's certificate SHA-256 and its session's binding, 64 hex digits each).",
+            ),
         }
     }
 

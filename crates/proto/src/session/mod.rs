@@ -98,6 +98,8 @@ pub struct Session {
     /// The last MODE E transfer left its data connections open, for transfers this way.
     cached: Option<Direction>,
     protection: Protection,
+    /// OPTS BRAID PEER: data connections go to, or come from, another braid server.
+    third_party: Option<ThirdParty>,
 }
 
 impl Session {
@@ -134,6 +136,7 @@ impl Session {
             spas: false,
             cached: None,
             protection: Protection::default(),
+            third_party: None,
         }
     }
 
@@ -375,6 +378,18 @@ impl Session {
             }
             None => return Action::Reply(Reply::new(425, "Use PORT, EPRT, PASV or EPSV first.")),
         };
+        // The other server's connections are TLS bound to a control session, or nothing.
+        let third_party = self.third_party.clone().filter(|t| match (t, &endpoint) {
+            (ThirdParty::Accept, DataEndpoint::Passive(_)) => true,
+            (ThirdParty::Connect(_), DataEndpoint::Active(a)) => canonical_ip(a.ip()) != self.peer,
+            _ => false,
+        });
+        if third_party.is_some() && !(self.extended && self.protection.data && self.elastic) {
+            return Action::Reply(Reply::new(
+                534,
+                "Data connections with another server must be TLS bound to this session: send MODE E, OPTS BRAID ELASTIC and PROT P.",
+            ));
+        }
         let block = if self.extended {
             let upload = direction == Direction::FromClient;
             // Private MODE E connections must each prove they belong to this session, which
@@ -438,6 +453,7 @@ impl Session {
             expect: expect.filter(|_| direction == Direction::FromClient),
             allocate: allocate.filter(|_| direction == Direction::FromClient),
             deflate: (self.deflate && block.is_none()).then_some(self.deflate_level),
+            third_party,
             block,
             buffer: self.buffer,
             private: self.protection.data,
@@ -523,7 +539,8 @@ impl Session {
         if self.epsv_all {
             return Action::Reply(Reply::new(503, "EPSV ALL is in effect; use EPSV."));
         }
-        if canonical_ip(addr.ip()) != self.peer {
+        let to_peer = matches!(self.third_party, Some(ThirdParty::Connect(_)));
+        if canonical_ip(addr.ip()) != self.peer && !to_peer {
             return Action::Reply(Reply::new(
                 504,
                 format!(
@@ -535,10 +552,8 @@ impl Session {
         if addr.port() < 1024 {
             return Action::Reply(Reply::new(504, "Refused: port below 1024 (RFC 2577)."));
         }
-        self.endpoint = Some(DataEndpoint::Active(SocketAddr::new(
-            self.peer,
-            addr.port(),
-        )));
+        let ip = if to_peer { addr.ip() } else { self.peer };
+        self.endpoint = Some(DataEndpoint::Active(SocketAddr::new(ip, addr.port())));
         Action::Reply(Reply::new(
             200,
             "PORT command successful. Consider using EPSV.",
@@ -890,6 +905,7 @@ mod tests {
                 tls,
                 private_data_required: false,
                 compress: crate::compress::Policy::Auto,
+                third_party: true,
             },
             "127.0.0.1".parse().unwrap(),
         )
@@ -986,6 +1002,79 @@ mod tests {
         s.handle(Command::Pasv);
         s.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
         assert!(!transfer(s.handle(Command::Retr("a".into()))).private);
+    }
+
+    /// A TLS session of `user`, PROT P, MODE E and elastic: what a third party needs.
+    fn tls_user(user: &str, third_party: bool) -> Session {
+        let mut s = fresh(true);
+        s.config.third_party = third_party;
+        assert!(matches!(
+            s.handle(Command::Auth("TLS".into())),
+            Action::StartTls(_)
+        ));
+        s.handle(Command::Pbsz(0));
+        s.handle(Command::Prot('P'));
+        s.handle(Command::User(user.into()));
+        s.handle(Command::Pass("pw".into()));
+        s.login_done(Some(Perm::ReadWrite));
+        s.handle(Command::Mode(Mode::Extended));
+        s.handle(Command::Opts("BRAID ELASTIC".into()));
+        s
+    }
+
+    #[test]
+    fn only_a_user_logged_in_over_tls_may_send_to_another_server_and_only_bound() {
+        let other: SocketAddr = "198.18.0.9:5000".parse().unwrap();
+        let peer = format!("BRAID PEER={}:{}", "ab".repeat(32), "cd".repeat(32));
+        // Without OPTS BRAID PEER, PORT to any host but the client's is the bounce it was.
+        let mut s = tls_user("alice", true);
+        assert_eq!(code(s.handle(Command::Eprt(other))), 504);
+        assert!(wire(&s.feat()).contains(" BRAID-PEER\r\n"));
+        // In clear, anonymously, not logged in, or where the admin said no: refused.
+        let mut clear = logged_in();
+        assert_eq!(code(clear.handle(Command::Opts(peer.clone()))), 534);
+        let mut anon = tls_user("anonymous", true);
+        assert_eq!(code(anon.handle(Command::Opts(peer.clone()))), 550);
+        assert_eq!(code(anon.handle(Command::Eprt(other))), 504);
+        let mut off = tls_user("alice", false);
+        assert_eq!(code(off.handle(Command::Opts(peer.clone()))), 504);
+        assert!(!wire(&off.feat()).contains("BRAID-PEER"));
+        let mut early = fresh(true);
+        early.handle(Command::Auth("TLS".into()));
+        assert_eq!(code(early.handle(Command::Opts(peer.clone()))), 530);
+        assert_eq!(
+            code(s.handle(Command::Opts("BRAID PEER=12:34".into()))),
+            501
+        );
+        // Told the other server's certificate and binding: PORT there, a RETR that connects
+        // as a TLS client proving that binding, but never to a privileged port.
+        assert_eq!(code(s.handle(Command::Opts(peer))), 200);
+        assert_eq!(
+            code(s.handle(Command::Eprt("198.18.0.9:80".parse().unwrap()))),
+            504
+        );
+        assert_eq!(code(s.handle(Command::Eprt(other))), 200);
+        let t = transfer(s.handle(Command::Retr("a".into())));
+        assert_eq!(t.endpoint, DataEndpoint::Active(other));
+        assert_eq!(
+            t.third_party,
+            Some(ThirdParty::Connect(Box::new(PeerProof {
+                certificate: [0xab; 32],
+                binding: [0xcd; 32]
+            })))
+        );
+        // Only over TLS data connections: with PROT C the transfer is refused.
+        s.handle(Command::Prot('C'));
+        s.handle(Command::Eprt(other));
+        assert_eq!(code(s.handle(Command::Retr("a".into()))), 534);
+        // The receiving side takes connections from anyone, each to prove its binding.
+        let mut b = tls_user("bob", true);
+        assert_eq!(code(b.handle(Command::Opts("BRAID PEER=*".into()))), 200);
+        b.handle(Command::Epsv(EpsvArg::Default));
+        b.passive_done(true, Ok("127.0.0.1:5000".parse().unwrap()));
+        let t = transfer(b.handle(Command::Stor("a".into())));
+        assert_eq!(t.third_party, Some(ThirdParty::Accept));
+        assert!(t.private);
     }
 
     fn logged_in() -> Session {

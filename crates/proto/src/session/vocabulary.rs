@@ -30,6 +30,30 @@ pub struct SessionConfig {
     /// `braid serve --compress`: off refuses compressed blocks both ways; on compresses
     /// downloads unless the client says off; auto follows the client.
     pub compress: crate::compress::Policy,
+    /// Logged-in users of a TLS session may have this server send to, or take from, another
+    /// braid server (OPTS BRAID PEER): the data connections then prove themselves over TLS.
+    /// `braid serve --no-third-party` turns it off.
+    pub third_party: bool,
+}
+
+/// OPTS BRAID PEER: a session's data connections join this server with another braid server
+/// (a third-party transfer the client drives), not with the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ThirdParty {
+    /// They may come from any address: each proves this control session's binding under TLS
+    /// before it counts.
+    Accept,
+    /// They go to another braid server.
+    Connect(Box<PeerProof>),
+}
+
+/// What this server checks of another braid server, and proves to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerProof {
+    /// The SHA-256 of its certificate, as the client saw it.
+    pub certificate: [u8; 32],
+    /// The binding of the client's control session with it (the client passed it on).
+    pub binding: [u8; 32],
 }
 
 /// Whether `name` asks for anonymous login (RFC 1635: `anonymous` or `ftp`, any case).
@@ -44,7 +68,8 @@ pub fn is_anonymous(name: &str) -> bool {
 pub enum DataEndpoint {
     /// The caller holds a passive listener at this address.
     Passive(SocketAddr),
-    /// Connect to the client here (already checked against the control peer).
+    /// Connect here: the client (checked against the control peer), or under OPTS BRAID PEER
+    /// another braid server.
     Active(SocketAddr),
     /// XFTP's MPRT: one connection to each of these (all at the control peer).
     ActivePorts(Vec<SocketAddr>),
@@ -157,6 +182,8 @@ pub struct Transfer {
     pub expect: Option<Expected>,
     /// ALLO before an upload: the size the file will have.
     pub allocate: Option<u64>,
+    /// The data connections join this server with another braid server (OPTS BRAID PEER).
+    pub third_party: Option<ThirdParty>,
 }
 
 /// A file-system request for the caller.
@@ -333,7 +360,9 @@ impl TransferOutcome {
     }
 }
 
-/// What the caller must do next.
+/// What the caller must do next. One per command, moved once: a transfer's settings stay
+/// inline rather than behind a box for the size of the other answers.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     Reply(Reply),

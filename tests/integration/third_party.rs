@@ -1,0 +1,186 @@
+//! `braid cp ftp://A/f ftp://B/g`: server A sends straight to server B, each on its own
+//! loopback address (127.0.0.2 and .3), so A's data connections reach B from an address that
+//! is not the client's (127.0.0.1).
+use crate::util::{
+    Raw, Server, add_account, braid_command, openssl_certificate, random_bytes, run, tempdir,
+};
+use std::path::Path;
+use std::time::Duration;
+
+/// Two TLS servers: A serves `a/` to alice (read-only), B lets bob write to `b/`.
+struct Pair {
+    a: Server,
+    b: Server,
+    cert: String,
+}
+
+fn pair(top: &Path, b_extra: &[&str]) -> Pair {
+    let (cert, key) = openssl_certificate(top, "peers", "IP:127.0.0.2,IP:127.0.0.3");
+    for d in ["a", "b"] {
+        std::fs::create_dir(top.join(d)).unwrap();
+    }
+    let (ua, ub) = (top.join("users-a"), top.join("users-b"));
+    add_account(&ua, "alice", &top.join("a"), "secret-a", false);
+    add_account(&ub, "bob", &top.join("b"), "secret-b", true);
+    let tls = ["--tls-cert", cert.as_str(), "--tls-key", key.as_str()];
+    let mut args_a = vec!["--users", ua.to_str().unwrap()];
+    args_a.extend(tls);
+    let mut args_b = vec!["--users", ub.to_str().unwrap()];
+    args_b.extend(tls);
+    args_b.extend(b_extra);
+    Pair {
+        a: Server::start_at("127.0.0.2:0", &top.join("a"), &args_a),
+        b: Server::start_at("127.0.0.3:0", &top.join("b"), &args_b),
+        cert,
+    }
+}
+
+impl Pair {
+    fn cp(&self, home: &Path, from: &str, to: &str) -> (bool, String, String) {
+        let src = format!("ftp://alice:secret-a@{}/{from}", self.a.addr);
+        let dst = format!("ftp://bob:secret-b@{}/{to}", self.b.addr);
+        run(
+            braid_command(home).args([
+                "cp", &src, &dst, "--tls", "--tls-ca", &self.cert, "--json", "-n", "3",
+            ]),
+            Duration::from_secs(120),
+        )
+    }
+}
+
+#[test]
+fn a_file_goes_from_one_braid_server_straight_to_another_and_both_ends_check_it() {
+    let top = tempdir();
+    let p = pair(top.path(), &[]);
+    let data = random_bytes(20 << 20, 41);
+    std::fs::write(top.path().join("a/big.bin"), &data).unwrap();
+    let home = tempdir();
+    let (ok, out, err) = p.cp(home.path(), "big.bin", "");
+    assert!(ok, "{err}");
+    assert!(
+        std::fs::read(top.path().join("b/big.bin")).unwrap() == data,
+        "the copy differs"
+    );
+    let v = crate::util::json(&out);
+    assert_eq!(v["route"], "third-party", "{v}");
+    assert_eq!(v["bytes"], data.len() as u64, "{v}");
+    assert_eq!(v["streams"], 3, "{v}");
+    assert_eq!(v["checksum"]["algorithm"], "XXH3", "{v}");
+    // A sent on 3 connections and B took them: neither saw a data connection from the
+    // client, whose address is 127.0.0.1 (A's log names the session's peer, the client).
+    let (la, lb) = (p.a.log(), p.b.log());
+    assert!(
+        la.contains("direction=\"download\" mode=\"E\" data_connections=3")
+            && la.contains("outcome=\"complete\""),
+        "{la}"
+    );
+    assert!(
+        lb.contains("direction=\"upload\" mode=\"E\"") && lb.contains("outcome=\"complete\""),
+        "{lb}"
+    );
+    assert!(!lb.contains("refused a data connection"), "{lb}");
+}
+
+#[test]
+fn a_server_told_no_third_party_takes_no_part_and_bounces_stay_refused() {
+    let top = tempdir();
+    let p = pair(top.path(), &["--no-third-party"]);
+    std::fs::write(top.path().join("a/f.bin"), random_bytes(1000, 3)).unwrap();
+    let home = tempdir();
+    let (ok, _, err) = p.cp(home.path(), "f.bin", "f.bin");
+    assert!(!ok);
+    assert!(err.contains("--no-third-party"), "{err}");
+    assert!(!top.path().join("b/f.bin").exists());
+    // Without TLS the copy is not tried at all.
+    let (code, _, err) = crate::util::braid(
+        &[
+            "cp",
+            &format!("ftp://alice:secret-a@{}/f.bin", p.a.addr),
+            &format!("ftp://bob:secret-b@{}/f.bin", p.b.addr),
+        ],
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("needs TLS on both"), "{err}");
+    // The classic FXP bounce, PORT to another host in a session in clear, is refused.
+    let mut raw = Raw::connect(p.a.addr);
+    raw.send("EPRT |1|127.0.0.3|5000|");
+    let r = raw.reply();
+    assert!(r.starts_with("530 ") || r.starts_with("504 "), "{r}");
+    raw.send("OPTS BRAID PEER=*");
+    assert!(raw.reply().starts_with("534 "));
+}
+
+/// A stranger who reaches the receiving server's data port during a copy (which takes data
+/// connections from any address there) proves no binding: it is refused and warned about,
+/// gets nothing, and the copy goes on and completes.
+#[test]
+fn a_stranger_at_the_receiving_servers_data_port_is_refused_and_the_copy_completes() {
+    use std::io::{Read, Write};
+    let top = tempdir();
+    let p = pair(top.path(), &[]);
+    let data = random_bytes(16 << 20, 5);
+    std::fs::write(top.path().join("a/f.bin"), &data).unwrap();
+    let home = tempdir();
+    // 4 MB/s: four seconds of copy for the stranger to arrive in.
+    let mut child = braid_command(home.path())
+        .args([
+            "cp",
+            &format!("ftp://alice:secret-a@{}/f.bin", p.a.addr),
+            &format!("ftp://bob:secret-b@{}/f.bin", p.b.addr),
+            "--tls",
+            "--tls-ca",
+            &p.cert,
+            "-v",
+            "--rate-limit",
+            "4MB",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = crate::util::Stderr::follow(&mut child);
+    let limit = Duration::from_secs(60);
+    assert!(stderr.wait_for("> RETR", limit), "{}", stderr.so_far());
+    assert!(stderr.wait_for("< 150", limit), "{}", stderr.so_far());
+    let shown = stderr.so_far();
+    let port: u16 = shown
+        .lines()
+        .rfind(|l| l.contains("Extended Passive Mode"))
+        .and_then(|l| l.split("|||").nth(1))
+        .and_then(|r| r.split('|').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no 229 in {shown}"));
+    // From an address that is neither the client's nor A's.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(
+        &"127.0.0.9:0"
+            .parse::<std::net::SocketAddr>()
+            .unwrap()
+            .into(),
+    )
+    .unwrap();
+    sock.connect(&std::net::SocketAddr::new(p.b.addr.ip(), port).into())
+        .unwrap();
+    let mut stranger: std::net::TcpStream = sock.into();
+    stranger
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let _ = stranger.write_all(b"\x16\x03\x01\x00\x05hello");
+    let mut got = Vec::new();
+    let _ = stranger.read_to_end(&mut got);
+    let (code, err) = stderr.finish(child, limit);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(std::fs::read(top.path().join("b/f.bin")).unwrap() == data);
+    // A TLS alert record (type 21) is all the stranger may see.
+    assert!(
+        got.is_empty() || (got[0] == 21 && got.len() < 64),
+        "the stranger read {} bytes",
+        got.len()
+    );
+    let lb = p.b.log();
+    assert!(
+        lb.contains("refused a data connection from 127.0.0.9"),
+        "{lb}"
+    );
+}
