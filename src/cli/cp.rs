@@ -168,8 +168,8 @@ fn between_servers(a: &CpArgs) -> anyhow::Result<u8> {
     let done = crate::client::third_party::copy(&src, &dst, &opts)?;
     if a.shared.out.json {
         let v = serde_json::json!({
-            "source": format!("{}:{}{}", src.host, src.port, src.path),
-            "destination": format!("{}:{}{}", dst.host, dst.port, dst.path),
+            "source": format!("{}:{}/{}", src.host, src.port, src.path),
+            "destination": format!("{}:{}/{}", dst.host, dst.port, dst.path),
             "route": "third-party",
             "bytes": done.bytes,
             "seconds": done.seconds,

@@ -63,6 +63,7 @@ fn a_file_goes_from_one_braid_server_straight_to_another_and_both_ends_check_it(
     );
     let v = crate::util::json(&out);
     assert_eq!(v["route"], "third-party", "{v}");
+    assert_eq!(v["destination"], format!("{}/big.bin", p.b.addr), "{v}");
     assert_eq!(v["bytes"], data.len() as u64, "{v}");
     assert_eq!(v["streams"], 3, "{v}");
     assert_eq!(v["checksum"]["algorithm"], "XXH3", "{v}");
