@@ -142,46 +142,99 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
     }
 }
 
-/// `braid cp ftp://A/f ftp://B/g`: A sends the file straight to B.
+/// `braid cp ftp://A/f ftp://B/g`: A sends the file straight to B; with -r a directory and
+/// everything in it.
 fn between_servers(a: &CpArgs) -> anyhow::Result<u8> {
+    use crate::client::third_party::Peers;
     let [src, dst] = a.args.as_slice() else {
         return Err(ClientError::Usage(
             "a copy between servers takes one source URL and one destination URL".into(),
         )
         .into());
     };
-    if a.shared.tree.recursive || a.resume {
+    if a.resume {
         return Err(ClientError::Usage(
-            "-r and --resume are not available yet for copies between servers".into(),
+            "--resume is not available yet for copies between servers; run the copy again \
+             (with -r --update for a tree, which skips what arrived)"
+                .into(),
         )
         .into());
     }
     let sources = crate::client::url::CredentialSources::from_env();
     let src = crate::client::url::parse(src, &sources)?;
     let mut dst = crate::client::url::parse(dst, &sources)?;
-    // A destination that names a directory takes the source's name.
+    // A destination that names a directory takes the source's name (a tree: the source's
+    // directory goes under it, as with get -r; the server's top directory has no name).
+    let name = src
+        .path
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or_default();
     if dst.path.is_empty() || dst.path.ends_with('/') {
-        let name = src.path.rsplit('/').next().unwrap_or_default();
-        dst.path.push_str(name);
+        dst.path = format!("{}{name}", dst.path);
     }
     let opts = a.shared.options(false)?;
-    let done = crate::client::third_party::copy(&src, &dst, &opts)?;
-    if a.shared.out.json {
+    let out = &a.shared.out;
+    let mut peers = Peers::open(&src, &dst, &opts)?;
+    let place = |t: &crate::client::url::Target, path: &str| {
+        format!("{}:{}/{}", t.host, t.port, path.trim_start_matches('/'))
+    };
+    if a.shared.tree.recursive {
+        let done = peers.copy_tree(&src.path, &dst.path, a.shared.tree.update)?;
+        peers.quit();
+        let bytes: u64 = done.files.iter().map(|f| f.bytes).sum();
+        if out.json {
+            let v = serde_json::json!({
+                "op": "cp-tree",
+                "route": "third-party",
+                "source": place(&src, &src.path),
+                "destination": place(&dst, &dst.path),
+                "bytes": bytes,
+                "seconds": done.seconds,
+                "files": done.files,
+                "skipped": done.skipped,
+                "failed": done.failed.iter().map(|(f, why)| serde_json::json!({"file": f, "error": why})).collect::<Vec<_>>(),
+                "directories_made": done.directories_made,
+            });
+            println!("{v}");
+        } else if !out.quiet {
+            eprintln!(
+                "{} → {}: {} files, {} bytes in {:.1} s, sent server to server; {} skipped, {} failed",
+                place(&src, &src.path),
+                place(&dst, &dst.path),
+                done.files.len(),
+                bytes,
+                done.seconds,
+                done.skipped.len(),
+                done.failed.len()
+            );
+            for (f, why) in &done.failed {
+                eprintln!("  failed: {f}: {why}");
+            }
+        }
+        return Ok(if done.failed.is_empty() { 0 } else { 11 });
+    }
+    let size = peers.size(&src.path)?;
+    let done = peers.copy(&src.path, &dst.path, size)?;
+    peers.quit();
+    if out.json {
         let v = serde_json::json!({
-            "source": format!("{}:{}/{}", src.host, src.port, src.path),
-            "destination": format!("{}:{}/{}", dst.host, dst.port, dst.path),
+            "op": "cp",
             "route": "third-party",
+            "source": place(&src, &src.path),
+            "destination": place(&dst, &dst.path),
             "bytes": done.bytes,
             "seconds": done.seconds,
             "streams": done.streams,
             "checksum": { "algorithm": done.algorithm, "value": done.checksum },
         });
         println!("{v}");
-    } else if !a.shared.out.quiet {
+    } else if !out.quiet {
         eprintln!(
             "{} → {}: {} bytes in {:.1} s ({:.1} MB/s), sent server to server on {} connections; {} {} at both ends",
-            src.path,
-            dst.host,
+            place(&src, &src.path),
+            place(&dst, &dst.path),
             done.bytes,
             done.seconds,
             done.bytes as f64 / done.seconds.max(1e-9) / 1e6,

@@ -1,4 +1,4 @@
-//! Third-party transfers between braid servers (`braid cp ftp://A/f ftp://B/f`): the file goes
+//! Third-party transfers between braid servers (`braid cp ftp://A/f ftp://B/f`): files go
 //! from A to B directly, over MODE E data connections A opens to B; this side only drives the
 //! two control connections and checks the checksums of both ends.
 //!
@@ -10,21 +10,29 @@
 //! the client stays refused without this (FTP bounce).
 
 use super::Options;
+use super::control::Control;
 use super::error::{ClientError, Result};
+use super::listing::list_tree;
 use super::sessions::session;
 use super::url::Target;
 use braid_proto::checksum;
 use braid_proto::client::{BlockSetup, Direction, Op};
 use braid_proto::command::Command;
 use braid_proto::retr_opts::RetrOpts;
+use std::collections::HashMap;
 use std::time::Instant;
 
 /// Data connections A opens to B when `-n` does not say.
 const STREAMS: u32 = 4;
+/// Files up to this size go on one connection: more would cost a TLS handshake each for
+/// nothing (a 1 MiB block is the unit of striping anyway).
+const ONE_CONNECTION: u64 = 4 << 20;
 
-/// What a third-party copy did.
+/// What copying one file did.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Copied {
+    pub source: String,
+    pub destination: String,
     pub bytes: u64,
     pub seconds: f64,
     pub streams: u32,
@@ -33,110 +41,256 @@ pub struct Copied {
     pub algorithm: &'static str,
 }
 
-/// Copies `src` (on server A) to `dst` (on server B), A sending to B.
-pub fn copy(src: &Target, dst: &Target, opts: &Options) -> Result<Copied> {
-    if opts.tls.is_none() {
-        return Err(ClientError::Usage(
-            "a copy between two servers needs TLS on both (ftps:// or --tls): the data \
-             connections between them prove through it that they belong to this copy"
-                .into(),
-        ));
+/// What copying a tree did.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct TreeCopied {
+    pub files: Vec<Copied>,
+    /// Files left alone by `--update`: the destination has them, as large and not older.
+    pub skipped: Vec<String>,
+    /// Files that failed, with why; the others went on.
+    pub failed: Vec<(String, String)>,
+    pub directories_made: usize,
+    pub seconds: f64,
+}
+
+/// The two control sessions of copies from A to B, set up for them.
+pub struct Peers {
+    a: Control,
+    b: Control,
+    src_host: String,
+    dst_host: String,
+    streams: u32,
+    rate: Option<u64>,
+    buffer: Option<u64>,
+    /// Connections A was last told to open (OPTS RETR Parallelism).
+    told: Option<u32>,
+    /// B is in MODE E (set with the first copy: listings before it go in stream mode).
+    b_ready: bool,
+}
+
+impl Peers {
+    /// Logs in to both, checks that both take part, and tells each its part: B takes data
+    /// connections from anywhere that prove its binding, A connects to B's certificate.
+    pub fn open(src: &Target, dst: &Target, opts: &Options) -> Result<Peers> {
+        if opts.tls.is_none() {
+            return Err(ClientError::Usage(
+                "a copy between two servers needs TLS on both (--tls): the data connections \
+                 between them prove through it that they belong to this copy"
+                    .into(),
+            ));
+        }
+        let a = session(src, opts, None)?;
+        let mut b = session(dst, opts, None)?;
+        for (c, t) in [(&a, src), (&b, dst)] {
+            if !c.has_feature("BRAID-PEER") || !c.private_blocks() {
+                return Err(ClientError::Usage(format!(
+                    "{}:{} does not take part in copies between servers (it lists no FEAT \
+                     BRAID-PEER): it is not a braid server, or its admin turned them off \
+                     (--no-third-party); copy through this machine with get and put instead",
+                    t.host, t.port
+                )));
+            }
+        }
+        b.expect(&Command::Opts("BRAID PEER=*".into()), &[200])?;
+        let (Some(certificate), Some(binding)) = (b.server_certificate(), b.binding()) else {
+            return Err(ClientError::Tls(format!(
+                "{}: no TLS session to bind the data connections to",
+                dst.host
+            )));
+        };
+        let mut peers = Peers {
+            a,
+            b,
+            src_host: src.host.clone(),
+            dst_host: dst.host.clone(),
+            streams: opts.streams.unwrap_or(STREAMS).max(1),
+            rate: opts.rate_limit,
+            buffer: opts.buffer,
+            told: None,
+            b_ready: false,
+        };
+        peers.a.expect(
+            &Command::Opts(format!(
+                "BRAID PEER={}:{}",
+                hex(&certificate),
+                hex(&binding.to_bytes())
+            )),
+            &[200],
+        )?;
+        Ok(peers)
     }
-    let mut a = session(src, opts, Some(&src.path))?;
-    let mut b = session(dst, opts, None)?;
-    for (c, t) in [(&a, src), (&b, dst)] {
-        if !c.has_feature("BRAID-PEER") || !c.private_blocks() {
-            return Err(ClientError::Usage(format!(
-                "{}:{} does not take part in copies between servers (it lists no FEAT \
-                 BRAID-PEER): it is not a braid server, or its admin turned them off \
-                 (--no-third-party); copy through this machine with get and put instead",
-                t.host, t.port
+
+    /// Copies `from` (on A) to `to` (on B), `size` bytes; its checksum from both ends must
+    /// agree.
+    pub fn copy(&mut self, from: &str, to: &str, size: u64) -> Result<Copied> {
+        let streams = if size <= ONE_CONNECTION {
+            1
+        } else {
+            self.streams
+        };
+        if self.told != Some(streams) {
+            self.a.run(Op::BlockMode(BlockSetup {
+                direction: Direction::Download,
+                retr: RetrOpts {
+                    parallelism: Some((streams, streams, streams)),
+                    max_rate: self.rate,
+                    ..RetrOpts::default()
+                },
+                buffer: self.buffer,
+                compress: None,
+            }))?;
+            self.told = Some(streams);
+        }
+        if !self.b_ready {
+            self.b.run(Op::BlockMode(BlockSetup {
+                direction: Direction::Upload,
+                retr: RetrOpts::default(),
+                buffer: self.buffer,
+                compress: None,
+            }))?;
+            self.b_ready = true;
+        }
+        let there = self.b.passive_addr()?.target;
+        self.a.expect(&Command::Eprt(there), &[200])?;
+        let started = Instant::now();
+        self.b.start_transfer(&Command::Stor(to.to_string()))?;
+        if let Err(e) = self.a.start_transfer(&Command::Retr(from.to_string())) {
+            // B waits for connections that will not come: stop it, or the next file waits too.
+            let _ = self.b.cmd(&Command::Abor);
+            let _ = self.b.final_reply();
+            return Err(e);
+        }
+        let sent = self.a.final_reply()?;
+        let taken = self.b.final_reply()?;
+        let seconds = started.elapsed().as_secs_f64();
+        for (reply, what) in [(&sent, "sending"), (&taken, "receiving")] {
+            if reply.code / 100 != 2 {
+                return Err(ClientError::Remote {
+                    what: format!("the {what} server"),
+                    reply: reply.clone(),
+                });
+            }
+        }
+        let algorithm = checksum::NAME;
+        let ends = [
+            self.a.checksum(algorithm, from)?,
+            self.b.checksum(algorithm, to)?,
+        ];
+        let [Some(mine), Some(theirs)] = ends else {
+            return Err(ClientError::Integrity(
+                "a server gave no checksum of the file: the copy is unchecked".into(),
+            ));
+        };
+        if mine != theirs {
+            return Err(ClientError::Integrity(format!(
+                "{from} on {} has checksum {mine}, the copy {to} on {} {theirs}: the copy is \
+                 damaged",
+                self.src_host, self.dst_host
             )));
         }
-    }
-    let size = a.size(&src.path)?;
-    let bytes = match size.code {
-        213 => size.text().trim().parse::<u64>().ok(),
-        _ => None,
-    }
-    .ok_or_else(|| ClientError::Remote {
-        what: format!("SIZE {}", src.path),
-        reply: size.clone(),
-    })?;
-    let streams = opts.streams.unwrap_or(STREAMS).max(1);
-    let block = |direction, retr| {
-        Op::BlockMode(BlockSetup {
-            direction,
-            retr,
-            buffer: opts.buffer,
-            compress: None,
+        Ok(Copied {
+            source: from.to_string(),
+            destination: to.to_string(),
+            bytes: size,
+            seconds,
+            streams,
+            checksum: theirs,
+            algorithm,
         })
-    };
-    a.run(block(
-        Direction::Download,
-        RetrOpts {
-            parallelism: Some((streams, streams, streams)),
-            max_rate: opts.rate_limit,
-            ..RetrOpts::default()
-        },
-    ))?;
-    b.run(block(Direction::Upload, RetrOpts::default()))?;
-    b.expect(&Command::Opts("BRAID PEER=*".into()), &[200])?;
-    let there = b.passive_addr()?.target;
-    let (Some(certificate), Some(binding)) = (b.server_certificate(), b.binding()) else {
-        return Err(ClientError::Tls(format!(
-            "{}: no TLS session to bind the data connections to",
-            dst.host
-        )));
-    };
-    a.expect(
-        &Command::Opts(format!(
-            "BRAID PEER={}:{}",
-            hex(&certificate),
-            hex(&binding.to_bytes())
-        )),
-        &[200],
-    )?;
-    a.expect(&Command::Eprt(there), &[200])?;
-    let started = Instant::now();
-    b.start_transfer(&Command::Stor(dst.path.clone()))?;
-    a.start_transfer(&Command::Retr(src.path.clone()))?;
-    let sent = a.final_reply()?;
-    let taken = b.final_reply()?;
-    let seconds = started.elapsed().as_secs_f64();
-    for (reply, what) in [(&sent, "sending"), (&taken, "receiving")] {
-        if reply.code / 100 != 2 {
-            return Err(ClientError::Remote {
-                what: format!("the {what} server"),
-                reply: reply.clone(),
-            });
+    }
+
+    /// The size of a file on A, or why there is none.
+    pub fn size(&mut self, path: &str) -> Result<u64> {
+        let r = self.a.size(path)?;
+        match r.code {
+            213 => r.text().trim().parse::<u64>().ok(),
+            _ => None,
         }
+        .ok_or_else(|| ClientError::Remote {
+            what: format!("SIZE {path} on {}", self.src_host),
+            reply: r,
+        })
     }
-    let algorithm = checksum::NAME;
-    let ends = [
-        a.checksum(algorithm, &src.path)?,
-        b.checksum(algorithm, &dst.path)?,
-    ];
-    let [Some(from), Some(to)] = ends else {
-        return Err(ClientError::Integrity(
-            "a server gave no checksum of the file: the copy is unchecked".into(),
-        ));
-    };
-    if from != to {
-        return Err(ClientError::Integrity(format!(
-            "{} on {} has checksum {from}, the copy on {} {to}: the copy is damaged",
-            src.path, src.host, dst.host
-        )));
+
+    /// Copies the directory `from` on A, everything in it, into `to` on B (made if missing).
+    /// `update`: files B has as large and not older are left alone. A file that fails does not
+    /// stop the others.
+    pub fn copy_tree(&mut self, from: &str, to: &str, update: bool) -> Result<TreeCopied> {
+        let started = Instant::now();
+        let entries = list_tree(&mut self.a, from)?;
+        let mut out = TreeCopied::default();
+        // What B has already, for --update: its tree under `to`, if there is one.
+        let have: HashMap<String, (Option<u64>, Option<i64>)> = if update {
+            list_tree(&mut self.b, to)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|e| (e.name, (e.size, e.modify)))
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        let mut dirs: Vec<&str> = entries
+            .iter()
+            .filter(|e| e.kind.as_deref() == Some("dir"))
+            .map(|e| e.name.as_str())
+            .collect();
+        // Parents before children.
+        dirs.sort_by_key(|d| d.matches('/').count());
+        for d in std::iter::once("").chain(dirs) {
+            let path = join(to, d);
+            if path.is_empty() {
+                continue;
+            }
+            let r = self.b.cmd(&Command::Mkd(path.clone()))?;
+            if r.code == 257 {
+                out.directories_made += 1;
+            }
+        }
+        for e in entries.iter().filter(|e| e.kind.as_deref() == Some("file")) {
+            let (source, dest) = (join(from, &e.name), join(to, &e.name));
+            if update
+                && let Some(&(Some(size), modify)) = have.get(&e.name)
+                && Some(size) == e.size
+                && modify >= e.modify
+            {
+                out.skipped.push(e.name.clone());
+                continue;
+            }
+            let size = match e.size {
+                Some(s) => s,
+                None => match self.size(&source) {
+                    Ok(s) => s,
+                    Err(err) => {
+                        out.failed.push((e.name.clone(), err.to_string()));
+                        continue;
+                    }
+                },
+            };
+            match self.copy(&source, &dest, size) {
+                Ok(c) => out.files.push(c),
+                Err(err @ (ClientError::ControlLost(_) | ClientError::Connect { .. })) => {
+                    return Err(err);
+                }
+                Err(err) => out.failed.push((e.name.clone(), err.to_string())),
+            }
+        }
+        out.seconds = started.elapsed().as_secs_f64();
+        Ok(out)
     }
-    a.quit();
-    b.quit();
-    Ok(Copied {
-        bytes,
-        seconds,
-        streams,
-        checksum: to,
-        algorithm,
-    })
+
+    pub fn quit(self) {
+        self.a.quit();
+        self.b.quit();
+    }
+}
+
+/// `dir/name`, or `name` alone where `dir` is the login directory.
+fn join(dir: &str, name: &str) -> String {
+    match (dir.trim_end_matches('/'), name) {
+        ("", n) => n.to_string(),
+        (d, "") => d.to_string(),
+        (d, n) => format!("{d}/{n}"),
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -36,15 +36,20 @@ fn pair(top: &Path, b_extra: &[&str]) -> Pair {
 }
 
 impl Pair {
+    /// `braid cp [extra] ftp://A/from ftp://B/to --tls`, trusting the pair's certificate.
+    fn command(&self, home: &Path, extra: &[&str], from: &str, to: &str) -> std::process::Command {
+        let mut cmd = braid_command(home);
+        cmd.arg("cp")
+            .args(extra)
+            .arg(format!("ftp://alice:secret-a@{}/{from}", self.a.addr))
+            .arg(format!("ftp://bob:secret-b@{}/{to}", self.b.addr))
+            .args(["--tls", "--tls-ca", &self.cert]);
+        cmd
+    }
+
     fn cp(&self, home: &Path, from: &str, to: &str) -> (bool, String, String) {
-        let src = format!("ftp://alice:secret-a@{}/{from}", self.a.addr);
-        let dst = format!("ftp://bob:secret-b@{}/{to}", self.b.addr);
-        run(
-            braid_command(home).args([
-                "cp", &src, &dst, "--tls", "--tls-ca", &self.cert, "--json", "-n", "3",
-            ]),
-            Duration::from_secs(120),
-        )
+        let mut cmd = self.command(home, &["--json", "-n", "3"], from, to);
+        run(&mut cmd, Duration::from_secs(120))
     }
 }
 
@@ -124,18 +129,13 @@ fn a_stranger_at_the_receiving_servers_data_port_is_refused_and_the_copy_complet
     std::fs::write(top.path().join("a/f.bin"), &data).unwrap();
     let home = tempdir();
     // 4 MB/s: four seconds of copy for the stranger to arrive in.
-    let mut child = braid_command(home.path())
-        .args([
-            "cp",
-            &format!("ftp://alice:secret-a@{}/f.bin", p.a.addr),
-            &format!("ftp://bob:secret-b@{}/f.bin", p.b.addr),
-            "--tls",
-            "--tls-ca",
-            &p.cert,
-            "-v",
-            "--rate-limit",
-            "4MB",
-        ])
+    let mut child = p
+        .command(
+            home.path(),
+            &["-v", "--rate-limit", "4MB"],
+            "f.bin",
+            "f.bin",
+        )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -183,5 +183,62 @@ fn a_stranger_at_the_receiving_servers_data_port_is_refused_and_the_copy_complet
     assert!(
         lb.contains("refused a data connection from 127.0.0.9"),
         "{lb}"
+    );
+}
+
+/// `-r` copies a directory and everything in it from A to B (nested and empty directories,
+/// an empty file, a file large enough for several connections); `--update` then copies only
+/// what changed on A.
+#[test]
+fn a_tree_goes_from_server_to_server_and_update_moves_only_what_changed() {
+    let top = tempdir();
+    let p = pair(top.path(), &[]);
+    let src = top.path().join("a/tree");
+    std::fs::create_dir_all(src.join("sub/deep")).unwrap();
+    std::fs::create_dir_all(src.join("empty")).unwrap();
+    std::fs::write(src.join("small.bin"), random_bytes(3000, 1)).unwrap();
+    std::fs::write(src.join("zero"), b"").unwrap();
+    std::fs::write(src.join("sub/big.bin"), random_bytes(9 << 20, 2)).unwrap();
+    std::fs::write(src.join("sub/deep/x.txt"), b"deep\n").unwrap();
+    let home = tempdir();
+    let cp = |extra: &[&str]| {
+        let args = [&["-r", "--json", "-n", "3"], extra].concat();
+        let mut cmd = p.command(home.path(), &args, "tree", "");
+        let (ok, out, err) = run(&mut cmd, Duration::from_secs(120));
+        assert!(ok, "{err}");
+        crate::util::json(&out)
+    };
+    let first = cp(&[]);
+    let dst = top.path().join("b/tree");
+    for f in ["small.bin", "zero", "sub/big.bin", "sub/deep/x.txt"] {
+        assert!(
+            std::fs::read(src.join(f)).unwrap() == std::fs::read(dst.join(f)).unwrap(),
+            "{f} differs"
+        );
+    }
+    assert!(dst.join("empty").is_dir());
+    assert_eq!(first["files"].as_array().unwrap().len(), 4, "{first}");
+    let big = first["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["source"] == "tree/sub/big.bin")
+        .unwrap();
+    assert_eq!(big["streams"], 3, "{first}");
+    // One file changes on A: --update moves it alone.
+    std::fs::write(src.join("small.bin"), random_bytes(3001, 9)).unwrap();
+    let second = cp(&["--update"]);
+    let moved: Vec<&str> = second["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["source"].as_str().unwrap())
+        .collect();
+    assert_eq!(moved, ["tree/small.bin"], "{second}");
+    assert_eq!(second["skipped"].as_array().unwrap().len(), 3, "{second}");
+    assert_eq!(
+        std::fs::read(dst.join("small.bin")).unwrap().len(),
+        3001,
+        "the changed file was not copied again"
     );
 }

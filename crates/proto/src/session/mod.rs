@@ -378,12 +378,19 @@ impl Session {
             }
             None => return Action::Reply(Reply::new(425, "Use PORT, EPRT, PASV or EPSV first.")),
         };
-        // The other server's connections are TLS bound to a control session, or nothing.
-        let third_party = self.third_party.clone().filter(|t| match (t, &endpoint) {
-            (ThirdParty::Accept, DataEndpoint::Passive(_)) => true,
-            (ThirdParty::Connect(_), DataEndpoint::Active(a)) => canonical_ip(a.ip()) != self.peer,
-            _ => false,
-        });
+        // The other server's connections are TLS bound to a control session, or nothing. A
+        // stream-mode transfer (a listing) stays the client's own: only it may connect.
+        let third_party = match (&self.third_party, &endpoint) {
+            (Some(ThirdParty::Accept), DataEndpoint::Passive(_)) if self.extended => {
+                Some(ThirdParty::Accept)
+            }
+            (Some(t @ ThirdParty::Connect(_)), DataEndpoint::Active(a))
+                if canonical_ip(a.ip()) != self.peer =>
+            {
+                Some(t.clone())
+            }
+            _ => None,
+        };
         if third_party.is_some() && !(self.extended && self.protection.data && self.elastic) {
             return Action::Reply(Reply::new(
                 534,
@@ -1067,6 +1074,11 @@ mod tests {
         s.handle(Command::Prot('C'));
         s.handle(Command::Eprt(other));
         assert_eq!(code(s.handle(Command::Retr("a".into()))), 534);
+        // Nor in stream mode, where no connection proves anything.
+        s.handle(Command::Prot('P'));
+        s.handle(Command::Mode(Mode::Stream));
+        s.handle(Command::Eprt(other));
+        assert_eq!(code(s.handle(Command::Retr("a".into()))), 534);
         // The receiving side takes connections from anyone, each to prove its binding.
         let mut b = tls_user("bob", true);
         assert_eq!(code(b.handle(Command::Opts("BRAID PEER=*".into()))), 200);
@@ -1075,6 +1087,11 @@ mod tests {
         let t = transfer(b.handle(Command::Stor("a".into())));
         assert_eq!(t.third_party, Some(ThirdParty::Accept));
         assert!(t.private);
+        // A listing in stream mode stays the client's: nobody else may connect for it.
+        b.handle(Command::Mode(Mode::Stream));
+        b.handle(Command::Epsv(EpsvArg::Default));
+        b.passive_done(true, Ok("127.0.0.1:5000".parse().unwrap()));
+        assert_eq!(transfer(b.handle(Command::Mlsd(None))).third_party, None);
     }
 
     fn logged_in() -> Session {
