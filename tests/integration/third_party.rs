@@ -242,3 +242,34 @@ fn a_tree_goes_from_server_to_server_and_update_moves_only_what_changed() {
         "the changed file was not copied again"
     );
 }
+
+/// globus-url-copy driving a third-party transfer between two braid servers (PASV at B, PORT
+/// to B's address at A, without data-channel authentication) is the FTP bounce: A refuses the
+/// PORT with the reason, B gets nothing, and globus-url-copy fails instead of hanging.
+#[test]
+fn globus_url_copy_between_braid_servers_is_refused_as_a_bounce() {
+    crate::util::require("globus-url-copy");
+    let top = tempdir();
+    for d in ["ga", "gb"] {
+        std::fs::create_dir(top.path().join(d)).unwrap();
+    }
+    std::fs::write(top.path().join("ga/g.bin"), random_bytes(100_000, 8)).unwrap();
+    let a = Server::start_at("127.0.0.2:0", &top.path().join("ga"), &["--anonymous"]);
+    let b = Server::start_at(
+        "127.0.0.3:0",
+        &top.path().join("gb"),
+        &["--anonymous", "--anonymous-write"],
+    );
+    let (ok, _, err) = run(
+        std::process::Command::new("globus-url-copy").args([
+            "-nodcau",
+            &format!("ftp://{}/g.bin", a.addr),
+            &format!("ftp://{}/g.bin", b.addr),
+        ]),
+        Duration::from_secs(60),
+    );
+    assert!(!ok, "globus-url-copy copied between braid servers: {err}");
+    assert!(err.contains("504 Refused"), "{err}");
+    // (B may keep an empty partial of the upload it was asked for, as for any broken one.)
+    assert!(!top.path().join("gb/g.bin").exists(), "B has the file");
+}
