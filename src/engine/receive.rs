@@ -81,6 +81,15 @@ impl State {
         Ok(self.progress.ranges.within(offset, end).collect())
     }
 
+    /// The connections writing blocks that overlap `[offset, end)`, other than `conn`.
+    fn writing_over(&self, conn: usize, offset: u64, end: u64) -> Vec<usize> {
+        self.writing
+            .iter()
+            .filter(|&&(c, s, e)| c != conn && s < end && offset < e)
+            .map(|&(c, ..)| c)
+            .collect()
+    }
+
     /// The block `conn` was writing has ended (stored, or its connection failed).
     fn release(&mut self, conn: usize) {
         self.writing.retain(|&(c, ..)| c != conn);
@@ -252,12 +261,14 @@ pub fn receive(
         if let Err(e) = joined {
             fail(e);
         }
-        // Complete: every connection the sender counted has sent its EOD. One that never
-        // heard a header joined too late for the sender to use; close it so its thread ends.
-        // (One that did may still be on its way out, with its EOD counted: it stays.)
+        // Complete: every connection the sender counted has sent its EOD. Any other still
+        // open is one the sender does not use: joined too late, or given up on (it broke on
+        // the sender's side, and its close was lost on the way, so a block on it never
+        // ends). Close it so its thread ends. (One whose EOD was counted may still be on its
+        // way out: it stays.)
         if shared.complete() {
             for l in transfer.links() {
-                if l.state() == LinkState::Open && !l.heard() {
+                if l.state() == LinkState::Open && !l.counted() {
                     l.shutdown();
                 }
             }
@@ -340,9 +351,6 @@ fn receive_conn(
             Err(_) if first && transfer.elastic() => return Ok(Ended::Unused),
             r => r.map_err(net)?,
         };
-        if header_read && first {
-            link.set_heard();
-        }
         if !header_read {
             if first && (reused || transfer.elastic()) {
                 return Ok(Ended::Unused);
@@ -380,29 +388,30 @@ fn receive_conn(
             transfer.compression().plain(header.payload());
             (header, None)
         };
-        let (offset, count, stored) = {
+        let (offset, count, first_try) = {
             let mut state = shared.lock();
-            let (offset, count) = match checks
+            let next = checks
                 .header(&header, &mut state.completion)
-                .map_err(proto)?
-            {
+                .map_err(proto)?;
+            // Counted under the same lock as the EOD it read: whoever sees the transfer
+            // complete sees which connections the sender counted.
+            if checks.finished() {
+                link.set_counted();
+            }
+            let (offset, count) = match next {
                 Next::Done => return Ok(ended(&checks, sock)),
                 Next::Payload { offset, count } => (offset, count),
             };
             if let Some(charge) = state.charge.as_mut() {
                 charge(offset + count).map_err(EngineError::Local)?;
             }
-            // Past the room there is, the disk is full for this file, as a write there would
-            // find: the sender is told so (no space), not of a fault.
-            let stored = state
-                .admit(conn, offset, offset + count)
-                .map_err(|e| match e {
-                    BlockError::PastRoom { .. } => EngineError::Local(
-                        std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()),
-                    ),
-                    e => proto(e),
-                })?;
-            (offset, count, stored)
+            // Admitted under the same lock, as nearly every block is; only one that meets
+            // another still arriving tries again, outside it.
+            (offset, count, state.admit(conn, offset, offset + count))
+        };
+        let stored = match first_try {
+            Ok(stored) => stored,
+            Err(_) => admit(transfer, shared, conn, offset, offset + count)?,
         };
         let mut sum = ChunkSum::new();
         let mut aligned = true;
@@ -448,6 +457,61 @@ fn receive_conn(
         }
         if checks.finished() {
             return Ok(ended(&checks, sock));
+        }
+    }
+}
+
+/// How long a block sent again waits for the connection the sender gave up on to let go of
+/// the same range.
+const GIVEN_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Admits the block `[offset, end)` on connection `conn`: the parts of it already stored, or
+/// why not. Past the room there is, the disk is full for this file, as a write there would
+/// find: the sender is told so (no space), not of a fault. In an elastic transfer a block
+/// that overlaps one still arriving on another connection is one the sender sent again after
+/// giving that connection up (it broke on the sender's side, and the close never arrived):
+/// that connection is closed, and the block goes in once its thread lets go.
+fn admit(
+    transfer: &Transfer,
+    shared: &Shared,
+    conn: usize,
+    offset: u64,
+    end: u64,
+) -> Result<Vec<(u64, u64)>, EngineError> {
+    let proto = |source| EngineError::Protocol { conn, source };
+    let deadline = std::time::Instant::now() + GIVEN_UP_WAIT;
+    loop {
+        let (got, over) = {
+            let mut state = shared.lock();
+            let got = state.admit(conn, offset, end);
+            let over = match &got {
+                Err(BlockError::Overlapping { .. }) => state.writing_over(conn, offset, end),
+                _ => Vec::new(),
+            };
+            (got, over)
+        };
+        match got {
+            Ok(stored) => return Ok(stored),
+            Err(BlockError::PastRoom { .. }) => {
+                return Err(EngineError::Local(std::io::Error::from_raw_os_error(
+                    rustix::io::Errno::NOSPC.raw_os_error(),
+                )));
+            }
+            Err(BlockError::Overlapping { .. })
+                if transfer.elastic() && std::time::Instant::now() < deadline =>
+            {
+                for l in transfer.links() {
+                    if over.contains(&l.id) && l.state() == LinkState::Open {
+                        tracing::debug!(
+                            conn = l.id,
+                            "closing a data connection the sender sent a block of again"
+                        );
+                        l.shutdown();
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) => return Err(proto(e)),
         }
     }
 }
@@ -607,43 +671,110 @@ mod tests {
         ));
     }
 
+    /// Receives `len` bytes (a transfer `elastic` or not, with `stall` as its stall time)
+    /// over two loopback connections while `send` writes the sender's side of them; `send`
+    /// also gets the receiving state, to wait on it. Returns the outcome, what was stored and
+    /// how long it took. The sending sockets stay open until the receiver is done.
+    fn receive_two(
+        len: u64,
+        elastic: bool,
+        stall: std::time::Duration,
+        send: impl FnOnce(&mut std::net::TcpStream, &mut std::net::TcpStream, &Shared) + Send,
+    ) -> (Result<Kept, EngineError>, Progress, std::time::Duration) {
+        use std::net::TcpStream;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut a = TcpStream::connect(addr).unwrap();
+        let mut b = TcpStream::connect(addr).unwrap();
+        let receivers: Vec<TcpStream> = (0..2).map(|_| listener.accept().unwrap().0).collect();
+        let transfer = Transfer::new(elastic);
+        let shared = Shared::new(Progress::default(), Default::default());
+        let started = std::time::Instant::now();
+        let got = std::thread::scope(|s| {
+            s.spawn(|| send(&mut a, &mut b, &shared));
+            receive(
+                &transfer,
+                Joins::fixed(receivers, stall),
+                &Sink::Discard,
+                Some(len),
+                &shared,
+            )
+        });
+        (got, shared.snapshot(), started.elapsed())
+    }
+
+    /// A connection the sender gave up on whose close never arrived (lost on a full modem
+    /// queue): its block never ends. The same block sent again on another connection goes in
+    /// (the silent one is closed), and once the EOF block's count of EODs is in, the transfer
+    /// ends at once, not when the silent connection's stall timer runs out.
+    #[test]
+    fn a_block_sent_again_after_its_connection_was_given_up_goes_in_and_the_transfer_ends() {
+        use std::io::Write;
+        use std::time::Duration;
+        let data: Vec<u8> = (0..4000u32).map(|i| (i * 7) as u8).collect();
+        let block = Header::data(0, data.len() as u64).encode();
+        let (got, stored, took) = receive_two(
+            4000,
+            true,
+            Duration::from_secs(20),
+            |given_up, other, shared| {
+                given_up.write_all(&block).unwrap();
+                given_up.write_all(&data[..1000]).unwrap();
+                // The receiver is writing that block before the same one comes again.
+                while shared.lock().writing.is_empty() {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                other.write_all(&block).unwrap();
+                other.write_all(&data).unwrap();
+                other.write_all(&Header::eof(1).encode()).unwrap();
+            },
+        );
+        assert!(got.is_ok(), "{:?}", got.err());
+        assert_eq!(stored.ranges.len(), 4000);
+        // Well before the 20 s stall time would have ended it.
+        assert!(took < Duration::from_secs(10), "{took:?}");
+    }
+
+    /// A connection whose blocks all arrived but which the sender then gave up on (its EOD,
+    /// and its close, never came): the EOF block does not count it, and the transfer ends as
+    /// soon as the counted EODs are in, without waiting for it to time out.
+    #[test]
+    fn a_connection_the_sender_does_not_count_does_not_hold_up_the_end() {
+        use std::io::Write;
+        use std::time::Duration;
+        let data: Vec<u8> = (0..8000u32).map(|i| (i * 3) as u8).collect();
+        let (got, stored, took) =
+            receive_two(8000, true, Duration::from_secs(20), |given_up, other, _| {
+                given_up.write_all(&Header::data(0, 4000).encode()).unwrap();
+                given_up.write_all(&data[..4000]).unwrap();
+                other.write_all(&Header::data(4000, 4000).encode()).unwrap();
+                other.write_all(&data[4000..]).unwrap();
+                other.write_all(&Header::eof(1).encode()).unwrap();
+            });
+        assert!(got.is_ok(), "{:?}", got.err());
+        assert_eq!(stored.ranges.len(), 8000);
+        assert!(took < Duration::from_secs(10), "{took:?}");
+    }
+
     /// A block that takes longer to arrive than the stall time (a modem, several
     /// connections sharing it) is not a stalled peer while its bytes keep coming.
     #[test]
     fn a_block_slower_than_the_stall_time_is_not_a_stall_while_its_bytes_come() {
         use std::io::Write;
-        use std::net::TcpStream;
         use std::time::Duration;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let mut senders: Vec<TcpStream> =
-            (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
-        let receivers: Vec<TcpStream> = (0..2).map(|_| listener.accept().unwrap().0).collect();
         let data: Vec<u8> = (0..4000u32).map(|i| i as u8).collect();
-        let transfer = Transfer::new(false);
-        let shared = Shared::new(Progress::default(), Default::default());
-        let got = std::thread::scope(|s| {
-            s.spawn(|| {
-                let [a, b] = &mut senders[..] else { return };
-                a.write_all(&Header::data(0, data.len() as u64).encode())
-                    .unwrap();
-                // 4000 bytes over about a second, against a stall time of 300 ms.
-                for piece in data.chunks(100) {
-                    a.write_all(piece).unwrap();
-                    std::thread::sleep(Duration::from_millis(25));
-                }
-                a.write_all(&Header::eod().encode()).unwrap();
-                b.write_all(&Header::eof(2).encode()).unwrap();
-            });
-            receive(
-                &transfer,
-                Joins::fixed(receivers, Duration::from_millis(300)),
-                &Sink::Discard,
-                Some(data.len() as u64),
-                &shared,
-            )
+        let (got, stored, _) = receive_two(4000, false, Duration::from_millis(300), |a, b, _| {
+            a.write_all(&Header::data(0, data.len() as u64).encode())
+                .unwrap();
+            // 4000 bytes over about a second, against a stall time of 300 ms.
+            for piece in data.chunks(100) {
+                a.write_all(piece).unwrap();
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            a.write_all(&Header::eod().encode()).unwrap();
+            b.write_all(&Header::eof(2).encode()).unwrap();
         });
         assert!(got.is_ok(), "{:?}", got.err());
-        assert_eq!(shared.snapshot().ranges.len(), data.len() as u64);
+        assert_eq!(stored.ranges.len(), data.len() as u64);
     }
 }

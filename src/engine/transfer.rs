@@ -81,8 +81,8 @@ pub struct Link {
     bytes: AtomicU64,
     /// The policy asked the sender to stop using it after the current block.
     retire: AtomicBool,
-    /// A block header arrived on it (receiving side): it takes part in this transfer.
-    heard: AtomicBool,
+    /// Its EOD arrived (receiving side): the sender counted it in the EOF block.
+    counted: AtomicBool,
     state: AtomicU8,
     /// When it joined and when it ended, since the transfer started.
     pub joined: Duration,
@@ -113,12 +113,12 @@ impl Link {
         self.retire.load(Ordering::Relaxed)
     }
 
-    pub(super) fn set_heard(&self) {
-        self.heard.store(true, Ordering::Release);
+    pub(super) fn set_counted(&self) {
+        self.counted.store(true, Ordering::Release);
     }
 
-    pub(super) fn heard(&self) -> bool {
-        self.heard.load(Ordering::Acquire)
+    pub(super) fn counted(&self) -> bool {
+        self.counted.load(Ordering::Acquire)
     }
 
     /// Shuts the connection down both ways, which wakes its thread from a blocking call.
@@ -280,7 +280,7 @@ impl Transfer {
                 sock: dup,
                 bytes: AtomicU64::new(0),
                 retire: AtomicBool::new(false),
-                heard: AtomicBool::new(false),
+                counted: AtomicBool::new(false),
                 state: AtomicU8::new(0),
                 joined: self.started.elapsed(),
                 ended_ns: AtomicU64::new(0),
