@@ -76,6 +76,19 @@ def vsftpd_conf(work, root, addr, port, writable=False):
     return conf
 
 
+def raise_fd_limit(clients):
+    """Lifts the soft limit on open files for `clients` at once: each client process holds a
+    few descriptors, the server a control and up to 4 data connections per session, plus a
+    handle on each."""
+    need = 16 * clients + 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
+        except (ValueError, OSError):
+            pass
+
+
 def proc_cpu(pid):
     """CPU seconds (user + system) a running process has used so far."""
     with open(f"/proc/{pid}/stat") as f:

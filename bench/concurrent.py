@@ -19,7 +19,6 @@ import argparse
 import os
 import random
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -29,7 +28,7 @@ import threading
 import time
 import urllib.request
 
-from common import certificate, children_cpu, proc_cpu, random_file
+from common import certificate, children_cpu, proc_cpu, raise_fd_limit, random_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BRAID = os.path.join(HERE, "..", "target", "release", "braid")
@@ -114,15 +113,7 @@ def main():
             sys.exit(f"bench/concurrent.py needs {tool}")
     if not os.access(BRAID, os.X_OK):
         sys.exit("build first: cargo build --release")
-    # Each client process holds a few descriptors; the server holds a control and up to 4
-    # data connections per session, plus a handle on each.
-    need = 16 * args.clients + 1024
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < need:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
-        except (ValueError, OSError):
-            pass
+    raise_fd_limit(args.clients)
     work = tempfile.mkdtemp(prefix="braid-concurrent-", dir=args.dir)
     server = None
     try:

@@ -23,7 +23,6 @@ import argparse
 import os
 import random
 import re
-import resource
 import shutil
 import socket
 import statistics
@@ -33,7 +32,7 @@ import tempfile
 import threading
 import time
 
-from common import random_file, vsftpd_conf
+from common import raise_fd_limit, random_file, vsftpd_conf
 from concurrent import BRAID, SIZES, human, sizes_for, timed
 
 LAB = "cost"
@@ -220,13 +219,7 @@ def main():
         sys.exit("bench/server_cost.py needs vsftpd (apt-get install vsftpd)")
     if not os.access(BRAID, os.X_OK):
         sys.exit("build first: cargo build --release")
-    need = 16 * args.clients + 1024
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < need:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
-        except (ValueError, OSError):
-            pass
+    raise_fd_limit(args.clients)
     work = tempfile.mkdtemp(prefix="braid-cost-", dir=args.dir)
     # vsftpd run by root would refuse a root-owned anonymous root it can write: the files are
     # readable and writable by everyone, as a test server's are.

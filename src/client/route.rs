@@ -112,10 +112,7 @@ pub fn get_on(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> 
 /// SIZE, the route, and the download by it.
 fn get_file(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> Result<Summary> {
     refuse_directory_url(target)?;
-    let size = match c.size(&target.path)? {
-        r if r.code == 213 => r.text().trim().parse::<u64>().ok(),
-        _ => None,
-    };
+    let size = c.size(&target.path)?.size();
     let path = match dest {
         Dest::File(p) => Some(p.as_path()),
         _ => None,

@@ -112,8 +112,8 @@ impl Peers {
         peers.a.expect(
             &Command::Opts(format!(
                 "BRAID PEER={}:{}",
-                hex(&certificate),
-                hex(&binding.to_bytes())
+                braid_proto::hex::encode(&certificate),
+                braid_proto::hex::encode(&binding.to_bytes())
             )),
             &[200],
         )?;
@@ -202,11 +202,7 @@ impl Peers {
     /// The size of a file on A, or why there is none.
     pub fn size(&mut self, path: &str) -> Result<u64> {
         let r = self.a.size(path)?;
-        match r.code {
-            213 => r.text().trim().parse::<u64>().ok(),
-            _ => None,
-        }
-        .ok_or_else(|| ClientError::Remote {
+        r.size().ok_or_else(|| ClientError::Remote {
             what: format!("SIZE {path} on {}", self.src_host),
             reply: r,
         })
@@ -291,8 +287,4 @@ fn join(dir: &str, name: &str) -> String {
         (d, "") => d.to_string(),
         (d, n) => format!("{d}/{n}"),
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

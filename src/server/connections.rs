@@ -218,9 +218,8 @@ impl Io {
     /// transfer anyone (each must prove the session's binding under TLS to count).
     fn admits(&self, t: &Transfer) -> Admits {
         Admits {
-            forwarded_to: self.forwarded.then(|| canonical_ip(self.local.ip())),
             anyone: t.third_party == Some(ThirdParty::Accept),
-            ..Admits::client(self.peer.ip())
+            ..self.admits_client()
         }
     }
 

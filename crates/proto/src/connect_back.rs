@@ -49,18 +49,11 @@ pub fn failure(line: &str) -> Option<([u8; 16], &str)> {
 }
 
 fn hex(token: &[u8; 16]) -> String {
-    token.iter().map(|b| format!("{b:02x}")).collect()
+    crate::hex::encode(token)
 }
 
 fn unhex(s: &str) -> Option<[u8; 16]> {
-    if s.len() != 32 || !s.is_ascii() {
-        return None;
-    }
-    let mut token = [0u8; 16];
-    for (i, b) in token.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(token)
+    crate::hex::decode(s)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ pub mod client;
 pub mod command;
 pub mod compress;
 pub mod connect_back;
+pub mod hex;
 pub mod line;
 pub mod listing;
 pub mod markers;

@@ -25,6 +25,13 @@ impl Reply {
         self.lines.join("\n")
     }
 
+    /// The size a 213 answer to SIZE gives; None for any other reply.
+    pub fn size(&self) -> Option<u64> {
+        (self.code == 213)
+            .then(|| self.text().trim().parse::<u64>().ok())
+            .flatten()
+    }
+
     /// 1xx: a preliminary reply; another follows.
     pub fn is_preliminary(&self) -> bool {
         (100..200).contains(&self.code)

@@ -202,19 +202,9 @@ impl Session {
                 "Data connections may come from another server; each must prove this session's TLS binding.",
             );
         }
-        let hex32 = |h: &str| -> Option<[u8; 32]> {
-            let mut out = [0u8; 32];
-            if h.len() != 64 {
-                return None;
-            }
-            for (i, o) in out.iter_mut().enumerate() {
-                *o = u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok()?;
-            }
-            Some(out)
-        };
         match value
             .split_once(':')
-            .and_then(|(c, b)| Some((hex32(c)?, hex32(b)?)))
+            .and_then(|(c, b)| Some((crate::hex::decode(c)?, crate::hex::decode(b)?)))
         {
             Some((certificate, binding)) => {
                 self.third_party = Some(super::ThirdParty::Connect(Box::new(super::PeerProof {
