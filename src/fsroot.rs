@@ -333,6 +333,20 @@ impl Upload {
         })
     }
 
+    /// Opens the partial file another server is writing (a striped front end, which holds its
+    /// lock), to write blocks into it at their offsets: not created, emptied or locked here.
+    pub fn join(root: &Root, p: &VPath) -> Result<(Upload, File), FsError> {
+        let up = Upload::locate(root, p)?;
+        let fd = rustix::fs::openat(
+            &up.dir,
+            up.part.as_str(),
+            OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )
+        .map_err(errno_to_fs)?;
+        Ok((up, File::from(fd)))
+    }
+
     /// Opens (or creates) the partial file and positions it; returns the file and the offset at
     /// which the incoming data starts.
     pub fn begin(

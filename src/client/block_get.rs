@@ -80,15 +80,7 @@ pub fn get(
             &mut steering,
             opts,
         )?;
-    let got = landing.shared.snapshot();
-    let total = size.unwrap_or_else(|| got.ranges.iter().last().map_or(0, |(_, e)| e));
-    let missing = got.ranges.missing(total);
-    if !missing.is_empty() {
-        landing.save_last();
-        return Err(ClientError::Integrity(format!(
-            "the server ended the transfer but bytes {missing} of {total} never arrived; run again with --resume"
-        )));
-    }
+    let (got, total) = landing.whole(size)?;
     let file = landing.part.as_ref().map(|p| &p.file);
     let verified = verify(c, peer, target, total, &got, file)?;
     let local = match landing.part {
@@ -118,25 +110,25 @@ pub fn get(
 
 /// Where a MODE E download lands: the sink its blocks go to, the partial file and its record,
 /// and what it held before this run.
-struct Landing {
-    sink: Sink,
-    part: Option<PartFile>,
+pub(super) struct Landing {
+    pub(super) sink: Sink,
+    pub(super) part: Option<PartFile>,
     /// None for standard output and /dev/null.
-    record: Option<Sidecar>,
+    pub(super) record: Option<Sidecar>,
     /// A file of one block is in before a watcher thread (Ctrl-C, progress, tuning) would
     /// have looked once: a tree of small files would start one per file for nothing. Nor is
     /// it recorded: it has nothing to resume from mid-way.
     watched: bool,
     /// What SIZE said.
     size: Option<u64>,
-    shared: Shared,
-    bytes: Arc<AtomicU64>,
+    pub(super) shared: Shared,
+    pub(super) bytes: Arc<AtomicU64>,
     have: RangeSet,
-    resumed_from: u64,
+    pub(super) resumed_from: u64,
 }
 
 impl Landing {
-    fn open(
+    pub(super) fn open(
         dest: &Dest,
         remote: &str,
         size: Option<u64>,
@@ -188,20 +180,35 @@ impl Landing {
         self.record.as_ref().filter(|_| self.watched)
     }
 
-    fn save(&self) {
+    pub(super) fn save(&self) {
         if let Some(r) = self.kept_record() {
             r.save(&self.shared.snapshot());
         }
     }
 
     /// Records what arrived as the download stops unfinished.
-    fn save_last(&self) {
+    pub(super) fn save_last(&self) {
         if let Some(r) = self.kept_record() {
             r.save_last(&self.shared.snapshot());
         }
     }
 
-    fn partial_name(&self) -> Option<String> {
+    /// What arrived, and the file's size, once the server ended the transfer: an error if
+    /// bytes are missing (kept for --resume).
+    pub(super) fn whole(&self, size: Option<u64>) -> Result<(Progress, u64)> {
+        let got = self.shared.snapshot();
+        let total = size.unwrap_or_else(|| got.ranges.iter().last().map_or(0, |(_, e)| e));
+        let missing = got.ranges.missing(total);
+        if !missing.is_empty() {
+            self.save_last();
+            return Err(ClientError::Integrity(format!(
+                "the server ended the transfer but bytes {missing} of {total} never arrived; run again with --resume"
+            )));
+        }
+        Ok((got, total))
+    }
+
+    pub(super) fn partial_name(&self) -> Option<String> {
         self.part.as_ref().map(PartFile::name)
     }
 }

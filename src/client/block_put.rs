@@ -133,7 +133,13 @@ pub fn put(
 /// (announced to come, for a fresh upload that hashes its blocks as they go; the value now
 /// for a resumed one, which sends only some blocks), a GridFTP server the size (ALLO) and
 /// that it should report what it holds every second.
-fn announce(c: &mut Control, peer: Peer, file: &File, len: u64, have: &RangeSet) -> Result<()> {
+pub(super) fn announce(
+    c: &mut Control,
+    peer: Peer,
+    file: &File,
+    len: u64,
+    have: &RangeSet,
+) -> Result<()> {
     match peer {
         Peer::Braid => {
             let scks = if have.is_empty() {

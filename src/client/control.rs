@@ -763,6 +763,29 @@ impl Control {
         self.passive_answer()
     }
 
+    /// SPAS to a striped server: one address per data node, in stripe order. The nodes are
+    /// other hosts than the control connection's peer, named by the server.
+    pub fn striped_passive(&mut self) -> Result<Vec<DataAddr>> {
+        self.data.clear();
+        // The EPSV sent ahead at login (its listener on the front end goes unused).
+        if self.early_passive.take().is_some() {
+            tracing::debug!("SPAS replaces the passive address asked for at login");
+        }
+        let r = self.cmd(&Command::Spas)?;
+        let addrs = braid_proto::stripes::parse_spas(&r).map_err(ClientError::Protocol)?;
+        Ok(addrs
+            .into_iter()
+            .map(|a| {
+                let target = SocketAddr::V4(a);
+                DataAddr {
+                    target,
+                    round: target,
+                    detour: None,
+                }
+            })
+            .collect())
+    }
+
     /// The address the answer to EPSV or PASV (the oldest op not yet read) gives.
     fn passive_answer(&mut self) -> Result<DataAddr> {
         match self.finished(None)? {

@@ -14,7 +14,7 @@ mod block_get;
 mod block_put;
 mod channel;
 mod connect_back;
-mod control;
+pub(crate) mod control;
 pub mod detour;
 pub mod error;
 mod inflight;
@@ -34,6 +34,7 @@ mod sessions;
 pub mod ssh;
 mod stream;
 mod stream_yield;
+mod striped;
 pub mod summary;
 #[cfg(test)]
 mod testing;

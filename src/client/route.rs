@@ -12,7 +12,7 @@ use super::peer::Peer;
 use super::records::{Sidecar, UploadRecord};
 use super::summary::Summary;
 use super::url::Target;
-use super::{Options, segments, stream};
+use super::{Options, segments, stream, striped};
 use super::{block_get, block_put};
 use braid_proto::Command;
 use braid_proto::ranges::RangeSet;
@@ -22,6 +22,8 @@ use std::path::Path;
 pub enum Route {
     /// MODE E over parallel data connections, blocks at their offsets.
     Blocks(Peer),
+    /// MODE E from or to a braid front end's data nodes, each moving its stripes.
+    Striped,
     /// Ranges of the file, each on a stream-mode session of its own (as lftp's `pget -n`).
     Segments(usize),
     /// One stream-mode data connection: any FTP server.
@@ -42,6 +44,8 @@ pub struct DownloadFacts {
     /// `--resume` finds a record of ranges beside the partial (a segmented download's: it
     /// may have holes, and resumes in ranges).
     pub recorded_ranges: bool,
+    /// A braid front end offers data nodes (and the data may go clear).
+    pub striped: bool,
 }
 
 impl Route {
@@ -49,6 +53,11 @@ impl Route {
     /// server cuts a file big enough into ranges (and a partial fetched in ranges resumes
     /// that way); else one stream-mode connection.
     pub fn download(f: DownloadFacts, opts: &Options) -> Result<Route> {
+        // Striped into a file of known size, in the foreground (background mode steers one
+        // path, and the nodes have one each).
+        if f.striped && f.to_file && f.size.is_some() && opts.background.is_none() {
+            return Ok(Route::Striped);
+        }
         if let Some(peer) = f.peer {
             return Ok(Route::Blocks(peer));
         }
@@ -76,8 +85,9 @@ impl Route {
     /// The route of an upload: MODE E where the server offers it and what it holds of the
     /// file is known (`held`: nothing, or a record of an earlier MODE E upload); else one
     /// stream-mode connection.
-    pub fn upload(peer: Option<Peer>, held: Option<&RangeSet>) -> Route {
+    pub fn upload(peer: Option<Peer>, held: Option<&RangeSet>, striped: bool) -> Route {
         match (peer, held) {
+            (Some(Peer::Braid), Some(_)) if striped => Route::Striped,
             (Some(peer), Some(_)) => Route::Blocks(peer),
             _ => Route::Stream,
         }
@@ -124,6 +134,7 @@ fn get_file(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> Re
         rest: c.has_feature("REST"),
         recorded_ranges: opts.resume
             && path.is_some_and(|p| Sidecar::beside(&part_path(p), "", None).exists()),
+        striped: striped::offered(c),
     };
     let route = Route::download(facts, opts)?;
     if !matches!(route, Route::Blocks(_)) {
@@ -131,6 +142,7 @@ fn get_file(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> Re
     }
     match (route, path, size) {
         (Route::Blocks(peer), ..) => block_get::get(c, peer, target, dest, size, opts),
+        (Route::Striped, _, Some(size)) => striped::get(c, target, dest, size, opts),
         (Route::Segments(n), Some(path), Some(size)) => {
             segments::get(c, target, path, size, n, opts)
         }
@@ -165,7 +177,19 @@ fn put_source(c: &mut Control, src: &Source, opts: &Options, held: Held) -> Resu
         Held::Recorded => Some(record.load().unwrap_or_default()),
         Held::RecordedOrSize => record.load(),
     };
-    match (Route::upload(peer, have.as_ref()), have) {
+    let striped = striped::offered(c) && opts.background.is_none();
+    match (Route::upload(peer, have.as_ref(), striped), have) {
+        (Route::Striped, Some(have)) => {
+            let up = Upload {
+                file: &src.file,
+                len: src.size(),
+                record,
+                have,
+            };
+            let mut s = striped::put(c, up, &src.target, opts)?;
+            s.local = src.name();
+            Ok(s)
+        }
         (Route::Blocks(peer), Some(have)) => {
             let up = Upload {
                 file: &src.file,
@@ -224,6 +248,7 @@ mod tests {
             to_file: true,
             rest: true,
             recorded_ranges: false,
+            striped: false,
         }
     }
 
@@ -310,16 +335,47 @@ mod tests {
     fn an_upload_takes_blocks_only_when_what_the_server_holds_is_known() {
         let none = RangeSet::new();
         assert_eq!(
-            Route::upload(Some(Peer::Braid), Some(&none)),
+            Route::upload(Some(Peer::Braid), Some(&none), false),
             Route::Blocks(Peer::Braid)
         );
         assert_eq!(
-            Route::upload(Some(Peer::GridFtp), Some(&none)),
+            Route::upload(Some(Peer::GridFtp), Some(&none), false),
             Route::Blocks(Peer::GridFtp)
         );
         // --resume without a record: the server's size says what it holds, in stream mode.
-        assert_eq!(Route::upload(Some(Peer::Braid), None), Route::Stream);
-        assert_eq!(Route::upload(None, Some(&none)), Route::Stream);
+        assert_eq!(Route::upload(Some(Peer::Braid), None, false), Route::Stream);
+        assert_eq!(Route::upload(None, Some(&none), false), Route::Stream);
+        // A braid front end with data nodes stripes what it may hold in blocks.
+        assert_eq!(
+            Route::upload(Some(Peer::Braid), Some(&none), true),
+            Route::Striped
+        );
+        assert_eq!(Route::upload(Some(Peer::Braid), None, true), Route::Stream);
+    }
+
+    #[test]
+    fn a_striped_server_stripes_a_download_into_a_file_of_known_size_in_the_foreground() {
+        let striped = |size, to_file| DownloadFacts {
+            striped: true,
+            to_file,
+            ..facts(Some(Peer::Braid), size)
+        };
+        let opts = Options::default();
+        assert_eq!(
+            Route::download(striped(Some(MIB), true), &opts).ok(),
+            Some(Route::Striped)
+        );
+        let blocks = Some(Route::Blocks(Peer::Braid));
+        assert_eq!(Route::download(striped(None, true), &opts).ok(), blocks);
+        assert_eq!(
+            Route::download(striped(Some(MIB), false), &opts).ok(),
+            blocks
+        );
+        let bg = Options {
+            background: Some(std::time::Duration::from_millis(5)),
+            ..Options::default()
+        };
+        assert_eq!(Route::download(striped(Some(MIB), true), &bg).ok(), blocks);
     }
 
     use super::super::testing::{done, scripted};

@@ -79,6 +79,9 @@ pub struct Summary {
     pub background: Option<crate::engine::background::Report>,
     /// Data connections this transfer opened (0 when it reused those of the one before).
     pub new_data_connections: u32,
+    /// A striped server: the most data nodes that moved this file at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_nodes: Option<u32>,
     /// MODE E under TLS: the data connections' handshakes, full and resumed (a resumed one
     /// skips the certificate exchange).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -229,6 +232,7 @@ pub fn summary(
         decisions: Vec::new(),
         background: None,
         new_data_connections: 1,
+        data_nodes: None,
         tls_handshakes: None,
         compression: None,
     }

@@ -4,7 +4,7 @@
 
 use super::compress::Unpacker;
 use super::sink::Sink;
-use super::tls::{DataConn, refused};
+use super::tls::{DataConn, DataTls, refused};
 use super::transfer::{Joins, Link, LinkState, Transfer, join_loop};
 use super::{EngineError, FirstError, PIECE};
 use braid_proto::block::{BlockError, Completion, Connection, HEADER_LEN, Header, Next, desc};
@@ -42,7 +42,8 @@ pub const MAX_PIECES: usize = 4096;
 /// What the connection threads share, behind one lock taken twice per block.
 #[derive(Default)]
 struct State {
-    completion: Completion,
+    /// One per stripe: each data node of a striped server sends its own EOF block.
+    completions: Vec<Completion>,
     progress: Progress,
     /// Blocks being written now, with their connection: no other block may overlap one.
     writing: Vec<(usize, u64, u64)>,
@@ -56,6 +57,11 @@ struct State {
 pub type Charge = Box<dyn FnMut(u64) -> std::io::Result<()> + Send>;
 
 impl State {
+    /// Every stripe's EOF block came, with all the EODs it counts.
+    fn complete(&self) -> bool {
+        !self.completions.is_empty() && self.completions.iter().all(Completion::complete)
+    }
+
     /// Admits the block `[offset, end)` on connection `conn`: refused if it overlaps a block
     /// still arriving elsewhere. Returns the parts of it already stored, whose bytes it must
     /// repeat (a block sent again after a connection broke).
@@ -138,6 +144,7 @@ impl Shared {
         Shared {
             state: Mutex::new(State {
                 progress: resume,
+                completions: vec![Completion::default()],
                 ..State::default()
             }),
             bytes,
@@ -166,7 +173,7 @@ impl Shared {
     }
 
     fn complete(&self) -> bool {
-        self.lock().completion.complete()
+        self.lock().complete()
     }
 }
 
@@ -180,23 +187,29 @@ pub fn receive(
     limit: Option<u64>,
     shared: &Shared,
 ) -> Result<Kept, EngineError> {
+    receive_stripes(transfer, vec![joins], sink, limit, shared)
+}
+
+/// Receives one transfer from the data nodes of a striped server, one [`Joins`] each: every
+/// node sends its own EOF block, counting only its own connections, and the transfer is
+/// complete when all of them are (GridFTP: one EOF per stripe).
+pub fn receive_stripes(
+    transfer: &Transfer,
+    stripes: Vec<Joins>,
+    sink: &Sink,
+    limit: Option<u64>,
+    shared: &Shared,
+) -> Result<Kept, EngineError> {
+    shared.lock().completions = vec![Completion::default(); stripes.len().max(1)];
     let first_error = FirstError::default();
     let fail = |e: EngineError| first_error.fail(e, transfer.abort());
     let kept = Mutex::new(Vec::new());
-    let Joins {
-        open,
-        reused,
-        accept,
-        incoming,
-        stall,
-        tls,
-    } = joins;
-    let tls = tls.as_deref();
     // One connection and none to come (a kept one carrying a small file, say): received on
     // this thread, as starting one would cost more than the file.
-    let alone = open.len() == 1 && accept.is_none() && incoming.is_none();
+    let alone = matches!(stripes.as_slice(), [j] if j.open.len() == 1 && j.accept.is_none() && j.incoming.is_none());
+    let mut listener = None;
     std::thread::scope(|scope| {
-        let spawn = |sock: DataConn, reused: bool| {
+        let spawn = |stripe: usize, sock: DataConn, reused: bool, tls: Option<Arc<DataTls>>| {
             let link = match transfer.join(sock.tcp()) {
                 Ok(l) => l,
                 Err(e) => return fail(EngineError::Setup(format!("data connection: {e}"))),
@@ -204,17 +217,17 @@ pub fn receive(
             let (fail, kept) = (&fail, &kept);
             let run = move || {
                 let from = sock.tcp().peer_addr().ok();
-                let sock = match transfer.secure(tls, sock) {
+                let sock = match transfer.secure(tls.as_deref(), sock) {
                     Ok(s) => s,
                     Err(e) => {
                         transfer.end(&link, LinkState::Unused);
-                        if let Some(tls) = tls {
+                        if let Some(tls) = tls.as_deref() {
                             refused(tls, e, from, transfer.elastic(), fail);
                         }
                         return;
                     }
                 };
-                let got = receive_conn(transfer, &link, sock, reused, sink, limit, shared);
+                let got = receive_conn(transfer, &link, stripe, sock, reused, sink, limit, shared);
                 shared.lock().release(link.id);
                 match got {
                     Ok(Ended::Kept(sock)) => {
@@ -247,19 +260,54 @@ pub fn receive(
                 scope.spawn(run);
             }
         };
-        for s in open {
-            spawn(s, reused);
+        let mut joining = Vec::new();
+        let mut stall_of_first = None;
+        for (stripe, joins) in stripes.into_iter().enumerate() {
+            let Joins {
+                open,
+                reused,
+                accept,
+                incoming,
+                stall,
+                tls,
+            } = joins;
+            for s in open {
+                spawn(stripe, s, reused, tls.clone());
+            }
+            stall_of_first.get_or_insert(stall);
+            if accept.is_some() || incoming.is_some() {
+                joining.push((stripe, accept, incoming, stall, tls));
+            }
         }
-        let joined = join_loop(
-            accept.as_ref(),
-            incoming.as_ref(),
-            stall,
-            transfer,
-            || shared.complete(),
-            |s| spawn(DataConn::Clear(s), false),
-        );
-        if let Err(e) = joined {
-            fail(e);
+        // Connections join one stripe while it runs (a striped download opens all of its
+        // connections before it starts).
+        if joining.len() > 1 {
+            fail(EngineError::Setup(
+                "only one stripe may take connections while it runs".into(),
+            ));
+        }
+        // Run even when nothing joins: it waits for the end, or for a stall.
+        let stall = stall_of_first.unwrap_or(std::time::Duration::from_secs(120));
+        let (stripe, accept, incoming, stall, tls) = joining
+            .into_iter()
+            .next()
+            .unwrap_or((0, None, None, stall, None));
+        {
+            // With nothing to join, the transfer also ends when no connection is left (a
+            // striped one whose node died: the others' stripes are in, its own never come).
+            let closed = accept.is_none() && incoming.is_none();
+            let joined = join_loop(
+                accept.as_ref(),
+                incoming.as_ref(),
+                stall,
+                transfer,
+                || shared.complete() || (closed && transfer.open() == 0),
+                |s| spawn(stripe, DataConn::Clear(s), false, tls.clone()),
+            );
+            if let Err(e) = joined {
+                fail(e);
+            }
+            listener = accept.map(|a| a.listener);
         }
         // Complete: every connection the sender counted has sent its EOD. Any other still
         // open is one the sender does not use: joined too late, or given up on (it broke on
@@ -288,7 +336,7 @@ pub fn receive(
     sink.finish().map_err(EngineError::Local)?;
     Ok(Kept {
         socks: kept.into_inner().unwrap_or_else(|p| p.into_inner()),
-        listener: accept.map(|a| a.listener),
+        listener,
     })
 }
 
@@ -304,9 +352,11 @@ enum Ended {
 }
 
 /// Receives one connection's blocks until its EOD.
+#[allow(clippy::too_many_arguments)]
 fn receive_conn(
     transfer: &Transfer,
     link: &Link,
+    stripe: usize,
     mut sock: DataConn,
     reused: bool,
     sink: &Sink,
@@ -390,9 +440,11 @@ fn receive_conn(
         };
         let (offset, count, first_try) = {
             let mut state = shared.lock();
-            let next = checks
-                .header(&header, &mut state.completion)
-                .map_err(proto)?;
+            let completion = state
+                .completions
+                .get_mut(stripe)
+                .ok_or_else(|| EngineError::Setup("a connection of no stripe".into()))?;
+            let next = checks.header(&header, completion).map_err(proto)?;
             // Counted under the same lock as the EOD it read: whoever sees the transfer
             // complete sees which connections the sender counted.
             if checks.finished() {
@@ -595,6 +647,7 @@ pub mod fuzzing {
             ..State::default()
         };
         let mut conns: Vec<Connection> = (0..4).map(|_| Connection::new(limit)).collect();
+        let mut completion = Completion::default();
         while let Some((&which, after)) = rest.split_first() {
             let Some((raw, after)) = after.split_first_chunk::<HEADER_LEN>() else {
                 return;
@@ -604,8 +657,7 @@ pub mod fuzzing {
             let Ok(header) = Header::decode(raw) else {
                 continue;
             };
-            let Ok(Next::Payload { offset, count }) =
-                conns[conn].header(&header, &mut state.completion)
+            let Ok(Next::Payload { offset, count }) = conns[conn].header(&header, &mut completion)
             else {
                 continue;
             };

@@ -46,6 +46,9 @@ pub struct Sent {
     pub per_conn: Vec<u64>,
     pub sum: Option<ChunkSum>,
     pub kept: Vec<DataConn>,
+    /// The bytes these connections took from the shared [`Blocks`] (and sent, some again on
+    /// another of them after a break): a striped upload's share for one data node.
+    pub taken: RangeSet,
 }
 
 /// How to send.
@@ -156,9 +159,24 @@ pub fn send(
     options: Options,
     progress: &AtomicU64,
 ) -> Result<Sent, EngineError> {
+    let blocks = Blocks::new(todo, braid_proto::checksum::CHUNK);
+    send_from(transfer, source, &blocks, joins, options, progress)
+}
+
+/// Sends what is left of `blocks`, which other transfers may take from too: a striped upload
+/// runs one per data node (each node counts its own connections' EODs), all drawing on one
+/// file's blocks, so a faster node simply takes more of them.
+pub fn send_from(
+    transfer: &Transfer,
+    source: Source<'_>,
+    blocks: &Blocks,
+    joins: Joins,
+    options: Options,
+    progress: &AtomicU64,
+) -> Result<Sent, EngineError> {
     let state = State {
         source,
-        blocks: Blocks::new(todo, braid_proto::checksum::CHUNK),
+        blocks,
         redo: Mutex::new(Vec::new()),
         redo_waiting: AtomicBool::new(false),
         end: Mutex::new(Roster::default()),
@@ -169,7 +187,7 @@ pub fn send(
     };
     let first_error = FirstError::default();
     let fail = |e: EngineError| first_error.fail(e, transfer.abort());
-    let results: Mutex<Vec<(ChunkSum, Option<DataConn>)>> = Mutex::new(Vec::new());
+    let results: Mutex<Vec<Leaving>> = Mutex::new(Vec::new());
     let Joins {
         open,
         reused,
@@ -270,10 +288,13 @@ pub fn send(
         ..Sent::default()
     };
     let mut sum = ChunkSum::new();
-    for (s, sock) in results.into_inner().unwrap_or_else(|p| p.into_inner()) {
+    for (s, sock, taken) in results.into_inner().unwrap_or_else(|p| p.into_inner()) {
         sum.merge(s);
         if let Some(sock) = sock {
             sent.kept.push(sock);
+        }
+        for (start, end) in taken.iter() {
+            sent.taken.insert(start, end);
         }
     }
     sent.sum = options.hash.then_some(sum);
@@ -283,7 +304,7 @@ pub fn send(
 /// The sending state all connection threads share.
 struct State<'a> {
     source: Source<'a>,
-    blocks: Blocks,
+    blocks: &'a Blocks,
     /// Blocks that went out on connections that broke, to be sent again (elastic only).
     redo: Mutex<Vec<(u64, u64)>>,
     redo_waiting: AtomicBool,
@@ -295,9 +316,9 @@ struct State<'a> {
     transfer: &'a Transfer,
 }
 
-/// What a connection thread leaves behind: its share of the checksum, and the socket when it
-/// is kept for the next transfer.
-type Leaving = (ChunkSum, Option<DataConn>);
+/// What a connection thread leaves behind: its share of the checksum, the socket when it is
+/// kept for the next transfer, and the bytes it took first.
+type Leaving = (ChunkSum, Option<DataConn>, RangeSet);
 
 /// How a connection's part in the transfer ends.
 enum Exit {
@@ -432,6 +453,7 @@ impl State<'_> {
             self.source.size(),
         );
         let mut sum = ChunkSum::new();
+        let mut taken = RangeSet::new();
         let mut unsent = UnsentCap::default();
         // Elastic: every block this connection carried, to send again if it breaks.
         let mut carried: Vec<(u64, u64)> = Vec::new();
@@ -456,6 +478,9 @@ impl State<'_> {
             // Each chunk enters the checksum exactly once (it is an XOR): when its block is
             // first taken, never when it is sent again.
             let hash = self.options.hash && fresh;
+            if fresh {
+                taken.insert(offset, offset + len);
+            }
             // The last block on the only connection: its EOD follows at once, in the same
             // segment (a small file moved ahead is then one segment, one wake-up for the peer).
             let eod_next = self.blocks.left() == 0
@@ -490,7 +515,7 @@ impl State<'_> {
         let eof = match exit {
             Exit::Lost => {
                 self.lose(link, carried)?;
-                return Ok((sum, None));
+                return Ok((sum, None, taken));
             }
             Exit::Eod(Leave { eof }) => eof,
         };
@@ -511,12 +536,12 @@ impl State<'_> {
             // A cached connection the receiver dropped while idle carried nothing: no loss.
             if reused && link.bytes() == 0 {
                 self.transfer.end(link, LinkState::Unused);
-                return Ok((sum, None));
+                return Ok((sum, None, taken));
             }
             return Err(net(e));
         }
         self.transfer.end(link, LinkState::Finished);
-        Ok((sum, keep.then_some(sock)))
+        Ok((sum, keep.then_some(sock), taken))
     }
 
     /// Sends one block, compressed or as it is as `squeeze` chooses, and tells it what that

@@ -71,6 +71,7 @@ impl Io {
                 connect_to(*addr, self.local.ip(), deadline).await?
             }
             DataEndpoint::Cached => return Err("stream mode keeps no data connections".into()),
+            DataEndpoint::Striped(_) => return Err("striped data moves in MODE E only".into()),
         };
         self.blocking(sock, None)
     }
@@ -169,6 +170,7 @@ impl Io {
                 connect_all(addrs.clone(), self.local.ip(), deadline).await?
             }
             DataEndpoint::Cached => return Err("no open data connections to reuse".into()),
+            DataEndpoint::Striped(_) => return Err("the data nodes move striped data".into()),
         };
         let socks = socks
             .into_iter()
@@ -216,7 +218,11 @@ impl Io {
 
     /// Who may open this session's data connections: the client, or in a third-party
     /// transfer anyone (each must prove the session's binding under TLS to count).
+    /// On a data node, the client its front end named, and no one else.
     fn admits(&self, t: &Transfer) -> Admits {
+        if let Some(order) = &t.stripe {
+            return Admits::client(order.client);
+        }
         Admits {
             anyone: t.third_party == Some(ThirdParty::Accept),
             ..self.admits_client()

@@ -101,6 +101,7 @@ async fn run(
         binding: None,
         tls: None,
         quota: None,
+        nodes: None,
     };
     let mut session = Session::new(
         SessionConfig {
@@ -111,6 +112,8 @@ async fn run(
             private_data_required: config.tls.as_ref().is_some_and(|t| t.data_required),
             compress: config.compress,
             third_party: config.third_party,
+            data_node: matches!(config.striping, super::Striping::Node),
+            striped: matches!(config.striping, super::Striping::FrontEnd(_)),
         },
         peer.ip(),
     );
@@ -243,6 +246,11 @@ async fn run(
             Action::Passive { extended } => {
                 let result = io.open_passive().await;
                 let r = session.passive_done(extended, result);
+                conn.send(&r).await.is_ok()
+            }
+            Action::StripedPassive => {
+                let result = io.striped_passive().await;
+                let r = session.striped_passive_done(result);
                 conn.send(&r).await.is_ok()
             }
             Action::Fs(op) => {

@@ -25,6 +25,8 @@ pub enum Job {
         ascii: bool,
         /// Read whole already, to be sent from memory (see [`super::inline`]).
         whole: Option<WholeFile>,
+        /// On a data node: the stripe its front end ordered, the only blocks it sends.
+        stripe: Option<braid_proto::stripes::NodeOrder>,
     },
     Stor {
         upload: Upload,
@@ -36,6 +38,9 @@ pub enum Job {
         check: bool,
         /// The account's quota, charged as the file grows.
         charge: Option<super::quota::Charge>,
+        /// On a data node: the blocks go into the front end's partial, which the front end
+        /// checks and names once every node is done.
+        stripe: bool,
     },
     List {
         text: Vec<u8>,
@@ -109,7 +114,15 @@ pub fn run_blocks(
         e => DataError::Net(std::io::Error::other(e.to_string())),
     };
     match (job, conns) {
-        (Job::Retr { file, whole, .. }, BlockConns::Send(socks)) => {
+        (
+            Job::Retr {
+                file,
+                whole,
+                stripe,
+                ..
+            },
+            BlockConns::Send(socks),
+        ) => {
             let (source, before) = match &whole {
                 // Sent from memory: hashing it on the way spares CKSM a read.
                 Some(w) => (engine::send::Source::Memory(&w.bytes), Some(w.version)),
@@ -128,7 +141,10 @@ pub fn run_blocks(
                 }
             };
             let size = source.size();
-            let todo = have.missing(size);
+            let todo = match &stripe {
+                Some(order) => order.share(&have.missing(size)),
+                None => have.missing(size),
+            };
             let options = engine::send::Options {
                 hash: before.is_some(),
                 ..keep(block)
@@ -168,6 +184,7 @@ pub fn run_blocks(
                 upload,
                 file,
                 charge,
+                stripe,
                 ..
             },
             BlockConns::Receive(conns, shared, parked),
@@ -185,6 +202,14 @@ pub fn run_blocks(
                 engine::receive::receive(transfer, conns, &Sink::File(writer), None, &shared)
                     .map_err(engine)?;
             kept.listener = kept.listener.or(parked);
+            if stripe {
+                return Ok(Finished {
+                    bytes: transfer.per_link_bytes().iter().sum(),
+                    upload: None,
+                    received: None,
+                    kept,
+                });
+            }
             let got = shared.snapshot();
             let whole = match got.ranges.iter().collect::<Vec<_>>().as_slice() {
                 [] => Some(0),
@@ -335,6 +360,7 @@ fn move_copied<S: Read + Write>(
             ascii,
             check,
             charge,
+            ..
         } => {
             let n = match deflate {
                 None => receive(&file, offset, ascii, charge, s, progress)?,

@@ -151,8 +151,25 @@ pub(super) fn prepare(
                     offset: t.offset,
                     ascii: t.ascii,
                     whole: None,
+                    stripe: t.stripe.clone(),
                 },
                 Some(entry.size - t.offset),
+            )
+        }
+        // A data node's stripe goes into the partial its front end opened.
+        TransferKind::Stor(p) if t.stripe.is_some() => {
+            let (upload, file) = Upload::join(root, p)?;
+            (
+                Job::Stor {
+                    upload,
+                    file,
+                    offset: 0,
+                    ascii: false,
+                    check: false,
+                    charge: None,
+                    stripe: true,
+                },
+                None,
             )
         }
         TransferKind::Stor(p) | TransferKind::Appe(p) => {
@@ -205,6 +222,7 @@ pub(super) fn prepare(
                     ascii: t.ascii,
                     check: t.expect.is_some(),
                     charge,
+                    stripe: false,
                 },
                 None,
             )

@@ -72,7 +72,15 @@ pub fn known_checksum(root: &Root, sums: &ChecksumCache, op: &FsOp) -> Option<Fs
 /// download that does has its bytes read into `job` here.
 pub fn moves(job: &mut Job, conns: &BlockConns, have: &RangeSet) -> bool {
     match (job, conns) {
-        (Job::Retr { file, whole, .. }, BlockConns::Send(joins)) if have.is_empty() => {
+        (
+            Job::Retr {
+                file,
+                whole,
+                stripe: None,
+                ..
+            },
+            BlockConns::Send(joins),
+        ) if have.is_empty() => {
             let Some(sock) = lone_clear(joins) else {
                 return false;
             };
@@ -263,6 +271,7 @@ mod tests {
             offset: 0,
             ascii: false,
             whole: None,
+            stripe: None,
         };
         let mut j = job();
         // Written just now, so its pages are cached (or the directory is in memory).
@@ -293,6 +302,7 @@ mod tests {
             offset: 0,
             ascii: false,
             whole: None,
+            stripe: None,
         };
         assert!(!moves(
             &mut j,

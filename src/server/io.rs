@@ -32,6 +32,8 @@ pub(super) struct Io {
     pub(super) tls: Option<super::tls::SessionTls>,
     /// The account's quota, if it has one.
     pub(super) quota: Option<super::quota::Quota>,
+    /// A striped front end: this session's links to the data nodes, from its first SPAS.
+    pub(super) nodes: Option<Arc<std::sync::Mutex<super::stripes::Links>>>,
 }
 
 impl Io {
@@ -72,6 +74,27 @@ impl Io {
             (ip, _) => ip,
         };
         Ok(SocketAddr::new(ip, addr.port()))
+    }
+
+    /// SPAS on a striped front end: every data node that answers listens for this client.
+    pub(super) async fn striped_passive(&mut self) -> Result<Vec<SocketAddr>, String> {
+        self.passive = None;
+        let super::Striping::FrontEnd(front) = &self.config.striping else {
+            return Err("this server has no data nodes".into());
+        };
+        let links = self
+            .nodes
+            .get_or_insert_with(|| {
+                Arc::new(std::sync::Mutex::new(super::stripes::Links::new(
+                    front.clone(),
+                )))
+            })
+            .clone();
+        tokio::task::spawn_blocking(move || {
+            links.lock().unwrap_or_else(|p| p.into_inner()).passive()
+        })
+        .await
+        .map_err(|e| e.to_string())?
     }
 
     pub(super) async fn fs(&self, op: FsOp) -> Result<FsOutcome, FsError> {

@@ -18,6 +18,7 @@ mod partials;
 mod quota;
 pub mod settings;
 mod stdio;
+mod stripes;
 mod supervise;
 pub mod tls;
 mod xferlog;
@@ -72,6 +73,8 @@ pub struct Config {
     pub compress: braid_proto::compress::Policy,
     /// Third-party transfers with other braid servers (off: `--no-third-party`).
     pub third_party: bool,
+    /// A data node, the front end of data nodes, or neither.
+    pub striping: Striping,
     /// XXH3 checksums already computed, shared by all sessions.
     pub checksums: ChecksumCache,
     /// Bytes and files under the roots of accounts with a quota, counted afresh per
@@ -96,6 +99,16 @@ pub struct Config {
     /// 20,000 open files at two each). A reload starts afresh, so a replaced directory is
     /// opened again.
     roots: Arc<Mutex<HashMap<PathBuf, std::sync::Weak<crate::fsroot::Root>>>>,
+}
+
+/// This server's part in a striped endpoint.
+#[derive(Debug, Clone)]
+pub enum Striping {
+    Off,
+    /// `--data-node`: moves stripes for its front end.
+    Node,
+    /// `--data-nodes`: has its nodes move the data after SPAS.
+    FrontEnd(Arc<stripes::FrontEnd>),
 }
 
 /// How long a partial upload nobody resumes is kept: a week, time enough to resume after a
@@ -187,6 +200,7 @@ impl Config {
             max_streams: 64,
             compress: braid_proto::compress::Policy::Auto,
             third_party: true,
+            striping: Striping::Off,
             checksums: ChecksumCache::default(),
             usages: Arc::default(),
             tls: None,

@@ -2,7 +2,7 @@
 //! file (`--config`), so every option has the same name in both (`--max-per-ip 4` is
 //! `max-per-ip = 4`). The command line wins over the file; SIGHUP reads the file again.
 
-use super::{Config, tls};
+use super::{Config, Striping, tls};
 use crate::users::Users;
 use anyhow::{Context, bail};
 use braid_proto::session::Perm;
@@ -193,6 +193,35 @@ pub struct ServeArgs {
     #[arg(long)]
     #[serde(default)]
     pub no_third_party: bool,
+    /// Be a data node of a striped server: move stripes of files under --root for the front
+    /// end (`braid serve --data-nodes`), which logs in with --node-key.
+    ///
+    /// A data node has no other account and no anonymous login; it takes data connections
+    /// only from the client its front end names for each transfer. --root must be the same
+    /// shared filesystem (Lustre, GPFS, CephFS, NFS) as the front end's.
+    #[arg(help_heading = "Striping over data nodes", long, requires = "node_key",
+          conflicts_with_all = ["users", "anonymous", "anonymous_write", "data_nodes", "stdio"])]
+    #[serde(default)]
+    pub data_node: bool,
+    /// Be the front end of a striped server: HOST:PORT of each data node, comma-separated.
+    ///
+    /// Accounts log in here as usual. A braid client (or globus-url-copy -stripe) that sends
+    /// SPAS gets one address per node and each node moves its stripes of the file (blocks dealt
+    /// round-robin by offset) from and to the shared filesystem under --root; a node that
+    /// fails is left out of the next SPAS. PASV and EPSV still move data through this server.
+    #[arg(
+        help_heading = "Striping over data nodes",
+        long,
+        value_name = "HOST:PORT,...",
+        value_delimiter = ',',
+        requires = "node_key",
+        conflicts_with = "stdio"
+    )]
+    pub data_nodes: Option<Vec<String>>,
+    /// File holding the secret a front end logs in to its data nodes with: the same file on
+    /// the front end and on every node (e.g. `head -c 32 /dev/urandom | base64 > node.key`).
+    #[arg(help_heading = "Striping over data nodes", long, value_name = "FILE")]
+    pub node_key: Option<PathBuf>,
 }
 
 /// Whether the server insists on a protection.
@@ -249,6 +278,9 @@ impl ServeArgs {
             uplink: self.uplink.or(file.uplink),
             compress: self.compress.or(file.compress),
             no_third_party: self.no_third_party || file.no_third_party,
+            data_node: self.data_node || file.data_node,
+            data_nodes: self.data_nodes.clone().or(file.data_nodes),
+            node_key: self.node_key.clone().or(file.node_key),
         }
     }
 
@@ -305,6 +337,20 @@ impl ServeArgs {
         config.uplink = self.uplink;
         config.compress = self.compress.unwrap_or_default();
         config.third_party = !self.no_third_party;
+        config.striping = self.striping(&config.root)?;
+        if let Striping::Node = config.striping {
+            // The front end's one account, read-write on the shared root.
+            let key = self.read_node_key()?;
+            let line = format!(
+                "{}:{}:rw:{}",
+                super::stripes::NODE_USER,
+                crate::users::hash_password(&key)?,
+                config.root.display()
+            );
+            config.users = Users::parse(&line, &config.root)?;
+            config.anonymous = None;
+            return self.finish_config(config);
+        }
         if let Some(path) = &self.users {
             config.users = Users::load(path)?;
             if config.users.is_empty() {
@@ -329,6 +375,74 @@ impl ServeArgs {
             (true, false) => Some(Perm::ReadOnly),
             (true, true) => Some(Perm::ReadWrite),
         };
+        self.finish_config(config)
+    }
+
+    /// What `--data-node`, `--data-nodes` and `--node-key` make of this server.
+    fn striping(&self, root: &Path) -> anyhow::Result<Striping> {
+        if self.data_node {
+            if self.data_nodes.is_some() {
+                bail!(
+                    "--data-node and --data-nodes: a server is a data node or a front end, not both"
+                );
+            }
+            return Ok(Striping::Node);
+        }
+        let Some(nodes) = &self.data_nodes else {
+            if self.node_key.is_some() {
+                bail!(
+                    "--node-key without --data-node or --data-nodes: add one, or drop --node-key"
+                );
+            }
+            return Ok(Striping::Off);
+        };
+        let nodes: Vec<String> = nodes
+            .iter()
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if nodes.is_empty() || nodes.len() > super::stripes::MOST_NODES {
+            bail!(
+                "--data-nodes takes 1 to {} HOST:PORT, comma-separated",
+                super::stripes::MOST_NODES
+            );
+        }
+        for n in &nodes {
+            let ok = n
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+            if !ok {
+                bail!("--data-nodes: {n:?} is not HOST:PORT");
+            }
+        }
+        Ok(Striping::FrontEnd(Arc::new(super::stripes::FrontEnd {
+            nodes,
+            key: self.read_node_key()?,
+            root: root.to_path_buf(),
+        })))
+    }
+
+    fn read_node_key(&self) -> anyhow::Result<String> {
+        let path = self
+            .node_key
+            .as_ref()
+            .context("--data-node and --data-nodes need --node-key FILE")?;
+        let key = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the node key {}", path.display()))?;
+        let key = key.trim().to_string();
+        if key.len() < 16 || key.contains([':', '\n', '\r']) {
+            bail!(
+                "the node key in {} must be one line of at least 16 characters without ':' \
+                 (e.g. head -c 32 /dev/urandom | base64 > {})",
+                path.display(),
+                path.display()
+            );
+        }
+        Ok(key)
+    }
+
+    /// The settings every server has, whatever its accounts.
+    fn finish_config(&self, mut config: Config) -> anyhow::Result<Config> {
         config.passive_ports = self.passive_ports;
         config.public_address = self.public_address;
         config.tls = match (&self.tls_cert, &self.tls_key) {
@@ -394,6 +508,7 @@ pub fn load(path: &Path) -> anyhow::Result<ServeArgs> {
         &mut args.tls_cert,
         &mut args.tls_key,
         &mut args.xferlog,
+        &mut args.node_key,
     ]
     .into_iter()
     .flatten()

@@ -116,6 +116,16 @@ pub(super) async fn transfer(
     // A MODE E upload's receiving state, for the 111 Range Markers.
     let mut received = None;
     let connected = match &t.block {
+        // A striped front end: the data nodes move it.
+        Some(b) if matches!(t.endpoint, DataEndpoint::Striped(_)) => {
+            striped_order(io, &root, &t, b, size).map(|order| {
+                let (progress, moving) = (progress.clone(), moving.clone());
+                let links = io.nodes.clone();
+                Worker::Thread(tokio::task::spawn_blocking(move || {
+                    super::stripes::run(links, &order, job, &moving, &progress)
+                }))
+            })
+        }
         None => io.stream_connection(&t.endpoint).await.map(|sock| {
             moving.abort().register(&sock);
             // For its pacing, marking and statistics.
@@ -418,6 +428,25 @@ pub(super) async fn transfer(
         return false;
     }
     true
+}
+
+/// What a striped front end tells its nodes for transfer `t`.
+fn striped_order(
+    io: &Io,
+    root: &crate::fsroot::Root,
+    t: &Transfer,
+    b: &braid_proto::session::BlockMode,
+    size: Option<u64>,
+) -> Result<super::stripes::Order, String> {
+    let super::Striping::FrontEnd(front) = &io.config.striping else {
+        return Err("this server has no data nodes".into());
+    };
+    let nodes = io
+        .nodes
+        .as_ref()
+        .map_or(1, |l| l.lock().unwrap_or_else(|p| p.into_inner()).stripes());
+    let client = braid_proto::session::canonical_ip(io.peer.ip());
+    super::stripes::order(front, root.path(), t, b, size, client, nodes as u32)
 }
 
 /// Where a transfer's data moves: on a blocking thread, or already moved on the control task

@@ -22,6 +22,7 @@ mod proftpd;
 mod quota;
 mod safety;
 mod scripted;
+mod stripes;
 mod third_party;
 mod tls;
 mod trace;

@@ -23,6 +23,7 @@ pub mod ranges;
 pub mod reply;
 pub mod retr_opts;
 pub mod session;
+pub mod stripes;
 pub mod time;
 
 pub use command::{Command, ParseError};
@@ -84,6 +85,8 @@ pub mod fuzzing {
                 private_data_required: data.first().is_some_and(|b| b & 2 == 2),
                 compress: crate::compress::Policy::Auto,
                 third_party: true,
+                data_node: false,
+                striped: false,
             },
             std::net::IpAddr::from([198, 18, 0, 1]),
         );
@@ -114,6 +117,10 @@ pub mod fuzzing {
                         Err("no port".into())
                     };
                     check(&s.passive_done(extended, result));
+                }
+                Action::StripedPassive => {
+                    let addr = std::net::SocketAddr::from(([198, 18, 0, 3], 40001));
+                    check(&s.striped_passive_done(Ok(vec![addr])))
                 }
                 Action::Fs(_) => check(&s.fs_done(Err(FsError::NotFound))),
                 Action::Transfer(t) => {

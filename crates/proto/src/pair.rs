@@ -139,6 +139,8 @@ impl Pair {
             private_data_required: false,
             compress,
             third_party: true,
+            data_node: false,
+            striped: false,
         };
         Session::new(config, IpAddr::V4(Ipv4Addr::LOCALHOST))
     }
@@ -249,6 +251,10 @@ impl Pair {
             Action::Passive { extended } => {
                 let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 40000);
                 vec![self.server.passive_done(extended, Ok(addr))]
+            }
+            Action::StripedPassive => {
+                let at = |i| SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 0, i)), 40000);
+                vec![self.server.striped_passive_done(Ok(vec![at(11), at(12)]))]
             }
             Action::Fs(op) => {
                 let result = match op {

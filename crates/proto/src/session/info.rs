@@ -49,6 +49,10 @@ impl Session {
         if self.config.third_party && self.config.tls {
             lines.push(" BRAID-PEER".into());
         }
+        // SPAS lists data nodes, which move the file in stripes.
+        if self.config.striped {
+            lines.push(" BRAID-STRIPED".into());
+        }
         // MODE Z is listed only when the server is told to compress: clients that see it use
         // it for every transfer (lftp does by default), and a deflate stream, unlike braid's
         // blocks, cannot back off where the CPU, not the link, is the limit. Asked for
@@ -155,6 +159,9 @@ impl Session {
             "BRAID" if value.len() > 5 && value[..5].eq_ignore_ascii_case("PEER=") => {
                 self.peer_opts(&value[5..])
             }
+            "BRAID" if value.len() > 5 && value[..5].eq_ignore_ascii_case("NODE ") => {
+                self.node_opts(&value[5..])
+            }
             "BRAID" if value.eq_ignore_ascii_case("ELASTIC") => {
                 self.elastic = true;
                 Reply::new(
@@ -220,6 +227,34 @@ impl Session {
                 501,
                 "OPTS BRAID PEER takes * or CERT:BINDING (the other server's certificate SHA-256 and its session's binding, 64 hex digits each).",
             ),
+        }
+    }
+
+    /// `OPTS BRAID NODE ...` (see [`crate::stripes::NodeOrder`]): only a data node takes it,
+    /// and only from its front end (the one account a data node has).
+    fn node_opts(&mut self, value: &str) -> Reply {
+        if !self.config.data_node {
+            return Reply::new(
+                504,
+                "This server is not a data node (braid serve --data-node).",
+            );
+        }
+        if self.user().is_none() {
+            return Reply::new(530, "Log in first.");
+        }
+        match crate::stripes::NodeOrder::parse(value) {
+            Ok(order) => {
+                let r = Reply::new(
+                    200,
+                    format!(
+                        "Stripe {}/{} for {}, next transfer.",
+                        order.stripe, order.stripes, order.client
+                    ),
+                );
+                self.node_order = Some(order);
+                r
+            }
+            Err(e) => Reply::new(501, format!("OPTS BRAID NODE: {e}.")),
         }
     }
 

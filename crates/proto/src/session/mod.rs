@@ -100,6 +100,8 @@ pub struct Session {
     protection: Protection,
     /// OPTS BRAID PEER: data connections go to, or come from, another braid server.
     third_party: Option<ThirdParty>,
+    /// OPTS BRAID NODE (a data node): the front end's order for the next transfer.
+    node_order: Option<crate::stripes::NodeOrder>,
 }
 
 impl Session {
@@ -137,6 +139,7 @@ impl Session {
             cached: None,
             protection: Protection::default(),
             third_party: None,
+            node_order: None,
         }
     }
 
@@ -391,6 +394,27 @@ impl Session {
             }
             _ => None,
         };
+        let stripe = self.node_order.take();
+        if let DataEndpoint::Striped(_) = endpoint {
+            if !self.extended {
+                return Action::Reply(Reply::new(
+                    504,
+                    "This server stripes over data nodes after SPAS, in MODE E only: send MODE E, or PASV/EPSV for one connection.",
+                ));
+            }
+            if !matches!(kind, TransferKind::Retr(_) | TransferKind::Stor(_)) {
+                return Action::Reply(Reply::new(
+                    504,
+                    "Only RETR and STOR are striped over data nodes; send PASV or EPSV first.",
+                ));
+            }
+        }
+        if stripe.is_some() && !(self.extended && matches!(endpoint, DataEndpoint::Passive(_))) {
+            return Action::Reply(Reply::new(
+                504,
+                "A data node moves its stripe in MODE E over a passive listener: send MODE E and EPSV.",
+            ));
+        }
         if third_party.is_some() && !(self.extended && self.protection.data && self.elastic) {
             return Action::Reply(Reply::new(
                 534,
@@ -422,7 +446,12 @@ impl Session {
             // GFD.20: the sender opens the data connections, so an upload needs a passive
             // server. (A braid server also lets a passive sender take connections the client
             // opens, which is what a client behind NAT needs.)
-            if upload && !matches!(endpoint, DataEndpoint::Passive(_) | DataEndpoint::Cached) {
+            if upload
+                && !matches!(
+                    endpoint,
+                    DataEndpoint::Passive(_) | DataEndpoint::Cached | DataEndpoint::Striped(_)
+                )
+            {
                 return Action::Reply(Reply::new(
                     425,
                     "In MODE E the sender opens the data connections: use PASV or EPSV before STOR.",
@@ -461,6 +490,7 @@ impl Session {
             allocate: allocate.filter(|_| direction == Direction::FromClient),
             deflate: (self.deflate && block.is_none()).then_some(self.deflate_level),
             third_party,
+            stripe,
             block,
             buffer: self.buffer,
             private: self.protection.data,
@@ -636,6 +666,33 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// The outcome of [`Action::StripedPassive`]: each data node's listening address, in
+    /// stripe order, or why none could be had.
+    pub fn striped_passive_done(&mut self, result: Result<Vec<SocketAddr>, String>) -> Reply {
+        self.spas = false;
+        let addrs = match result {
+            Ok(a) => a,
+            Err(e) => {
+                return Reply::new(
+                    425,
+                    format!("Cannot open striped passive connections: {e}."),
+                );
+            }
+        };
+        let v4: Vec<std::net::SocketAddrV4> = addrs
+            .iter()
+            .filter_map(|a| match a {
+                SocketAddr::V4(v) => Some(*v),
+                SocketAddr::V6(_) => None,
+            })
+            .collect();
+        if v4.is_empty() || v4.len() != addrs.len() {
+            return Reply::new(522, "SPAS is IPv4 only, and a data node listens on IPv6.");
+        }
+        self.endpoint = Some(DataEndpoint::Striped(addrs));
+        crate::stripes::spas_reply(&v4)
     }
 
     /// The outcome of [`Action::Passive`]: the listener's address, or why it failed.
@@ -913,6 +970,8 @@ mod tests {
                 private_data_required: false,
                 compress: crate::compress::Policy::Auto,
                 third_party: true,
+                data_node: false,
+                striped: false,
             },
             "127.0.0.1".parse().unwrap(),
         )
@@ -1009,6 +1068,82 @@ mod tests {
         s.handle(Command::Pasv);
         s.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
         assert!(!transfer(s.handle(Command::Retr("a".into()))).private);
+    }
+
+    #[test]
+    fn spas_on_a_front_end_lists_its_nodes_and_stripes_only_mode_e_files() {
+        let mut s = logged_in();
+        s.config.striped = true;
+        assert!(wire(&s.feat()).contains(" BRAID-STRIPED\r\n"));
+        assert_eq!(s.handle(Command::Spas), Action::StripedPassive);
+        let nodes: Vec<SocketAddr> = vec![
+            "198.18.0.11:4000".parse().unwrap(),
+            "198.18.0.12:4001".parse().unwrap(),
+        ];
+        let r = s.striped_passive_done(Ok(nodes.clone()));
+        assert_eq!(
+            wire(&r),
+            "229-Entering Striped Passive Mode\r\n 198,18,0,11,15,160\r\n 198,18,0,12,15,161\r\n229 End\r\n"
+        );
+        // Stream mode, or a listing: not striped, and said why.
+        assert_eq!(code(s.handle(Command::Retr("a".into()))), 504);
+        s.handle(Command::Mode(Mode::Extended));
+        s.handle(Command::Spas);
+        s.striped_passive_done(Ok(nodes.clone()));
+        assert_eq!(code(s.handle(Command::Nlst(None))), 504);
+        for cmd in [Command::Retr("a".into()), Command::Stor("b".into())] {
+            s.handle(Command::Spas);
+            s.striped_passive_done(Ok(nodes.clone()));
+            assert_eq!(
+                transfer(s.handle(cmd)).endpoint,
+                DataEndpoint::Striped(nodes.clone())
+            );
+        }
+        // No node answered: no address, and the reason.
+        s.handle(Command::Spas);
+        let r = s.striped_passive_done(Err("no data node answered".into()));
+        assert_eq!(r.code, 425);
+        // PASV still moves data through this server.
+        assert!(matches!(s.handle(Command::Pasv), Action::Passive { .. }));
+    }
+
+    #[test]
+    fn only_a_logged_in_data_node_takes_an_order_and_only_for_a_passive_mode_e_transfer() {
+        let order = "BRAID NODE Client=198.18.0.9;Stripe=1/4;Block=4194304";
+        // Not a data node: refused.
+        let mut s = logged_in();
+        assert_eq!(code(s.handle(Command::Opts(order.into()))), 504);
+        let mut node = fresh(false);
+        node.config.data_node = true;
+        assert_eq!(code(node.handle(Command::Opts(order.into()))), 530);
+        node.handle(Command::User("anonymous".into()));
+        node.handle(Command::Pass("x".into()));
+        node.login_done(Some(Perm::ReadWrite));
+        let bad = "BRAID NODE Client=198.18.0.9;Stripe=4/4;Block=4194304";
+        assert_eq!(code(node.handle(Command::Opts(bad.into()))), 501);
+        assert_eq!(code(node.handle(Command::Opts(order.into()))), 200);
+        // In stream mode the order cannot be carried out.
+        node.handle(Command::Pasv);
+        node.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
+        assert_eq!(code(node.handle(Command::Retr("a".into()))), 504);
+        node.handle(Command::Mode(Mode::Extended));
+        node.handle(Command::Opts(order.into()));
+        node.handle(Command::Pasv);
+        node.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
+        let t = transfer(node.handle(Command::Retr("a".into())));
+        let stripe = t.stripe.expect("the order goes with the transfer");
+        assert_eq!((stripe.stripe, stripe.stripes), (1, 4));
+        assert_eq!(
+            stripe.client,
+            "198.18.0.9".parse::<std::net::IpAddr>().unwrap()
+        );
+        // For that transfer only.
+        node.handle(Command::Pasv);
+        node.passive_done(false, Ok("127.0.0.1:5000".parse().unwrap()));
+        assert_eq!(
+            transfer(node.handle(Command::Retr("a".into()))).stripe,
+            None
+        );
     }
 
     /// A TLS session of `user`, PROT P, MODE E and elastic: what a third party needs.

@@ -72,6 +72,9 @@ impl Session {
                     return reply(522, "SPAS is IPv4 only; use EPSV (1,2).");
                 }
                 self.spas = true;
+                if self.config.striped {
+                    return Action::StripedPassive;
+                }
                 Action::Passive { extended: false }
             }
             Command::Spor(addrs) => match addrs.as_slice() {

@@ -34,6 +34,12 @@ pub struct SessionConfig {
     /// braid server (OPTS BRAID PEER): the data connections then prove themselves over TLS.
     /// `braid serve --no-third-party` turns it off.
     pub third_party: bool,
+    /// `braid serve --data-node`: a front end logs in here and gives orders for each transfer
+    /// (OPTS BRAID NODE): whose data connections to take, which stripe to move.
+    pub data_node: bool,
+    /// `braid serve --data-nodes`: SPAS lists the data nodes' addresses, and a transfer after
+    /// it is moved by the nodes (the caller drives them).
+    pub striped: bool,
 }
 
 /// OPTS BRAID PEER: a session's data connections join this server with another braid server
@@ -73,6 +79,8 @@ pub enum DataEndpoint {
     Active(SocketAddr),
     /// XFTP's MPRT: one connection to each of these (all at the control peer).
     ActivePorts(Vec<SocketAddr>),
+    /// SPAS on a striped front end: one data node listens at each (in stripe order).
+    Striped(Vec<SocketAddr>),
     /// MODE E: the data connections the previous transfer in the same direction left open
     /// (GridFTP data-channel caching; the transfer opens with 125 instead of 150).
     Cached,
@@ -184,6 +192,8 @@ pub struct Transfer {
     pub allocate: Option<u64>,
     /// The data connections join this server with another braid server (OPTS BRAID PEER).
     pub third_party: Option<ThirdParty>,
+    /// On a data node: the front end's order for this transfer (OPTS BRAID NODE).
+    pub stripe: Option<crate::stripes::NodeOrder>,
 }
 
 /// A file-system request for the caller.
@@ -378,6 +388,9 @@ pub enum Action {
     Passive {
         extended: bool,
     },
+    /// SPAS on a striped front end: have each data node listen, then call
+    /// [`Session::striped_passive_done`].
+    StripedPassive,
     /// Do the file-system request, then call [`Session::fs_done`].
     Fs(FsOp),
     /// Run the transfer, then call [`Session::transfer_done`].

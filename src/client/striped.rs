@@ -1,0 +1,365 @@
+//! Striped transfers (a braid front end with data nodes, FEAT `BRAID-STRIPED`): SPAS lists
+//! one address per node, the client opens a few data connections to each, and each node moves
+//! its stripes. A download counts each node's EOF on its own; an upload runs one sender per
+//! node, all taking blocks from one file, so a faster node takes more. A node that fails
+//! leaves its stripes to the others: the transfer goes again for what is missing (a
+//! download: the blocks not here; an upload: the stripes the front end reports failed),
+//! through the nodes still up, and ends with the whole file's checksum as ever.
+
+use super::Options;
+use super::block_get::Landing;
+use super::block_put::{Upload, announce};
+use super::control::Control;
+use super::detour::DataAddr;
+use super::error::{ClientError, Result};
+use super::job::Dest;
+use super::parallel::{block_mode, upload_failed};
+use super::peer::{Peer, STALL, offers_elastic};
+use super::plan::{PathHint, Plan};
+use super::summary::{Summary, summary};
+use super::url::Target;
+use super::verify::verify;
+use super::watch::Watch;
+use crate::engine;
+use crate::engine::send::{Blocks, Sent, Source};
+use crate::engine::transfer::{Joins, Transfer};
+use braid_proto::Command;
+use braid_proto::checksum;
+use braid_proto::client::Direction;
+use braid_proto::retr_opts::RetrOpts;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Data connections per node unless `-n` says how many in all: a node's own link is the
+/// limit, and one connection with the kernel's buffers fills most.
+const PER_NODE: u32 = 2;
+
+/// Most rounds a transfer takes: the first, then one per node lost (each round goes through
+/// the nodes still up).
+const MOST_ROUNDS: usize = 8;
+
+/// Whether a download or upload on `c` goes striped: a braid front end with data nodes, clear
+/// data (the nodes do not take TLS data connections yet).
+pub fn offered(c: &Control) -> bool {
+    c.has_feature("BRAID-STRIPED") && c.data_tls().is_none() && Peer::of(c) == Some(Peer::Braid)
+}
+
+/// The data connections of one round: `per` to each node, opened at once.
+fn connect(addrs: &[DataAddr], per: u32, opts: &Options) -> Result<Vec<Joins>> {
+    let opened: Vec<Result<Vec<TcpStream>>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = addrs
+            .iter()
+            .map(|addr| {
+                scope.spawn(move || {
+                    (0..per)
+                        .map(|_| {
+                            let s = super::control::connect_data(addr)?;
+                            engine::set_buffer(&s, opts.buffer);
+                            Ok(s)
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join().unwrap_or_else(|_| {
+                    Err(ClientError::Protocol("a connecting thread failed".into()))
+                })
+            })
+            .collect()
+    });
+    opened
+        .into_iter()
+        .map(|socks| socks.map(|s| Joins::fixed(s, STALL)))
+        .collect()
+}
+
+fn per_node(opts: &Options, nodes: usize) -> u32 {
+    opts.streams
+        .map(|n| n.div_ceil(nodes as u32).max(1))
+        .unwrap_or(PER_NODE)
+}
+
+/// Downloads `target` (`size` bytes) from a striped server.
+pub fn get(
+    c: &mut Control,
+    target: &Target,
+    dest: &Dest,
+    size: u64,
+    opts: &Options,
+) -> Result<Summary> {
+    let hint = || PathHint::of(c, Direction::Download, opts.buffer);
+    let plan = Plan::new(opts, Peer::Braid, offers_elastic(c), Some(size), hint);
+    let retr = RetrOpts {
+        max_rate: opts.rate_limit,
+        ..RetrOpts::default()
+    };
+    let elastic = block_mode(c, Direction::Download, retr, opts)?;
+    let landing = Landing::open(dest, &target.path, Some(size), &plan, elastic, opts)?;
+    let started = Instant::now();
+    let transfer = Transfer::new(elastic);
+    let retr = Command::Retr(target.path.clone());
+    let mut nodes = 0;
+    for round in 1.. {
+        let have = landing.shared.snapshot().ranges;
+        if have.covers(0, size) && round > 1 {
+            break;
+        }
+        let addrs = c.striped_passive()?;
+        nodes = nodes.max(addrs.len());
+        let stripes = connect(&addrs, per_node(opts, addrs.len()), opts)?;
+        c.restart_ranges(&have)?;
+        c.start_transfer(&retr)?;
+        let watch = Watch::start(opts, Some(size), have.len());
+        let (bytes, landing_ref) = (&landing.bytes, &landing);
+        let at = have.len();
+        let mut saved = Instant::now();
+        let received = watch.run(
+            transfer.abort(),
+            || {
+                engine::receive::receive_stripes(
+                    &transfer,
+                    stripes,
+                    &landing.sink,
+                    Some(size),
+                    &landing.shared,
+                )
+            },
+            || {
+                watch.bar.set_position(at + bytes.load(Ordering::Relaxed));
+                // What arrived, for --resume after a crash.
+                if saved.elapsed() > std::time::Duration::from_secs(1) {
+                    landing_ref.save();
+                    saved = Instant::now();
+                }
+            },
+        );
+        landing.save();
+        if watch.stopped() {
+            landing.save_last();
+            let got = landing.bytes.load(Ordering::Relaxed);
+            return Err(watch.stop(c, got, "", landing.partial_name()));
+        }
+        let finished = c.final_reply_unless(|| false)?;
+        let ok = matches!(&finished, Some(r) if r.code == 226 || r.code == 250);
+        if received.is_ok() && ok {
+            break;
+        }
+        let why = match (&received, &finished) {
+            (_, Some(r)) if !ok => format!("{} {}", r.code, r.text()),
+            (Err(e), _) => e.to_string(),
+            _ => "the transfer ended early".into(),
+        };
+        let now = landing.shared.snapshot().ranges;
+        if round >= MOST_ROUNDS || now.len() <= have.len() {
+            landing.save_last();
+            return Err(ClientError::Interrupted {
+                bytes: landing.bytes.load(Ordering::Relaxed),
+                why: format!("striped download failed: {why}"),
+                partial: landing.partial_name(),
+            });
+        }
+        eprintln!(
+            "braid: {why}; fetching the {} bytes still missing through the data nodes still up",
+            now.missing(size).len()
+        );
+    }
+    let (got, _) = landing.whole(Some(size))?;
+    let file = landing.part.as_ref().map(|p| &p.file);
+    let verified = verify(c, Peer::Braid, target, size, &got, file)?;
+    let resumed_from = landing.resumed_from;
+    let local = match landing.part {
+        Some(p) => p.commit(Some(size))?,
+        None => "-".into(),
+    };
+    if let Some(r) = &landing.record {
+        r.remove();
+    }
+    let s = summary(
+        "get",
+        target,
+        local,
+        size - resumed_from,
+        Some(size),
+        resumed_from,
+        started,
+    );
+    Ok(striped(s, std::slice::from_ref(&transfer), verified, nodes))
+}
+
+/// Uploads `up` to a striped server.
+pub fn put(c: &mut Control, up: Upload, target: &Target, opts: &Options) -> Result<Summary> {
+    let Upload {
+        file,
+        len,
+        record,
+        mut have,
+    } = up;
+    let hint = || PathHint::of(c, Direction::Upload, opts.buffer);
+    let todo = Some(have.missing(len).len());
+    let plan = Plan::new(opts, Peer::Braid, offers_elastic(c), todo, hint);
+    let elastic = block_mode(c, Direction::Upload, RetrOpts::default(), opts)?;
+    let started = Instant::now();
+    let resumed_from = have.len();
+    let stor = Command::Stor(target.path.clone());
+    // One per node and round: a node's failure stops its own stripe, not the others'.
+    let mut transfers: Vec<Transfer> = Vec::new();
+    let progress = AtomicU64::new(0);
+    let mut nodes = 0;
+    let mut verified = None;
+    for round in 1.. {
+        // A fresh upload hashes its blocks as they go and says the checksum after; a round
+        // that sends only some, before (the whole file read).
+        let fresh = have.is_empty();
+        announce(c, Peer::Braid, file, len, &have)?;
+        if let Err(e) = record.save(&have) {
+            tracing::warn!("cannot keep a record of this upload: {e}");
+        }
+        let addrs = c.striped_passive()?;
+        nodes = nodes.max(addrs.len());
+        let stripes = connect(&addrs, per_node(opts, addrs.len()), opts)?;
+        c.restart_ranges(&have)?;
+        c.start_transfer(&stor)?;
+        let blocks = Blocks::new(&have.missing(len), checksum::CHUNK);
+        let options = engine::send::Options {
+            block: plan.block,
+            hash: fresh,
+            keep: false,
+        };
+        let watch = Watch::start(opts, Some(len), have.len());
+        let at = have.len();
+        let first = transfers.len();
+        for _ in &stripes {
+            let t = Transfer::new(elastic);
+            // --rate-limit: the whole upload's, shared by the nodes.
+            t.set_pacing(opts.rate_limit.map(|r| (r / stripes.len() as u64).max(1)));
+            transfers.push(t);
+        }
+        let round_transfers = &transfers[first..];
+        let sent: Vec<std::result::Result<Sent, engine::EngineError>> = watch.run(
+            round_transfers[0].abort(),
+            || {
+                std::thread::scope(|scope| {
+                    let threads: Vec<_> = stripes
+                        .into_iter()
+                        .zip(round_transfers)
+                        .map(|(joins, transfer)| {
+                            let (blocks, progress) = (&blocks, &progress);
+                            scope.spawn(move || {
+                                let source = Source::File { file, size: len };
+                                engine::send::send_from(
+                                    transfer, source, blocks, joins, options, progress,
+                                )
+                            })
+                        })
+                        .collect();
+                    threads
+                        .into_iter()
+                        .map(|t| {
+                            t.join().unwrap_or_else(|_| {
+                                Err(engine::EngineError::Setup("a sending thread failed".into()))
+                            })
+                        })
+                        .collect()
+                })
+            },
+            || {
+                watch
+                    .bar
+                    .set_position(at + progress.load(Ordering::Relaxed));
+                // Ctrl-C stopped the first stripe: the others too.
+                if round_transfers[0].abort().is_aborted() {
+                    for t in round_transfers {
+                        t.abort().abort();
+                    }
+                }
+            },
+        );
+        if watch.stopped() {
+            let _ = record.save(&have);
+            return Err(watch.stop(c, progress.load(Ordering::Relaxed), "", None));
+        }
+        let all_sent = sent.iter().all(|s| s.is_ok());
+        if all_sent && fresh {
+            let mut sum = braid_proto::checksum::ChunkSum::new();
+            for s in sent.iter().flatten() {
+                if let Some(part) = s.sum {
+                    sum.merge(part);
+                }
+            }
+            let hex = checksum::hex(sum.finish(len));
+            c.send(&Command::Scks {
+                alg: checksum::NAME.into(),
+                value: Some(hex.clone()),
+            })?;
+            match c.final_reply_unless(|| false)? {
+                Some(r) if r.code == 200 => verified = Some(format!("{} {hex}", checksum::NAME)),
+                Some(r) => return Err(upload_failed(r, &record, c)),
+                None => {}
+            }
+        }
+        let Some(r) = c.final_reply_unless(|| false)? else {
+            return Err(ClientError::Protocol("no final reply".into()));
+        };
+        if r.code == 226 || r.code == 250 {
+            if verified.is_none() {
+                let sum = crate::sums::xxh3(file, len)
+                    .map_err(super::job::local_err("cannot read the file"))?;
+                verified = Some(format!("{} {}", checksum::NAME, checksum::hex(sum)));
+            }
+            break;
+        }
+        // The stripes the front end says failed go again; those it stored are held.
+        let Some(failed) = braid_proto::stripes::failed_stripes(&r) else {
+            return Err(upload_failed(r, &record, c));
+        };
+        let before = have.len();
+        for (i, s) in sent.iter().enumerate() {
+            if let (false, Ok(s)) = (failed.contains(&i), s) {
+                for (a, e) in s.taken.iter() {
+                    have.insert(a, e);
+                }
+            }
+        }
+        let _ = record.save(&have);
+        if round >= MOST_ROUNDS || have.len() <= before {
+            return Err(upload_failed(r, &record, c));
+        }
+        eprintln!(
+            "braid: {} {}; sending the {} bytes of the failed stripes through the data nodes still up",
+            r.code,
+            r.text(),
+            have.missing(len).len()
+        );
+    }
+    record.remove();
+    let s = summary(
+        "put",
+        target,
+        String::new(),
+        len - resumed_from,
+        Some(len),
+        resumed_from,
+        started,
+    );
+    Ok(striped(s, &transfers, verified, nodes))
+}
+
+/// The summary with a striped transfer's MODE E facts.
+fn striped(
+    mut s: Summary,
+    transfers: &[Transfer],
+    verified: Option<String>,
+    nodes: usize,
+) -> Summary {
+    s.mode = "extended-block";
+    s.checksum = verified;
+    s.streams = transfers.iter().map(|t| t.most_open() as u32).sum();
+    s.per_connection_bytes = transfers.iter().flat_map(|t| t.per_link_bytes()).collect();
+    s.new_data_connections = transfers.iter().map(|t| t.links().len() as u32).sum();
+    s.data_nodes = Some(nodes as u32);
+    s
+}
