@@ -87,20 +87,32 @@ pub(super) fn order(
 
 /// Runs a striped transfer on a blocking thread: the nodes move it; an upload is then read
 /// back whole for its checksum (the nodes wrote it, no byte passed here), which the session
-/// compares with the client's before the file takes its name.
+/// compares with the client's before the file takes its name. A download's file is hashed
+/// meanwhile, so that the client's CKSM after it finds the answer ready.
 pub(super) fn run(
     links: Option<Arc<Mutex<Links>>>,
     order: &Order,
     job: Job,
     moving: &crate::engine::transfer::Transfer,
     progress: &AtomicU64,
+    sums: &super::ChecksumCache,
 ) -> Result<Finished, DataError> {
     let links = links.ok_or_else(|| DataError::Net(std::io::Error::other("no SPAS before")))?;
     let stop = || moving.abort().is_aborted();
-    let failed = links
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .run(order, &stop);
+    let failed = std::thread::scope(|scope| {
+        if let Job::Retr { file, .. } = &job {
+            scope.spawn(move || {
+                let hashed = file.metadata().and_then(|m| sums.xxh3(file, m.len()));
+                if let Err(e) = hashed {
+                    tracing::debug!("cannot hash the file being sent: {e}");
+                }
+            });
+        }
+        links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .run(order, &stop)
+    });
     if !failed.is_empty() {
         return Err(DataError::Net(std::io::Error::other(
             braid_proto::stripes::failed_text(&failed),
@@ -170,17 +182,36 @@ impl Links {
     /// are theirs, in order. Fails only if none answers.
     pub fn passive(&mut self) -> Result<Vec<SocketAddr>, String> {
         self.striped.clear();
+        let front = self.front.clone();
+        // All nodes at once: a first SPAS logs in to each, a few round trips apiece.
+        let answers: Vec<Result<SocketAddr, String>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = self
+                .links
+                .iter_mut()
+                .enumerate()
+                .map(|(i, slot)| {
+                    let front = &front;
+                    scope.spawn(move || {
+                        if slot.is_none() {
+                            *slot = Some(connect(front, i)?);
+                        }
+                        let link = slot.as_mut().ok_or("not connected")?;
+                        link.control
+                            .passive_addr()
+                            .map(|a| a.target)
+                            .map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|_| Err("the thread failed".into())))
+                .collect()
+        });
         let mut addrs = Vec::new();
         let mut why = Vec::new();
-        let front = self.front.clone();
-        for i in 0..self.links.len() {
+        for (i, got) in answers.into_iter().enumerate() {
             let name = &front.nodes[i];
-            let got = self.link(i).and_then(|l| {
-                l.control
-                    .passive_addr()
-                    .map(|a| a.target)
-                    .map_err(|e| e.to_string())
-            });
             match got {
                 Ok(addr) => {
                     self.striped.push(i);
@@ -245,40 +276,31 @@ impl Links {
         failed.sort();
         failed
     }
+}
 
-    /// Node `i`'s link, connected and logged in now if it was not.
-    fn link(&mut self, i: usize) -> Result<&mut Link, String> {
-        if self.links[i].is_none() {
-            self.links[i] = Some(self.connect(i)?);
-        }
-        self.links[i]
-            .as_mut()
-            .ok_or_else(|| "not connected".to_string())
-    }
-
-    fn connect(&self, i: usize) -> Result<Link, String> {
-        let name = &self.front.nodes[i];
-        let (host, port) = name
-            .rsplit_once(':')
-            .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse().ok()?)))
-            .ok_or_else(|| format!("{name} is not HOST:PORT"))?;
-        let target = Target {
-            host: host.to_string(),
-            port,
-            user: NODE_USER.into(),
-            password: self.front.key.clone(),
-            path: String::new(),
-        };
-        let mut control = Control::connect(&target).map_err(|e| e.to_string())?;
-        control.start(&target, None).map_err(|e| e.to_string())?;
-        control
-            .expect(&Command::Mode(Mode::Extended), &[200])
-            .map_err(|e| e.to_string())?;
-        Ok(Link {
-            control,
-            elastic: false,
-        })
-    }
+/// Node `i`'s control connection, logged in with the key, in MODE E.
+fn connect(front: &FrontEnd, i: usize) -> Result<Link, String> {
+    let name = &front.nodes[i];
+    let (host, port) = name
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse().ok()?)))
+        .ok_or_else(|| format!("{name} is not HOST:PORT"))?;
+    let target = Target {
+        host: host.to_string(),
+        port,
+        user: NODE_USER.into(),
+        password: front.key.clone(),
+        path: String::new(),
+    };
+    let mut control = Control::connect(&target).map_err(|e| e.to_string())?;
+    control.start(&target, None).map_err(|e| e.to_string())?;
+    control
+        .expect(&Command::Mode(Mode::Extended), &[200])
+        .map_err(|e| e.to_string())?;
+    Ok(Link {
+        control,
+        elastic: false,
+    })
 }
 
 impl Link {

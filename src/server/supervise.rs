@@ -120,9 +120,9 @@ pub(super) async fn transfer(
         Some(b) if matches!(t.endpoint, DataEndpoint::Striped(_)) => {
             striped_order(io, &root, &t, b, size).map(|order| {
                 let (progress, moving) = (progress.clone(), moving.clone());
-                let links = io.nodes.clone();
+                let (links, sums) = (io.nodes.clone(), io.config.checksums.clone());
                 Worker::Thread(tokio::task::spawn_blocking(move || {
-                    super::stripes::run(links, &order, job, &moving, &progress)
+                    super::stripes::run(links, &order, job, &moving, &progress, &sums)
                 }))
             })
         }
