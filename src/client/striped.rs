@@ -13,7 +13,7 @@ use super::control::Control;
 use super::detour::DataAddr;
 use super::error::{ClientError, Result};
 use super::job::Dest;
-use super::parallel::{block_mode, upload_failed};
+use super::parallel::{block_mode, data_phase_failed, upload_failed};
 use super::peer::{Peer, STALL, offers_elastic};
 use super::plan::{PathHint, Plan};
 use super::summary::{Summary, summary};
@@ -105,7 +105,8 @@ pub fn get(
     let mut nodes = 0;
     for round in 1.. {
         let have = landing.shared.snapshot().ranges;
-        if have.covers(0, size) && round > 1 {
+        // All here (a resumed download that had it all, or an empty file): only the check.
+        if have.covers(0, size) {
             break;
         }
         let addrs = c.striped_passive()?;
@@ -142,6 +143,20 @@ pub fn get(
             landing.save_last();
             let got = landing.bytes.load(Ordering::Relaxed);
             return Err(watch.stop(c, got, "", landing.partial_name()));
+        }
+        // This side failed (the disk): no node is to blame, and going again would not help.
+        if let Err(e @ engine::EngineError::Local(_)) = received {
+            landing.save_last();
+            let what = super::job::cannot_write(landing.partial_name().as_deref());
+            let got = landing.bytes.load(Ordering::Relaxed);
+            return Err(data_phase_failed(
+                c,
+                &retr,
+                e,
+                &what,
+                got,
+                landing.partial_name(),
+            ));
         }
         let finished = c.final_reply_unless(|| false)?;
         let ok = matches!(&finished, Some(r) if r.code == 226 || r.code == 250);

@@ -24,7 +24,6 @@ pub const NODE_USER: &str = "braid-node";
 pub const MOST_NODES: usize = 64;
 
 /// What a front end knows of its nodes.
-#[derive(Debug)]
 pub struct FrontEnd {
     /// HOST:PORT of each node.
     pub nodes: Vec<String>,
@@ -32,6 +31,16 @@ pub struct FrontEnd {
     pub key: String,
     /// The shared root, the nodes' `--root` too: paths are given to them relative to it.
     pub root: PathBuf,
+}
+
+/// Without the key: a configuration may be logged.
+impl std::fmt::Debug for FrontEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrontEnd")
+            .field("nodes", &self.nodes)
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One striped transfer, as the front end tells the nodes.

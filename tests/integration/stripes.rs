@@ -306,3 +306,56 @@ fn a_data_node_takes_orders_only_from_its_front_end_and_data_only_from_the_clien
     let _ = n.reply();
     node.wait_for_log("refused data connection from 127.0.0.1", 1);
 }
+
+#[test]
+fn globus_url_copy_with_stripe_sends_into_the_nodes_and_fetches_through_the_front_end() {
+    crate::util::require("globus-url-copy");
+    let top = tempdir();
+    let s = striped(top.path(), 2);
+    let data = random_bytes(20_000_003, 81);
+    let local = top.path().join("local.bin");
+    std::fs::write(&local, &data).unwrap();
+    let url = s.url("g.bin");
+    let (ok, _, err) = run(
+        std::process::Command::new("globus-url-copy").args([
+            "-stripe",
+            "-p",
+            "2",
+            &format!("file://{}", local.display()),
+            &url,
+        ]),
+        Duration::from_secs(120),
+    );
+    assert!(
+        ok,
+        "globus-url-copy -stripe upload: {err}\n{}",
+        s.front.log()
+    );
+    assert!(
+        std::fs::read(s.shared.join("g.bin")).unwrap() == data,
+        "the upload differs"
+    );
+    // SPAS listed the nodes: globus-url-copy connected to each and sent each its EOF.
+    s.each_node_moved("upload");
+    // A download with -stripe gives SPOR one address: the front end sends it itself.
+    let back = top.path().join("back.bin");
+    let (ok, _, err) = run(
+        std::process::Command::new("globus-url-copy").args([
+            "-stripe",
+            "-p",
+            "2",
+            &url,
+            &format!("file://{}", back.display()),
+        ]),
+        Duration::from_secs(120),
+    );
+    assert!(
+        ok,
+        "globus-url-copy -stripe download: {err}\n{}",
+        s.front.log()
+    );
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "the download differs"
+    );
+}
