@@ -638,6 +638,11 @@ impl Control {
         self.session.features().has(name)
     }
 
+    /// A Globus front end with remote data nodes (FEAT `DSI remote-…`).
+    pub fn gridftp_striped(&self) -> bool {
+        self.session.features().gridftp_striped()
+    }
+
     /// MODE Z for the next stream transfer or listing, when `--compress on` asked for it and
     /// FEAT lists it; whether it is in effect. Undone after it ([`Control::plain_again`]), so
     /// that the session's other transfers stay as they are. `auto` leaves it off: a zlib

@@ -87,7 +87,7 @@ impl Route {
     /// stream-mode connection.
     pub fn upload(peer: Option<Peer>, held: Option<&RangeSet>, striped: bool) -> Route {
         match (peer, held) {
-            (Some(Peer::Braid), Some(_)) if striped => Route::Striped,
+            (Some(_), Some(_)) if striped => Route::Striped,
             (Some(peer), Some(_)) => Route::Blocks(peer),
             _ => Route::Stream,
         }
@@ -134,7 +134,7 @@ fn get_file(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> Re
         rest: c.has_feature("REST"),
         recorded_ranges: opts.resume
             && path.is_some_and(|p| Sidecar::beside(&part_path(p), "", None).exists()),
-        striped: striped::offered(c),
+        striped: striped::offered(c) == Some(Peer::Braid),
     };
     let route = Route::download(facts, opts)?;
     if !matches!(route, Route::Blocks(_)) {
@@ -177,16 +177,17 @@ fn put_source(c: &mut Control, src: &Source, opts: &Options, held: Held) -> Resu
         Held::Recorded => Some(record.load().unwrap_or_default()),
         Held::RecordedOrSize => record.load(),
     };
-    let striped = striped::offered(c) && opts.background.is_none();
-    match (Route::upload(peer, have.as_ref(), striped), have) {
+    let striped = striped::offered(c).filter(|_| opts.background.is_none());
+    match (Route::upload(peer, have.as_ref(), striped.is_some()), have) {
         (Route::Striped, Some(have)) => {
+            let peer = striped.unwrap_or(Peer::Braid);
             let up = Upload {
                 file: &src.file,
                 len: src.size(),
                 record,
                 have,
             };
-            let mut s = striped::put(c, up, &src.target, opts)?;
+            let mut s = striped::put(c, peer, up, &src.target, opts)?;
             s.local = src.name();
             Ok(s)
         }

@@ -18,7 +18,7 @@ use super::peer::{Peer, STALL, offers_elastic};
 use super::plan::{PathHint, Plan};
 use super::summary::{Summary, summary};
 use super::url::Target;
-use super::verify::verify;
+use super::verify::{agree_with, verify};
 use super::watch::Watch;
 use crate::engine;
 use crate::engine::send::{Blocks, Sent, Source};
@@ -39,10 +39,17 @@ const PER_NODE: u32 = 2;
 /// the nodes still up).
 const MOST_ROUNDS: usize = 8;
 
-/// Whether a download or upload on `c` goes striped: a braid front end with data nodes, clear
-/// data (the nodes do not take TLS data connections yet).
-pub fn offered(c: &Control) -> bool {
-    c.has_feature("BRAID-STRIPED") && c.data_tls().is_none() && Peer::of(c) == Some(Peer::Braid)
+/// Whether transfers on `c` go striped, and with what kind of server: a braid front end with
+/// data nodes, in clear (the nodes do not take TLS data connections yet); or a Globus front
+/// end with remote data nodes, for uploads (its downloads go to PORT, through one node).
+pub fn offered(c: &Control) -> Option<Peer> {
+    match Peer::of(c)? {
+        Peer::Braid if c.has_feature("BRAID-STRIPED") && c.data_tls().is_none() => {
+            Some(Peer::Braid)
+        }
+        Peer::GridFtp if c.gridftp_striped() => Some(Peer::GridFtp),
+        _ => None,
+    }
 }
 
 /// The data connections of one round: `per` to each node, opened at once.
@@ -205,8 +212,16 @@ pub fn get(
     Ok(striped(s, std::slice::from_ref(&transfer), verified, nodes))
 }
 
-/// Uploads `up` to a striped server.
-pub fn put(c: &mut Control, up: Upload, target: &Target, opts: &Options) -> Result<Summary> {
+/// Uploads `up` to a striped server: a braid front end, or a Globus one (`peer`), which
+/// checks no announced checksum and names no failed stripe: its upload is checked with CKSM
+/// after, and one that fails is not sent again.
+pub fn put(
+    c: &mut Control,
+    peer: Peer,
+    up: Upload,
+    target: &Target,
+    opts: &Options,
+) -> Result<Summary> {
     let Upload {
         file,
         len,
@@ -215,7 +230,7 @@ pub fn put(c: &mut Control, up: Upload, target: &Target, opts: &Options) -> Resu
     } = up;
     let hint = || PathHint::of(c, Direction::Upload, opts.buffer);
     let todo = Some(have.missing(len).len());
-    let plan = Plan::new(opts, Peer::Braid, offers_elastic(c), todo, hint);
+    let plan = Plan::new(opts, peer, offers_elastic(c), todo, hint);
     let elastic = block_mode(c, Direction::Upload, RetrOpts::default(), opts)?;
     let started = Instant::now();
     let resumed_from = have.len();
@@ -228,8 +243,8 @@ pub fn put(c: &mut Control, up: Upload, target: &Target, opts: &Options) -> Resu
     for round in 1.. {
         // A fresh upload hashes its blocks as they go and says the checksum after; a round
         // that sends only some, before (the whole file read).
-        let fresh = have.is_empty();
-        announce(c, Peer::Braid, file, len, &have)?;
+        let fresh = have.is_empty() && peer == Peer::Braid;
+        announce(c, peer, file, len, &have)?;
         if let Err(e) = record.save(&have) {
             tracing::warn!("cannot keep a record of this upload: {e}");
         }
@@ -319,6 +334,15 @@ pub fn put(c: &mut Control, up: Upload, target: &Target, opts: &Options) -> Resu
         let Some(r) = c.final_reply_unless(|| false)? else {
             return Err(ClientError::Protocol("no final reply".into()));
         };
+        if (r.code == 226 || r.code == 250) && peer == Peer::GridFtp {
+            let alg = peer.checksum(c);
+            let theirs = c.checksum(alg, &target.path)?;
+            let local = crate::sums::named(alg, file, 0, len)
+                .map_err(super::job::local_err("cannot read the file"))?;
+            let ours = "the file sent hashes to";
+            verified = agree_with(theirs, alg, &target.path, &local, ours, "")?;
+            break;
+        }
         if r.code == 226 || r.code == 250 {
             if verified.is_none() {
                 let sum = crate::sums::xxh3(file, len)
@@ -328,7 +352,8 @@ pub fn put(c: &mut Control, up: Upload, target: &Target, opts: &Options) -> Resu
             break;
         }
         // The stripes the front end says failed go again; those it stored are held.
-        let Some(failed) = braid_proto::stripes::failed_stripes(&r) else {
+        let failed = braid_proto::stripes::failed_stripes(&r).filter(|_| peer == Peer::Braid);
+        let Some(failed) = failed else {
             return Err(upload_failed(r, &record, c));
         };
         let before = have.len();

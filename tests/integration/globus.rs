@@ -218,3 +218,95 @@ fn braid_get_and_put_against_globus_gridftp_server() {
     );
     assert_eq!(code, 5, "{err}");
 }
+
+/// A striped globus-gridftp-server: two data nodes (`-dn`) and a front end (`-r`) over them,
+/// all serving `home` anonymously; each node logs into its own file.
+fn start_striped_gridftp(home: &std::path::Path, logs: &std::path::Path) -> Vec<Daemon> {
+    let program = sbin("globus-gridftp-server");
+    let common = |c: &mut Command| {
+        c.args(["-aa", "-anonymous-user", "root", "-auth-level", "0"])
+            .args([
+                "-control-interface",
+                "127.0.0.1",
+                "-data-interface",
+                "127.0.0.1",
+            ])
+            .arg("-home-dir")
+            .arg(home)
+            .args(["-allow-root", "-log-level", "ERROR,WARN,INFO"]);
+    };
+    let mut daemons: Vec<Daemon> = (0..2)
+        .map(|i| {
+            Daemon::start("globus-gridftp-server -dn", |port| {
+                let mut c = Command::new(&program);
+                common(&mut c);
+                c.args(["-dn", "-p", &port.to_string(), "-logfile"])
+                    .arg(logs.join(format!("dn{i}.log")));
+                c
+            })
+        })
+        .collect();
+    let nodes: Vec<String> = daemons
+        .iter()
+        .map(|d| format!("127.0.0.1:{}", d.port))
+        .collect();
+    let front = Daemon::start("globus-gridftp-server -r", |port| {
+        let mut c = Command::new(&program);
+        common(&mut c);
+        c.args(["-p", &port.to_string(), "-r", &nodes.join(",")]);
+        c
+    });
+    daemons.insert(0, front);
+    daemons
+}
+
+#[test]
+fn braid_put_stripes_over_the_data_nodes_of_a_striped_globus_server() {
+    require("globus-gridftp-server");
+    let top = tempdir();
+    let home = top.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let servers = start_striped_gridftp(&home, top.path());
+    let base = format!("ftp://127.0.0.1:{}", servers[0].port);
+    let content = random_bytes(20_000_003, 44);
+    let local = top.path().join("local.bin");
+    std::fs::write(&local, &content).unwrap();
+    let (code, out, err) = braid(
+        &[
+            "put",
+            local.to_str().unwrap(),
+            &format!("{base}/up.bin"),
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read(home.join("up.bin")).unwrap() == content,
+        "upload differs"
+    );
+    let v = crate::util::json(&out);
+    // SPAS listed both nodes (FEAT names the remote storage interface), each took a stripe,
+    // and the server's checksum of the file agreed.
+    assert_eq!(v["data_nodes"], 2, "{v}");
+    let sum = v["checksum"].as_str().unwrap_or_default();
+    assert!(
+        sum.starts_with("MD5 ") || sum.starts_with("ADLER32 "),
+        "{v}"
+    );
+    for i in 0..2 {
+        let log = std::fs::read_to_string(top.path().join(format!("dn{i}.log"))).unwrap();
+        assert!(
+            log.contains("Finished transferring"),
+            "node {i} took no stripe: {log}"
+        );
+    }
+    // A download goes to PORT, through a node of the server's choosing: whole all the same.
+    let got = top.path().join("got.bin");
+    let (code, _, err) = braid(
+        &["get", &format!("{base}/up.bin"), got.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read(&got).unwrap() == content, "download differs");
+}

@@ -49,6 +49,15 @@ impl Features {
             .any(|f| f.split_whitespace().next() == Some(name))
     }
 
+    /// A globus-gridftp-server front end with remote data nodes (`-r`): its FEAT names the
+    /// `remote` storage interface (`DSI remote-13.24`), where a server alone has `DSI file-…`.
+    /// Its SPAS lists the nodes.
+    pub fn gridftp_striped(&self) -> bool {
+        self.lines
+            .iter()
+            .any(|f| f.strip_prefix("DSI REMOTE").is_some())
+    }
+
     /// MODE Z (draft-preston-ftpext-deflate): stream mode through zlib.
     pub fn mode_z(&self) -> bool {
         self.lines
