@@ -393,9 +393,16 @@ fn connect(
             let listener = c.active_listener()?;
             c.restart_ranges(have)?;
             c.start_transfer(retr)?;
+            // A striped Globus front end has a data node of its choosing connect, from that
+            // node's address, which nothing names beforehand: any host is let in, and the
+            // whole file is checked with the server's CKSM at the end.
+            let admits = crate::engine::transfer::Admits {
+                anyone: c.gridftp_striped(),
+                ..crate::engine::transfer::Admits::client(c.peer().ip())
+            };
             let accept = Accept {
                 listener,
-                peer: crate::engine::transfer::Admits::client(c.peer().ip()),
+                peer: admits,
                 max: 4 * n as usize + 4,
                 buffer: opts.buffer,
                 timeout: Some(STALL),
