@@ -107,8 +107,9 @@ pub fn get(
     let elastic = block_mode(c, Direction::Download, retr, opts)?;
     let landing = Landing::open(dest, &target.path, Some(size), &plan, elastic, opts)?;
     let started = Instant::now();
-    let transfer = Transfer::new(elastic);
     let retr = Command::Retr(target.path.clone());
+    // One per round: a round that failed may have aborted its own.
+    let mut transfers: Vec<Transfer> = Vec::new();
     let mut nodes = 0;
     for round in 1.. {
         let have = landing.shared.snapshot().ranges;
@@ -121,6 +122,8 @@ pub fn get(
         let stripes = connect(&addrs, per_node(opts, addrs.len()), opts)?;
         c.restart_ranges(&have)?;
         c.start_transfer(&retr)?;
+        transfers.push(Transfer::new(elastic));
+        let transfer = &transfers[transfers.len() - 1];
         let watch = Watch::start(opts, Some(size), have.len());
         let (bytes, landing_ref) = (&landing.bytes, &landing);
         let at = have.len();
@@ -129,7 +132,7 @@ pub fn get(
             transfer.abort(),
             || {
                 engine::receive::receive_stripes(
-                    &transfer,
+                    transfer,
                     stripes,
                     &landing.sink,
                     Some(size),
@@ -209,7 +212,7 @@ pub fn get(
         resumed_from,
         started,
     );
-    Ok(striped(s, std::slice::from_ref(&transfer), verified, nodes))
+    Ok(striped(s, &transfers, verified, nodes))
 }
 
 /// Uploads `up` to a striped server: a braid front end, or a Globus one (`peer`), which
