@@ -78,7 +78,7 @@ impl NodeOrder {
                         .trim()
                         .parse()
                         .ok()
-                        .filter(|b| *b > 0 && b % crate::checksum::CHUNK == 0)
+                        .filter(|b: &u64| *b > 0 && b.is_multiple_of(crate::checksum::CHUNK))
                         .ok_or_else(|| {
                             format!(
                                 "Block={v} is not a positive multiple of {}",
@@ -242,7 +242,7 @@ mod tests {
     fn stripe_blocks_grow_with_the_file_so_a_share_stays_short() {
         assert_eq!(block_for(2 << 30, 4), MIN_BLOCK);
         let big = block_for(1 << 40, 4);
-        assert!(big % crate::checksum::CHUNK == 0);
+        assert!(big.is_multiple_of(crate::checksum::CHUNK));
         assert!((1u64 << 40).div_ceil(big) <= 4 * 1024);
     }
 
