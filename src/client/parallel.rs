@@ -197,6 +197,13 @@ pub fn data_phase_failed(
     }
 }
 
+/// One data connection to `addr`, its socket buffers set to `buffer` (None: autotuning).
+pub fn open_data(addr: &DataAddr, buffer: Option<u64>) -> Result<TcpStream> {
+    let s = connect_data(addr)?;
+    engine::set_buffer(&s, buffer);
+    Ok(s)
+}
+
 /// Sends the transfer command, opens `n` data connections to the server's passive address,
 /// then waits for 150. Connecting before the 150 matters: the Globus server sends it only once
 /// data connections have arrived (a braid server takes them from its backlog after sending
@@ -213,13 +220,7 @@ pub fn open_and_start(
     // All at once: each connection costs a round trip, and they need not wait for each other.
     let socks: Vec<Result<TcpStream>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..n)
-            .map(|_| {
-                scope.spawn(move || {
-                    let s = connect_data(addr)?;
-                    engine::set_buffer(&s, buffer);
-                    Ok(s)
-                })
-            })
+            .map(|_| scope.spawn(move || open_data(addr, buffer)))
             .collect();
         handles
             .into_iter()

@@ -179,26 +179,17 @@ fn put_source(c: &mut Control, src: &Source, opts: &Options, held: Held) -> Resu
     };
     let striped = striped::offered(c).filter(|_| opts.background.is_none());
     match (Route::upload(peer, have.as_ref(), striped.is_some()), have) {
-        (Route::Striped, Some(have)) => {
-            let peer = striped.unwrap_or(Peer::Braid);
+        (route @ (Route::Blocks(_) | Route::Striped), Some(have)) => {
             let up = Upload {
                 file: &src.file,
                 len: src.size(),
                 record,
                 have,
             };
-            let mut s = striped::put(c, peer, up, &src.target, opts)?;
-            s.local = src.name();
-            Ok(s)
-        }
-        (Route::Blocks(peer), Some(have)) => {
-            let up = Upload {
-                file: &src.file,
-                len: src.size(),
-                record,
-                have,
+            let mut s = match route {
+                Route::Blocks(peer) => block_put::put(c, peer, up, &src.target, opts)?,
+                _ => striped::put(c, striped.unwrap_or(Peer::Braid), up, &src.target, opts)?,
             };
-            let mut s = block_put::put(c, peer, up, &src.target, opts)?;
             s.local = src.name();
             Ok(s)
         }

@@ -13,7 +13,7 @@ use super::control::Control;
 use super::detour::DataAddr;
 use super::error::{ClientError, Result};
 use super::job::Dest;
-use super::parallel::{block_mode, data_phase_failed, upload_failed};
+use super::parallel::{block_mode, data_phase_failed, open_data, upload_failed};
 use super::peer::{Peer, STALL, offers_elastic};
 use super::plan::{PathHint, Plan};
 use super::summary::{Summary, summary};
@@ -60,11 +60,7 @@ fn connect(addrs: &[DataAddr], per: u32, opts: &Options) -> Result<Vec<Joins>> {
             .map(|addr| {
                 scope.spawn(move || {
                     (0..per)
-                        .map(|_| {
-                            let s = super::control::connect_data(addr)?;
-                            engine::set_buffer(&s, opts.buffer);
-                            Ok(s)
-                        })
+                        .map(|_| open_data(addr, opts.buffer))
                         .collect::<Result<Vec<_>>>()
                 })
             })
