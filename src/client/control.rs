@@ -677,33 +677,45 @@ impl Control {
     /// Opens a passive data connection: EPSV first (it works through NAT and over IPv6), PASV
     /// if the server lacks it. Connects to the control connection's peer whatever address a 227
     /// names, which defeats both private-address replies and bounce tricks.
+    ///
+    /// A striped Globus front end is the exception: its PASV names the data node that will
+    /// serve the connection, another host than the front end, so its address is taken as
+    /// given (the server chose where its own data comes from; the client only reads).
     pub fn open_data(&mut self) -> Result<TcpStream> {
+        if self.gridftp_striped() {
+            let addr = self.node_passive()?;
+            return connect_data(&addr);
+        }
         let addr = self.passive_addr()?;
         connect_data(&addr)
+    }
+
+    /// PASV to a striped Globus front end: the data node its reply names.
+    fn node_passive(&mut self) -> Result<DataAddr> {
+        self.data.clear();
+        self.early_passive = None;
+        let r = self.expect(&Command::Pasv, &[227])?;
+        let target = braid_proto::addr::parse_227(&r.text())
+            .map(SocketAddr::V4)
+            .map_err(|e| ClientError::Protocol(format!("bad 227 reply {r}: {e}")))?;
+        Ok(DataAddr {
+            target,
+            round: target,
+            detour: None,
+        })
+    }
+
+    /// Whether MLST says `path` is a directory (false when it cannot tell).
+    pub fn is_directory(&mut self, path: &str) -> bool {
+        self.cmd(&Command::Mlst(Some(path.to_string())))
+            .is_ok_and(|r| r.code == 250 && r.text().to_ascii_lowercase().contains("type=dir;"))
     }
 
     /// Listens on the control connection's local address and tells the server to connect
     /// there (EPRT, or PORT if the server lacks EPRT): for MODE E downloads from GridFTP
     /// servers, where the sender must open the connections.
     pub fn active_listener(&mut self) -> Result<std::net::TcpListener> {
-        self.data.clear();
-        self.session.set_cached(None);
-        let Some(tcp) = self.stream.tcp() else {
-            return Err(ClientError::Protocol(
-                "active data connections need a TCP control connection to listen beside".into(),
-            ));
-        };
-        let local = tcp.local_addr().map_err(|e| ClientError::Local {
-            what: "control connection address".into(),
-            cause: e,
-        })?;
-        let listener =
-            std::net::TcpListener::bind(SocketAddr::new(local.ip(), 0)).map_err(|e| {
-                ClientError::Local {
-                    what: "cannot listen for data connections".into(),
-                    cause: e,
-                }
-            })?;
+        let listener = self.data_listener()?;
         let addr = listener.local_addr().map_err(|e| ClientError::Local {
             what: "data listener address".into(),
             cause: e,
@@ -719,6 +731,50 @@ impl Control {
             self.expect(&Command::Port(v4), &[200])?;
         }
         Ok(listener)
+    }
+
+    /// SPOR to a striped server: `stripes` listeners, one per stripe, which the server's data
+    /// nodes connect to (GridFTP has a striped server send only to SPOR, never over SPAS).
+    pub fn striped_active(&mut self, stripes: usize) -> Result<Vec<std::net::TcpListener>> {
+        let listeners = (0..stripes)
+            .map(|_| self.data_listener())
+            .collect::<Result<Vec<_>>>()?;
+        let addrs = listeners
+            .iter()
+            .map(|l| match l.local_addr() {
+                Ok(SocketAddr::V4(a)) => Ok(a),
+                Ok(_) => Err(ClientError::Protocol(
+                    "SPOR takes IPv4 addresses only; connect to the server over IPv4".into(),
+                )),
+                Err(e) => Err(ClientError::Local {
+                    what: "data listener address".into(),
+                    cause: e,
+                }),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.expect(&Command::Spor(addrs), &[200])?;
+        Ok(listeners)
+    }
+
+    /// A listener for data connections beside the control connection's own address.
+    fn data_listener(&mut self) -> Result<std::net::TcpListener> {
+        self.data.clear();
+        self.session.set_cached(None);
+        let Some(tcp) = self.stream.tcp() else {
+            return Err(ClientError::Protocol(
+                "active data connections need a TCP control connection to listen beside".into(),
+            ));
+        };
+        let local = tcp.local_addr().map_err(|e| ClientError::Local {
+            what: "control connection address".into(),
+            cause: e,
+        })?;
+        std::net::TcpListener::bind(SocketAddr::new(local.ip(), 0)).map_err(|e| {
+            ClientError::Local {
+                what: "cannot listen for data connections".into(),
+                cause: e,
+            }
+        })
     }
 
     /// Keeps the data connections a MODE E transfer left open (EOD without CLOSE) for the

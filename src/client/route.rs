@@ -14,7 +14,6 @@ use super::summary::Summary;
 use super::url::Target;
 use super::{Options, segments, stream, striped};
 use super::{block_get, block_put};
-use braid_proto::Command;
 use braid_proto::ranges::RangeSet;
 use std::path::Path;
 
@@ -134,7 +133,7 @@ fn get_file(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> Re
         rest: c.has_feature("REST"),
         recorded_ranges: opts.resume
             && path.is_some_and(|p| Sidecar::beside(&part_path(p), "", None).exists()),
-        striped: striped::offered(c) == Some(Peer::Braid),
+        striped: striped::offered(c).is_some(),
     };
     let route = Route::download(facts, opts)?;
     if !matches!(route, Route::Blocks(_)) {
@@ -142,7 +141,10 @@ fn get_file(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> Re
     }
     match (route, path, size) {
         (Route::Blocks(peer), ..) => block_get::get(c, peer, target, dest, size, opts),
-        (Route::Striped, _, Some(size)) => striped::get(c, target, dest, size, opts),
+        (Route::Striped, _, Some(size)) => {
+            let peer = striped::offered(c).unwrap_or(Peer::Braid);
+            striped::get(c, peer, target, dest, size, opts)
+        }
         (Route::Segments(n), Some(path), Some(size)) => {
             segments::get(c, target, path, size, n, opts)
         }
@@ -215,10 +217,7 @@ fn directory_hint(c: &mut Control, path: &str, e: ClientError, fix: &str) -> Cli
     let ClientError::Remote { what, reply } = e else {
         return e;
     };
-    let is_dir = (500..600).contains(&reply.code)
-        && c.in_step()
-        && c.cmd(&Command::Mlst(Some(path.to_string())))
-            .is_ok_and(|r| r.code == 250 && r.text().to_ascii_lowercase().contains("type=dir;"));
+    let is_dir = (500..600).contains(&reply.code) && c.in_step() && c.is_directory(path);
     let what = if is_dir {
         format!("{what} ({path} is a directory on the server: {fix})")
     } else {

@@ -22,7 +22,7 @@ use super::verify::{agree_with, verify};
 use super::watch::Watch;
 use crate::engine;
 use crate::engine::send::{Blocks, Sent, Source};
-use crate::engine::transfer::{Joins, Transfer};
+use crate::engine::transfer::{Accept, Admits, Joins, Transfer};
 use braid_proto::Command;
 use braid_proto::checksum;
 use braid_proto::client::Direction;
@@ -41,7 +41,7 @@ const MOST_ROUNDS: usize = 8;
 
 /// Whether transfers on `c` go striped, and with what kind of server: a braid front end with
 /// data nodes, in clear (the nodes do not take TLS data connections yet); or a Globus front
-/// end with remote data nodes, for uploads (its downloads go to PORT, through one node).
+/// end with remote data nodes.
 pub fn offered(c: &Control) -> Option<Peer> {
     match Peer::of(c)? {
         Peer::Braid if c.has_feature("BRAID-STRIPED") && c.data_tls().is_none() => {
@@ -86,18 +86,54 @@ fn per_node(opts: &Options, nodes: usize) -> u32 {
         .unwrap_or(PER_NODE)
 }
 
-/// Downloads `target` (`size` bytes) from a striped server.
+/// Stripes of a download from a Globus front end unless `-n` says how many: one data
+/// connection each. Its front end deals stripes out to its nodes in turn, and does not say
+/// how many nodes it has (SPAS would, but a download after it in the same session goes
+/// through fewer of them): more stripes than nodes keep each node busy.
+const GRIDFTP_STRIPES: u32 = 4;
+
+/// The data connections of one round of a download from a Globus front end: it has its
+/// nodes connect (GridFTP sends only to SPOR), `stripes` listeners here, one connection
+/// each. A node connects from its own address, which nothing names beforehand: any host
+/// is let in, and the whole file is checked with the server's CKSM at the end.
+fn listen(c: &mut Control, stripes: usize, opts: &Options) -> Result<Vec<Joins>> {
+    let anyone = Admits {
+        anyone: true,
+        ..Admits::client(c.peer().ip())
+    };
+    let listeners = c.striped_active(stripes)?;
+    Ok(listeners
+        .into_iter()
+        .map(|listener| {
+            let accept = Accept {
+                listener,
+                peer: anyone,
+                max: 4 * (stripes + 1),
+                buffer: opts.buffer,
+                timeout: Some(STALL),
+            };
+            Joins::accept(accept, STALL)
+        })
+        .collect())
+}
+
+/// Downloads `target` (`size` bytes) from a striped server: a braid front end, whose nodes
+/// this side connects to (SPAS), or a Globus one, whose nodes connect here (SPOR).
 pub fn get(
     c: &mut Control,
+    peer: Peer,
     target: &Target,
     dest: &Dest,
     size: u64,
     opts: &Options,
 ) -> Result<Summary> {
     let hint = || PathHint::of(c, Direction::Download, opts.buffer);
-    let plan = Plan::new(opts, Peer::Braid, offers_elastic(c), Some(size), hint);
+    let plan = Plan::new(opts, peer, offers_elastic(c), Some(size), hint);
+    let spor_stripes = opts.streams.unwrap_or(GRIDFTP_STRIPES).clamp(1, 64) as usize;
     let retr = RetrOpts {
         max_rate: opts.rate_limit,
+        // Each Globus stripe on one connection.
+        parallelism: (peer == Peer::GridFtp).then_some((1, 1, 1)),
         ..RetrOpts::default()
     };
     let elastic = block_mode(c, Direction::Download, retr, opts)?;
@@ -113,9 +149,14 @@ pub fn get(
         if have.covers(0, size) {
             break;
         }
-        let addrs = c.striped_passive()?;
-        nodes = nodes.max(addrs.len());
-        let stripes = connect(&addrs, per_node(opts, addrs.len()), opts)?;
+        let stripes = match peer {
+            Peer::Braid => {
+                let addrs = c.striped_passive()?;
+                nodes = nodes.max(addrs.len());
+                connect(&addrs, per_node(opts, addrs.len()), opts)?
+            }
+            Peer::GridFtp => listen(c, spor_stripes, opts)?,
+        };
         c.restart_ranges(&have)?;
         c.start_transfer(&retr)?;
         transfers.push(Transfer::new(elastic));
@@ -190,7 +231,7 @@ pub fn get(
     }
     let (got, _) = landing.whole(Some(size))?;
     let file = landing.part.as_ref().map(|p| &p.file);
-    let verified = verify(c, Peer::Braid, target, size, &got, file)?;
+    let verified = verify(c, peer, target, size, &got, file)?;
     let resumed_from = landing.resumed_from;
     let local = match landing.part {
         Some(p) => p.commit(Some(size))?,
@@ -208,6 +249,16 @@ pub fn get(
         resumed_from,
         started,
     );
+    if peer == Peer::GridFtp {
+        // The nodes that sent: each connects from its own address.
+        let mut from: Vec<_> = transfers
+            .iter()
+            .flat_map(|t| t.links().into_iter().filter_map(|l| l.peer))
+            .collect();
+        from.sort();
+        from.dedup();
+        nodes = from.len();
+    }
     Ok(striped(s, &transfers, verified, nodes))
 }
 

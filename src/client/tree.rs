@@ -15,6 +15,7 @@ use super::interrupt::Interrupt;
 use super::job::{Dest, Held, refuse_read_only};
 use super::listing::{ListEntry, list_dir, list_tree};
 use super::names::{case_collisions, unsafe_name, up_to_date};
+use super::peer::Peer;
 use super::pipeline::{self, Wanted};
 use super::records;
 use super::route::{get_on, put_on};
@@ -202,10 +203,14 @@ pub fn get_tree(
     let mut jobs = Vec::new();
     let mut dir_times = Vec::new();
     for (source, top) in sources {
-        // A source that SIZE answers is a file (a directory gets 550).
+        // A source that SIZE answers is a file (a directory gets 550; globus-gridftp-server
+        // answers for a directory too, so MLST has the last word there).
         let names_a_file = !source.path.is_empty() && !source.path.ends_with('/');
         let sized = names_a_file.then(|| c.size(&source.path)).transpose()?;
-        if let Some(r) = sized.filter(|r| r.code == 213) {
+        let sized = sized.filter(|r| {
+            r.code == 213 && !(Peer::of(&c) == Some(Peer::GridFtp) && c.is_directory(&source.path))
+        });
+        if let Some(r) = sized {
             let parent = top.parent().filter(|p| !p.as_os_str().is_empty());
             if let Some(Err(e)) = parent.map(local_dir) {
                 out.fail(shown(&source.path), &e);

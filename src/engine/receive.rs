@@ -5,7 +5,7 @@
 use super::compress::Unpacker;
 use super::sink::Sink;
 use super::tls::{DataConn, DataTls, refused};
-use super::transfer::{Joins, Link, LinkState, Transfer, join_loop};
+use super::transfer::{Accept, Joined, Joins, Link, LinkState, Transfer, join_loop};
 use super::{EngineError, FirstError, PIECE};
 use braid_proto::block::{BlockError, Completion, Connection, HEADER_LEN, Header, Next, desc};
 use braid_proto::checksum::ChunkSum;
@@ -260,54 +260,65 @@ pub fn receive_stripes(
                 scope.spawn(run);
             }
         };
-        let mut joining = Vec::new();
-        let mut stall_of_first = None;
+        // Connections join a stripe while it runs: at its own listener (a striped download
+        // that has the nodes connect, one listener per stripe), or opened by this side (one
+        // stripe only: a striped download that connects opens all before it starts).
+        let mut accepts = Vec::new();
+        let mut incoming = None;
+        let mut stall = None;
+        let mut tls_of = Vec::new();
         for (stripe, joins) in stripes.into_iter().enumerate() {
             let Joins {
                 open,
                 reused,
                 accept,
-                incoming,
-                stall,
+                incoming: opened,
+                stall: its_stall,
                 tls,
             } = joins;
             for s in open {
                 spawn(stripe, s, reused, tls.clone());
             }
-            stall_of_first.get_or_insert(stall);
-            if accept.is_some() || incoming.is_some() {
-                joining.push((stripe, accept, incoming, stall, tls));
+            stall.get_or_insert(its_stall);
+            accepts.extend(accept.map(|a| (stripe, a)));
+            if let Some(rx) = opened {
+                if incoming.is_some() {
+                    fail(EngineError::Setup(
+                        "only one stripe may open connections while it runs".into(),
+                    ));
+                }
+                incoming = Some((stripe, rx));
             }
-        }
-        // Connections join one stripe while it runs (a striped download opens all of its
-        // connections before it starts).
-        if joining.len() > 1 {
-            fail(EngineError::Setup(
-                "only one stripe may take connections while it runs".into(),
-            ));
+            tls_of.push(tls);
         }
         // Run even when nothing joins: it waits for the end, or for a stall.
-        let stall = stall_of_first.unwrap_or(std::time::Duration::from_secs(120));
-        let (stripe, accept, incoming, stall, tls) = joining
-            .into_iter()
-            .next()
-            .unwrap_or((0, None, None, stall, None));
+        let stall = stall.unwrap_or(std::time::Duration::from_secs(120));
         {
             // With nothing to join, the transfer also ends when no connection is left (a
             // striped one whose node died: the others' stripes are in, its own never come).
-            let closed = accept.is_none() && incoming.is_none();
+            let closed = accepts.is_empty() && incoming.is_none();
+            let listeners: Vec<&Accept> = accepts.iter().map(|(_, a)| a).collect();
             let joined = join_loop(
-                accept.as_ref(),
-                incoming.as_ref(),
+                &listeners,
+                incoming.as_ref().map(|(_, rx)| rx),
                 stall,
                 transfer,
                 || shared.complete() || (closed && transfer.open() == 0),
-                |s| spawn(stripe, DataConn::Clear(s), false, tls.clone()),
+                |from, s| {
+                    let stripe = match from {
+                        Joined::Accepted(i) => accepts[i].0,
+                        Joined::Opened => incoming.as_ref().map_or(0, |(stripe, _)| *stripe),
+                    };
+                    spawn(stripe, DataConn::Clear(s), false, tls_of[stripe].clone())
+                },
             );
             if let Err(e) = joined {
                 fail(e);
             }
-            listener = accept.map(|a| a.listener);
+        }
+        // The listener a later transfer may be connected to again (one stripe's only).
+        if accepts.len() == 1 {
+            listener = accepts.pop().map(|(_, a)| a.listener);
         }
         // Complete: every connection the sender counted has sent its EOD. Any other still
         // open is one the sender does not use: joined too late, or given up on (it broke on
@@ -828,5 +839,68 @@ mod tests {
         });
         assert!(got.is_ok(), "{:?}", got.err());
         assert_eq!(stored.ranges.len(), data.len() as u64);
+    }
+
+    /// A striped download where the nodes connect: one listener per stripe, each stripe's
+    /// EOF counting only its own connections. The transfer is complete only when both
+    /// stripes are, and a stripe's connections may arrive after the other stripe ended.
+    #[test]
+    fn stripes_that_connect_each_to_its_own_listener_end_with_their_own_eof() {
+        use super::super::transfer::Admits;
+        use std::io::Write;
+        use std::net::{TcpListener, TcpStream};
+        use std::time::Duration;
+        let data: Vec<u8> = (0..12_000u32).map(|i| (i * 5) as u8).collect();
+        let listeners: Vec<TcpListener> = (0..2)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+        let stripes = listeners
+            .into_iter()
+            .map(|listener| {
+                let accept = Accept {
+                    listener,
+                    peer: Admits::client("127.0.0.1".parse().unwrap()),
+                    max: 8,
+                    buffer: None,
+                    timeout: Some(Duration::from_secs(20)),
+                };
+                Joins::accept(accept, Duration::from_secs(20))
+            })
+            .collect();
+        let transfer = Transfer::new(false);
+        let shared = Shared::new(Progress::default(), Default::default());
+        let block = |sock: &mut TcpStream, at: usize, len: usize| {
+            sock.write_all(&Header::data(at as u64, len as u64).encode())
+                .unwrap();
+            sock.write_all(&data[at..at + len]).unwrap();
+        };
+        let got = std::thread::scope(|s| {
+            let sender = s.spawn(|| {
+                // Stripe 0: two connections, its EOF counts two.
+                let mut a = TcpStream::connect(addrs[0]).unwrap();
+                let mut b = TcpStream::connect(addrs[0]).unwrap();
+                block(&mut a, 0, 4000);
+                block(&mut b, 8000, 4000);
+                a.write_all(&Header::eod().encode()).unwrap();
+                b.write_all(&Header::eof(2).encode()).unwrap();
+                while !shared.lock().completions[0].complete() {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                let first_alone = shared.complete();
+                // Stripe 1 connects only now, once.
+                let mut c = TcpStream::connect(addrs[1]).unwrap();
+                block(&mut c, 4000, 4000);
+                c.write_all(&Header::eof(1).encode()).unwrap();
+                (first_alone, [a, b, c])
+            });
+            let got = receive_stripes(&transfer, stripes, &Sink::Discard, Some(12_000), &shared);
+            (got, sender.join().unwrap().0)
+        });
+        let (received, first_alone) = got;
+        assert!(!first_alone, "one stripe's EOF ended the whole transfer");
+        assert!(received.is_ok(), "{:?}", received.err());
+        assert_eq!(shared.snapshot().ranges.len(), 12_000);
+        assert_eq!(transfer.links().len(), 3);
     }
 }

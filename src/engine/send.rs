@@ -261,12 +261,12 @@ pub fn send_from(
         };
         if accept.is_some() || incoming.is_some() {
             let joined = join_loop(
-                accept.as_ref(),
+                &Vec::from_iter(&accept),
                 incoming.as_ref(),
                 stall,
                 transfer,
                 || state.finished(),
-                join,
+                |_, sock| join(sock),
             );
             if let Err(e) = joined {
                 fail(e);

@@ -87,6 +87,8 @@ pub struct Link {
     /// When it joined and when it ended, since the transfer started.
     pub joined: Duration,
     ended_ns: AtomicU64,
+    /// The far end's address when it joined (which data node, in a striped transfer).
+    pub peer: Option<IpAddr>,
 }
 
 impl Link {
@@ -273,6 +275,7 @@ impl Transfer {
     pub(super) fn join(&self, sock: &TcpStream) -> std::io::Result<Arc<Link>> {
         let dup = Arc::new(sock.try_clone()?);
         self.abort.register_handle(dup.clone());
+        let peer = dup.peer_addr().ok().map(|a| a.ip());
         let link = {
             let mut links = self.lock();
             let link = Arc::new(Link {
@@ -284,6 +287,7 @@ impl Transfer {
                 state: AtomicU8::new(0),
                 joined: self.started.elapsed(),
                 ended_ns: AtomicU64::new(0),
+                peer,
             });
             links.push(link.clone());
             let open = self.open.fetch_add(1, Ordering::AcqRel) + 1;
@@ -600,18 +604,27 @@ impl Joins {
     }
 }
 
-/// Lets connections join until `done()`: from the listener, from `incoming`, or both. Fails if
+/// Where a connection [`join_loop`] admits came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Joined {
+    /// The peer connected to the listener at this index of `accepts`.
+    Accepted(usize),
+    /// This side opened it.
+    Opened,
+}
+
+/// Lets connections join until `done()`: to the listeners, from `incoming`, or both. Fails if
 /// nothing moves (no byte, no new connection) for `joins.stall`.
 pub(super) fn join_loop(
-    accept: Option<&Accept>,
+    accepts: &[&Accept],
     incoming: Option<&Receiver<TcpStream>>,
     stall: Duration,
     transfer: &Transfer,
     done: impl Fn() -> bool,
-    mut admit: impl FnMut(TcpStream),
+    mut admit: impl FnMut(Joined, TcpStream),
 ) -> Result<(), EngineError> {
     let setup = |e: std::io::Error| EngineError::Setup(e.to_string());
-    if let Some(a) = accept {
+    for a in accepts {
         a.listener.set_nonblocking(true).map_err(setup)?;
     }
     let mut incoming = incoming;
@@ -625,8 +638,8 @@ pub(super) fn join_loop(
         let mut joined = false;
         {
             use rustix::event::{PollFd, PollFlags, Timespec};
-            let mut fds = Vec::with_capacity(2);
-            if let Some(a) = accept {
+            let mut fds = Vec::with_capacity(accepts.len() + 1);
+            for a in accepts {
                 fds.push(PollFd::new(&a.listener, PollFlags::IN));
             }
             if let Some(w) = &transfer.waker {
@@ -641,7 +654,7 @@ pub(super) fn join_loop(
         if let Some(w) = &transfer.waker {
             w.drain();
         }
-        if let Some(a) = accept {
+        for (i, a) in accepts.iter().enumerate() {
             match a.listener.accept() {
                 Ok((sock, from)) => {
                     if !a.peer.admits(from.ip()) {
@@ -668,7 +681,7 @@ pub(super) fn join_loop(
                         let _ = sock.set_read_timeout(a.timeout);
                         let _ = sock.set_write_timeout(a.timeout);
                         set_buffer(&sock, a.buffer);
-                        admit(sock);
+                        admit(Joined::Accepted(i), sock);
                         joined = true;
                     }
                 }
@@ -684,7 +697,7 @@ pub(super) fn join_loop(
             loop {
                 match rx.try_recv() {
                     Ok(sock) => {
-                        admit(sock);
+                        admit(Joined::Opened, sock);
                         joined = true;
                     }
                     Err(TryRecvError::Empty) => break,
