@@ -108,6 +108,14 @@ fn a_server_told_no_third_party_takes_no_part_and_bounces_stay_refused() {
     );
     assert_ne!(code, 0);
     assert!(err.contains("needs TLS on both"), "{err}");
+    // Nor in background mode, which the sending server cannot be asked for yet: said, not
+    // ignored.
+    let mut cmd = p.command(home.path(), &["--background"], "f.bin", "f.bin");
+    let (ok, _, err) = run(&mut cmd, Duration::from_secs(60));
+    assert!(
+        !ok && err.contains("--background is not available yet"),
+        "{err}"
+    );
     // The classic FXP bounce, PORT to another host in a session in clear, is refused.
     let mut raw = Raw::connect(p.a.addr);
     raw.send("EPRT |1|127.0.0.3|5000|");
