@@ -175,15 +175,6 @@ fn between_servers(a: &CpArgs) -> anyhow::Result<u8> {
         dst.path = format!("{}{name}", dst.path);
     }
     let opts = a.shared.options(false)?;
-    if opts.background.is_some() {
-        return Err(ClientError::Usage(
-            "--background is not available yet for copies between servers (only the sending \
-             server sees the path between them, and it cannot be asked to yield yet); copy \
-             with --rate-limit to leave room for other traffic"
-                .into(),
-        )
-        .into());
-    }
     let out = &a.shared.out;
     let mut peers = Peers::open(&src, &dst, &opts)?;
     let place = |t: &crate::client::url::Target, path: &str| {

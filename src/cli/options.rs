@@ -119,7 +119,9 @@ pub struct TransferArgs {
     /// not the path, holds back the rate it may use. Against a server that is not braid it
     /// steers its one stream-mode connection by the round trip the kernel measures on it: a
     /// download by the receive window it advertises (as rLEDBAT, RFC 9840), an upload by
-    /// pacing. -v shows what it sees each second; --json has it under "background".
+    /// pacing. In a copy between two braid servers the sending server steers itself, by the
+    /// round trip its data connections see (only it sees that path). -v shows what it sees
+    /// each second; --json has it under "background".
     #[arg(long)]
     pub background: bool,
     /// The queueing delay --background may add, e.g. 10ms or 40ms.

@@ -54,6 +54,7 @@ pub fn get(
         congestion: congestion.filter(|_| peer == Peer::Braid),
         max_rate: pacer.rate(&View::at_start(None)),
         dscp: opts.background.map(|_| background::LOWER_EFFORT),
+        ..RetrOpts::default()
     };
     let elastic = block_mode(c, Direction::Download, retr, opts)?;
     let landing = Landing::open(dest, &target.path, size, &plan, elastic, opts)?;

@@ -61,6 +61,9 @@ pub struct Peers {
     dst_host: String,
     streams: u32,
     rate: Option<u64>,
+    /// `--background`: A yields to other traffic on the path to B by itself, adding at most
+    /// this many milliseconds of queueing delay (only A sees that path's round trip).
+    background: Option<u32>,
     buffer: Option<u64>,
     /// Connections A was last told to open (OPTS RETR Parallelism).
     told: Option<u32>,
@@ -105,6 +108,9 @@ impl Peers {
             dst_host: dst.host.clone(),
             streams: opts.streams.unwrap_or(STREAMS).max(1),
             rate: opts.rate_limit,
+            background: opts.background.map(|d| {
+                (d.as_millis() as u32).clamp(1, braid_proto::retr_opts::MAX_BACKGROUND_MS)
+            }),
             buffer: opts.buffer,
             told: None,
             b_ready: false,
@@ -134,6 +140,7 @@ impl Peers {
                 retr: RetrOpts {
                     parallelism: Some((streams, streams, streams)),
                     max_rate: self.rate,
+                    background: self.background,
                     ..RetrOpts::default()
                 },
                 buffer: self.buffer,

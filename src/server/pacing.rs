@@ -92,15 +92,19 @@ pub struct Sending {
 
 impl Sending {
     /// `rtt`: the control connection's lowest round trip, the controller's first base.
+    /// `background`: the queueing delay background mode may add, when the server or the
+    /// client asks for it (the user's class may ask too, for the default).
     pub fn new(
         class: Class,
-        background: bool,
+        background: Option<Duration>,
         uplink: Option<u64>,
         shares: &Arc<Shares>,
         rtt: Duration,
     ) -> Sending {
-        let background = (background || class.background).then(|| {
+        let target = background.or(class.background.then_some(background::TARGET));
+        let background = target.map(|target| {
             let settings = Settings {
+                target,
                 segments: background::burst_segments(background::congestion_by_data_rtt()),
                 ..Settings::default()
             };
@@ -208,7 +212,7 @@ mod tests {
             ..Class::default()
         };
         let moving = Transfer::new(true);
-        let mut s = Sending::new(class, false, Some(1000), &shares, Duration::from_millis(20));
+        let mut s = Sending::new(class, None, Some(1000), &shares, Duration::from_millis(20));
         assert!(s.steers() && !s.yields());
         s.tick(&moving);
         assert_eq!(moving.pacing(), Some(250), "a quarter of the uplink");
@@ -218,7 +222,7 @@ mod tests {
         s.client_asks(Some(100), &moving);
         assert_eq!(moving.pacing(), Some(100), "the client asked for less");
         let moving = Transfer::new(true);
-        let mut s = Sending::new(Class::default(), false, None, &shares, Duration::ZERO);
+        let mut s = Sending::new(Class::default(), None, None, &shares, Duration::ZERO);
         assert!(!s.steers());
         s.client_asks(Some(100), &moving);
         assert_eq!(moving.pacing(), Some(100));

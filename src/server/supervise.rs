@@ -89,12 +89,19 @@ pub(super) async fn transfer(
             let class = account
                 .map(|u| io.config.users.class(u))
                 .unwrap_or_default();
-            // Too long a first guess is harmless: the base is the lowest round trip seen.
-            let rtt = conn.min_rtt().unwrap_or(Duration::from_secs(1));
+            // Background mode starts at four segments per this round trip, until the data
+            // connections' own show the path's. Unknown under TLS, and in a copy between
+            // servers the control connection's is not the path's anyway: a long WAN's round
+            // trip then (a guess of a second started at 6 kB/s, which large blocks at that
+            // pace kept from ever being measured).
+            let rtt = conn.min_rtt().unwrap_or(Duration::from_millis(100));
             let c = &io.config;
+            // The client may ask for it (a copy between servers, whose path only this end sees).
+            let asked = t.block.as_ref().and_then(|b| b.background);
+            let target = asked.map(|ms| Duration::from_millis(ms.into()));
             Some(pacing::Sending::new(
                 class,
-                c.background,
+                target.or(c.background.then_some(engine::background::TARGET)),
                 c.uplink,
                 &c.shares,
                 rtt,
@@ -244,7 +251,7 @@ pub(super) async fn transfer(
                         // congestion control; the other options apply to the next transfer).
                         Ok(Command::Opts(o)) if elastic && !is_upload && o.to_ascii_uppercase().starts_with("RETR ") => {
                             let r = match RetrOpts::parse(&o[5..]) {
-                                Ok(RetrOpts { parallelism: None, block_size: None, max_rate, congestion, dscp: None })
+                                Ok(RetrOpts { parallelism: None, block_size: None, max_rate, congestion, dscp: None, background: None })
                                     if max_rate.is_some() || congestion.is_some() =>
                                 {
                                     if let (Some(rate), Some(s)) = (max_rate, &mut sending) {
@@ -382,6 +389,8 @@ pub(super) async fn transfer(
         // Data connections this transfer used, and whether the last transfer left them open.
         data_connections = if t.block.is_some() { moving.links().len() } else { 1 },
         reused = t.endpoint == DataEndpoint::Cached,
+        // Sent in background mode: yielding to other traffic.
+        background = yields,
         bytes,
         seconds = (secs * 1e3).round() / 1e3,
         megabytes_per_second = (bytes as f64 / secs.max(1e-9) / 1e5).round() / 10.0,

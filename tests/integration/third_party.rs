@@ -87,6 +87,37 @@ fn a_file_goes_from_one_braid_server_straight_to_another_and_both_ends_check_it(
     assert!(!lb.contains("refused a data connection"), "{lb}");
 }
 
+/// Only the sending server sees the path between the two, so with `--background` it yields
+/// to other traffic by itself (OPTS RETR Background=ms); without, it does not.
+#[test]
+fn a_copy_in_background_has_the_sending_server_yield_by_itself() {
+    let top = tempdir();
+    let p = pair(top.path(), &[]);
+    let data = random_bytes(6 << 20, 43);
+    std::fs::write(top.path().join("a/big.bin"), &data).unwrap();
+    let home = tempdir();
+    let (ok, _, err) = p.cp(home.path(), "big.bin", "plain.bin");
+    assert!(ok, "{err}");
+    assert!(p.a.log().contains("background=false"), "{}", p.a.log());
+    assert!(!p.a.log().contains("background=true"), "{}", p.a.log());
+    let mut cmd = p.command(
+        home.path(),
+        &["--background", "--background-target", "25ms"],
+        "big.bin",
+        "yielded.bin",
+    );
+    let (ok, _, err) = run(&mut cmd, Duration::from_secs(120));
+    assert!(ok, "{err}");
+    assert!(
+        std::fs::read(top.path().join("b/yielded.bin")).unwrap() == data,
+        "the copy differs"
+    );
+    let la = p.a.log();
+    assert!(la.contains("background=true"), "{la}");
+    // Its controller ran.
+    assert!(la.contains("background: queue"), "{la}");
+}
+
 #[test]
 fn a_server_told_no_third_party_takes_no_part_and_bounces_stay_refused() {
     let top = tempdir();
@@ -108,14 +139,6 @@ fn a_server_told_no_third_party_takes_no_part_and_bounces_stay_refused() {
     );
     assert_ne!(code, 0);
     assert!(err.contains("needs TLS on both"), "{err}");
-    // Nor in background mode, which the sending server cannot be asked for yet: said, not
-    // ignored.
-    let mut cmd = p.command(home.path(), &["--background"], "f.bin", "f.bin");
-    let (ok, _, err) = run(&mut cmd, Duration::from_secs(60));
-    assert!(
-        !ok && err.contains("--background is not available yet"),
-        "{err}"
-    );
     // The classic FXP bounce, PORT to another host in a session in clear, is refused.
     let mut raw = Raw::connect(p.a.addr);
     raw.send("EPRT |1|127.0.0.3|5000|");

@@ -681,12 +681,10 @@ impl ClientSession {
     ) -> Command {
         self.change_replies += 1;
         let opts = RetrOpts {
-            parallelism: None,
-            block_size: None,
             // 0 lifts the cap.
             max_rate: rate.map(|r| r.unwrap_or(0)),
             congestion,
-            dscp: None,
+            ..RetrOpts::default()
         };
         Command::Opts(format!("RETR {}", opts.encode()))
     }

@@ -433,10 +433,7 @@ fn setup_compressed(direction: Direction, compress: Option<crate::compress::Poli
         direction,
         retr: RetrOpts {
             parallelism: Some((4, 1, 8)),
-            block_size: None,
-            max_rate: None,
-            congestion: None,
-            dscp: None,
+            ..RetrOpts::default()
         },
         buffer: None,
         compress,
@@ -1082,6 +1079,43 @@ mod tests {
         assert_eq!(
             p.client.compression(Direction::Upload, true),
             Some(Policy::On)
+        );
+    }
+
+    /// A client may ask the server to yield to other traffic by itself (a copy between
+    /// servers, whose path only the sender sees): the queueing delay it may add goes in OPTS
+    /// RETR, holds for the session's later downloads, and 0 ends it.
+    #[test]
+    fn background_asked_in_opts_retr_holds_until_the_client_ends_it() {
+        let mut p = compressing(Policy::Off);
+        for background in [Some(25), None, Some(0)] {
+            p.run(Op::BlockMode(BlockSetup {
+                direction: Direction::Download,
+                retr: RetrOpts {
+                    parallelism: Some((2, 2, 2)),
+                    background,
+                    ..RetrOpts::default()
+                },
+                buffer: None,
+                compress: None,
+            }))
+            .unwrap();
+            assert_eq!(p.run(Op::Passive), Ok(Outcome::Passive(40000)));
+            p.run(Op::StartTransfer(Command::Retr("f".into()))).unwrap();
+            p.run(Op::FinishTransfer).unwrap();
+        }
+        let asked: Vec<_> = p
+            .transfers
+            .iter()
+            .map(|t| t.block.as_ref().expect("MODE E").background)
+            .collect();
+        assert_eq!(asked, [Some(25), Some(25), None]);
+        assert!(
+            p.seen
+                .iter()
+                .any(|l| l == "OPTS RETR Parallelism=2,2,2;Background=25;"),
+            "{:?}",
+            p.seen
         );
     }
 

@@ -7,8 +7,10 @@
 //! which a braid client may also send while a download runs, and `Congestion=name;`: the
 //! TCP congestion control the server's data connections use (bbr, cubic, reno, ...), and
 //! `Dscp=n;`: the DSCP (0-63) its data packets carry, e.g. 1 for lower effort (RFC 8622),
-//! which background mode asks for. Other
-//! options (markers,
+//! which background mode asks for, and `Background=ms;`: the server steers its sending rate with
+//! background mode's controller itself, adding at most that much queueing delay, from the
+//! round trip its data connections see (a copy between servers, whose path the client cannot
+//! probe); 0 turns it off. Other options (markers,
 //! windowsize, ...) are accepted and ignored, as GFD.20 allows.
 
 use crate::checksum::CHUNK;
@@ -23,6 +25,9 @@ pub struct RetrOpts {
     pub congestion: Option<CcName>,
     /// The data connections' DSCP.
     pub dscp: Option<u8>,
+    /// The server yields to other traffic on its own (background mode's controller), adding
+    /// at most this many milliseconds of queueing delay; 0: no longer; None leaves it as it was.
+    pub background: Option<u32>,
 }
 
 /// The name of a TCP congestion control (`TCP_CONGESTION`): at most 15 bytes of lower-case
@@ -70,6 +75,9 @@ impl std::fmt::Display for CcName {
     }
 }
 
+/// Largest queueing delay a background download may be asked to add, ms.
+pub const MAX_BACKGROUND_MS: u32 = 10_000;
+
 /// Largest block size accepted.
 pub const MAX_BLOCK: u64 = 1 << 30;
 
@@ -109,6 +117,15 @@ impl RetrOpts {
                     Ok(n) if n < 64 => Some(n),
                     _ => return Err(format!("Dscp must be from 0 to 63, got {value:?}")),
                 };
+            } else if key.eq_ignore_ascii_case("Background") {
+                out.background = match value.parse::<u32>() {
+                    Ok(ms) if ms <= MAX_BACKGROUND_MS => Some(ms),
+                    _ => {
+                        return Err(format!(
+                            "Background must be a queueing delay from 0 to {MAX_BACKGROUND_MS} ms, got {value:?}"
+                        ));
+                    }
+                };
             } else if key.eq_ignore_ascii_case("MaxRate") {
                 out.max_rate = match value.parse::<u64>() {
                     Ok(n) => Some(n),
@@ -139,6 +156,9 @@ impl RetrOpts {
         if let Some(d) = self.dscp {
             s.push_str(&format!("Dscp={d};"));
         }
+        if let Some(ms) = self.background {
+            s.push_str(&format!("Background={ms};"));
+        }
         s
     }
 }
@@ -156,9 +176,10 @@ mod tests {
             rate in proptest::option::of(any::<u64>()),
             cc in proptest::option::of("[a-z0-9_]{1,15}"),
             dscp in proptest::option::of(0u8..64),
+            background in proptest::option::of(0..=MAX_BACKGROUND_MS),
         ) {
             let congestion = cc.map(|c| CcName::parse(&c).unwrap());
-            let o = RetrOpts { parallelism: par, block_size: block.map(|b| b * CHUNK), max_rate: rate, congestion, dscp };
+            let o = RetrOpts { parallelism: par, block_size: block.map(|b| b * CHUNK), max_rate: rate, congestion, dscp, background };
             prop_assert_eq!(RetrOpts::parse(&o.encode()), Ok(o));
         }
     }

@@ -130,6 +130,9 @@ impl Session {
                     if o.dscp.is_some() {
                         self.dscp = o.dscp;
                     }
+                    if let Some(ms) = o.background {
+                        self.background = (ms > 0).then_some(ms);
+                    }
                     Reply::new(200, "OPTS Command Successful.")
                 }
                 Err(e) => Reply::new(501, format!("OPTS RETR: {e}.")),

@@ -81,6 +81,9 @@ pub struct Session {
     congestion: Option<crate::retr_opts::CcName>,
     /// OPTS RETR Dscp: the DSCP of the data packets it sends.
     dscp: Option<u8>,
+    /// OPTS RETR Background: it yields to other traffic on its own, adding at most this many
+    /// milliseconds of queueing delay.
+    background: Option<u32>,
     /// OPTS BRAID ELASTIC: the client is braid and handles elastic transfers.
     elastic: bool,
     /// OPTS BRAID COMPRESS: what the client wants; None until it asks.
@@ -128,6 +131,7 @@ impl Session {
             max_rate: None,
             congestion: None,
             dscp: None,
+            background: None,
             elastic: false,
             compress: None,
             eager: false,
@@ -470,6 +474,7 @@ impl Session {
                 max_rate: self.max_rate,
                 congestion: self.congestion,
                 dscp: self.dscp,
+                background: self.background,
                 fixed: upload && self.eager && endpoint == DataEndpoint::Cached,
                 compression: self.compression(upload),
             })

@@ -114,6 +114,9 @@ pub struct BlockMode {
     pub congestion: Option<crate::retr_opts::CcName>,
     /// The DSCP of the packets it sends (OPTS RETR Dscp).
     pub dscp: Option<u8>,
+    /// It yields to other traffic on its own, adding at most this many milliseconds of
+    /// queueing delay (OPTS RETR Background).
+    pub background: Option<u32>,
     /// An upload sent ahead (`OPTS STOR Eager=1`) on the open data connections: they carry
     /// all of it and none joins, so the server need not watch for more.
     pub fixed: bool,
