@@ -5,6 +5,9 @@
 //! leaves its stripes to the others: the transfer goes again for what is missing (a
 //! download: the blocks not here; an upload: the stripes the front end reports failed),
 //! through the nodes still up, and ends with the whole file's checksum as ever.
+//!
+//! A striped Globus front end (FEAT `DSI remote-…`) takes uploads the same way; it sends a
+//! download only to SPOR, so there this side listens, once per stripe, and its nodes connect.
 
 use super::Options;
 use super::block_get::Landing;
