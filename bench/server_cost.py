@@ -6,7 +6,8 @@ mode, the one way both servers speak), with the mix of sizes of bench/concurrent
 transfers done and failed, the server's CPU seconds per GiB and per file (the server process
 and every process it started and reaped: vsftpd forks per session), its peak anonymous memory
 (PSS summed over its processes, so pages they share count once; mapped files left out) and the
-wall time.
+wall time; beside it the clients' CPU and the sum (on loopback, the machine's whole cost: how a
+server sends can move work to its receivers, see src/engine/file_send.rs).
 
     cargo build --release && python3 bench/server_cost.py [--clients 500] [--repeat 2]
     sudo python3 bench/server_cost.py --lab     # the clients in another lab host
@@ -23,6 +24,7 @@ import argparse
 import os
 import random
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -161,6 +163,9 @@ def load(kind, args, work, root, sizes, addr, server_prefix, client_prefix):
         results, lock = [], threading.Lock()
         env = dict(os.environ, HOME=work)
         start = time.monotonic()
+        # The clients' CPU: every curl is a child of this script, reaped when it ends (the
+        # server is reaped only after the load).
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
 
         def client(i):
             size = sizes[i]
@@ -179,6 +184,8 @@ def load(kind, args, work, root, sizes, addr, server_prefix, client_prefix):
         for t in pool:
             t.join()
         wall = time.monotonic() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        client_cpu = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
         # vsftpd's session processes end as their clients quit: wait until they are reaped.
         deadline = time.monotonic() + 10
         while len(tree(server.pid)) > 1 and time.monotonic() < deadline:
@@ -197,7 +204,7 @@ def load(kind, args, work, root, sizes, addr, server_prefix, client_prefix):
     moved = sum(r[1] for r in done)
     return {
         "server": kind, "done": len(done), "failed": failed, "gib": moved / 2**30,
-        "cpu": cpu, "wall": wall, "pss_mib": sampler.peak_kib / 1024,
+        "cpu": cpu, "client_cpu": client_cpu, "wall": wall, "pss_mib": sampler.peak_kib / 1024,
         "procs": sampler.peak_procs,
     }
 
@@ -272,12 +279,14 @@ def report(args, sizes, rows):
           + ", ".join(f"{sizes.count(s)} x {human(s)}" for s, _ in SIZES)
           + ("; clients in another lab host" if args.lab else "; all on loopback"))
     print("| server | transfers done | failed | GiB | CPU s | CPU s per GiB | CPU ms per file "
+          "| clients' CPU s | server + clients CPU s "
           "| peak anonymous memory MiB (PSS) | peak processes | wall s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['server']} | {r['done']} | {len(r['failed'])} | {r['gib']:.2f} | "
               f"{r['cpu']:.2f} | {r['cpu'] / max(r['gib'], 1e-9):.2f} | "
-              f"{1000 * r['cpu'] / max(r['done'], 1):.2f} | {r['pss_mib']:.1f} | {r['procs']} | "
+              f"{1000 * r['cpu'] / max(r['done'], 1):.2f} | {r['client_cpu']:.2f} | "
+              f"{r['cpu'] + r['client_cpu']:.2f} | {r['pss_mib']:.1f} | {r['procs']} | "
               f"{r['wall']:.1f} |")
     for kind in ("braid", "vsftpd"):
         mine = [r for r in rows if r["server"] == kind]
@@ -290,8 +299,11 @@ def report(args, sizes, rows):
            for k in ("braid", "vsftpd")}
     per_file = {k: statistics.mean(r["cpu"] / max(r["done"], 1) for r in rows
                                    if r["server"] == k) for k in ("braid", "vsftpd")}
+    both = {k: statistics.mean(r["cpu"] + r["client_cpu"] for r in rows if r["server"] == k)
+            for k in ("braid", "vsftpd")}
     print(f"braid / vsftpd: CPU per GiB {per['braid'] / per['vsftpd']:.2f}, "
-          f"CPU per file {per_file['braid'] / per_file['vsftpd']:.2f} (means over the runs)")
+          f"CPU per file {per_file['braid'] / per_file['vsftpd']:.2f}, server and clients "
+          f"together {both['braid'] / both['vsftpd']:.2f} (means over the runs)")
 
 
 if __name__ == "__main__":

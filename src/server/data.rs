@@ -449,7 +449,7 @@ fn send_binary(
         .map_err(|e| DataError::Local(io_to_fs(&e)))?
         .len();
     // A file that shrinks meanwhile just ends early: stream mode has no length to keep.
-    let reached = engine::file_send::FileSender::for_socket(sock)
+    let reached = engine::file_send::FileSender::kernel()
         .send(sock, file, offset, size, false, |at| {
             progress.store(at - offset, Ordering::Relaxed)
         })
