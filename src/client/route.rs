@@ -136,7 +136,7 @@ fn get_file(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> Re
         striped: striped::offered(c).is_some(),
     };
     let route = Route::download(facts, opts)?;
-    if !matches!(route, Route::Blocks(_)) {
+    if !matches!(route, Route::Blocks(_) | Route::Striped) {
         stream::explain(opts);
     }
     match (route, path, size) {

@@ -360,3 +360,61 @@ fn braid_get_stripes_from_the_data_nodes_of_a_striped_globus_server() {
     assert!(std::fs::read(local.join("tree/sub/small.bin")).unwrap() == small);
     assert!(std::fs::read(local.join("tree/top.bin")).unwrap() == content[..5_000_000]);
 }
+
+/// A striped download from Globus stopped part way (its nodes frozen, then Ctrl-C) goes on
+/// with `--resume` from what it kept, and ends whole: on one stripe, since Globus sends
+/// nothing of some stripes when REST names ranges already here.
+#[test]
+fn a_striped_download_from_globus_stopped_part_way_resumes_whole() {
+    use crate::util::{Stderr, braid_command, signal_process, wait_timeout};
+    use rustix::process::Signal;
+    use std::os::unix::fs::MetadataExt;
+    use std::time::Instant;
+    require("globus-gridftp-server");
+    let top = tempdir();
+    let home = top.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let content = random_bytes(192 << 20, 47);
+    std::fs::write(home.join("big.bin"), &content).unwrap();
+    let servers = start_striped_gridftp(&home, top.path());
+    let url = format!("ftp://127.0.0.1:{}/big.bin", servers[0].port);
+    let got = top.path().join("got.bin");
+    let mut child = braid_command(top.path())
+        .args(["get", &url, got.to_str().unwrap(), "-v"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = Stderr::follow(&mut child);
+    // Frozen once 8 MiB are written here: the nodes (and their children) stop sending.
+    let part = top.path().join("got.bin.part");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::metadata(&part).is_ok_and(|m| m.blocks() * 512 > 8 << 20)
+        && Instant::now() < deadline
+        && child.try_wait().unwrap().is_none()
+    {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for node in &servers[1..] {
+        node.signal(Signal::STOP);
+    }
+    let done_early = child.try_wait().unwrap().is_some();
+    signal_process(child.id(), Signal::INT);
+    let aborted = stderr.wait_for("> ABOR", Duration::from_secs(30));
+    for node in &servers[1..] {
+        node.signal(Signal::CONT);
+    }
+    assert!(aborted, "no ABOR after Ctrl-C");
+    let status = wait_timeout(&mut child, Duration::from_secs(30)).expect("braid hung");
+    assert!(!done_early, "the download ended before it could be stopped");
+    assert_eq!(status.code(), Some(7));
+    let (code, out, err) = braid(
+        &["get", &url, got.to_str().unwrap(), "--resume", "--json"],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read(&got).unwrap() == content, "download differs");
+    let v = crate::util::json(&out);
+    let resumed = v["resumed_from"].as_u64().unwrap_or_default();
+    assert!(resumed > 0 && resumed < content.len() as u64, "{v}");
+}
