@@ -8,6 +8,7 @@ pub mod cli;
 pub mod client;
 pub mod demo;
 pub mod engine;
+pub mod fanout;
 pub mod fsroot;
 pub mod lab;
 pub mod model;

@@ -394,24 +394,34 @@ fn connect(
             let listener = c.active_listener()?;
             c.restart_ranges(have)?;
             c.start_transfer(retr)?;
-            // A striped Globus front end has a data node of its choosing connect, from that
-            // node's address, which nothing names beforehand: any host is let in, and the
-            // whole file is checked with the server's CKSM at the end.
-            let admits = crate::engine::transfer::Admits {
-                anyone: c.gridftp_striped(),
-                ..crate::engine::transfer::Admits::client(c.peer().ip())
-            };
-            let accept = Accept {
-                listener,
-                peer: admits,
-                max: 4 * n as usize + 4,
-                buffer: opts.buffer,
-                timeout: Some(STALL),
-            };
-            Joins::accept(accept, STALL)
+            gridftp_joins(c, listener, 4 * n as usize + 4, opts.buffer)
         }
     };
     Ok((joins, false))
+}
+
+/// The data connections a GridFTP server opens to `listener`, at most `max`: from the control
+/// connection's peer; from any host for a striped Globus front end, which has a data node of
+/// its choosing connect from that node's address, named nowhere beforehand (the whole file
+/// is checked with the server's CKSM at the end).
+pub(super) fn gridftp_joins(
+    c: &Control,
+    listener: std::net::TcpListener,
+    max: usize,
+    buffer: Option<u64>,
+) -> Joins {
+    let admits = crate::engine::transfer::Admits {
+        anyone: c.gridftp_striped(),
+        ..crate::engine::transfer::Admits::client(c.peer().ip())
+    };
+    let accept = Accept {
+        listener,
+        peer: admits,
+        max,
+        buffer,
+        timeout: Some(STALL),
+    };
+    Joins::accept(accept, STALL)
 }
 
 #[cfg(test)]

@@ -372,9 +372,7 @@ impl Phase<'_> {
         Ok((verified, cksm_ahead))
     }
 
-    /// The whole-file check of a complete upload: a braid server checked the announced
-    /// checksum before its 226 (named here); a GridFTP server's CKSM is compared with this
-    /// file's.
+    /// [`check_upload`] of this upload.
     fn check(
         &self,
         c: &mut Control,
@@ -382,26 +380,41 @@ impl Phase<'_> {
         cksm_ahead: bool,
     ) -> Result<Option<String>> {
         let (file, len, path) = (self.file, self.len, &self.target.path);
-        match self.peer {
-            Peer::Braid if verified.is_none() => {
-                let sum =
-                    crate::sums::xxh3(file, len).map_err(local_err("cannot read the file"))?;
-                Ok(Some(format!("{} {}", checksum::NAME, checksum::hex(sum))))
-            }
-            Peer::Braid => Ok(verified),
-            Peer::GridFtp => {
-                let alg = self.peer.checksum(c);
-                let theirs = if cksm_ahead {
-                    c.final_reply_unless(|| false)?
-                        .and_then(|r| braid_proto::client::checksum_in(&r))
-                } else {
-                    c.checksum(alg, path)?
-                };
-                let local = crate::sums::named(alg, file, 0, len)
-                    .map_err(local_err("cannot read the file"))?;
-                let ours = "the file sent hashes to";
-                agree_with(theirs, alg, path, &local, ours, "")
-            }
+        check_upload(c, self.peer, file, len, path, verified, cksm_ahead)
+    }
+}
+
+/// The whole-file check of a complete upload of `len` bytes of `file` to `path`: a braid
+/// server checked the announced checksum before its 226 (`verified` names it; without one,
+/// this file's XXH3 is named); a GridFTP server's CKSM (already asked for, when `cksm_ahead`)
+/// is compared with this file's.
+pub(super) fn check_upload(
+    c: &mut Control,
+    peer: Peer,
+    file: &File,
+    len: u64,
+    path: &str,
+    verified: Option<String>,
+    cksm_ahead: bool,
+) -> Result<Option<String>> {
+    match peer {
+        Peer::Braid if verified.is_none() => {
+            let sum = crate::sums::xxh3(file, len).map_err(local_err("cannot read the file"))?;
+            Ok(Some(format!("{} {}", checksum::NAME, checksum::hex(sum))))
+        }
+        Peer::Braid => Ok(verified),
+        Peer::GridFtp => {
+            let alg = peer.checksum(c);
+            let theirs = if cksm_ahead {
+                c.final_reply_unless(|| false)?
+                    .and_then(|r| braid_proto::client::checksum_in(&r))
+            } else {
+                c.checksum(alg, path)?
+            };
+            let local =
+                crate::sums::named(alg, file, 0, len).map_err(local_err("cannot read the file"))?;
+            let ours = "the file sent hashes to";
+            agree_with(theirs, alg, path, &local, ours, "")
         }
     }
 }

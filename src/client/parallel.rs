@@ -218,19 +218,11 @@ pub fn open_and_start(
 ) -> Result<Vec<std::net::TcpStream>> {
     c.send_transfer(cmd)?;
     // All at once: each connection costs a round trip, and they need not wait for each other.
-    let socks: Vec<Result<TcpStream>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..n)
-            .map(|_| scope.spawn(move || open_data(addr, buffer)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(ClientError::Protocol("a connecting thread failed".into()))
-                })
-            })
-            .collect()
-    });
+    let socks = crate::fanout::at_once(
+        0..n,
+        |_| open_data(addr, buffer),
+        || Err(ClientError::Protocol("a connecting thread failed".into())),
+    );
     let started = c.transfer_started(cmd);
     // Elastic: a server that has already sent everything on the first connections closes its
     // listener, so a refused latecomer is no error.

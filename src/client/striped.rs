@@ -10,8 +10,8 @@
 //! download only to SPOR, so there this side listens, once per stripe, and its nodes connect.
 
 use super::Options;
-use super::block_get::Landing;
-use super::block_put::{Upload, announce};
+use super::block_get::{Landing, gridftp_joins};
+use super::block_put::{Upload, announce, check_upload};
 use super::control::Control;
 use super::detour::DataAddr;
 use super::error::{ClientError, Result};
@@ -21,11 +21,11 @@ use super::peer::{Peer, STALL, offers_elastic};
 use super::plan::{PathHint, Plan};
 use super::summary::{Summary, summary};
 use super::url::Target;
-use super::verify::{agree_with, verify};
+use super::verify::verify;
 use super::watch::Watch;
 use crate::engine;
 use crate::engine::send::{Blocks, Sent, Source};
-use crate::engine::transfer::{Accept, Admits, Joins, Transfer};
+use crate::engine::transfer::{Joins, Transfer};
 use braid_proto::Command;
 use braid_proto::checksum;
 use braid_proto::client::Direction;
@@ -57,26 +57,11 @@ pub fn offered(c: &Control) -> Option<Peer> {
 
 /// The data connections of one round: `per` to each node, opened at once.
 fn connect(addrs: &[DataAddr], per: u32, opts: &Options) -> Result<Vec<Joins>> {
-    let opened: Vec<Result<Vec<TcpStream>>> = std::thread::scope(|scope| {
-        let threads: Vec<_> = addrs
-            .iter()
-            .map(|addr| {
-                scope.spawn(move || {
-                    (0..per)
-                        .map(|_| open_data(addr, opts.buffer))
-                        .collect::<Result<Vec<_>>>()
-                })
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|t| {
-                t.join().unwrap_or_else(|_| {
-                    Err(ClientError::Protocol("a connecting thread failed".into()))
-                })
-            })
-            .collect()
-    });
+    let opened: Vec<Result<Vec<TcpStream>>> = crate::fanout::at_once(
+        addrs,
+        |addr| (0..per).map(|_| open_data(addr, opts.buffer)).collect(),
+        || Err(ClientError::Protocol("a connecting thread failed".into())),
+    );
     opened
         .into_iter()
         .map(|socks| socks.map(|s| Joins::fixed(s, STALL)))
@@ -97,26 +82,12 @@ const GRIDFTP_STRIPES: u32 = 4;
 
 /// The data connections of one round of a download from a Globus front end: it has its
 /// nodes connect (GridFTP sends only to SPOR), `stripes` listeners here, one connection
-/// each. A node connects from its own address, which nothing names beforehand: any host
-/// is let in, and the whole file is checked with the server's CKSM at the end.
+/// each, from whichever node.
 fn listen(c: &mut Control, stripes: usize, opts: &Options) -> Result<Vec<Joins>> {
-    let anyone = Admits {
-        anyone: true,
-        ..Admits::client(c.peer().ip())
-    };
     let listeners = c.striped_active(stripes)?;
     Ok(listeners
         .into_iter()
-        .map(|listener| {
-            let accept = Accept {
-                listener,
-                peer: anyone,
-                max: 4 * (stripes + 1),
-                buffer: opts.buffer,
-                timeout: Some(STALL),
-            };
-            Joins::accept(accept, STALL)
-        })
+        .map(|listener| gridftp_joins(c, listener, 4 * (stripes + 1), opts.buffer))
         .collect())
 }
 
@@ -329,29 +300,16 @@ pub fn put(
         let sent: Vec<std::result::Result<Sent, engine::EngineError>> = watch.run(
             round_transfers[0].abort(),
             || {
-                std::thread::scope(|scope| {
-                    let threads: Vec<_> = stripes
-                        .into_iter()
-                        .zip(round_transfers)
-                        .map(|(joins, transfer)| {
-                            let (blocks, progress) = (&blocks, &progress);
-                            scope.spawn(move || {
-                                let source = Source::File { file, size: len };
-                                engine::send::send_from(
-                                    transfer, source, blocks, joins, options, progress,
-                                )
-                            })
-                        })
-                        .collect();
-                    threads
-                        .into_iter()
-                        .map(|t| {
-                            t.join().unwrap_or_else(|_| {
-                                Err(engine::EngineError::Setup("a sending thread failed".into()))
-                            })
-                        })
-                        .collect()
-                })
+                crate::fanout::at_once(
+                    stripes.into_iter().zip(round_transfers),
+                    |(joins, transfer)| {
+                        let source = Source::File { file, size: len };
+                        engine::send::send_from(
+                            transfer, source, &blocks, joins, options, &progress,
+                        )
+                    },
+                    || Err(engine::EngineError::Setup("a sending thread failed".into())),
+                )
             },
             || {
                 watch
@@ -391,21 +349,8 @@ pub fn put(
         let Some(r) = c.final_reply_unless(|| false)? else {
             return Err(ClientError::Protocol("no final reply".into()));
         };
-        if (r.code == 226 || r.code == 250) && peer == Peer::GridFtp {
-            let alg = peer.checksum(c);
-            let theirs = c.checksum(alg, &target.path)?;
-            let local = crate::sums::named(alg, file, 0, len)
-                .map_err(super::job::local_err("cannot read the file"))?;
-            let ours = "the file sent hashes to";
-            verified = agree_with(theirs, alg, &target.path, &local, ours, "")?;
-            break;
-        }
         if r.code == 226 || r.code == 250 {
-            if verified.is_none() {
-                let sum = crate::sums::xxh3(file, len)
-                    .map_err(super::job::local_err("cannot read the file"))?;
-                verified = Some(format!("{} {}", checksum::NAME, checksum::hex(sum)));
-            }
+            verified = check_upload(c, peer, file, len, &target.path, verified, false)?;
             break;
         }
         // The stripes the front end says failed go again; those it stored are held.

@@ -5,7 +5,7 @@
 use super::compress::Unpacker;
 use super::sink::Sink;
 use super::tls::{DataConn, DataTls, refused};
-use super::transfer::{Accept, Joined, Joins, Link, LinkState, Transfer, join_loop};
+use super::transfer::{Joined, Joins, Link, LinkState, Transfer, join_loop};
 use super::{EngineError, FirstError, PIECE};
 use braid_proto::block::{BlockError, Completion, Connection, HEADER_LEN, Header, Next, desc};
 use braid_proto::checksum::ChunkSum;
@@ -263,7 +263,8 @@ pub fn receive_stripes(
         // Connections join a stripe while it runs: at its own listener (a striped download
         // that has the nodes connect, one listener per stripe), or opened by this side (one
         // stripe only: a striped download that connects opens all before it starts).
-        let mut accepts = Vec::new();
+        // The listeners, and the stripe each is for.
+        let (mut accepts, mut accepting) = (Vec::new(), Vec::new());
         let mut incoming = None;
         let mut stall = None;
         let mut tls_of = Vec::new();
@@ -280,7 +281,10 @@ pub fn receive_stripes(
                 spawn(stripe, s, reused, tls.clone());
             }
             stall.get_or_insert(its_stall);
-            accepts.extend(accept.map(|a| (stripe, a)));
+            if let Some(a) = accept {
+                accepts.push(a);
+                accepting.push(stripe);
+            }
             if let Some(rx) = opened {
                 if incoming.is_some() {
                     fail(EngineError::Setup(
@@ -297,16 +301,15 @@ pub fn receive_stripes(
             // With nothing to join, the transfer also ends when no connection is left (a
             // striped one whose node died: the others' stripes are in, its own never come).
             let closed = accepts.is_empty() && incoming.is_none();
-            let listeners: Vec<&Accept> = accepts.iter().map(|(_, a)| a).collect();
             let joined = join_loop(
-                &listeners,
+                &accepts,
                 incoming.as_ref().map(|(_, rx)| rx),
                 stall,
                 transfer,
                 || shared.complete() || (closed && transfer.open() == 0),
                 |from, s| {
                     let stripe = match from {
-                        Joined::Accepted(i) => accepts[i].0,
+                        Joined::Accepted(i) => accepting[i],
                         Joined::Opened => incoming.as_ref().map_or(0, |(stripe, _)| *stripe),
                     };
                     spawn(stripe, DataConn::Clear(s), false, tls_of[stripe].clone())
@@ -318,7 +321,7 @@ pub fn receive_stripes(
         }
         // The listener a later transfer may be connected to again (one stripe's only).
         if accepts.len() == 1 {
-            listener = accepts.pop().map(|(_, a)| a.listener);
+            listener = accepts.pop().map(|a| a.listener);
         }
         // Complete: every connection the sender counted has sent its EOD. Any other still
         // open is one the sender does not use: joined too late, or given up on (it broke on
@@ -846,7 +849,7 @@ mod tests {
     /// stripes are, and a stripe's connections may arrive after the other stripe ended.
     #[test]
     fn stripes_that_connect_each_to_its_own_listener_end_with_their_own_eof() {
-        use super::super::transfer::Admits;
+        use super::super::transfer::{Accept, Admits};
         use std::io::Write;
         use std::net::{TcpListener, TcpStream};
         use std::time::Duration;

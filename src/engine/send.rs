@@ -261,7 +261,7 @@ pub fn send_from(
         };
         if accept.is_some() || incoming.is_some() {
             let joined = join_loop(
-                &Vec::from_iter(&accept),
+                accept.as_slice(),
                 incoming.as_ref(),
                 stall,
                 transfer,

@@ -616,7 +616,7 @@ pub(super) enum Joined {
 /// Lets connections join until `done()`: to the listeners, from `incoming`, or both. Fails if
 /// nothing moves (no byte, no new connection) for `joins.stall`.
 pub(super) fn join_loop(
-    accepts: &[&Accept],
+    accepts: &[Accept],
     incoming: Option<&Receiver<TcpStream>>,
     stall: Duration,
     transfer: &Transfer,

@@ -92,16 +92,18 @@ pub struct Sending {
 
 impl Sending {
     /// `rtt`: the control connection's lowest round trip, the controller's first base.
-    /// `background`: the queueing delay background mode may add, when the server or the
-    /// client asks for it (the user's class may ask too, for the default).
+    /// Background mode, when the client asks for it (`asked`: the queueing delay it may add),
+    /// or the server (`--background`) or the user's class does (the default delay).
     pub fn new(
         class: Class,
-        background: Option<Duration>,
+        asked: Option<Duration>,
+        server_background: bool,
         uplink: Option<u64>,
         shares: &Arc<Shares>,
         rtt: Duration,
     ) -> Sending {
-        let target = background.or(class.background.then_some(background::TARGET));
+        let by_default = server_background || class.background;
+        let target = asked.or(by_default.then_some(background::TARGET));
         let background = target.map(|target| {
             let settings = Settings {
                 target,
@@ -212,7 +214,14 @@ mod tests {
             ..Class::default()
         };
         let moving = Transfer::new(true);
-        let mut s = Sending::new(class, None, Some(1000), &shares, Duration::from_millis(20));
+        let mut s = Sending::new(
+            class,
+            None,
+            false,
+            Some(1000),
+            &shares,
+            Duration::from_millis(20),
+        );
         assert!(s.steers() && !s.yields());
         s.tick(&moving);
         assert_eq!(moving.pacing(), Some(250), "a quarter of the uplink");
@@ -222,7 +231,7 @@ mod tests {
         s.client_asks(Some(100), &moving);
         assert_eq!(moving.pacing(), Some(100), "the client asked for less");
         let moving = Transfer::new(true);
-        let mut s = Sending::new(Class::default(), None, None, &shares, Duration::ZERO);
+        let mut s = Sending::new(Class::default(), None, false, None, &shares, Duration::ZERO);
         assert!(!s.steers());
         s.client_asks(Some(100), &moving);
         assert_eq!(moving.pacing(), Some(100));

@@ -193,30 +193,20 @@ impl Links {
         self.striped.clear();
         let front = self.front.clone();
         // All nodes at once: a first SPAS logs in to each, a few round trips apiece.
-        let answers: Vec<Result<SocketAddr, String>> = std::thread::scope(|scope| {
-            let threads: Vec<_> = self
-                .links
-                .iter_mut()
-                .enumerate()
-                .map(|(i, slot)| {
-                    let front = &front;
-                    scope.spawn(move || {
-                        if slot.is_none() {
-                            *slot = Some(connect(front, i)?);
-                        }
-                        let link = slot.as_mut().ok_or("not connected")?;
-                        link.control
-                            .passive_addr()
-                            .map(|a| a.target)
-                            .map_err(|e| e.to_string())
-                    })
-                })
-                .collect();
-            threads
-                .into_iter()
-                .map(|t| t.join().unwrap_or_else(|_| Err("the thread failed".into())))
-                .collect()
-        });
+        let answers: Vec<Result<SocketAddr, String>> = crate::fanout::at_once(
+            self.links.iter_mut().enumerate(),
+            |(i, slot)| {
+                if slot.is_none() {
+                    *slot = Some(connect(&front, i)?);
+                }
+                let link = slot.as_mut().ok_or("not connected")?;
+                link.control
+                    .passive_addr()
+                    .map(|a| a.target)
+                    .map_err(|e| e.to_string())
+            },
+            || Err("the thread failed".into()),
+        );
         let mut addrs = Vec::new();
         let mut why = Vec::new();
         for (i, got) in answers.into_iter().enumerate() {

@@ -98,10 +98,10 @@ pub(super) async fn transfer(
             let c = &io.config;
             // The client may ask for it (a copy between servers, whose path only this end sees).
             let asked = t.block.as_ref().and_then(|b| b.background);
-            let target = asked.map(|ms| Duration::from_millis(ms.into()));
             Some(pacing::Sending::new(
                 class,
-                target.or(c.background.then_some(engine::background::TARGET)),
+                asked.map(|ms| Duration::from_millis(ms.into())),
+                c.background,
                 c.uplink,
                 &c.shares,
                 rtt,

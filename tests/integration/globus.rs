@@ -133,26 +133,31 @@ fn globus_url_copy_reuses_data_connections_across_files() {
 
 /// A globus-gridftp-server serving `home` anonymously.
 pub fn start_gridftp(home: &std::path::Path) -> Daemon {
-    let program = sbin("globus-gridftp-server");
+    Daemon::start("globus-gridftp-server", |port| {
+        let mut c = gridftp_command(home, "ERROR");
+        c.args(["-p", &port.to_string()]);
+        c
+    })
+}
+
+/// globus-gridftp-server serving `home` anonymously on loopback, logging at `level`.
+fn gridftp_command(home: &std::path::Path, level: &str) -> Command {
     let user = std::env::var("USER")
         .ok()
         .filter(|u| !u.is_empty())
         .unwrap_or_else(|| "root".into());
-    Daemon::start("globus-gridftp-server", |port| {
-        let mut c = Command::new(&program);
-        c.args(["-aa", "-anonymous-user", &user, "-auth-level", "0", "-p"])
-            .arg(port.to_string())
-            .args([
-                "-control-interface",
-                "127.0.0.1",
-                "-data-interface",
-                "127.0.0.1",
-            ])
-            .arg("-home-dir")
-            .arg(home)
-            .args(["-allow-root", "-log-level", "ERROR"]);
-        c
-    })
+    let mut c = Command::new(sbin("globus-gridftp-server"));
+    c.args(["-aa", "-anonymous-user", &user, "-auth-level", "0"])
+        .args([
+            "-control-interface",
+            "127.0.0.1",
+            "-data-interface",
+            "127.0.0.1",
+        ])
+        .arg("-home-dir")
+        .arg(home)
+        .args(["-allow-root", "-log-level", level]);
+    c
 }
 
 #[test]
@@ -222,24 +227,11 @@ fn braid_get_and_put_against_globus_gridftp_server() {
 /// A striped globus-gridftp-server: two data nodes (`-dn`) and a front end (`-r`) over them,
 /// all serving `home` anonymously; each node logs into its own file.
 fn start_striped_gridftp(home: &std::path::Path, logs: &std::path::Path) -> Vec<Daemon> {
-    let program = sbin("globus-gridftp-server");
-    let common = |c: &mut Command| {
-        c.args(["-aa", "-anonymous-user", "root", "-auth-level", "0"])
-            .args([
-                "-control-interface",
-                "127.0.0.1",
-                "-data-interface",
-                "127.0.0.1",
-            ])
-            .arg("-home-dir")
-            .arg(home)
-            .args(["-allow-root", "-log-level", "ERROR,WARN,INFO"]);
-    };
+    let level = "ERROR,WARN,INFO";
     let mut daemons: Vec<Daemon> = (0..2)
         .map(|i| {
             Daemon::start("globus-gridftp-server -dn", |port| {
-                let mut c = Command::new(&program);
-                common(&mut c);
+                let mut c = gridftp_command(home, level);
                 c.args(["-dn", "-p", &port.to_string(), "-logfile"])
                     .arg(logs.join(format!("dn{i}.log")));
                 c
@@ -251,8 +243,7 @@ fn start_striped_gridftp(home: &std::path::Path, logs: &std::path::Path) -> Vec<
         .map(|d| format!("127.0.0.1:{}", d.port))
         .collect();
     let front = Daemon::start("globus-gridftp-server -r", |port| {
-        let mut c = Command::new(&program);
-        common(&mut c);
+        let mut c = gridftp_command(home, level);
         c.args(["-p", &port.to_string(), "-r", &nodes.join(",")]);
         c
     });

@@ -53,9 +53,7 @@ impl Features {
     /// `remote` storage interface (`DSI remote-13.24`), where a server alone has `DSI file-…`.
     /// Its SPAS lists the nodes.
     pub fn gridftp_striped(&self) -> bool {
-        self.lines
-            .iter()
-            .any(|f| f.strip_prefix("DSI REMOTE").is_some())
+        self.lines.iter().any(|f| f.starts_with("DSI REMOTE"))
     }
 
     /// MODE Z (draft-preston-ftpext-deflate): stream mode through zlib.
