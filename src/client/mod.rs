@@ -12,6 +12,7 @@
 
 mod block_get;
 mod block_put;
+mod bundle;
 mod channel;
 mod connect_back;
 pub(crate) mod control;

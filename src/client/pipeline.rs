@@ -98,14 +98,14 @@ pub struct Failed {
 }
 
 impl Failed {
-    fn file(error: ClientError) -> Failed {
+    pub(super) fn file(error: ClientError) -> Failed {
         Failed {
             error,
             session_broken: false,
         }
     }
 
-    fn session(error: ClientError) -> Failed {
+    pub(super) fn session(error: ClientError) -> Failed {
         Failed {
             error,
             session_broken: true,
@@ -115,7 +115,7 @@ impl Failed {
 
 /// Reads the start of a transfer asked for ahead: on the kept connections, or refused. A
 /// refused transfer's end, begun ahead, fails with it, and the refusal is the file's alone.
-fn started_on_kept(c: &mut Control, what: &str) -> std::result::Result<(), Failed> {
+pub(super) fn started_on_kept(c: &mut Control, what: &str) -> std::result::Result<(), Failed> {
     match c.outcome(Some(what.into())) {
         Ok(Outcome::Started { reused: true }) => Ok(()),
         Ok(o) => Err(Failed::session(ClientError::Protocol(format!(
@@ -152,7 +152,7 @@ fn checksum_behind(c: &mut Control) -> std::result::Result<Option<String>, Faile
 }
 
 /// What a file moved ahead reports, as `get` and `put` do for MODE E on kept connections.
-fn summary(
+pub(super) fn summary(
     op: &'static str,
     server: &Target,
     w: &Wanted,

@@ -82,6 +82,11 @@ pub struct Summary {
     /// A striped server: the most data nodes that moved this file at once.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_nodes: Option<u32>,
+    /// A tree's small file fetched with others as one transfer (a bundle from a braid
+    /// server): how many files that transfer carried. `streams`, `per_connection_bytes` and
+    /// `seconds` are then the bundle's, and its one checksum covered them all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<u32>,
     /// MODE E under TLS: the data connections' handshakes, full and resumed (a resumed one
     /// skips the certificate exchange).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -233,6 +238,7 @@ pub fn summary(
         background: None,
         new_data_connections: 1,
         data_nodes: None,
+        bundle: None,
         tls_handshakes: None,
         compression: None,
     }

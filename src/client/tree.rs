@@ -8,6 +8,7 @@
 //! listed, never followed, on either side.
 
 use super::Options;
+use super::bundle;
 use super::control::Control;
 use super::error::{ClientError, Result, exit};
 use super::inflight::Flight;
@@ -30,7 +31,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Instant;
 
 /// Deeper than this is a loop a server made up (or a tree nobody should mirror blindly).
 const MAX_DEPTH: usize = braid_proto::listing::TREE_DEPTH;
@@ -155,6 +156,8 @@ struct Job {
     /// Whether `size` comes from MLSD (exact) rather than a LIST line.
     exact: bool,
     mtime: Option<i64>,
+    /// A bundle that held it failed: it goes on its own, for its own answer.
+    alone: bool,
 }
 
 impl Job {
@@ -221,6 +224,7 @@ pub fn get_tree(
                 local: top.clone(),
                 size: r.text().trim().parse().ok(),
                 exact: true,
+                alone: false,
                 mtime: None,
             });
             continue;
@@ -259,11 +263,21 @@ pub fn get_tree(
         done(&s);
         Ok(Some(s))
     };
-    let ahead = |c: &mut Control, work: &Work, results: &Results, stop: &dyn Fn() -> bool| {
+    let sessions = tree.concurrency.max(1);
+    let ahead = |c: &mut Control, work: &Work, results: &Results, stop: &Stop<'_>| {
+        if bundle::offered(c, opts) {
+            let fetch = Fetch {
+                server: first,
+                opts,
+                update: tree.update,
+                done: &done,
+            };
+            return fetch.bundles(c, work, results, sessions, stop);
+        }
         if !pipeline::ready(c, opts, Direction::Download) {
             return true;
         }
-        get_ahead(c, work, results, first, tree.update, stop, &done)
+        get_ahead(c, work, results, first, tree.update, false, stop, &done)
     };
     work.run(c, &file_opts, tree, &mut out, one, ahead);
     // Deepest first: setting a directory's time is undone by writing into it.
@@ -297,6 +311,7 @@ pub fn put_tree(
                 local: source.clone(),
                 size: Some(meta.len()),
                 exact: true,
+                alone: false,
                 mtime: Some(unix_seconds(&meta)),
             });
         } else if meta.is_dir() {
@@ -333,7 +348,7 @@ pub fn put_tree(
         done(&s);
         Ok(Some(s))
     };
-    let ahead = |c: &mut Control, work: &Work, results: &Results, stop: &dyn Fn() -> bool| {
+    let ahead = |c: &mut Control, work: &Work, results: &Results, stop: &Stop<'_>| {
         if !pipeline::ready(c, opts, Direction::Upload) {
             return true;
         }
@@ -441,6 +456,7 @@ fn walk_remote(
                     local: local.join(&e.name),
                     size: e.size,
                     exact: e.raw.is_none(),
+                    alone: false,
                     mtime: e.modify,
                 }),
                 Some("dir") if depth + 1 >= MAX_DEPTH => out.refuse(
@@ -597,6 +613,7 @@ fn walk_local(
                     local: path,
                     size: Some(meta.len()),
                     exact: true,
+                    alone: false,
                     mtime: Some(unix_seconds(&meta)),
                 };
                 found.push((job, unix_seconds(&meta)));
@@ -699,6 +716,9 @@ struct Work {
 /// What each file came to, in the order they ended.
 type Results = Mutex<Vec<Moved>>;
 
+/// Whether Ctrl-C (or SIGTERM) asked the tree to stop; asked from any thread.
+type Stop<'a> = dyn Fn() -> bool + Sync + 'a;
+
 /// What one file came to.
 enum Moved {
     /// The bytes it moved.
@@ -750,10 +770,12 @@ impl Work {
     }
 
     fn is_empty(&self) -> bool {
-        self.jobs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
+        self.len() == 0
+    }
+
+    /// Files still waiting.
+    fn len(&self) -> usize {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     fn put_back(&self, job: Job) {
@@ -772,7 +794,7 @@ impl Work {
         tree: TreeOptions,
         out: &mut TreeSummary,
         one: impl Fn(&mut Control, &Job, &Options) -> Result<Option<Summary>> + Sync,
-        ahead: impl Fn(&mut Control, &Work, &Results, &dyn Fn() -> bool) -> bool + Sync,
+        ahead: impl Fn(&mut Control, &Work, &Results, &Stop<'_>) -> bool + Sync,
     ) {
         let crew = Crew {
             work: &self,
@@ -858,7 +880,7 @@ impl Crew<'_> {
         &self,
         mut c: Option<Control>,
         one: &(impl Fn(&mut Control, &Job, &Options) -> Result<Option<Summary>> + Sync),
-        ahead: &(impl Fn(&mut Control, &Work, &Results, &dyn Fn() -> bool) -> bool + Sync),
+        ahead: &(impl Fn(&mut Control, &Work, &Results, &Stop<'_>) -> bool + Sync),
     ) {
         let (work, interrupt) = (self.work, &self.interrupt);
         let stop = || interrupt.hit();
@@ -938,13 +960,7 @@ where
     /// Moves the files at the head of the queue that fit, as many asked for at a time as the
     /// path holds ([`Flight`]), until the head is a file that does not. False if the session
     /// broke: the files it had asked for and not moved go back to the queue.
-    fn run(
-        &self,
-        c: &mut Control,
-        work: &Work,
-        results: &Results,
-        stop: &dyn Fn() -> bool,
-    ) -> bool {
+    fn run(&self, c: &mut Control, work: &Work, results: &Results, stop: &Stop<'_>) -> bool {
         let mut flight = Flight::new(pipeline::AHEAD, self.most);
         let mut out: VecDeque<(Job, T, Instant)> = VecDeque::new();
         let give_back = |out: VecDeque<(Job, T, Instant)>| {
@@ -1009,36 +1025,229 @@ where
     }
 }
 
-/// Downloads the small files at the head of the queue requested ahead.
+/// Whether a file can be requested ahead (or in a bundle): known exactly, small, and not a
+/// partial with a record to resume from.
+fn fits_ahead(j: &Job, update: bool) -> bool {
+    j.exact
+        && j.mtime.is_some()
+        && j.size.is_some_and(|s| s <= pipeline::MAX_SIZE)
+        && !(update && records::sidecar_path(&super::part_path(&j.local)).exists())
+}
+
+/// What a download needs before it is asked for: None if it is up to date here.
+fn wanted(job: &Job, update: bool) -> Result<Option<Wanted>> {
+    if update && already_here(job, job.mtime) {
+        return Ok(None);
+    }
+    refuse_read_only(&Dest::File(job.local.clone()))?;
+    Ok(Some(Wanted {
+        remote: job.remote.clone(),
+        local: job.local.clone(),
+        size: job.size.unwrap_or(0),
+    }))
+}
+
+/// A tree's small files fetched in bundles ([`bundle`]).
+struct Fetch<'a, D> {
+    server: &'a Target,
+    opts: &'a Options,
+    update: bool,
+    done: &'a D,
+}
+
+impl<D: Fn(&Summary) + Sync> Fetch<'_, D> {
+    /// Fetches the files at the head of the queue in bundles, each a share of what is left
+    /// (so that the tree's sessions each take some) up to [`bundle::MOST_FILES`]; the next is
+    /// asked for while one arrives, so that the data connections never wait for a round
+    /// trip. Files a failed bundle held go one by one after it. False if the session broke.
+    fn bundles(
+        &self,
+        c: &mut Control,
+        work: &Work,
+        results: &Results,
+        sessions: usize,
+        stop: &Stop<'_>,
+    ) -> bool {
+        type Run = Vec<(Job, Wanted)>;
+        let mut out: VecDeque<(Run, bundle::Asked)> = VecDeque::new();
+        let give_back = |runs: Vec<Run>| {
+            for run in runs.into_iter().rev() {
+                for (job, _) in run.into_iter().rev() {
+                    work.put_back(job);
+                }
+            }
+        };
+        let files = |run: &Run| -> Vec<Wanted> { run.iter().map(|(_, w)| w.clone()).collect() };
+        // The session's first bundle opens its data connections, after its BNDL lines: the
+        // next may only be named once its RBND went.
+        let mut waiting_for_rbnd = false;
+        let mut most_bytes = bundle::FIRST_BYTES;
+        std::thread::scope(|scope| {
+            let mut committing = None;
+            loop {
+                while out.len() < BUNDLES_AHEAD && !waiting_for_rbnd && !stop() {
+                    let run = self.next_run(work, results, sessions, most_bytes);
+                    if run.is_empty() {
+                        break;
+                    }
+                    let rbnd = !out.is_empty() || c.session().can_reuse(Direction::Download);
+                    match bundle::request(c, &files(&run), rbnd) {
+                        Ok(asked) => out.push_back((run, asked)),
+                        Err(e) => {
+                            tracing::info!("asking for a bundle: {e}");
+                            let mut runs: Vec<Run> = out.into_iter().map(|(r, _)| r).collect();
+                            runs.push(run);
+                            give_back(runs);
+                            return false;
+                        }
+                    }
+                    waiting_for_rbnd = !rbnd;
+                }
+                let Some((run, asked)) = out.pop_front() else {
+                    // Files a failed bundle held go requested ahead on the connections it left,
+                    // or (none left) the first on its own, opening them.
+                    if stop() || !pipeline::ready(c, self.opts, Direction::Download) {
+                        return true;
+                    }
+                    let server = self.server;
+                    return get_ahead(c, work, results, server, self.update, true, stop, self.done);
+                };
+                let bytes = run.iter().map(|(_, w)| w.size).sum();
+                let moved = bundle::start(c, asked, bytes, self.opts).and_then(|started| {
+                    // Its RBND is out: the next may be asked for behind it now.
+                    waiting_for_rbnd = false;
+                    while out.len() + 1 < BUNDLES_AHEAD && !stop() {
+                        let next = self.next_run(work, results, sessions, most_bytes);
+                        if next.is_empty() {
+                            break;
+                        }
+                        match bundle::request(c, &files(&next), true) {
+                            Ok(asked) => out.push_back((next, asked)),
+                            Err(e) => {
+                                give_back(vec![next]);
+                                return Err(pipeline::Failed::session(e));
+                            }
+                        }
+                    }
+                    let (at, bytes) = (started.at, run.iter().map(|(_, w)| w.size).sum());
+                    let arrived = bundle::finish(c, &files(&run), started, self.server, stop);
+                    most_bytes = bundle::next_bytes(bytes, at.elapsed());
+                    arrived
+                });
+                match moved {
+                    // Named on a thread of its own while the next bundle's data arrives; its files
+                    // go one by one if that fails.
+                    Ok(arrived) => {
+                        if let Some(before) = committing.take() {
+                            let _ = std::thread::ScopedJoinHandle::join(before);
+                        }
+                        committing = Some(scope.spawn(move || match arrived.commit() {
+                            Ok(summaries) => {
+                                for ((job, _), s) in run.iter().zip(summaries) {
+                                    if let Some(m) = job.mtime {
+                                        set_mtime(&job.local, m);
+                                    }
+                                    (self.done)(&s);
+                                    work.record(job, Moved::Done(s.bytes), results);
+                                }
+                            }
+                            Err(e) => {
+                                tracing::info!(
+                                    "a bundle's files could not be named ({e}); they go one by one"
+                                );
+                                for (mut job, _) in run.into_iter().rev() {
+                                    job.alone = true;
+                                    work.put_back(job);
+                                }
+                            }
+                        }));
+                    }
+                    Err(f) => {
+                        tracing::info!(
+                            "a bundle of {} files failed ({}); they go one by one",
+                            run.len(),
+                            f.error
+                        );
+                        let alone: Run = run
+                            .into_iter()
+                            .map(|(mut job, w)| {
+                                job.alone = true;
+                                (job, w)
+                            })
+                            .collect();
+                        if f.session_broken {
+                            let mut runs = vec![alone];
+                            runs.extend(out.into_iter().map(|(r, _)| r));
+                            give_back(runs);
+                            return false;
+                        }
+                        // Behind any bundle still asked for, which may yet arrive.
+                        give_back(vec![alone]);
+                        waiting_for_rbnd = false;
+                    }
+                }
+            }
+        })
+    }
+
+    /// The next bundle's files from the head of the queue: a share of what is left, up to
+    /// the bundle's limits (files up to date or refused here are settled on the way).
+    fn next_run(
+        &self,
+        work: &Work,
+        results: &Results,
+        sessions: usize,
+        most_bytes: u64,
+    ) -> Vec<(Job, Wanted)> {
+        let update = self.update;
+        let most = (work.len() / sessions).clamp(64, bundle::MOST_FILES);
+        let (mut run, mut bytes) = (Vec::new(), 0);
+        while run.len() < most && bytes < most_bytes {
+            let bundled = |j: &Job| {
+                !j.alone
+                    && fits_ahead(j, update)
+                    && j.size.is_some_and(|s| s <= bundle::LARGEST_FILE)
+            };
+            let Some(job) = work.next_if(bundled) else {
+                break;
+            };
+            match wanted(&job, update) {
+                Ok(Some(w)) => {
+                    bytes += w.size;
+                    run.push((job, w));
+                }
+                Ok(None) => work.record(&job, Moved::UpToDate, results),
+                Err(e) => {
+                    let named = job.named(work.op);
+                    work.record(&job, Moved::Failed(named, e), results);
+                }
+            }
+        }
+        run
+    }
+}
+
+/// Bundles a session asks for before the oldest has arrived: the next is on its way while
+/// one arrives.
+const BUNDLES_AHEAD: usize = 2;
+
+/// Downloads the small files at the head of the queue requested ahead (with `alone`, only
+/// those a failed bundle held).
+#[allow(clippy::too_many_arguments)]
 fn get_ahead(
     c: &mut Control,
     work: &Work,
     results: &Results,
     server: &Target,
     update: bool,
-    stop: &dyn Fn() -> bool,
+    alone: bool,
+    stop: &Stop<'_>,
     done: &(impl Fn(&Summary) + Sync),
 ) -> bool {
     Ahead {
         most: pipeline::MOST_AHEAD,
-        // Known exactly, small, and not a partial with a record to resume from.
-        fits: |j: &Job| {
-            j.exact
-                && j.mtime.is_some()
-                && j.size.is_some_and(|s| s <= pipeline::MAX_SIZE)
-                && !(update && records::sidecar_path(&super::part_path(&j.local)).exists())
-        },
-        prepare: |job: &Job| {
-            if update && already_here(job, job.mtime) {
-                return Ok(None);
-            }
-            refuse_read_only(&Dest::File(job.local.clone()))?;
-            Ok(Some(Wanted {
-                remote: job.remote.clone(),
-                local: job.local.clone(),
-                size: job.size.unwrap_or(0),
-            }))
-        },
+        fits: |j: &Job| fits_ahead(j, update) && (j.alone || !alone),
+        prepare: |job: &Job| wanted(job, update),
         request: |c: &mut Control, ask: &mut [(Job, Wanted)]| {
             pipeline::request(c, ask.iter().map(|(_, w)| w))
         },
@@ -1060,7 +1269,7 @@ fn put_ahead(
     work: &Work,
     results: &Results,
     server: &Target,
-    stop: &dyn Fn() -> bool,
+    stop: &Stop<'_>,
     done: &(impl Fn(&Summary) + Sync),
 ) -> bool {
     let buf = std::cell::RefCell::new(Vec::new());
@@ -1233,15 +1442,20 @@ fn send_times(c: &mut Control, times: &mut Vec<Command>) {
 
 /// Gives a downloaded file or directory the server's modification time; a failure only
 /// loses the time.
+/// Sets a file's modification time by its name (one syscall: a tree sets thousands).
 fn set_mtime(path: &Path, unix: i64) {
-    let when = if unix >= 0 {
-        SystemTime::UNIX_EPOCH + Duration::from_secs(unix as u64)
-    } else {
-        SystemTime::UNIX_EPOCH - Duration::from_secs(unix.unsigned_abs())
+    use rustix::fs::{AtFlags, CWD, Timespec, Timestamps, UTIME_OMIT, utimensat};
+    let times = Timestamps {
+        last_access: Timespec {
+            tv_sec: 0,
+            tv_nsec: UTIME_OMIT,
+        },
+        last_modification: Timespec {
+            tv_sec: unix,
+            tv_nsec: 0,
+        },
     };
-    if let Ok(f) = std::fs::File::open(path) {
-        let _ = f.set_modified(when);
-    }
+    let _ = utimensat(CWD, path, &times, AtFlags::empty());
 }
 
 #[cfg(test)]
@@ -1264,6 +1478,7 @@ mod tests {
             local: PathBuf::from(format!("/tmp/x/{remote}")),
             size,
             exact: true,
+            alone: false,
             mtime: None,
         }
     }

@@ -11,6 +11,8 @@
 //! - [`roster`]: the sender's accounting (who is sending, what EOF will say) as a pure state
 //!   machine, with an in-memory model of the whole elastic protocol as its test.
 //! - [`sink`]: where received blocks go (a file at offsets, or in order to a stream).
+//! - [`bundle`]: many small files as one byte range, read by the sender and written by the
+//!   receiver.
 //! - [`stream`]: stream mode's copy loops (one connection, ASCII conversion, TLS), for client
 //!   and server; binary files in clear go by [`file_send`], which picks `sendfile` or a copy
 //!   by where the peer is.
@@ -29,6 +31,7 @@
 
 pub mod background;
 pub mod background_stream;
+pub mod bundle;
 pub mod compress;
 pub mod compress_level;
 pub mod file_send;

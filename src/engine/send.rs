@@ -26,8 +26,13 @@ use std::time::{Duration, Instant};
 /// Where the bytes come from.
 #[derive(Clone, Copy)]
 pub enum Source<'a> {
-    File { file: &'a File, size: u64 },
+    File {
+        file: &'a File,
+        size: u64,
+    },
     Memory(&'a [u8]),
+    /// Many files end to end (RBND).
+    Bundle(&'a super::bundle::Files<'a>),
 }
 
 impl Source<'_> {
@@ -35,6 +40,7 @@ impl Source<'_> {
         match self {
             Source::File { size, .. } => *size,
             Source::Memory(m) => m.len() as u64,
+            Source::Bundle(b) => b.layout.total(),
         }
     }
 }
@@ -714,6 +720,11 @@ impl State<'_> {
                             file.read_exact_at(piece, at).map_err(EngineError::Local)?;
                             piece
                         }
+                        Source::Bundle(files) => {
+                            let piece = &mut out.buffer()[..n];
+                            files.read_exact_at(piece, at).map_err(EngineError::Local)?;
+                            piece
+                        }
                         Source::Memory(m) => &m[at as usize..][..n],
                     };
                     if let Some(sum) = sum.as_deref_mut() {
@@ -850,6 +861,15 @@ fn read_block<'a>(
                 buf.resize(len, 0);
             }
             file.read_exact_at(&mut buf[..len], offset)
+                .map_err(EngineError::Local)?;
+            Ok(&buf[..len])
+        }
+        Source::Bundle(files) => {
+            if buf.len() < len {
+                buf.resize(len, 0);
+            }
+            files
+                .read_exact_at(&mut buf[..len], offset)
                 .map_err(EngineError::Local)?;
             Ok(&buf[..len])
         }

@@ -13,6 +13,8 @@ pub enum Sink {
     Ordered(Reorder),
     /// Data is checked and counted but not kept (benchmarks to /dev/null).
     Discard,
+    /// Many files end to end (a bundle).
+    Bundle(super::bundle::Writer),
 }
 
 impl Sink {
@@ -20,6 +22,7 @@ impl Sink {
         match self {
             Sink::File(f) => f.write_all_at(data, offset),
             Sink::Ordered(r) => r.write(offset, data),
+            Sink::Bundle(w) => w.write(offset, data),
             Sink::Discard => Ok(()),
         }
     }
@@ -29,7 +32,7 @@ impl Sink {
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Option<std::io::Result<()>> {
         match self {
             Sink::File(f) => Some(f.read_exact_at(buf, offset)),
-            Sink::Ordered(_) | Sink::Discard => None,
+            Sink::Ordered(_) | Sink::Discard | Sink::Bundle(_) => None,
         }
     }
 

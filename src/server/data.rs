@@ -3,6 +3,7 @@
 //! the socket down under it.
 
 use crate::engine::receive::Kept;
+use crate::engine::tls::DataConn;
 use crate::engine::sink::Sink;
 use crate::engine::stream::{self, CopyError};
 use crate::engine::transfer::{Joins, Transfer};
@@ -45,6 +46,11 @@ pub enum Job {
     List {
         text: Vec<u8>,
     },
+    /// RBND: files opened one by one as their bytes go, each at the size BNDL named.
+    Bundle {
+        root: Arc<crate::fsroot::Root>,
+        files: Vec<(braid_proto::VPath, u64)>,
+    },
 }
 
 /// A download's bytes, read whole before it starts, and the file's version then (for the
@@ -75,6 +81,25 @@ pub struct Finished {
     pub received: Option<(u64, Option<u128>)>,
     /// MODE E: the data connections left open for the session's next transfer.
     pub kept: Kept,
+    /// A bundle: what all it sent hashes to, which its 226 names.
+    pub checksum: Option<String>,
+}
+
+impl Finished {
+    /// What a MODE E download ends with: its bytes, the connections it leaves open and, for
+    /// a bundle, the checksum of all it sent.
+    fn sent(bytes: u64, socks: Vec<DataConn>, checksum: Option<String>) -> Finished {
+        Finished {
+            bytes,
+            upload: None,
+            received: None,
+            kept: Kept {
+                socks,
+                listener: None,
+            },
+            checksum,
+        }
+    }
 }
 
 /// Data connections for a MODE E transfer.
@@ -154,30 +179,35 @@ pub fn run_blocks(
             if let (Some(sum), Some(before)) = (&sent.sum, before) {
                 sums.remember(&file, before, sum.finish(size));
             }
-            Ok(Finished {
-                bytes: todo.len(),
-                upload: None,
-                received: None,
-                kept: Kept {
-                    socks: sent.kept,
-                    listener: None,
-                },
-            })
+            Ok(Finished::sent(todo.len(), sent.kept, None))
+        }
+        (Job::Bundle { root, files }, BlockConns::Send(socks)) => {
+            let layout = braid_proto::bundle::Layout::new(files.iter().map(|(_, n)| *n));
+            let open = |i: usize| bundle_file(&root, &files[i]);
+            let source = engine::bundle::Files {
+                layout: &layout,
+                open: &open,
+            };
+            let todo = have.missing(layout.total());
+            // Read through memory anyway (many files to a block): hashing it on the way is
+            // what lets the 226 name the checksum, with no second read.
+            let options = engine::send::Options {
+                hash: have.is_empty(),
+                ..keep(block)
+            };
+            let source = engine::send::Source::Bundle(&source);
+            let sent = engine::send::send(transfer, source, &todo, socks, options, &progress)
+                .map_err(engine)?;
+            let sum = sent.sum.map(|s| s.finish(layout.total()));
+            let sum = sum.map(braid_proto::checksum::hex);
+            Ok(Finished::sent(todo.len(), sent.kept, sum))
         }
         (Job::List { text }, BlockConns::Send(socks)) => {
             let todo: RangeSet = [(0, text.len() as u64)].into_iter().collect();
             let source = engine::send::Source::Memory(&text);
             let sent = engine::send::send(transfer, source, &todo, socks, keep(block), &progress)
                 .map_err(engine)?;
-            Ok(Finished {
-                bytes: text.len() as u64,
-                upload: None,
-                received: None,
-                kept: Kept {
-                    socks: sent.kept,
-                    listener: None,
-                },
-            })
+            Ok(Finished::sent(text.len() as u64, sent.kept, None))
         }
         (
             Job::Stor {
@@ -204,6 +234,7 @@ pub fn run_blocks(
             kept.listener = kept.listener.or(parked);
             if stripe {
                 return Ok(Finished {
+                    checksum: None,
                     bytes: transfer.per_link_bytes().iter().sum(),
                     upload: None,
                     received: None,
@@ -232,6 +263,7 @@ pub fn run_blocks(
                 ),
             };
             Ok(Finished {
+                checksum: None,
                 bytes: transfer.per_link_bytes().iter().sum(),
                 upload: Some((upload, file)),
                 received: Some((len, sum)),
@@ -253,6 +285,24 @@ fn room_for(file: &std::fs::File) -> Option<u64> {
 
 /// The server sends like the Globus server: without CLOSE, so that the client may send the
 /// next transfer command without a new PORT or PASV.
+/// A bundle's file, if it is still the size the client named: a file that changed since it
+/// was listed fails the bundle (the client then takes the files one by one, each checked).
+fn bundle_file(
+    root: &crate::fsroot::Root,
+    (path, size): &(braid_proto::VPath, u64),
+) -> std::io::Result<File> {
+    let (file, entry) = root
+        .open_read(path)
+        .map_err(|e| std::io::Error::other(format!("{path}: {e}")))?;
+    if entry.size != *size {
+        return Err(std::io::Error::other(format!(
+            "{path} is {} bytes now, not the {size} it was listed with",
+            entry.size
+        )));
+    }
+    Ok(file)
+}
+
 fn keep(block: u64) -> engine::send::Options {
     engine::send::Options {
         block,
@@ -371,6 +421,9 @@ fn move_copied<S: Read + Write>(
             };
             Ok((n, Some((upload, file, check))))
         }
+        Job::Bundle { .. } => Err(DataError::Local(FsError::Other(
+            "a bundle moves in MODE E only".into(),
+        ))),
         Job::List { text } => {
             let n = deflated(s, deflate, |out| {
                 out.write_all(&text).map_err(DataError::Net)?;
@@ -424,6 +477,7 @@ fn stream_finished(
         _ => None,
     };
     Ok(Finished {
+        checksum: None,
         bytes,
         upload: upload.map(|(u, f, _)| (u, f)),
         received,

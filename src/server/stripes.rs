@@ -134,6 +134,7 @@ pub(super) fn run(
             let bytes = order.have.missing(size).len();
             progress.store(bytes, Ordering::Relaxed);
             Ok(Finished {
+                checksum: None,
                 bytes,
                 upload: None,
                 received: None,
@@ -146,15 +147,16 @@ pub(super) fn run(
             let bytes = len.saturating_sub(order.have.len());
             progress.store(bytes, Ordering::Relaxed);
             Ok(Finished {
+                checksum: None,
                 bytes,
                 upload: Some((upload, file)),
                 received: Some((len, Some(sum))),
                 kept: Default::default(),
             })
         }
-        Job::List { .. } => Err(DataError::Local(braid_proto::session::FsError::Other(
-            "listings are not striped".into(),
-        ))),
+        Job::List { .. } | Job::Bundle { .. } => Err(DataError::Local(
+            braid_proto::session::FsError::Other("listings and bundles are not striped".into()),
+        )),
     }
 }
 

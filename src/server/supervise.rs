@@ -67,7 +67,7 @@ pub(super) async fn transfer(
             if drains {
                 io.drain_refused_upload().await;
             }
-            return conn.send(&e.reply(t.path())).await.is_ok();
+            return conn.send(&t.refusal(&e)).await.is_ok();
         }
     };
     if conn.send(&t.opening(size)).await.is_err() {
@@ -307,8 +307,9 @@ pub(super) async fn transfer(
             upload,
             received,
             kept,
+            checksum,
         })) => match upload {
-            None => complete(io, bytes, kept),
+            None => complete(io, bytes, kept, checksum),
             Some(_) if client_gone => {
                 TransferOutcome::ConnectionLost("client closed the control connection".into())
             }
@@ -360,7 +361,7 @@ pub(super) async fn transfer(
                             _ => {}
                         }
                         match committed {
-                            Ok(()) => complete(io, bytes, kept),
+                            Ok(()) => complete(io, bytes, kept, None),
                             Err(e) => TransferOutcome::Local(e),
                         }
                     }
@@ -466,12 +467,18 @@ enum Worker {
 }
 
 /// A finished transfer; what it leaves open waits for the next transfer the same way.
-fn complete(io: &mut Io, bytes: u64, kept: engine::receive::Kept) -> TransferOutcome {
+fn complete(
+    io: &mut Io,
+    bytes: u64,
+    kept: engine::receive::Kept,
+    checksum: Option<String>,
+) -> TransferOutcome {
     let reusable = !kept.socks.is_empty();
     io.cached = reusable.then_some(kept);
     TransferOutcome::Complete {
         bytes,
         kept: reusable,
+        checksum,
     }
 }
 

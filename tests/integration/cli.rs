@@ -407,6 +407,10 @@ fn put_resume_continues_a_broken_upload() {
         c.send("STOR up.bin");
         assert!(c.reply().starts_with("150 "));
         data.write_all(&content[..700_000]).unwrap();
+        // The control connection first: a data connection that ended first, with the session
+        // still open, would be an upload that ended there.
+        drop(c);
+        drop(data);
     }
     // The session has ended, and with it what the server does with a broken upload.
     server.wait_for_log("disconnected", 1);

@@ -952,6 +952,11 @@ fn files_requested_ahead_fail_alone_and_the_rest_arrive_whole() {
     };
     let f00_starts = at("< 125 Beginning transfer of /data/f00");
     assert!(at("> RETR data/f02") < f00_starts, "{stderr}");
+    // They were asked for as one bundle first, which the server refused for f20 before a
+    // byte moved, on a session that went on.
+    let refused = at("< 451 RBND of 40 files: /data/f20: ");
+    assert!(at("> RBND") < refused && refused < f00_starts, "{stderr}");
+    assert_eq!(stderr.matches("> USER").count(), 1, "{stderr}");
 }
 
 /// Small files go up announced ahead on one session: each file's checksum and STOR go out
@@ -1031,9 +1036,131 @@ fn files_announced_ahead_fail_alone_and_the_rest_arrive_whole() {
     );
 }
 
+/// From a braid server a tree's small files come as bundles: after the session's first
+/// file, the rest are named with BNDL and sent by one RBND, with no RETR, CKSM or transfer per
+/// file. Names that need percent-encoding on the command line (spaces, `%`), an
+/// empty file and files in several directories all arrive byte for byte with their times,
+/// and no partial is left behind.
+#[test]
+fn a_trees_small_files_come_as_one_bundle_with_their_names_and_times() {
+    let dir = tempdir();
+    let data = dir.path().join("served/data");
+    std::fs::create_dir_all(data.join("sub/deeper")).unwrap();
+    let mut names: Vec<String> = (0..300).map(|i| format!("f{i:03}")).collect();
+    names.extend(["z b%20c.txt", "sub/x y", "sub/deeper/leaf", "empty"].map(String::from));
+    for (i, name) in names.iter().enumerate() {
+        let f = data.join(name);
+        let len = if name == "empty" {
+            0
+        } else {
+            1 + (i * 997) % 9000
+        };
+        std::fs::write(&f, random_bytes(len, i as u64)).unwrap();
+        set_mtime(&f, KNOWN_MTIME + i as i64);
+    }
+    let server = Server::start(&dir.path().join("served"), &["--anonymous"]);
+    let got = dir.path().join("got");
+    let home = tempdir();
+    let out = crate::util::braid_command(home.path())
+        .args(["get", "-r", "-j", "1", "-v", "--json"])
+        .args([&server.url("data/"), got.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(tree_of(&got.join("data")), tree_of(&data));
+    for (i, name) in names.iter().enumerate() {
+        let mtime = std::fs::metadata(got.join("data").join(name))
+            .unwrap()
+            .mtime();
+        assert_eq!(mtime, KNOWN_MTIME + i as i64, "{name}");
+    }
+    // All in one bundle, which opened the session's data connections itself.
+    assert_eq!(stderr.matches("> RETR ").count(), 0, "{stderr}");
+    assert_eq!(stderr.matches("> RBND").count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("> BNDL ") && stderr.contains("z%20b%2520c.txt"),
+        "{stderr}"
+    );
+    let records = file_records(&stdout);
+    assert_eq!(records.len(), names.len());
+    let bundled = records
+        .iter()
+        .filter(|r| r["bundle"] == names.len())
+        .count();
+    assert_eq!(bundled, names.len(), "{stdout}");
+}
+
+/// Ctrl-C while a bundle arrives (paced by the server at 100 kB/s, so that it would take 40 s)
+/// stops it at once: exit 7, the tree interrupted, no file of the bundle named and no
+/// partial left; the next `--update` brings the whole tree.
+#[test]
+fn ctrl_c_stops_a_bundle_part_way_and_leaves_no_partial() {
+    let dir = tempdir();
+    let data = dir.path().join("served/data");
+    std::fs::create_dir_all(&data).unwrap();
+    for i in 0..100u64 {
+        std::fs::write(data.join(format!("f{i:03}")), random_bytes(80_000, i)).unwrap();
+    }
+    let server = Server::start(&dir.path().join("served"), &["--anonymous"]);
+    let got = dir.path().join("got");
+    let child = crate::util::braid_command(dir.path())
+        .args([
+            "get",
+            "-r",
+            "-j",
+            "1",
+            "-v",
+            "--json",
+            "--max-rate",
+            "100kB",
+        ])
+        .args([&server.url("data/"), got.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the first of its files has blocks written, the bundle is under way.
+    let first = got.join("data/f000.part");
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while !first.exists() {
+        assert!(std::time::Instant::now() < until, "no bundle under way");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    crate::util::signal_process(child.id(), rustix::process::Signal::INT);
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(7), "{stderr}");
+    assert!(stderr.contains("> RBND"), "{stderr}");
+    let s = tree_summary(&stdout);
+    assert_eq!(s["interrupted"], true, "{s}");
+    assert_eq!(s["files"], 0, "{s}");
+    let left: Vec<_> = std::fs::read_dir(got.join("data")).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    let (code, _, err) = braid(
+        &[
+            "get",
+            "-r",
+            "--update",
+            &server.url("data/"),
+            got.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(tree_of(&got.join("data")), tree_of(&data));
+}
+
 /// With `-n auto`, a tree's small files (600 KiB here: three blocks, which a file on its own
-/// would send over three connections) each go on one data connection, both ways: more would
-/// cost every file a thread per connection at both ends, for nothing.
+/// would send over three connections) each go on one data connection when they go one by
+/// one (uploads): more would cost every file a thread per connection at both ends, for
+/// nothing. Downloads come in bundles, whose connections are the bundle's.
 #[test]
 fn small_files_of_a_tree_each_go_on_one_data_connection() {
     let dir = tempdir();
@@ -1050,12 +1177,19 @@ fn small_files_of_a_tree_each_go_on_one_data_connection() {
     for (op, files) in put_then_get(&data, &up, &down, &got, "2") {
         assert_eq!(files.len(), 6, "{op}: {files:?}");
         for f in &files {
-            assert_eq!(f["streams"], 1, "{op}: {f}");
-            assert_eq!(
-                f["per_connection_bytes"],
-                serde_json::json!([600 << 10]),
-                "{op}: {f}"
-            );
+            let per_conn = f["per_connection_bytes"].as_array().unwrap();
+            let carried: u64 = per_conn.iter().map(|b| b.as_u64().unwrap()).sum();
+            match f["bundle"].as_u64() {
+                None => {
+                    assert_eq!(op, "put", "{f}");
+                    assert_eq!(f["streams"], 1, "{op}: {f}");
+                    assert_eq!(carried, 600 << 10, "{op}: {f}");
+                }
+                Some(n) => {
+                    assert_eq!(op, "get", "{f}");
+                    assert_eq!(carried, n * (600 << 10), "{op}: {f}");
+                }
+            }
         }
     }
     assert_eq!(tree_of(&got.join("data")), tree_of(&data));

@@ -98,6 +98,11 @@ impl Features {
         self.version("BRAID").unwrap_or(0) >= 4
     }
 
+    /// A braid server that sends many small files as one transfer (BNDL, RBND).
+    pub fn bundles(&self) -> bool {
+        self.has("BRAID-BUNDLE")
+    }
+
     /// The kind of MODE E peer, if any.
     pub fn block_peer(&self) -> Option<BlockPeer> {
         if self.has("BRAID") {

@@ -105,6 +105,11 @@ pub enum Command {
     /// `SPOR h1,h2,h3,h4,p1,p2 ...` (GridFTP striped port).
     Spor(Vec<SocketAddrV4>),
     Retr(String),
+    /// `BNDL SIZE:PATH ...` (braid): adds files, each at the size the client expects, to the
+    /// bundle the next RBND sends ([`crate::bundle`]).
+    Bundle(Vec<crate::bundle::Named>),
+    /// `RBND` (braid): sends the files BNDL named as one MODE E transfer.
+    RetrBundle,
     Stor(String),
     Appe(String),
     List(Option<String>),
@@ -314,6 +319,14 @@ impl Command {
                     })?,
             ),
             "RETR" => Command::Retr(path("RETR")?),
+            "BNDL" => {
+                let files = crate::bundle::decode(word).map_err(|e| bad("BNDL", e))?;
+                if files.is_empty() {
+                    return Err(ParseError::MissingArgument("BNDL"));
+                }
+                Command::Bundle(files)
+            }
+            "RBND" => Command::RetrBundle,
             "STOR" => Command::Stor(path("STOR")?),
             "APPE" => Command::Appe(path("APPE")?),
             "LIST" => Command::List(opt_arg()),
@@ -442,6 +455,8 @@ impl Command {
             Command::Pbsz(n) => format!("PBSZ {n}"),
             Command::Prot(l) => format!("PROT {l}"),
             Command::Retr(a) => with("RETR", a),
+            Command::Bundle(files) => format!("BNDL {}", crate::bundle::encode(files)),
+            Command::RetrBundle => "RBND".into(),
             Command::Stor(a) => with("STOR", a),
             Command::Appe(a) => with("APPE", a),
             Command::List(a) => opt("LIST", a),
@@ -481,11 +496,11 @@ impl Command {
 
 /// Every verb the parser knows (aliases such as XPWD included), for HELP and for tests.
 pub const KNOWN_VERBS: &[&str] = &[
-    "ABOR", "ACCT", "ALLO", "APPE", "AUTH", "CDUP", "CKSM", "CWD", "DELE", "EPRT", "EPSV", "FEAT",
-    "HELP", "LIST", "MDTM", "MFMT", "MKD", "MLSD", "MLSR", "MLST", "MODE", "MPRT", "MULT", "NLST",
-    "NOOP", "OPTS", "PASS", "PASV", "PBSZ", "PORT", "PROT", "PWD", "SBUF", "SCKS", "SPAS", "SPOR",
-    "QUIT", "REIN", "REST", "RETR", "RMD", "RNFR", "RNTO", "SITE", "SIZE", "STAT", "STOR", "STRU",
-    "SYST", "TYPE", "USER", "XCUP", "XCWD", "XMKD", "XPWD", "XRMD",
+    "ABOR", "ACCT", "ALLO", "APPE", "AUTH", "BNDL", "CDUP", "CKSM", "CWD", "DELE", "EPRT", "EPSV",
+    "FEAT", "HELP", "LIST", "MDTM", "MFMT", "MKD", "MLSD", "MLSR", "MLST", "MODE", "MPRT", "MULT",
+    "NLST", "NOOP", "OPTS", "PASS", "PASV", "PBSZ", "PORT", "PROT", "PWD", "SBUF", "SCKS", "SPAS",
+    "SPOR", "QUIT", "RBND", "REIN", "REST", "RETR", "RMD", "RNFR", "RNTO", "SITE", "SIZE", "STAT",
+    "STOR", "STRU", "SYST", "TYPE", "USER", "XCUP", "XCWD", "XMKD", "XPWD", "XRMD",
 ];
 
 fn bad(verb: &'static str, reason: impl ToString) -> ParseError {
@@ -685,6 +700,14 @@ mod tests {
             any::<u64>().prop_map(Command::Pbsz),
             prop_oneof![Just('C'), Just('S'), Just('E'), Just('P')].prop_map(Command::Prot),
             path_arg().prop_map(Command::Retr),
+            proptest::collection::vec((any::<u64>(), "[^\r\n\0]{1,12}"), 1..4).prop_map(|v| {
+                Command::Bundle(
+                    v.into_iter()
+                        .map(|(size, path)| crate::bundle::Named { size, path })
+                        .collect(),
+                )
+            }),
+            Just(Command::RetrBundle),
             path_arg().prop_map(Command::Stor),
             path_arg().prop_map(Command::Appe),
             opt_path().prop_map(Command::List),

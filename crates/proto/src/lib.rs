@@ -7,6 +7,7 @@
 pub mod addr;
 pub mod ascii;
 pub mod block;
+pub mod bundle;
 pub mod checksum;
 pub mod client;
 pub mod command;
@@ -128,6 +129,7 @@ pub mod fuzzing {
                         TransferOutcome::Complete {
                             bytes: 1,
                             kept: yes(),
+                            checksum: None,
                         }
                     } else {
                         TransferOutcome::ConnectionLost("gone".into())

@@ -292,6 +292,7 @@ impl Pair {
                     .unwrap_or(TransferOutcome::Complete {
                         bytes: size.unwrap_or(0),
                         kept: true,
+                        checksum: None,
                     });
                 let mut replies = vec![t.opening(size)];
                 replies.extend(self.server.transfer_done(&t, outcome));
@@ -349,6 +350,7 @@ impl Pair {
             _ => TransferOutcome::Complete {
                 bytes: moved,
                 kept: true,
+                checksum: None,
             },
         }
     }

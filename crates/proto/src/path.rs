@@ -37,6 +37,9 @@ pub struct VPath {
     parts: Vec<String>,
 }
 
+/// The root, for where a path is needed by reference and none is at hand.
+pub(crate) static ROOT: VPath = VPath { parts: Vec::new() };
+
 impl VPath {
     pub fn root() -> VPath {
         VPath::default()

@@ -24,6 +24,35 @@ pub(super) struct Pending {
 }
 
 impl Session {
+    /// BNDL: the files join the bundle, all or (if one cannot be named here) none; a refused
+    /// line leaves the bundle empty, so that the RBND behind it is refused too and the client
+    /// takes those files one by one.
+    fn add_to_bundle(&mut self, files: Vec<crate::bundle::Named>) -> Action {
+        if self.bundle.len() + files.len() > crate::bundle::MAX_FILES {
+            self.bundle.clear();
+            return Action::Reply(Reply::new(
+                504,
+                format!(
+                    "A bundle holds at most {} files; send RBND, then BNDL the rest.",
+                    crate::bundle::MAX_FILES
+                ),
+            ));
+        }
+        for f in files {
+            match self.cwd.join(&f.path) {
+                Ok(p) => self.bundle.push((p, f.size)),
+                Err(e) => {
+                    self.bundle.clear();
+                    return Action::Reply(path_error(e, &f.path));
+                }
+            }
+        }
+        Action::Reply(Reply::new(
+            200,
+            format!("The bundle holds {} files.", self.bundle.len()),
+        ))
+    }
+
     /// One file or transfer command from a logged-in user.
     pub(super) fn file_command(&mut self, cmd: Command, p: Pending) -> Action {
         let Pending {
@@ -108,6 +137,14 @@ impl Session {
             Command::Retr(arg) => {
                 let p = resolve!(&arg);
                 self.transfer(TransferKind::Retr(p), rest, rest_ranges, writable)
+            }
+            Command::Bundle(files) => self.add_to_bundle(files),
+            Command::RetrBundle => {
+                if self.bundle.is_empty() {
+                    return reply(503, "Name the files with BNDL first.");
+                }
+                let files = std::mem::take(&mut self.bundle);
+                self.transfer(TransferKind::Bundle(files), rest, rest_ranges, writable)
             }
             Command::Stor(arg) => {
                 let p = resolve!(&arg);

@@ -105,6 +105,8 @@ pub struct Session {
     third_party: Option<ThirdParty>,
     /// OPTS BRAID NODE (a data node): the front end's order for the next transfer.
     node_order: Option<crate::stripes::NodeOrder>,
+    /// BNDL: the files the next RBND sends, each at the size the client named.
+    bundle: Vec<(VPath, u64)>,
 }
 
 impl Session {
@@ -144,6 +146,7 @@ impl Session {
             protection: Protection::default(),
             third_party: None,
             node_order: None,
+            bundle: Vec::new(),
         }
     }
 
@@ -230,13 +233,15 @@ impl Session {
         // REST applies to the next transfer command. RFC 3659 wants it right before that
         // command, but clients also send it before PASV/EPSV, so those keep it.
         let rest = match cmd {
-            Command::Retr(_) | Command::Stor(_) | Command::Appe(_) => {
+            Command::Retr(_) | Command::Stor(_) | Command::Appe(_) | Command::RetrBundle => {
                 std::mem::take(&mut self.rest)
             }
             _ => 0,
         };
         let rest_ranges = match cmd {
-            Command::Retr(_) | Command::Stor(_) | Command::Appe(_) => self.rest_ranges.take(),
+            Command::Retr(_) | Command::Stor(_) | Command::Appe(_) | Command::RetrBundle => {
+                self.rest_ranges.take()
+            }
             _ => None,
         };
         let reply = |code, text: &str| Action::Reply(Reply::new(code, text));
@@ -304,6 +309,8 @@ impl Session {
             | Command::Cksm { .. }
             | Command::Scks { .. }
             | Command::Retr(_)
+            | Command::Bundle(_)
+            | Command::RetrBundle
             | Command::Stor(_)
             | Command::Appe(_)
             | Command::List(_)
@@ -412,6 +419,12 @@ impl Session {
                     "Only RETR and STOR are striped over data nodes; send PASV or EPSV first.",
                 ));
             }
+        }
+        if matches!(kind, TransferKind::Bundle(_)) && !self.extended {
+            return Action::Reply(Reply::new(
+                504,
+                "RBND moves its files in MODE E only: send MODE E, or RETR each file.",
+            ));
         }
         if stripe.is_some() && !(self.extended && matches!(endpoint, DataEndpoint::Passive(_))) {
             return Action::Reply(Reply::new(
@@ -817,6 +830,10 @@ impl Session {
             _ => None,
         };
         match outcome {
+            TransferOutcome::Complete {
+                checksum: Some(sum),
+                ..
+            } => vec![Reply::new(226, crate::bundle::ended(&sum))],
             TransferOutcome::Complete { .. } => vec![Reply::new(226, "Transfer complete.")],
             TransferOutcome::Aborted => vec![
                 Reply::new(426, "Connection closed; transfer aborted."),
@@ -837,7 +854,7 @@ impl Session {
             TransferOutcome::NotSecured(e) => {
                 vec![Reply::new(522, format!("Data connection refused: {e}."))]
             }
-            TransferOutcome::Local(e) => vec![e.reply(t.path())],
+            TransferOutcome::Local(e) => vec![t.refusal(&e)],
             TransferOutcome::Shutdown => vec![Reply::new(
                 426,
                 "Server is shutting down; transfer aborted.",
@@ -1310,6 +1327,67 @@ mod tests {
     }
 
     #[test]
+    fn a_bundle_names_files_where_retr_would_and_goes_in_mode_e_only() {
+        let named = |size, path: &str| crate::bundle::Named {
+            size,
+            path: path.into(),
+        };
+        let mut s = logged_in();
+        s.start_in(VPath::root().join("home/ann").unwrap());
+        assert_eq!(code(s.handle(Command::RetrBundle)), 503);
+        let bndl = |s: &mut Session, files| s.handle(Command::Bundle(files));
+        assert_eq!(
+            code(bndl(&mut s, vec![named(3, "a"), named(0, "d/b")])),
+            200
+        );
+        assert_eq!(code(bndl(&mut s, vec![named(9, "/etc/c")])), 200);
+        passive(&mut s);
+        // Stream mode: refused, and the bundle is gone with it.
+        assert_eq!(code(s.handle(Command::RetrBundle)), 504);
+        assert_eq!(code(s.handle(Command::Mode(Mode::Extended))), 200);
+        passive(&mut s);
+        assert_eq!(code(s.handle(Command::RetrBundle)), 503);
+        bndl(
+            &mut s,
+            vec![named(3, "a"), named(0, "d/b"), named(9, "/etc/c")],
+        );
+        let Action::Transfer(t) = s.handle(Command::RetrBundle) else {
+            panic!("no transfer")
+        };
+        let TransferKind::Bundle(files) = &t.kind else {
+            panic!("not a bundle: {:?}", t.kind)
+        };
+        let got: Vec<(String, u64)> = files.iter().map(|(p, n)| (p.relative(), *n)).collect();
+        assert_eq!(
+            got,
+            [("home/ann/a", 3), ("home/ann/d/b", 0), ("etc/c", 9)].map(|(p, n)| (p.to_string(), n))
+        );
+        assert_eq!(t.path().relative(), "home/ann/a");
+        // A path that leaves the root empties the bundle: RBND behind it is refused too.
+        bndl(&mut s, vec![named(1, "a")]);
+        assert_eq!(
+            code(bndl(&mut s, vec![named(1, "ok"), named(1, "x\0y")])) / 100,
+            5
+        );
+        passive(&mut s);
+        assert_eq!(code(s.handle(Command::RetrBundle)), 503);
+        // Its end names what was sent.
+        passive(&mut s);
+        bndl(&mut s, vec![named(1, "a")]);
+        let t = transfer(s.handle(Command::RetrBundle));
+        let done = TransferOutcome::Complete {
+            bytes: 1,
+            kept: true,
+            checksum: Some("00ff".into()),
+        };
+        let replies = s.transfer_done(&t, done);
+        assert_eq!(
+            crate::bundle::sum_in(&replies[0].text()),
+            Some("00ff".into())
+        );
+    }
+
+    #[test]
     fn mode_e_retr_carries_parallelism_and_restart_ranges() {
         let mut s = logged_in();
         assert_eq!(code(s.handle(Command::Mode(Mode::Extended))), 200);
@@ -1501,6 +1579,7 @@ mod tests {
             TransferOutcome::Complete {
                 bytes: 3,
                 kept: true,
+                checksum: None,
             },
         );
         assert!(s.keeps_data_connections());
@@ -1524,6 +1603,7 @@ mod tests {
             TransferOutcome::Complete {
                 bytes: 1,
                 kept: true,
+                checksum: None,
             },
         );
         assert_eq!(
@@ -1539,6 +1619,7 @@ mod tests {
             TransferOutcome::Complete {
                 bytes: 1,
                 kept: false,
+                checksum: None,
             },
         );
         assert_eq!(code(s.handle(Command::Stor("f".into()))), 425);
@@ -1551,6 +1632,7 @@ mod tests {
             TransferOutcome::Complete {
                 bytes: 3,
                 kept: true,
+                checksum: None,
             },
         );
         assert!(!s.keeps_data_connections());

@@ -153,6 +153,8 @@ pub enum ListStyle {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TransferKind {
     Retr(VPath),
+    /// RBND: the files BNDL named, each at the size named, end to end ([`crate::bundle`]).
+    Bundle(Vec<(VPath, u64)>),
     Stor(VPath),
     Appe(VPath),
     List(VPath, ListStyle),
@@ -162,7 +164,9 @@ impl TransferKind {
     pub fn direction(&self) -> Direction {
         match self {
             TransferKind::Stor(_) | TransferKind::Appe(_) => Direction::FromClient,
-            TransferKind::Retr(_) | TransferKind::List(..) => Direction::ToClient,
+            TransferKind::Retr(_) | TransferKind::Bundle(_) | TransferKind::List(..) => {
+                Direction::ToClient
+            }
         }
     }
 }
@@ -323,6 +327,8 @@ pub enum TransferOutcome {
         bytes: u64,
         /// MODE E: the data connections stayed open for the next transfer.
         kept: bool,
+        /// What all the data sent hashes to, for a transfer whose end names it (a bundle).
+        checksum: Option<String>,
     },
     /// The client sent ABOR.
     Aborted,
@@ -409,6 +415,7 @@ impl Transfer {
         if self.endpoint == DataEndpoint::Cached {
             let what = match (&self.kind, size) {
                 (TransferKind::Retr(p), Some(n)) => format!(" of {p} ({n} bytes)"),
+                (TransferKind::Bundle(files), _) => format!(" of {} files", files.len()),
                 (TransferKind::List(..), _) => String::new(),
                 _ => format!(" of {}", self.path()),
             };
@@ -425,9 +432,27 @@ impl Transfer {
             (TransferKind::Retr(p) | TransferKind::Stor(p) | TransferKind::Appe(p), _) => {
                 format!("Opening {mode} mode data connection for {p}.")
             }
+            (TransferKind::Bundle(files), _) => {
+                format!(
+                    "Opening {mode} mode data connection for {} files.",
+                    files.len()
+                )
+            }
             (TransferKind::List(..), _) => "Here comes the directory listing.".to_string(),
         };
         Reply::new(150, text)
+    }
+
+    /// Why it could not be done: a file's error names the file; a bundle's names the file
+    /// of the bundle that failed in its own text.
+    pub fn refusal(&self, e: &FsError) -> Reply {
+        match &self.kind {
+            TransferKind::Bundle(files) => Reply::new(
+                e.reply(self.path()).code,
+                format!("RBND of {} files: {e}.", files.len()),
+            ),
+            _ => e.reply(self.path()),
+        }
     }
 
     pub fn direction(&self) -> Direction {
@@ -440,6 +465,8 @@ impl Transfer {
             | TransferKind::Stor(p)
             | TransferKind::Appe(p)
             | TransferKind::List(p, _) => p,
+            // Named by its first file (RBND refuses an empty bundle).
+            TransferKind::Bundle(files) => files.first().map_or(&crate::path::ROOT, |(p, _)| p),
         }
     }
 }
