@@ -50,20 +50,22 @@ pub struct TreeArgs {
     /// re-run after an interruption moves only what is missing.
     #[arg(long, requires = "recursive")]
     pub update: bool,
-    /// With -r: sessions at once, each moving its own files.
+    /// With -r: sessions at once, each moving its own files [default: 4; 1 where a braid
+    /// server sends every file in bundles].
     ///
-    /// Small files go many at a time on each session, as many as the path holds; large ones
-    /// one at a time, with their -n connections each. Lower it for servers that limit
+    /// Small files go many at a time on each session, as many as the path holds (from a
+    /// braid server, as bundles: many files in one transfer on parallel connections); large
+    /// ones one at a time, with their -n connections each. Lower it for servers that limit
     /// sessions per client (a refused session leaves its files to the others).
-    #[arg(short = 'j', long, default_value_t = 4, value_name = "N", requires = "recursive",
+    #[arg(short = 'j', long, value_name = "N", requires = "recursive",
           value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub concurrency: u16,
+    pub concurrency: Option<u16>,
 }
 
 impl TreeArgs {
     pub fn options(&self) -> client::tree::TreeOptions {
         client::tree::TreeOptions {
-            concurrency: self.concurrency.into(),
+            concurrency: self.concurrency.map(usize::from),
             update: self.update,
         }
     }

@@ -3,9 +3,9 @@
 //! the socket down under it.
 
 use crate::engine::receive::Kept;
-use crate::engine::tls::DataConn;
 use crate::engine::sink::Sink;
 use crate::engine::stream::{self, CopyError};
+use crate::engine::tls::DataConn;
 use crate::engine::transfer::{Joins, Transfer};
 use crate::engine::{self, EngineError};
 use crate::fsroot::{Upload, io_to_fs};
