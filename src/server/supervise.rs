@@ -402,21 +402,28 @@ pub(super) async fn transfer(
     if let Some(live) = live {
         live.end(bytes, outcome.word());
         if let Some(log) = &io.config.xferlog {
-            let path = t.path().to_string();
-            log.write(&super::xferlog::Entry {
-                at: SystemTime::now(),
-                took: started.elapsed(),
-                host: braid_proto::session::canonical_ip(io.peer.ip()),
-                bytes,
-                path: &root.path().join(path.trim_start_matches('/')),
-                ascii: t.ascii,
-                upload: is_upload,
-                user: match user {
-                    Some(name) => super::xferlog::User::Account(name),
-                    None => super::xferlog::User::Anonymous(io.anonymous_id.as_deref()),
-                },
-                complete: matches!(outcome, TransferOutcome::Complete { .. }),
-            });
+            // A line per file, as for files sent one by one: a bundle's each at its size.
+            let files = match &t.kind {
+                TransferKind::Bundle(files) => files.clone(),
+                _ => vec![(t.path().clone(), bytes)],
+            };
+            for (path, bytes) in files {
+                let path = path.to_string();
+                log.write(&super::xferlog::Entry {
+                    at: SystemTime::now(),
+                    took: started.elapsed(),
+                    host: braid_proto::session::canonical_ip(io.peer.ip()),
+                    bytes,
+                    path: &root.path().join(path.trim_start_matches('/')),
+                    ascii: t.ascii,
+                    upload: is_upload,
+                    user: match user {
+                        Some(name) => super::xferlog::User::Account(name),
+                        None => super::xferlog::User::Anonymous(io.anonymous_id.as_deref()),
+                    },
+                    complete: matches!(outcome, TransferOutcome::Complete { .. }),
+                });
+            }
         }
     }
     if client_gone {

@@ -1058,7 +1058,11 @@ fn a_trees_small_files_come_as_one_bundle_with_their_names_and_times() {
         std::fs::write(&f, random_bytes(len, i as u64)).unwrap();
         set_mtime(&f, KNOWN_MTIME + i as i64);
     }
-    let server = Server::start(&dir.path().join("served"), &["--anonymous"]);
+    let xferlog = dir.path().join("xferlog");
+    let server = Server::start(
+        &dir.path().join("served"),
+        &["--anonymous", "--xferlog", xferlog.to_str().unwrap()],
+    );
     let got = dir.path().join("got");
     let home = tempdir();
     let out = crate::util::braid_command(home.path())
@@ -1092,6 +1096,12 @@ fn a_trees_small_files_come_as_one_bundle_with_their_names_and_times() {
         .filter(|r| r["bundle"] == names.len())
         .count();
     assert_eq!(bundled, names.len(), "{stdout}");
+    // The server's transfer log has a line for each file, at its own size.
+    let log = std::fs::read_to_string(&xferlog).unwrap();
+    assert_eq!(log.lines().count(), names.len(), "{log}");
+    let f299 = log.lines().find(|l| l.contains("/data/f299")).unwrap();
+    let size = std::fs::metadata(data.join("f299")).unwrap().len();
+    assert!(f299.contains(&format!(" {size} ")), "{f299}");
 }
 
 /// Ctrl-C while a bundle arrives (paced by the server at 100 kB/s, so that it would take 40 s)

@@ -16,6 +16,10 @@ use crate::checksum;
 /// their names in memory until RBND.
 pub const MAX_FILES: usize = 100_000;
 
+/// Bytes of names one bundle may hold (with [`MAX_FILES`], what a session can make the
+/// server keep: long paths by the thousand would otherwise be hundreds of megabytes).
+pub const MAX_NAME_BYTES: usize = 16 << 20;
+
 /// A file in a bundle: its size, and its path as the client names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Named {

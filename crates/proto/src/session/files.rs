@@ -28,13 +28,18 @@ impl Session {
     /// line leaves the bundle empty, so that the RBND behind it is refused too and the client
     /// takes those files one by one.
     fn add_to_bundle(&mut self, files: Vec<crate::bundle::Named>) -> Action {
-        if self.bundle.len() + files.len() > crate::bundle::MAX_FILES {
+        let adding: usize = files.iter().map(|f| f.path.len()).sum();
+        if self.bundle.len() + files.len() > crate::bundle::MAX_FILES
+            || self.bundle_names + adding > crate::bundle::MAX_NAME_BYTES
+        {
             self.bundle.clear();
+            self.bundle_names = 0;
             return Action::Reply(Reply::new(
                 504,
                 format!(
-                    "A bundle holds at most {} files; send RBND, then BNDL the rest.",
-                    crate::bundle::MAX_FILES
+                    "A bundle holds at most {} files and {} MiB of names; send RBND, then BNDL the rest.",
+                    crate::bundle::MAX_FILES,
+                    crate::bundle::MAX_NAME_BYTES >> 20
                 ),
             ));
         }
@@ -43,10 +48,12 @@ impl Session {
                 Ok(p) => self.bundle.push((p, f.size)),
                 Err(e) => {
                     self.bundle.clear();
+                    self.bundle_names = 0;
                     return Action::Reply(path_error(e, &f.path));
                 }
             }
         }
+        self.bundle_names += adding;
         Action::Reply(Reply::new(
             200,
             format!("The bundle holds {} files.", self.bundle.len()),
@@ -144,6 +151,7 @@ impl Session {
                     return reply(503, "Name the files with BNDL first.");
                 }
                 let files = std::mem::take(&mut self.bundle);
+                self.bundle_names = 0;
                 self.transfer(TransferKind::Bundle(files), rest, rest_ranges, writable)
             }
             Command::Stor(arg) => {

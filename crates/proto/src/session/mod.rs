@@ -107,6 +107,8 @@ pub struct Session {
     node_order: Option<crate::stripes::NodeOrder>,
     /// BNDL: the files the next RBND sends, each at the size the client named.
     bundle: Vec<(VPath, u64)>,
+    /// The bytes of the names in `bundle`, as sent.
+    bundle_names: usize,
 }
 
 impl Session {
@@ -147,6 +149,7 @@ impl Session {
             third_party: None,
             node_order: None,
             bundle: Vec::new(),
+            bundle_names: 0,
         }
     }
 
@@ -1369,6 +1372,16 @@ mod tests {
             code(bndl(&mut s, vec![named(1, "ok"), named(1, "x\0y")])) / 100,
             5
         );
+        passive(&mut s);
+        assert_eq!(code(s.handle(Command::RetrBundle)), 503);
+        // Names past the cap (a hostile client's thousands of long paths) are refused.
+        let long = format!("{}/", "d".repeat(250)).repeat(15);
+        let line: Vec<_> = (0..100).map(|i| named(1, &format!("{long}{i}"))).collect();
+        let taken = (0..100)
+            .take_while(|_| code(bndl(&mut s, line.clone())) == 200)
+            .count();
+        // 100 names of 3.8 kB a line: the cap (16 MiB) falls in the 45th.
+        assert_eq!(taken, 44);
         passive(&mut s);
         assert_eq!(code(s.handle(Command::RetrBundle)), 503);
         // Its end names what was sent.
