@@ -76,6 +76,14 @@ pub struct Asked {
     rbnd: bool,
 }
 
+impl Asked {
+    /// Its RBND is still to go, on data connections it opens: no bundle may be named behind
+    /// it before that, or its BNDL lines would join this one.
+    pub fn opens_connections(&self) -> bool {
+        !self.rbnd
+    }
+}
+
 /// Asks for `files` as one bundle, behind whatever was asked for before: their BNDL lines
 /// and, where the session has data connections to carry it (or will have, once the transfer
 /// ahead of it ends), RBND and its end.

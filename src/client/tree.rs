@@ -1100,30 +1100,42 @@ impl<D: Fn(&Summary) + Sync> Fetch<'_, D> {
             }
         };
         let files = |run: &Run| -> Vec<Wanted> { run.iter().map(|(_, w)| w.clone()).collect() };
-        // The session's first bundle opens its data connections, after its BNDL lines: the
-        // next may only be named once its RBND went.
-        let mut waiting_for_rbnd = false;
         let mut most_bytes = bundle::FIRST_BYTES;
+        // Asks for bundles until BUNDLES_AHEAD are out (`started`: one more is under way). The
+        // session's first opens its data connections after its BNDL lines, so none may be
+        // named behind it until its RBND went. Err: the session broke; the run being asked
+        // for is back in the queue, those in `out` are the caller's.
+        let ask = |c: &mut Control,
+                   out: &mut VecDeque<(Run, bundle::Asked)>,
+                   started: bool,
+                   most_bytes: u64|
+         -> Result<()> {
+            while out.len() + usize::from(started) < BUNDLES_AHEAD
+                && !out.back().is_some_and(|(_, a)| a.opens_connections())
+                && !stop()
+            {
+                let run = self.next_run(work, results, sessions, most_bytes);
+                if run.is_empty() {
+                    break;
+                }
+                let rbnd = started || !out.is_empty() || c.session().can_reuse(Direction::Download);
+                match bundle::request(c, &files(&run), rbnd) {
+                    Ok(asked) => out.push_back((run, asked)),
+                    Err(e) => {
+                        give_back(vec![run]);
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(())
+        };
         std::thread::scope(|scope| {
             let mut committing = None;
             loop {
-                while out.len() < BUNDLES_AHEAD && !waiting_for_rbnd && !stop() {
-                    let run = self.next_run(work, results, sessions, most_bytes);
-                    if run.is_empty() {
-                        break;
-                    }
-                    let rbnd = !out.is_empty() || c.session().can_reuse(Direction::Download);
-                    match bundle::request(c, &files(&run), rbnd) {
-                        Ok(asked) => out.push_back((run, asked)),
-                        Err(e) => {
-                            tracing::info!("asking for a bundle: {e}");
-                            let mut runs: Vec<Run> = out.into_iter().map(|(r, _)| r).collect();
-                            runs.push(run);
-                            give_back(runs);
-                            return false;
-                        }
-                    }
-                    waiting_for_rbnd = !rbnd;
+                if let Err(e) = ask(c, &mut out, false, most_bytes) {
+                    tracing::info!("asking for a bundle: {e}");
+                    give_back(out.into_iter().map(|(r, _)| r).collect());
+                    return false;
                 }
                 let Some((run, asked)) = out.pop_front() else {
                     // Files a failed bundle held go requested ahead on the connections it left,
@@ -1137,21 +1149,8 @@ impl<D: Fn(&Summary) + Sync> Fetch<'_, D> {
                 let bytes = run.iter().map(|(_, w)| w.size).sum();
                 let moved = bundle::start(c, asked, bytes, self.opts).and_then(|started| {
                     // Its RBND is out: the next may be asked for behind it now.
-                    waiting_for_rbnd = false;
-                    while out.len() + 1 < BUNDLES_AHEAD && !stop() {
-                        let next = self.next_run(work, results, sessions, most_bytes);
-                        if next.is_empty() {
-                            break;
-                        }
-                        match bundle::request(c, &files(&next), true) {
-                            Ok(asked) => out.push_back((next, asked)),
-                            Err(e) => {
-                                give_back(vec![next]);
-                                return Err(pipeline::Failed::session(e));
-                            }
-                        }
-                    }
-                    let (at, bytes) = (started.at, run.iter().map(|(_, w)| w.size).sum());
+                    ask(c, &mut out, true, most_bytes).map_err(pipeline::Failed::session)?;
+                    let at = started.at;
                     let arrived = bundle::finish(c, &files(&run), started, self.server, stop);
                     most_bytes = bundle::next_bytes(bytes, at.elapsed());
                     arrived
@@ -1205,7 +1204,6 @@ impl<D: Fn(&Summary) + Sync> Fetch<'_, D> {
                         }
                         // Behind any bundle still asked for, which may yet arrive.
                         give_back(vec![alone]);
-                        waiting_for_rbnd = false;
                     }
                 }
             }
