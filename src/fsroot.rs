@@ -318,7 +318,8 @@ pub enum UploadStart {
 /// target's name only when the transfer completes.
 #[derive(Debug)]
 pub struct Upload {
-    dir: OwnedFd,
+    /// Shared by a stored bundle's files in one directory (each would hold a descriptor).
+    dir: std::sync::Arc<OwnedFd>,
     name: String,
     part: String,
 }
@@ -326,11 +327,15 @@ pub struct Upload {
 impl Upload {
     fn locate(root: &Root, p: &VPath) -> Result<Upload, FsError> {
         let (dir, name) = root.parent_of(p)?;
-        Ok(Upload {
+        Ok(Upload::in_dir(std::sync::Arc::new(dir), name))
+    }
+
+    fn in_dir(dir: std::sync::Arc<OwnedFd>, name: &str) -> Upload {
+        Upload {
             part: part_name(name),
             name: name.to_string(),
             dir,
-        })
+        }
     }
 
     /// Opens the partial file another server is writing (a striped front end, which holds its
@@ -354,7 +359,11 @@ impl Upload {
         p: &VPath,
         start: UploadStart,
     ) -> Result<(Upload, File, u64), FsError> {
-        let up = Upload::locate(root, p)?;
+        Upload::locate(root, p)?.start(start)
+    }
+
+    fn start(self, start: UploadStart) -> Result<(Upload, File, u64), FsError> {
+        let up = self;
         if let Ok(st) = rustix::fs::statat(&up.dir, up.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
             && st.st_mode & 0o170000 == 0o040000
         {
@@ -499,5 +508,105 @@ impl Upload {
                 .map_err(errno_to_fs);
         drop(file);
         renamed
+    }
+}
+
+/// A bundle's files being stored (SBND): each one's partial created empty and held open and
+/// locked, as a STOR's is, and the time each takes. All take their names together once the
+/// bundle is whole and checked; dropped before that, the partials are removed (a bundle is
+/// not resumed: the client sends it again, or its files one by one).
+pub struct Partials {
+    uploads: Vec<Upload>,
+    files: std::sync::Arc<[File]>,
+    times: Vec<Option<i64>>,
+    /// The first this many are named (a commit that failed part-way leaves the rest).
+    named: usize,
+}
+
+impl Partials {
+    /// Creates the partial of every file; the first that cannot be is the error, naming it.
+    pub fn open(root: &Root, files: &[(VPath, u64, Option<i64>)]) -> Result<Partials, FsError> {
+        let mut uploads = Vec::with_capacity(files.len());
+        let mut opened = Vec::with_capacity(files.len());
+        let mut dir: Option<(VPath, std::sync::Arc<OwnedFd>)> = None;
+        let named = |p: &VPath, e: FsError| FsError::Other(format!("{p}: {e}"));
+        for (p, _, _) in files {
+            let (Some(parent), Some(name)) = (p.parent(), p.file_name()) else {
+                return Err(named(p, FsError::PermissionDenied));
+            };
+            let fd = match &dir {
+                Some((d, fd)) if *d == parent => fd.clone(),
+                _ => {
+                    let fd = root
+                        .open_at(&parent, OFlags::PATH | OFlags::DIRECTORY)
+                        .map_err(|e| named(p, e))?;
+                    let fd = std::sync::Arc::new(fd);
+                    dir = Some((parent, fd.clone()));
+                    fd
+                }
+            };
+            // Partials already made are removed with `uploads` on the way out.
+            let (up, file, _) = match Upload::in_dir(fd, name).start(UploadStart::At(0)) {
+                Ok(started) => started,
+                Err(e) => {
+                    drop(Partials {
+                        uploads,
+                        files: opened.into(),
+                        times: Vec::new(),
+                        named: 0,
+                    });
+                    return Err(named(p, e));
+                }
+            };
+            uploads.push(up);
+            opened.push(file);
+        }
+        Ok(Partials {
+            uploads,
+            files: opened.into(),
+            times: files.iter().map(|(_, _, t)| *t).collect(),
+            named: 0,
+        })
+    }
+
+    /// The open partials, in the bundle's order, for the data to land in.
+    pub fn files(&self) -> std::sync::Arc<[File]> {
+        self.files.clone()
+    }
+
+    /// Names every file, after their data is on disk: one `syncfs` for them all (a file stored
+    /// alone syncs its own data; thousands of those would take seconds), then each takes its
+    /// time and its name.
+    pub fn commit(mut self) -> Result<(), FsError> {
+        if let Some(first) = self.files.first() {
+            rustix::fs::syncfs(first).map_err(errno_to_fs)?;
+        }
+        for (i, up) in self.uploads.iter().enumerate() {
+            if let Some(t) = self.times[i] {
+                let at = rustix::fs::Timespec {
+                    tv_sec: t,
+                    tv_nsec: 0,
+                };
+                let times = rustix::fs::Timestamps {
+                    last_access: at,
+                    last_modification: at,
+                };
+                rustix::fs::futimens(&self.files[i], &times).map_err(errno_to_fs)?;
+            }
+            rustix::fs::renameat(&*up.dir, up.part.as_str(), &*up.dir, up.name.as_str())
+                .map_err(errno_to_fs)?;
+            self.named = i + 1;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Partials {
+    /// Removes the partials not named, while they are still locked (so never another
+    /// upload's that took the name since).
+    fn drop(&mut self) {
+        for up in &self.uploads[self.named..] {
+            let _ = rustix::fs::unlinkat(&*up.dir, up.part.as_str(), AtFlags::empty());
+        }
     }
 }

@@ -59,6 +59,17 @@ pub const LARGEST_FILE: u64 = 1 << 20;
 /// Longest `BNDL` argument: the command line's limit, less the verb and CRLF.
 const LINE: usize = braid_proto::MAX_LINE - 16;
 
+/// The BNDL lines that name `files`, each as long as a command line may be.
+pub(super) fn lines(files: &[Named]) -> Vec<Op> {
+    runs(files, LINE)
+        .into_iter()
+        .map(|run| Op::Simple {
+            cmd: Command::Bundle(run.to_vec()),
+            ok: vec![200],
+        })
+        .collect()
+}
+
 /// Whether this session can fetch bundles: a braid server that offers them and reads
 /// pipelined commands, outside background mode (whose controller steers each transfer).
 pub fn offered(c: &mut Control, opts: &Options) -> bool {
@@ -93,15 +104,10 @@ pub fn request(c: &mut Control, files: &[Wanted], rbnd: bool) -> super::error::R
         .map(|w| Named {
             size: w.size,
             path: w.remote.clone(),
+            mtime: None,
         })
         .collect();
-    let mut ops: Vec<Op> = runs(&named, LINE)
-        .into_iter()
-        .map(|run| Op::Simple {
-            cmd: Command::Bundle(run.to_vec()),
-            ok: vec![200],
-        })
-        .collect();
+    let mut ops = lines(&named);
     let lines = ops.len();
     if rbnd {
         ops.push(Op::StartTransfer(Command::RetrBundle));
@@ -185,15 +191,34 @@ pub fn start(
     })
 }
 
-/// Receives a started bundle and checks it whole. Err: nothing of it is kept;
-/// `session_broken` says whether the session may go on.
-pub fn finish(
-    c: &mut Control,
-    files: &[Wanted],
+/// A bundle's data, all received; its end still to be read on the control connection
+/// ([`conclude`]).
+pub struct Received {
+    files: Vec<Wanted>,
+    parts: Vec<std::path::PathBuf>,
+    sink: Sink,
+    shared: Shared,
+    total: u64,
+    kept: Vec<crate::engine::tls::DataConn>,
+    per_conn: Vec<u64>,
+    at: Instant,
+}
+
+impl Received {
+    /// Removes what it wrote (its end is not to be read: the session broke).
+    pub fn discard(self) {
+        discard(&self.sink);
+    }
+}
+
+/// Receives a started bundle's data into its files' partials. It needs no control
+/// connection, so that the session asks for the next bundle meanwhile. Err: nothing of it is
+/// kept, and the session is broken.
+pub fn receive(
+    files: Vec<Wanted>,
     started: Started,
-    server: &Target,
     stop: &(dyn Fn() -> bool + Sync),
-) -> std::result::Result<Arrived, Failed> {
+) -> std::result::Result<Received, Failed> {
     let Started {
         joins,
         transfer,
@@ -224,18 +249,46 @@ pub fn finish(
         done.store(true, std::sync::atomic::Ordering::Release);
         r
     });
-    let kept = match received {
-        Ok(kept) => kept,
+    match received {
+        Ok(kept) => Ok(Received {
+            files,
+            parts,
+            sink,
+            shared,
+            total,
+            kept: kept.socks,
+            per_conn: transfer.per_link_bytes(),
+            at,
+        }),
         Err(e) => {
             discard(&sink);
-            return Err(Failed::session(ClientError::Interrupted {
+            Err(Failed::session(ClientError::Interrupted {
                 bytes: shared.snapshot().ranges.len(),
                 why: format!("data connection: {e}"),
                 partial: None,
-            }));
+            }))
         }
-    };
-    c.keep_data_connections(Direction::Download, kept.socks);
+    }
+}
+
+/// Reads a received bundle's end and checks it whole. Err: nothing of it is kept;
+/// `session_broken` says whether the session may go on.
+pub fn conclude(
+    c: &mut Control,
+    received: Received,
+    server: &Target,
+) -> std::result::Result<Arrived, Failed> {
+    let Received {
+        files,
+        parts,
+        sink,
+        shared,
+        total,
+        kept,
+        per_conn,
+        at,
+    } = received;
+    c.keep_data_connections(Direction::Download, kept);
     let checked = c
         .outcome(Some("RBND".into()))
         .and_then(|end| check(end, &shared, total));
@@ -243,10 +296,10 @@ pub fn finish(
         Ok(sum) => {
             tracing::debug!(files = files.len(), bytes = total, checksum = ?sum, "bundle arrived");
             Ok(Arrived {
-                files: files.to_vec(),
+                files,
                 parts,
                 sink,
-                per_conn: transfer.per_link_bytes(),
+                per_conn,
                 at,
                 server: server.clone(),
             })

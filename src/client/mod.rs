@@ -13,6 +13,7 @@
 mod block_get;
 mod block_put;
 mod bundle;
+mod bundle_put;
 mod channel;
 mod connect_back;
 pub(crate) mod control;

@@ -9,6 +9,7 @@
 
 use super::Options;
 use super::bundle;
+use super::bundle_put;
 use super::control::Control;
 use super::error::{ClientError, Result, exit};
 use super::inflight::Flight;
@@ -47,6 +48,22 @@ pub struct TreeOptions {
     pub concurrency: Option<usize>,
     /// Skip files whose destination has the same size and is not older; continue partials.
     pub update: bool,
+}
+
+impl TreeOptions {
+    /// The sessions to run, and these options with them fixed. Files that all go in bundles
+    /// need no more than one: a bundle runs its own parallel connections, and each session
+    /// more is another login (over ssh another far side, about half a second of two cores:
+    /// 2.33 s for a tree that one session moved in 1.87 s).
+    fn sessions(self, all_bundled: bool) -> (usize, TreeOptions) {
+        let default = if all_bundled { 1 } else { SESSIONS };
+        let sessions = self.concurrency.unwrap_or(default).max(1);
+        let tree = TreeOptions {
+            concurrency: Some(sessions),
+            ..self
+        };
+        (sessions, tree)
+    }
 }
 
 /// What a tree transfer did (`--json`: the last line, after one line per file moved).
@@ -241,21 +258,11 @@ pub fn get_tree(
         ..opts.clone()
     };
     let mdtm = c.has_feature("MDTM");
-    // Files that all go in bundles need no more sessions: a bundle runs its own parallel
-    // connections, and each session more is another login (over ssh another far side,
-    // about half a second of two cores: 2.33 s for a tree that one session moved in 1.87 s).
     let all_bundled = bundle::offered(&mut c, opts)
         && jobs.iter().all(|j| {
             fits_ahead(j, tree.update) && j.size.is_some_and(|s| s <= bundle::LARGEST_FILE)
         });
-    let sessions = tree
-        .concurrency
-        .unwrap_or(if all_bundled { 1 } else { SESSIONS })
-        .max(1);
-    let tree = TreeOptions {
-        concurrency: Some(sessions),
-        ..tree
-    };
+    let (sessions, tree) = tree.sessions(all_bundled);
     let work = Work::new(jobs, opts, "get", first);
     let one = |c: &mut Control, job: &Job, o: &Options| {
         let dest = Dest::File(job.local.clone());
@@ -345,6 +352,11 @@ pub fn put_tree(
         keep_connections: true,
         ..opts.clone()
     };
+    let all_bundled = bundle_put::offered(&mut c, opts)
+        && jobs
+            .iter()
+            .all(|j| j.size.is_some_and(|s| s <= bundle::LARGEST_FILE));
+    let (sessions, tree) = tree.sessions(all_bundled);
     let work = Work::new(jobs, opts, "put", first);
     let one = |c: &mut Control, job: &Job, o: &Options| {
         let target = Target {
@@ -368,6 +380,11 @@ pub fn put_tree(
         Ok(Some(s))
     };
     let ahead = |c: &mut Control, work: &Work, results: &Results, stop: &Stop<'_>| {
+        if bundle_put::offered(c, opts)
+            && !store_bundles(c, work, results, first, opts, sessions, stop, &done)
+        {
+            return false;
+        }
         if !pipeline::ready(c, opts, Direction::Upload) {
             return true;
         }
@@ -1148,10 +1165,27 @@ impl<D: Fn(&Summary) + Sync> Fetch<'_, D> {
                 };
                 let bytes = run.iter().map(|(_, w)| w.size).sum();
                 let moved = bundle::start(c, asked, bytes, self.opts).and_then(|started| {
-                    // Its RBND is out: the next may be asked for behind it now.
-                    ask(c, &mut out, true, most_bytes).map_err(pipeline::Failed::session)?;
                     let at = started.at;
-                    let arrived = bundle::finish(c, &files(&run), started, self.server, stop);
+                    // Its RBND is out: the next may be asked for behind it now, while its data
+                    // arrives (naming a few thousand files takes a while).
+                    let wanted = files(&run);
+                    let (received, asked) = std::thread::scope(|s| {
+                        let receiving = s.spawn(|| bundle::receive(wanted, started, stop));
+                        let asked = ask(c, &mut out, true, most_bytes);
+                        let received = receiving.join().unwrap_or_else(|_| {
+                            Err(pipeline::Failed::session(ClientError::Protocol(
+                                "the thread receiving a bundle failed".into(),
+                            )))
+                        });
+                        (received, asked)
+                    });
+                    if let Err(e) = asked {
+                        if let Ok(r) = received {
+                            r.discard();
+                        }
+                        return Err(pipeline::Failed::session(e));
+                    }
+                    let arrived = bundle::conclude(c, received?, self.server);
                     most_bytes = bundle::next_bytes(bytes, at.elapsed());
                     arrived
                 });
@@ -1210,8 +1244,7 @@ impl<D: Fn(&Summary) + Sync> Fetch<'_, D> {
         })
     }
 
-    /// The next bundle's files from the head of the queue: a share of what is left, up to
-    /// the bundle's limits (files up to date or refused here are settled on the way).
+    /// The next bundle's files from the head of the queue ([`next_run`]).
     fn next_run(
         &self,
         work: &Work,
@@ -1220,30 +1253,151 @@ impl<D: Fn(&Summary) + Sync> Fetch<'_, D> {
         most_bytes: u64,
     ) -> Vec<(Job, Wanted)> {
         let update = self.update;
-        let most = (work.len() / sessions).clamp(64, bundle::MOST_FILES);
-        let (mut run, mut bytes) = (Vec::new(), 0);
-        while run.len() < most && bytes < most_bytes {
-            let bundled = |j: &Job| {
-                !j.alone
-                    && fits_ahead(j, update)
-                    && j.size.is_some_and(|s| s <= bundle::LARGEST_FILE)
-            };
-            let Some(job) = work.next_if(bundled) else {
-                break;
-            };
-            match wanted(&job, update) {
-                Ok(Some(w)) => {
-                    bytes += w.size;
-                    run.push((job, w));
+        let bundled = |j: &Job| {
+            !j.alone && fits_ahead(j, update) && j.size.is_some_and(|s| s <= bundle::LARGEST_FILE)
+        };
+        let wanted = |j: &Job| wanted(j, update).map(|w| w.map(|w| (w.size, w)));
+        next_run(work, results, sessions, most_bytes, bundled, wanted)
+    }
+}
+
+/// The next bundle's files from the head of the queue, those `bundled` takes: a share of what
+/// is left (so that the tree's sessions each take some), up to the bundle's limits. What
+/// `prepare` makes of each, with its size; files it finds up to date (None) or refuses are
+/// settled on the way.
+fn next_run<T>(
+    work: &Work,
+    results: &Results,
+    sessions: usize,
+    most_bytes: u64,
+    bundled: impl Fn(&Job) -> bool,
+    prepare: impl Fn(&Job) -> Result<Option<(u64, T)>>,
+) -> Vec<(Job, T)> {
+    let most = (work.len() / sessions.max(1)).clamp(64, bundle::MOST_FILES);
+    let (mut run, mut bytes) = (Vec::new(), 0);
+    while run.len() < most && bytes < most_bytes {
+        let Some(job) = work.next_if(&bundled) else {
+            break;
+        };
+        match prepare(&job) {
+            Ok(Some((size, item))) => {
+                bytes += size;
+                run.push((job, item));
+            }
+            Ok(None) => work.record(&job, Moved::UpToDate, results),
+            Err(e) => {
+                let named = job.named(work.op);
+                work.record(&job, Moved::Failed(named, e), results);
+            }
+        }
+    }
+    run
+}
+
+/// Stores the small files at the head of the queue in bundles ([`bundle_put`]), each a share
+/// of what is left up to [`bundle::MOST_FILES`] and what the path moves in
+/// [`bundle::BUNDLE_TIME`]. Each goes, data and all, before the server's answers to the one
+/// before it are read, so that the data connections never wait for a round trip or for the
+/// server naming files. Files a failed bundle held go one by one after it. False if the
+/// session broke.
+#[allow(clippy::too_many_arguments)]
+fn store_bundles(
+    c: &mut Control,
+    work: &Work,
+    results: &Results,
+    server: &Target,
+    opts: &Options,
+    sessions: usize,
+    stop: &Stop<'_>,
+    done: &(impl Fn(&Summary) + Sync),
+) -> bool {
+    type Run = Vec<(Job, bundle_put::Outgoing)>;
+    let give_back = |run: Run| {
+        for (mut job, _) in run.into_iter().rev() {
+            job.alone = true;
+            work.put_back(job);
+        }
+    };
+    let failed = |run: Run, f: &pipeline::Failed| {
+        tracing::info!(
+            "a bundle of {} files was not stored ({}); they go one by one",
+            run.len(),
+            f.error
+        );
+        give_back(run);
+    };
+    // The answers to the bundle sent last; false if the session broke.
+    let settle = |c: &mut Control, (run, sent): (Run, bundle_put::Sent)| -> bool {
+        match bundle_put::answers(c, sent, server, stop) {
+            Ok(summaries) => {
+                for ((job, _), s) in run.iter().zip(summaries) {
+                    done(&s);
+                    work.record(job, Moved::Done(s.bytes), results);
                 }
-                Ok(None) => work.record(&job, Moved::UpToDate, results),
-                Err(e) => {
-                    let named = job.named(work.op);
-                    work.record(&job, Moved::Failed(named, e), results);
+                true
+            }
+            Err(f) => {
+                let broken = f.session_broken;
+                failed(run, &f);
+                !broken
+            }
+        }
+    };
+    let mut most_bytes = bundle::FIRST_BYTES;
+    let mut unanswered: Option<(Run, bundle_put::Sent)> = None;
+    loop {
+        let bundled = |j: &Job| !j.alone && j.size.is_some_and(|s| s <= bundle::LARGEST_FILE);
+        let outgoing = |j: &Job| {
+            let size = j.size.unwrap_or(0);
+            let wanted = Wanted {
+                remote: j.remote.clone(),
+                local: j.local.clone(),
+                size,
+            };
+            let mtime = j.mtime;
+            Ok(Some((size, bundle_put::Outgoing { wanted, mtime })))
+        };
+        let run = match stop() {
+            true => Vec::new(),
+            false => next_run(work, results, sessions, most_bytes, bundled, outgoing),
+        };
+        if run.is_empty() {
+            return unanswered.is_none_or(|last| settle(c, last));
+        }
+        // The session's first opens its connections once the server has answered the one
+        // before (there is none) : only bundles on kept connections go ahead of answers.
+        if !c.session().can_reuse(Direction::Upload)
+            && let Some(last) = unanswered.take()
+            && !settle(c, last)
+        {
+            give_back(run);
+            return false;
+        }
+        let files = run.iter().map(|(_, o)| o.clone()).collect();
+        let bytes = run.iter().map(|(_, o)| o.wanted.size).sum();
+        let at = Instant::now();
+        let sent = bundle_put::send(c, files, opts, stop);
+        if sent.is_ok() {
+            most_bytes = bundle::next_bytes(bytes, at.elapsed());
+        }
+        let before = unanswered.take();
+        let settled = before.is_none_or(|last| settle(c, last));
+        match sent {
+            Ok(sent) => unanswered = Some((run, sent)),
+            Err(f) => {
+                let broken = f.session_broken;
+                failed(run, &f);
+                if broken {
+                    return false;
                 }
             }
         }
-        run
+        if !settled {
+            if let Some((run, _)) = unanswered.take() {
+                give_back(run);
+            }
+            return false;
+        }
     }
 }
 

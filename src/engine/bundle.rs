@@ -41,6 +41,52 @@ impl Files<'_> {
     }
 }
 
+/// A bundle's files opened before its data comes (a server's partials, each held locked until
+/// the bundle is checked and named): blocks are written at their offsets, and two
+/// connections that carry parts of one file write it side by side (writes at offsets share
+/// a file with no lock).
+pub struct Landing {
+    layout: Layout,
+    /// Shared with whoever names them once the bundle is whole.
+    files: std::sync::Arc<[File]>,
+}
+
+impl Landing {
+    /// `files[i]` takes file `i` of `layout`.
+    pub fn new(layout: Layout, files: std::sync::Arc<[File]>) -> Landing {
+        Landing { layout, files }
+    }
+
+    /// Err for a block that reaches past the bundle's end (none of it is written).
+    pub fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        if offset.saturating_add(data.len() as u64) > self.layout.total() {
+            return Err(past_the_end());
+        }
+        for p in self.layout.pieces(offset, data.len()) {
+            let file = self.files.get(p.file).ok_or_else(past_the_end)?;
+            file.write_all_at(&data[p.from..][..p.len], p.at)?;
+        }
+        Ok(())
+    }
+
+    pub fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut filled = 0;
+        for p in self.layout.pieces(offset, buf.len()) {
+            let file = self.files.get(p.file).ok_or_else(past_the_end)?;
+            file.read_exact_at(&mut buf[p.from..][..p.len], p.at)?;
+            filled += p.len;
+        }
+        if filled < buf.len() {
+            return Err(past_the_end());
+        }
+        Ok(())
+    }
+}
+
+fn past_the_end() -> io::Error {
+    io::Error::other("a block reaches past the end of the bundle")
+}
+
 /// Writes a bundle's blocks into its files: each file is created (emptied if it was there)
 /// at its first bytes and closed once it has as many as its size. Two connections that
 /// carry parts of one file take turns on it; others never wait for each other.
@@ -140,5 +186,21 @@ mod tests {
         let e = files.read_exact_at(&mut back, 4).unwrap_err();
         assert!(e.to_string().contains("shrank"), "{e}");
         assert!(files.read_exact_at(&mut [0u8; 2], 14).is_err());
+    }
+
+    #[test]
+    fn a_landing_writes_blocks_across_its_open_files_and_refuses_past_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("f{i}"))).collect();
+        let files = paths.iter().map(|p| File::create(p).unwrap()).collect();
+        let l = Landing::new(Layout::new([4, 0, 6]), files);
+        let all: Vec<u8> = (10..20u8).collect();
+        l.write_at(&all[3..], 3).unwrap();
+        l.write_at(&all[..3], 0).unwrap();
+        assert!(l.write_at(b"xy", 9).is_err(), "past the end");
+        drop(l);
+        assert_eq!(std::fs::read(&paths[0]).unwrap(), &all[..4]);
+        assert!(std::fs::read(&paths[1]).unwrap().is_empty());
+        assert_eq!(std::fs::read(&paths[2]).unwrap(), &all[4..]);
     }
 }

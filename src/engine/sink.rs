@@ -15,6 +15,8 @@ pub enum Sink {
     Discard,
     /// Many files end to end (a bundle).
     Bundle(super::bundle::Writer),
+    /// Many files end to end, opened before the data came (a bundle a server stores).
+    Landing(super::bundle::Landing),
 }
 
 impl Sink {
@@ -23,6 +25,7 @@ impl Sink {
             Sink::File(f) => f.write_all_at(data, offset),
             Sink::Ordered(r) => r.write(offset, data),
             Sink::Bundle(w) => w.write(offset, data),
+            Sink::Landing(l) => l.write_at(data, offset),
             Sink::Discard => Ok(()),
         }
     }
@@ -32,6 +35,7 @@ impl Sink {
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Option<std::io::Result<()>> {
         match self {
             Sink::File(f) => Some(f.read_exact_at(buf, offset)),
+            Sink::Landing(l) => Some(l.read_exact_at(buf, offset)),
             Sink::Ordered(_) | Sink::Discard | Sink::Bundle(_) => None,
         }
     }

@@ -231,7 +231,7 @@ async fn run(
         }
         let keep_going = match action {
             Action::Reply(r) => {
-                let upload = matches!(conn.command.as_str(), "STOR" | "APPE");
+                let upload = matches!(conn.command.as_str(), "STOR" | "APPE" | "SBND");
                 if upload && r.code >= 400 && session.drains_refused_upload() {
                     io.drain_refused_upload().await;
                 }

@@ -51,6 +51,11 @@ pub enum Job {
         root: Arc<crate::fsroot::Root>,
         files: Vec<(braid_proto::VPath, u64)>,
     },
+    /// SBND: every file's partial open before the data comes, each at the size BNDL named.
+    StoreBundle {
+        partials: crate::fsroot::Partials,
+        layout: braid_proto::bundle::Layout,
+    },
 }
 
 /// A download's bytes, read whole before it starts, and the file's version then (for the
@@ -83,6 +88,8 @@ pub struct Finished {
     pub kept: Kept,
     /// A bundle: what all it sent hashes to, which its 226 names.
     pub checksum: Option<String>,
+    /// A stored bundle, whole: its files, to name once the client's checksum agrees.
+    pub stored: Option<Box<crate::fsroot::Partials>>,
 }
 
 impl Finished {
@@ -98,6 +105,7 @@ impl Finished {
                 listener: None,
             },
             checksum,
+            stored: None,
         }
     }
 }
@@ -234,6 +242,7 @@ pub fn run_blocks(
             kept.listener = kept.listener.or(parked);
             if stripe {
                 return Ok(Finished {
+                    stored: None,
                     checksum: None,
                     bytes: transfer.per_link_bytes().iter().sum(),
                     upload: None,
@@ -263,10 +272,43 @@ pub fn run_blocks(
                 ),
             };
             Ok(Finished {
+                stored: None,
                 checksum: None,
                 bytes: transfer.per_link_bytes().iter().sum(),
                 upload: Some((upload, file)),
                 received: Some((len, sum)),
+                kept,
+            })
+        }
+        (Job::StoreBundle { partials, layout }, BlockConns::Receive(conns, shared, parked)) => {
+            let total = layout.total();
+            let sink = Sink::Landing(engine::bundle::Landing::new(layout, partials.files()));
+            let mut kept =
+                engine::receive::receive(transfer, conns, &sink, None, &shared).map_err(engine)?;
+            drop(sink);
+            kept.listener = kept.listener.or(parked);
+            let got = shared.snapshot();
+            let missing = got.ranges.missing(total);
+            if !missing.is_empty() {
+                return Err(DataError::Net(std::io::Error::other(format!(
+                    "the sender finished but bytes {missing} of the bundle's {total} never came"
+                ))));
+            }
+            // A braid client's blocks sit on the checksum's chunks, so the bundle is hashed
+            // as it arrives; the client's checksum is checked against this before any file
+            // takes its name.
+            let Some(sum) = got.sum else {
+                return Err(DataError::Net(std::io::Error::other(format!(
+                    "the bundle's blocks do not sit on {}-byte checksum chunks",
+                    braid_proto::checksum::CHUNK
+                ))));
+            };
+            Ok(Finished {
+                stored: Some(Box::new(partials)),
+                checksum: None,
+                bytes: transfer.per_link_bytes().iter().sum(),
+                upload: None,
+                received: Some((total, Some(sum.finish(total)))),
                 kept,
             })
         }
@@ -421,7 +463,7 @@ fn move_copied<S: Read + Write>(
             };
             Ok((n, Some((upload, file, check))))
         }
-        Job::Bundle { .. } => Err(DataError::Local(FsError::Other(
+        Job::Bundle { .. } | Job::StoreBundle { .. } => Err(DataError::Local(FsError::Other(
             "a bundle moves in MODE E only".into(),
         ))),
         Job::List { text } => {
@@ -477,6 +519,7 @@ fn stream_finished(
         _ => None,
     };
     Ok(Finished {
+        stored: None,
         checksum: None,
         bytes,
         upload: upload.map(|(u, f, _)| (u, f)),

@@ -178,6 +178,20 @@ pub(super) fn prepare(
                 Some(files.iter().map(|(_, n)| n).sum()),
             )
         }
+        // Every file's partial is made now: one that cannot be (no such directory, no
+        // permission, another upload of it under way) refuses the bundle before a byte
+        // moves, and the client stores its files one by one, each with its own answer.
+        TransferKind::StoreBundle(files) => {
+            if quota.is_some() {
+                return Err(FsError::Other(
+                    "this account's quota counts files stored one by one: send STOR for each"
+                        .into(),
+                ));
+            }
+            let partials = crate::fsroot::Partials::open(root, files)?;
+            let layout = braid_proto::bundle::Layout::new(files.iter().map(|(_, n, _)| *n));
+            (Job::StoreBundle { partials, layout }, None)
+        }
         // A data node's stripe goes into the partial its front end opened.
         TransferKind::Stor(p) if t.stripe.is_some() => {
             let (upload, file) = Upload::join(root, p)?;

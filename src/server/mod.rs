@@ -233,6 +233,7 @@ impl Config {
 /// now, which the greeting names (the client pins it, having read it over ssh): every data
 /// connection is TLS bound to the session. Returns when the session ends.
 pub async fn serve_stdio(mut config: Config) -> anyhow::Result<()> {
+    more_open_files();
     let (tls, digest) = tls::Tls::made_now()?;
     config.tls = Some(Arc::new(tls));
     let config = Arc::new(config);
@@ -312,6 +313,21 @@ impl Drop for Slot {
 
 /// Serves until `shutdown` leaves [`Shutdown::Running`], then waits for sessions to end: all of
 /// them when the state reaches [`Shutdown::Abort`] (running transfers are cut).
+/// Raises the soft limit on open files to the hard one: a bundle being stored holds each of
+/// its files open until it is checked (thousands a session), where the usual soft limit is
+/// 1024. Where it cannot be raised, a bundle that meets it is refused and its files come one
+/// by one.
+fn more_open_files() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::debug!("cannot raise the limit on open files: {e}");
+        }
+    }
+}
+
 /// Each new session takes the configuration `configs` holds then (a reload replaces it);
 /// sessions already running keep theirs.
 pub async fn run(
@@ -319,6 +335,7 @@ pub async fn run(
     configs: watch::Receiver<Arc<Config>>,
     mut shutdown: watch::Receiver<Shutdown>,
 ) -> std::io::Result<()> {
+    more_open_files();
     let counts = Arc::new(Mutex::new(Counts::default()));
     let mut sessions = tokio::task::JoinSet::new();
     let expiring = tokio::spawn(partials::expire(configs.clone()));

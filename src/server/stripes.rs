@@ -134,6 +134,7 @@ pub(super) fn run(
             let bytes = order.have.missing(size).len();
             progress.store(bytes, Ordering::Relaxed);
             Ok(Finished {
+                stored: None,
                 checksum: None,
                 bytes,
                 upload: None,
@@ -147,6 +148,7 @@ pub(super) fn run(
             let bytes = len.saturating_sub(order.have.len());
             progress.store(bytes, Ordering::Relaxed);
             Ok(Finished {
+                stored: None,
                 checksum: None,
                 bytes,
                 upload: Some((upload, file)),
@@ -154,7 +156,7 @@ pub(super) fn run(
                 kept: Default::default(),
             })
         }
-        Job::List { .. } | Job::Bundle { .. } => Err(DataError::Local(
+        Job::List { .. } | Job::Bundle { .. } | Job::StoreBundle { .. } => Err(DataError::Local(
             braid_proto::session::FsError::Other("listings and bundles are not striped".into()),
         )),
     }

@@ -78,7 +78,10 @@ pub(super) async fn transfer(
     let elastic = t.block.as_ref().is_some_and(|b| b.elastic);
     let compression = t.block.as_ref().and_then(|b| b.compression);
     let moving = Arc::new(engine::transfer::Transfer::new(elastic).with_compression(compression));
-    let is_upload = matches!(t.kind, TransferKind::Stor(_) | TransferKind::Appe(_));
+    let is_upload = matches!(
+        t.kind,
+        TransferKind::Stor(_) | TransferKind::Appe(_) | TransferKind::StoreBundle(_)
+    );
     // What the server sends goes at the pace of the user's class, its share of the uplink and
     // background mode (listings are small and go as they are).
     let mut sending = match t.kind {
@@ -192,6 +195,20 @@ pub(super) async fn transfer(
     // SCKS sent while the data moves (braid clients announce the checksum once sent).
     let mut announced: Option<String> = None;
     let deferred = is_upload && matches!(t.expect, Some(Expected::Deferred));
+    // A client that sends the next upload before this one's answers (bundles on kept
+    // connections) may have sent its checksum already: read with the commands ahead of it, it
+    // waits first in the queue, where the loop below (which reads only new lines) would never
+    // look.
+    if deferred
+        && let Some(Ok(Command::Scks { value: Some(v), .. })) =
+            conn.queued.front().map(|l| Command::parse(l))
+    {
+        conn.queued.pop_front();
+        announced = Some(v);
+        let _ = conn
+            .send(&Reply::new(200, "SCKS Command Successful."))
+            .await;
+    }
     // Markers of an upload's progress; for a braid client's download, what this side's kernel
     // says of the sending, for its tuning. Each: (when last sent, bytes then: received, or
     // sent by the kernel's count, since the payload counter moves a block at a time, seconds
@@ -304,10 +321,34 @@ pub(super) async fn transfer(
         Ok(Err(DataError::NotSecured(e))) => TransferOutcome::NotSecured(e),
         Ok(Ok(Finished {
             bytes,
+            upload: _,
+            received,
+            kept,
+            checksum,
+            stored: Some(partials),
+        })) => {
+            // A bundle's files take their names only once the client's checksum of all it
+            // sent agrees; otherwise (or if it went) none of them does.
+            let sum = received.and_then(|(_, s)| s);
+            match verify_upload(conn, io, t.expect.as_ref(), announced, sum).await {
+                Err(outcome) => outcome,
+                Ok(()) if t.expect.is_none() => TransferOutcome::Local(FsError::Other(
+                    "a bundle is stored only with the checksum of all it holds: send SCKS XXH3 * before SBND".into(),
+                )),
+                Ok(()) => match tokio::task::spawn_blocking(move || (*partials).commit()).await {
+                    Ok(Ok(())) => complete(io, bytes, kept, checksum),
+                    Ok(Err(e)) => TransferOutcome::Local(e),
+                    Err(e) => TransferOutcome::Local(FsError::Other(e.to_string())),
+                },
+            }
+        }
+        Ok(Ok(Finished {
+            bytes,
             upload,
             received,
             kept,
             checksum,
+            stored: None,
         })) => match upload {
             None => complete(io, bytes, kept, checksum),
             Some(_) if client_gone => {
@@ -405,6 +446,9 @@ pub(super) async fn transfer(
             // A line per file, as for files sent one by one: a bundle's each at its size.
             let files = match &t.kind {
                 TransferKind::Bundle(files) => files.clone(),
+                TransferKind::StoreBundle(files) => {
+                    files.iter().map(|(p, n, _)| (p.clone(), *n)).collect()
+                }
                 _ => vec![(t.path().clone(), bytes)],
             };
             for (path, bytes) in files {

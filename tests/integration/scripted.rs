@@ -37,7 +37,7 @@ fn login_and_informational_replies_are_exact() {
     c.expect("SYST", "215 UNIX Type: L8\r\n");
     c.expect(
         "FEAT",
-        "211-Features:\r\n EPRT\r\n EPSV\r\n MDTM\r\n MFMT\r\n MLSR\r\n MLST type*;size*;modify*;perm*;unique*;UNIX.mode*;\r\n PARALLEL\r\n PASV\r\n REST STREAM\r\n SBUF\r\n CKSM XXH3;MD5;ADLER32;\r\n BRAID 4\r\n BRAID-BUNDLE\r\n BRAID-COMPRESS zstd\r\n SIZE\r\n SPAS\r\n SPOR\r\n TVFS\r\n UTF8\r\n211 End\r\n",
+        "211-Features:\r\n EPRT\r\n EPSV\r\n MDTM\r\n MFMT\r\n MLSR\r\n MLST type*;size*;modify*;perm*;unique*;UNIX.mode*;\r\n PARALLEL\r\n PASV\r\n REST STREAM\r\n SBUF\r\n CKSM XXH3;MD5;ADLER32;\r\n BRAID 4\r\n BRAID-BUNDLE 2\r\n BRAID-COMPRESS zstd\r\n SIZE\r\n SPAS\r\n SPOR\r\n TVFS\r\n UTF8\r\n211 End\r\n",
     );
     c.expect("OPTS UTF8 ON", "200 Always in UTF8 mode.\r\n");
     c.expect("PWD", "257 \"/\" is the current directory.\r\n");

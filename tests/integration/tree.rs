@@ -1045,19 +1045,7 @@ fn files_announced_ahead_fail_alone_and_the_rest_arrive_whole() {
 fn a_trees_small_files_come_as_one_bundle_with_their_names_and_times() {
     let dir = tempdir();
     let data = dir.path().join("served/data");
-    std::fs::create_dir_all(data.join("sub/deeper")).unwrap();
-    let mut names: Vec<String> = (0..300).map(|i| format!("f{i:03}")).collect();
-    names.extend(["z b%20c.txt", "sub/x y", "sub/deeper/leaf", "empty"].map(String::from));
-    for (i, name) in names.iter().enumerate() {
-        let f = data.join(name);
-        let len = if name == "empty" {
-            0
-        } else {
-            1 + (i * 997) % 9000
-        };
-        std::fs::write(&f, random_bytes(len, i as u64)).unwrap();
-        set_mtime(&f, KNOWN_MTIME + i as i64);
-    }
+    let names = small_files(&data);
     let xferlog = dir.path().join("xferlog");
     let server = Server::start(
         &dir.path().join("served"),
@@ -1065,23 +1053,19 @@ fn a_trees_small_files_come_as_one_bundle_with_their_names_and_times() {
     );
     let got = dir.path().join("got");
     let home = tempdir();
-    let out = crate::util::braid_command(home.path())
-        .args(["get", "-r", "-j", "1", "-v", "--json"])
-        .args([&server.url("data/"), got.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    assert_eq!(tree_of(&got.join("data")), tree_of(&data));
-    for (i, name) in names.iter().enumerate() {
-        let mtime = std::fs::metadata(got.join("data").join(name))
-            .unwrap()
-            .mtime();
-        assert_eq!(mtime, KNOWN_MTIME + i as i64, "{name}");
-    }
+    let url = server.url("data/");
+    let args = [
+        "get",
+        "-r",
+        "-j",
+        "1",
+        "-v",
+        "--json",
+        &url,
+        got.to_str().unwrap(),
+    ];
+    let (stdout, stderr) = braid_ok(home.path(), &args);
+    same_files_and_times(&got.join("data"), &data, &names);
     // All in one bundle, which opened the session's data connections itself.
     assert_eq!(stderr.matches("> RETR ").count(), 0, "{stderr}");
     assert_eq!(stderr.matches("> RBND").count(), 1, "{stderr}");
@@ -1102,6 +1086,107 @@ fn a_trees_small_files_come_as_one_bundle_with_their_names_and_times() {
     let f299 = log.lines().find(|l| l.contains("/data/f299")).unwrap();
     let size = std::fs::metadata(data.join("f299")).unwrap().len();
     assert!(f299.contains(&format!(" {size} ")), "{f299}");
+}
+
+/// `put -r` to a braid server stores a tree's small files as one bundle (SBND): no STOR and
+/// no MFMT per file, every file with its bytes and its time, the server's transfer log a
+/// line per file, and no partial left beside them.
+#[test]
+fn a_trees_small_files_are_stored_as_one_bundle_with_their_names_and_times() {
+    let dir = tempdir();
+    let data = dir.path().join("data");
+    let names = small_files(&data);
+    let served = dir.path().join("served");
+    std::fs::create_dir_all(&served).unwrap();
+    let xferlog = dir.path().join("xferlog");
+    let log = xferlog.to_str().unwrap();
+    let server = Server::start(&served, &["--anonymous-write", "--xferlog", log]);
+    let home = tempdir();
+    let url = server.url("up/");
+    let args = ["put", "-r", "-v", "--json", data.to_str().unwrap(), &url];
+    let (stdout, stderr) = braid_ok(home.path(), &args);
+    same_files_and_times(&served.join("up/data"), &data, &names);
+    assert_eq!(stderr.matches("> SBND").count(), 1, "{stderr}");
+    for per_file in ["> STOR ", "> MFMT "] {
+        assert_eq!(stderr.matches(per_file).count(), 0, "{per_file}: {stderr}");
+    }
+    assert!(
+        stderr.contains("@1577934545:"),
+        "times go in BNDL: {stderr}"
+    );
+    let records = file_records(&stdout);
+    assert_eq!(records.len(), names.len());
+    let bundled = records
+        .iter()
+        .filter(|r| r["bundle"] == names.len() && r["op"] == "put")
+        .count();
+    assert_eq!(bundled, names.len(), "{stdout}");
+    let log = std::fs::read_to_string(&xferlog).unwrap();
+    assert_eq!(log.lines().count(), names.len(), "{log}");
+    assert!(
+        log.lines().all(|l| l.contains(" i ")),
+        "each an upload: {log}"
+    );
+    let partials = walk_names(&served)
+        .into_iter()
+        .filter(|n| n.ends_with(braid_proto::path::PART_SUFFIX))
+        .count();
+    assert_eq!(partials, 0);
+}
+
+/// 304 small files under `top` (names with blanks and percents, in subdirectories, an empty
+/// one), file `i` with time `KNOWN_MTIME + i`: their names, in that order.
+fn small_files(top: &Path) -> Vec<String> {
+    std::fs::create_dir_all(top.join("sub/deeper")).unwrap();
+    let mut names: Vec<String> = (0..300).map(|i| format!("f{i:03}")).collect();
+    names.extend(["z b%20c.txt", "sub/x y", "sub/deeper/leaf", "empty"].map(String::from));
+    for (i, name) in names.iter().enumerate() {
+        let f = top.join(name);
+        let len = if name == "empty" {
+            0
+        } else {
+            1 + (i * 997) % 9000
+        };
+        std::fs::write(&f, random_bytes(len, i as u64)).unwrap();
+        set_mtime(&f, KNOWN_MTIME + i as i64);
+    }
+    names
+}
+
+/// Runs braid with `args` (HOME at `home`), which must exit 0: its stdout and stderr.
+fn braid_ok(home: &Path, args: &[&str]) -> (String, String) {
+    let out = crate::util::braid_command(home)
+        .args(args)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    (stdout, stderr)
+}
+
+/// `copy` holds what `data` does, and file `names[i]` has time `KNOWN_MTIME + i` there.
+fn same_files_and_times(copy: &Path, data: &Path, names: &[String]) {
+    assert_eq!(tree_of(copy), tree_of(data));
+    for (i, name) in names.iter().enumerate() {
+        let mtime = std::fs::metadata(copy.join(name)).unwrap().mtime();
+        assert_eq!(mtime, KNOWN_MTIME + i as i64, "{name}");
+    }
+}
+
+/// Every name under `top`, files and directories, hidden ones too.
+fn walk_names(top: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(top).unwrap() {
+        let e = e.unwrap();
+        out.push(e.file_name().to_string_lossy().into_owned());
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk_names(&e.path()));
+        }
+    }
+    out
 }
 
 /// Ctrl-C while a bundle arrives (paced by the server at 100 kB/s, so that it would take 40 s)
@@ -1167,40 +1252,32 @@ fn ctrl_c_stops_a_bundle_part_way_and_leaves_no_partial() {
     assert_eq!(tree_of(&got.join("data")), tree_of(&data));
 }
 
-/// With `-n auto`, a tree's small files (600 KiB here: three blocks, which a file on its own
-/// would send over three connections) each go on one data connection when they go one by
-/// one (uploads): more would cost every file a thread per connection at both ends, for
-/// nothing. Downloads come in bundles, whose connections are the bundle's.
+/// With `-n auto`, a tree's small files that go one by one (1.5 MiB here: too large for a
+/// bundle, twelve blocks, which a file on its own would send over several connections) each
+/// go on one data connection when uploaded: more would cost every file a thread per
+/// connection at both ends, for nothing.
 #[test]
 fn small_files_of_a_tree_each_go_on_one_data_connection() {
     let dir = tempdir();
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
+    let size = 1536 << 10;
     for i in 0..6u64 {
-        std::fs::write(data.join(format!("f{i}")), random_bytes(600 << 10, i)).unwrap();
+        std::fs::write(data.join(format!("f{i}")), random_bytes(size, i)).unwrap();
     }
     let root = dir.path().join("served");
     std::fs::create_dir_all(root.join("up")).unwrap();
     let server = Server::start(&root, &["--anonymous-write"]);
     let got = dir.path().join("got");
     let (up, down) = (server.url("up/"), server.url("up/data/"));
-    for (op, files) in put_then_get(&data, &up, &down, &got, "2") {
-        assert_eq!(files.len(), 6, "{op}: {files:?}");
-        for f in &files {
-            let per_conn = f["per_connection_bytes"].as_array().unwrap();
-            let carried: u64 = per_conn.iter().map(|b| b.as_u64().unwrap()).sum();
-            match f["bundle"].as_u64() {
-                None => {
-                    assert_eq!(op, "put", "{f}");
-                    assert_eq!(f["streams"], 1, "{op}: {f}");
-                    assert_eq!(carried, 600 << 10, "{op}: {f}");
-                }
-                Some(n) => {
-                    assert_eq!(op, "get", "{f}");
-                    assert_eq!(carried, n * (600 << 10), "{op}: {f}");
-                }
-            }
-        }
+    let [(_, put), (_, get)] = put_then_get(&data, &up, &down, &got, "2");
+    assert_eq!((put.len(), get.len()), (6, 6), "{put:?} {get:?}");
+    for f in &put {
+        assert!(f["bundle"].is_null(), "{f}");
+        assert_eq!(f["streams"], 1, "{f}");
+        let per_conn = f["per_connection_bytes"].as_array().unwrap();
+        let carried: usize = per_conn.iter().map(|b| b.as_u64().unwrap() as usize).sum();
+        assert_eq!(carried, size, "{f}");
     }
     assert_eq!(tree_of(&got.join("data")), tree_of(&data));
     assert_eq!(tree_of(&root.join("up/data")), tree_of(&data));

@@ -1,4 +1,5 @@
-//! Many small files as one MODE E transfer (braid's `BNDL` and `RBND`, FEAT `BRAID-BUNDLE`).
+//! Many small files as one MODE E transfer (braid's `BNDL`, then `RBND` to fetch them or
+//! `SBND` to store them; FEAT `BRAID-BUNDLE`, `BRAID-BUNDLE 2` with `SBND`).
 //!
 //! A tree of small files costs a RETR, its reply, an open for CKSM and a transfer's set-up per
 //! file; at 4 KiB a file that per-file work, not the bytes, sets the pace (10,000 files took
@@ -20,16 +21,22 @@ pub const MAX_FILES: usize = 100_000;
 /// server keep: long paths by the thousand would otherwise be hundreds of megabytes).
 pub const MAX_NAME_BYTES: usize = 16 << 20;
 
-/// A file in a bundle: its size, and its path as the client names it.
+/// Files one `SBND` may store: the server holds each one's partial open (and locked) until
+/// the bundle is whole and checked.
+pub const STORE_MOST: usize = 4096;
+
+/// A file in a bundle: its size, its path as the client names it and, for `SBND`, the
+/// modification time it takes once stored (Unix seconds; a tree's times cost no MFMT each).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Named {
     pub size: u64,
     pub path: String,
+    pub mtime: Option<i64>,
 }
 
-/// `BNDL`'s argument: `SIZE:PATH` items separated by spaces, each path percent-encoded where
-/// it holds `%`, a space or a control character (FTP paths may hold spaces; a CR or LF could
-/// not be sent anyway).
+/// `BNDL`'s argument: `SIZE:PATH` or `SIZE@MTIME:PATH` items separated by spaces, each path
+/// percent-encoded where it holds `%`, a space or a control character (FTP paths may hold
+/// spaces; a CR or LF could not be sent anyway).
 pub fn encode(files: &[Named]) -> String {
     let mut out = String::new();
     for f in files {
@@ -37,6 +44,9 @@ pub fn encode(files: &[Named]) -> String {
             out.push(' ');
         }
         out.push_str(&f.size.to_string());
+        if let Some(t) = f.mtime {
+            out.push_str(&format!("@{t}"));
+        }
         out.push(':');
         for ch in f.path.chars() {
             if ch == '%' || ch.is_whitespace() || ch.is_control() {
@@ -76,17 +86,25 @@ pub fn decode(arg: &str) -> Result<Vec<Named>, String> {
     arg.split(' ')
         .filter(|w| !w.is_empty())
         .map(|item| {
-            let (size, path) = item
+            let (head, path) = item
                 .split_once(':')
                 .ok_or_else(|| format!("{item:?}: expected SIZE:PATH"))?;
+            let (size, mtime) = match head.split_once('@') {
+                Some((size, t)) => (size, Some(t)),
+                None => (head, None),
+            };
             let size = size
                 .parse()
                 .map_err(|_| format!("{item:?}: the size is not a number"))?;
+            let mtime = mtime
+                .map(|t| t.parse())
+                .transpose()
+                .map_err(|_| format!("{item:?}: the time is not a number of seconds"))?;
             let path = unescape(path).ok_or_else(|| format!("{item:?}: bad percent-encoding"))?;
             if path.is_empty() {
                 return Err(format!("{item:?}: no path"));
             }
-            Ok(Named { size, path })
+            Ok(Named { size, path, mtime })
         })
         .collect()
 }
@@ -208,6 +226,7 @@ mod tests {
         Named {
             size,
             path: path.into(),
+            mtime: None,
         }
     }
 
@@ -224,6 +243,14 @@ mod tests {
             "{wire}"
         );
         assert_eq!(decode(&wire).unwrap(), files);
+        // SBND's files carry their time; a path may hold `@` and `:` as it likes.
+        let timed = vec![Named {
+            mtime: Some(1_764_400_000),
+            ..named(3, "a@b:c")
+        }];
+        assert_eq!(encode(&timed), "3@1764400000:a@b:c");
+        assert_eq!(decode(&encode(&timed)).unwrap(), timed);
+        assert!(decode("3@x:a").is_err());
         assert!(decode("12").is_err());
         assert!(decode("x:a").is_err());
         assert!(decode("1:%G0").is_err());

@@ -103,6 +103,11 @@ impl Features {
         self.has("BRAID-BUNDLE")
     }
 
+    /// A braid server that also stores bundles (SBND; `BRAID-BUNDLE 2`).
+    pub fn stores_bundles(&self) -> bool {
+        self.version("BRAID-BUNDLE").unwrap_or(0) >= 2
+    }
+
     /// The kind of MODE E peer, if any.
     pub fn block_peer(&self) -> Option<BlockPeer> {
         if self.has("BRAID") {

@@ -106,10 +106,12 @@ pub enum Command {
     Spor(Vec<SocketAddrV4>),
     Retr(String),
     /// `BNDL SIZE:PATH ...` (braid): adds files, each at the size the client expects, to the
-    /// bundle the next RBND sends ([`crate::bundle`]).
+    /// bundle the next RBND sends or SBND stores ([`crate::bundle`]).
     Bundle(Vec<crate::bundle::Named>),
     /// `RBND` (braid): sends the files BNDL named as one MODE E transfer.
     RetrBundle,
+    /// `SBND` (braid): stores the files BNDL named, sent as one MODE E transfer.
+    StorBundle,
     Stor(String),
     Appe(String),
     List(Option<String>),
@@ -327,6 +329,7 @@ impl Command {
                 Command::Bundle(files)
             }
             "RBND" => Command::RetrBundle,
+            "SBND" => Command::StorBundle,
             "STOR" => Command::Stor(path("STOR")?),
             "APPE" => Command::Appe(path("APPE")?),
             "LIST" => Command::List(opt_arg()),
@@ -457,6 +460,7 @@ impl Command {
             Command::Retr(a) => with("RETR", a),
             Command::Bundle(files) => format!("BNDL {}", crate::bundle::encode(files)),
             Command::RetrBundle => "RBND".into(),
+            Command::StorBundle => "SBND".into(),
             Command::Stor(a) => with("STOR", a),
             Command::Appe(a) => with("APPE", a),
             Command::List(a) => opt("LIST", a),
@@ -700,14 +704,19 @@ mod tests {
             any::<u64>().prop_map(Command::Pbsz),
             prop_oneof![Just('C'), Just('S'), Just('E'), Just('P')].prop_map(Command::Prot),
             path_arg().prop_map(Command::Retr),
-            proptest::collection::vec((any::<u64>(), "[^\r\n\0]{1,12}"), 1..4).prop_map(|v| {
+            proptest::collection::vec(
+                (any::<u64>(), "[^\r\n\0]{1,12}", any::<Option<i64>>()),
+                1..4
+            )
+            .prop_map(|v| {
                 Command::Bundle(
                     v.into_iter()
-                        .map(|(size, path)| crate::bundle::Named { size, path })
+                        .map(|(size, path, mtime)| crate::bundle::Named { size, path, mtime })
                         .collect(),
                 )
             }),
             Just(Command::RetrBundle),
+            Just(Command::StorBundle),
             path_arg().prop_map(Command::Stor),
             path_arg().prop_map(Command::Appe),
             opt_path().prop_map(Command::List),

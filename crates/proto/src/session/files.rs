@@ -28,12 +28,19 @@ impl Session {
     /// line leaves the bundle empty, so that the RBND behind it is refused too and the client
     /// takes those files one by one.
     fn add_to_bundle(&mut self, files: Vec<crate::bundle::Named>) -> Action {
+        if self.bundle_refused {
+            return Action::Reply(Reply::new(
+                503,
+                "A BNDL line before this one was refused, and with it the bundle: end it with RBND or SBND.",
+            ));
+        }
         let adding: usize = files.iter().map(|f| f.path.len()).sum();
         if self.bundle.len() + files.len() > crate::bundle::MAX_FILES
             || self.bundle_names + adding > crate::bundle::MAX_NAME_BYTES
         {
             self.bundle.clear();
             self.bundle_names = 0;
+            self.bundle_refused = true;
             return Action::Reply(Reply::new(
                 504,
                 format!(
@@ -45,10 +52,11 @@ impl Session {
         }
         for f in files {
             match self.cwd.join(&f.path) {
-                Ok(p) => self.bundle.push((p, f.size)),
+                Ok(p) => self.bundle.push((p, f.size, f.mtime)),
                 Err(e) => {
                     self.bundle.clear();
                     self.bundle_names = 0;
+                    self.bundle_refused = true;
                     return Action::Reply(path_error(e, &f.path));
                 }
             }
@@ -58,6 +66,17 @@ impl Session {
             200,
             format!("The bundle holds {} files.", self.bundle.len()),
         ))
+    }
+
+    /// The files BNDL named, for the RBND or SBND that ends them; none if a line was refused
+    /// (or none came). Either way the next BNDL starts a new bundle.
+    fn take_bundle(&mut self) -> Vec<(VPath, u64, Option<i64>)> {
+        self.bundle_names = 0;
+        let files = std::mem::take(&mut self.bundle);
+        match std::mem::take(&mut self.bundle_refused) {
+            true => Vec::new(),
+            false => files,
+        }
     }
 
     /// One file or transfer command from a logged-in user.
@@ -147,12 +166,43 @@ impl Session {
             }
             Command::Bundle(files) => self.add_to_bundle(files),
             Command::RetrBundle => {
-                if self.bundle.is_empty() {
-                    return reply(503, "Name the files with BNDL first.");
+                let files = self.take_bundle();
+                if files.is_empty() {
+                    return reply(503, "Name the files with BNDL first (all its lines taken).");
                 }
-                let files = std::mem::take(&mut self.bundle);
-                self.bundle_names = 0;
+                let files = files.into_iter().map(|(p, size, _)| (p, size)).collect();
                 self.transfer(TransferKind::Bundle(files), rest, rest_ranges, writable)
+            }
+            Command::StorBundle => {
+                let files = self.take_bundle();
+                let Some((first, ..)) = files.first() else {
+                    return reply(503, "Name the files with BNDL first (all its lines taken).");
+                };
+                if let Some(a) = need_write(first) {
+                    return a;
+                }
+                if files.len() > crate::bundle::STORE_MOST {
+                    return Action::Reply(Reply::new(
+                        504,
+                        format!(
+                            "SBND stores at most {} files at a time; send the rest in another bundle.",
+                            crate::bundle::STORE_MOST
+                        ),
+                    ));
+                }
+                if rest != 0 || rest_ranges.is_some() {
+                    return reply(
+                        504,
+                        "SBND stores whole files only: send it without REST, or STOR each file.",
+                    );
+                }
+                if self.expect.is_none() {
+                    return reply(
+                        503,
+                        "A bundle is stored only with the checksum of all it holds: send SCKS XXH3 * first.",
+                    );
+                }
+                self.transfer(TransferKind::StoreBundle(files), 0, None, writable)
             }
             Command::Stor(arg) => {
                 let p = resolve!(&arg);

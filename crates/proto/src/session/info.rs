@@ -38,8 +38,9 @@ impl Session {
             // OPTS STOR Eager=1: their data may come before STOR's answer, on the open data
             // connections only (a refused file's data is read and dropped).
             " BRAID 4".into(),
-            // BNDL and RBND: many small files as one MODE E transfer (`crate::bundle`).
-            " BRAID-BUNDLE".into(),
+            // BNDL and RBND: many small files as one MODE E transfer (`crate::bundle`);
+            // 2: SBND stores them, each with the time BNDL named.
+            " BRAID-BUNDLE 2".into(),
         ]);
         // OPTS BRAID COMPRESS=auto|on|off is taken: MODE E blocks may then be compressed
         // (zstd, descriptor bit 0x02; see `crate::compress`). Listed only when this server

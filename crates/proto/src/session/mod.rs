@@ -105,10 +105,15 @@ pub struct Session {
     third_party: Option<ThirdParty>,
     /// OPTS BRAID NODE (a data node): the front end's order for the next transfer.
     node_order: Option<crate::stripes::NodeOrder>,
-    /// BNDL: the files the next RBND sends, each at the size the client named.
-    bundle: Vec<(VPath, u64)>,
+    /// BNDL: the files the next RBND sends or SBND stores, each at the size the client
+    /// named (and, to store, with the time it named).
+    bundle: Vec<(VPath, u64, Option<i64>)>,
     /// The bytes of the names in `bundle`, as sent.
     bundle_names: usize,
+    /// A BNDL line was refused: every line behind it is too, and the RBND or SBND that ends
+    /// them, so that no bundle is moved with some of its files missing (the client's layout
+    /// of the bytes would not be the server's).
+    bundle_refused: bool,
 }
 
 impl Session {
@@ -150,6 +155,7 @@ impl Session {
             node_order: None,
             bundle: Vec::new(),
             bundle_names: 0,
+            bundle_refused: false,
         }
     }
 
@@ -236,15 +242,19 @@ impl Session {
         // REST applies to the next transfer command. RFC 3659 wants it right before that
         // command, but clients also send it before PASV/EPSV, so those keep it.
         let rest = match cmd {
-            Command::Retr(_) | Command::Stor(_) | Command::Appe(_) | Command::RetrBundle => {
-                std::mem::take(&mut self.rest)
-            }
+            Command::Retr(_)
+            | Command::Stor(_)
+            | Command::Appe(_)
+            | Command::RetrBundle
+            | Command::StorBundle => std::mem::take(&mut self.rest),
             _ => 0,
         };
         let rest_ranges = match cmd {
-            Command::Retr(_) | Command::Stor(_) | Command::Appe(_) | Command::RetrBundle => {
-                self.rest_ranges.take()
-            }
+            Command::Retr(_)
+            | Command::Stor(_)
+            | Command::Appe(_)
+            | Command::RetrBundle
+            | Command::StorBundle => self.rest_ranges.take(),
             _ => None,
         };
         let reply = |code, text: &str| Action::Reply(Reply::new(code, text));
@@ -314,6 +324,7 @@ impl Session {
             | Command::Retr(_)
             | Command::Bundle(_)
             | Command::RetrBundle
+            | Command::StorBundle
             | Command::Stor(_)
             | Command::Appe(_)
             | Command::List(_)
@@ -427,6 +438,12 @@ impl Session {
             return Action::Reply(Reply::new(
                 504,
                 "RBND moves its files in MODE E only: send MODE E, or RETR each file.",
+            ));
+        }
+        if matches!(kind, TransferKind::StoreBundle(_)) && !self.extended {
+            return Action::Reply(Reply::new(
+                504,
+                "SBND moves its files in MODE E only: send MODE E, or STOR each file.",
             ));
         }
         if stripe.is_some() && !(self.extended && matches!(endpoint, DataEndpoint::Passive(_))) {
@@ -864,13 +881,21 @@ impl Session {
             )],
             // RFC 2228's "failed security check": a code of its own, so clients need not read
             // the text.
-            TransferOutcome::ChecksumMismatch { expected, actual } => vec![Reply::new(
-                535,
-                format!(
-                    "{}: checksum mismatch: the client announced {expected}, the data received hashes to {actual}; kept as a partial upload.",
-                    t.path()
-                ),
-            )],
+            TransferOutcome::ChecksumMismatch { expected, actual } => {
+                let (what, kept) = match &t.kind {
+                    TransferKind::StoreBundle(files) => (
+                        format!("SBND of {} files", files.len()),
+                        "none of them stored",
+                    ),
+                    _ => (t.path().to_string(), "kept as a partial upload"),
+                };
+                vec![Reply::new(
+                    535,
+                    format!(
+                        "{what}: checksum mismatch: the client announced {expected}, the data received hashes to {actual}; {kept}."
+                    ),
+                )]
+            }
         }
     }
 }
@@ -1334,6 +1359,7 @@ mod tests {
         let named = |size, path: &str| crate::bundle::Named {
             size,
             path: path.into(),
+            mtime: None,
         };
         let mut s = logged_in();
         s.start_in(VPath::root().join("home/ann").unwrap());
@@ -1372,8 +1398,17 @@ mod tests {
             code(bndl(&mut s, vec![named(1, "ok"), named(1, "x\0y")])) / 100,
             5
         );
+        // Lines behind a refused one are refused too: the bundle would move without its files.
+        assert_eq!(code(bndl(&mut s, vec![named(1, "later")])), 503);
         passive(&mut s);
         assert_eq!(code(s.handle(Command::RetrBundle)), 503);
+        // Its end starts the next afresh.
+        assert_eq!(code(bndl(&mut s, vec![named(1, "later")])), 200);
+        passive(&mut s);
+        assert_eq!(
+            transfer(s.handle(Command::RetrBundle)).path().relative(),
+            "home/ann/later"
+        );
         // Names past the cap (a hostile client's thousands of long paths) are refused.
         let long = format!("{}/", "d".repeat(250)).repeat(15);
         let line: Vec<_> = (0..100).map(|i| named(1, &format!("{long}{i}"))).collect();
@@ -1398,6 +1433,80 @@ mod tests {
             crate::bundle::sum_in(&replies[0].text()),
             Some("00ff".into())
         );
+    }
+
+    #[test]
+    fn a_stored_bundle_keeps_its_times_goes_whole_in_mode_e_and_needs_write_access() {
+        let named = |size, path: &str, mtime| crate::bundle::Named {
+            size,
+            path: path.into(),
+            mtime,
+        };
+        let mut s = logged_in();
+        assert_eq!(code(s.handle(Command::StorBundle)), 503);
+        let files = vec![named(3, "a", Some(1_700_000_000)), named(0, "d/b", None)];
+        let scks = || Command::Scks {
+            alg: "XXH3".into(),
+            value: None,
+        };
+        s.handle(scks());
+        s.handle(Command::Bundle(files.clone()));
+        passive(&mut s);
+        assert_eq!(code(s.handle(Command::StorBundle)), 504);
+        assert_eq!(code(s.handle(Command::Mode(Mode::Extended))), 200);
+        // Without the checksum of the whole to come, refused.
+        s.handle(Command::Bundle(files.clone()));
+        passive(&mut s);
+        assert_eq!(code(s.handle(Command::StorBundle)), 503);
+        s.handle(scks());
+        s.handle(Command::Bundle(files.clone()));
+        // Whole files only: REST before SBND refuses it.
+        s.handle(Command::Rest(5));
+        passive(&mut s);
+        assert_eq!(code(s.handle(Command::StorBundle)), 504);
+        s.handle(Command::Bundle(files.clone()));
+        passive(&mut s);
+        let t = transfer(s.handle(Command::StorBundle));
+        assert_eq!(t.expect, Some(Expected::Deferred));
+        assert_eq!(t.direction(), Direction::FromClient);
+        let TransferKind::StoreBundle(got) = &t.kind else {
+            panic!("not a stored bundle: {:?}", t.kind)
+        };
+        let got: Vec<_> = got.iter().map(|(p, n, t)| (p.relative(), *n, *t)).collect();
+        assert_eq!(
+            got,
+            [
+                ("a".to_string(), 3, Some(1_700_000_000)),
+                ("d/b".to_string(), 0, None)
+            ]
+        );
+        // A checksum that differs stores none of them, and says so.
+        let mismatch = TransferOutcome::ChecksumMismatch {
+            expected: "01".into(),
+            actual: "02".into(),
+        };
+        let r = &s.transfer_done(&t, mismatch)[0];
+        assert_eq!(r.code, 535);
+        assert!(r.text().starts_with("SBND of 2 files"), "{}", r.text());
+        assert!(r.text().contains("none of them stored"), "{}", r.text());
+        // More than the server holds open at once, refused before a byte moves.
+        let many: Vec<_> = (0..=crate::bundle::STORE_MOST)
+            .map(|i| named(1, &format!("f{i}"), None))
+            .collect();
+        s.handle(scks());
+        s.handle(Command::Bundle(many));
+        passive(&mut s);
+        assert_eq!(code(s.handle(Command::StorBundle)), 504);
+        // A read-only account stores nothing.
+        let mut ro = fresh(false);
+        ro.handle(Command::User("anonymous".into()));
+        ro.handle(Command::Pass("x".into()));
+        ro.login_done(Some(Perm::ReadOnly));
+        ro.handle(Command::Mode(Mode::Extended));
+        ro.handle(scks());
+        ro.handle(Command::Bundle(files));
+        passive(&mut ro);
+        assert_eq!(code(ro.handle(Command::StorBundle)), 550);
     }
 
     #[test]

@@ -155,6 +155,8 @@ pub enum TransferKind {
     Retr(VPath),
     /// RBND: the files BNDL named, each at the size named, end to end ([`crate::bundle`]).
     Bundle(Vec<(VPath, u64)>),
+    /// SBND: the files BNDL named, each at the size and with the time named, end to end.
+    StoreBundle(Vec<(VPath, u64, Option<i64>)>),
     Stor(VPath),
     Appe(VPath),
     List(VPath, ListStyle),
@@ -163,7 +165,9 @@ pub enum TransferKind {
 impl TransferKind {
     pub fn direction(&self) -> Direction {
         match self {
-            TransferKind::Stor(_) | TransferKind::Appe(_) => Direction::FromClient,
+            TransferKind::Stor(_) | TransferKind::Appe(_) | TransferKind::StoreBundle(_) => {
+                Direction::FromClient
+            }
             TransferKind::Retr(_) | TransferKind::Bundle(_) | TransferKind::List(..) => {
                 Direction::ToClient
             }
@@ -416,6 +420,7 @@ impl Transfer {
             let what = match (&self.kind, size) {
                 (TransferKind::Retr(p), Some(n)) => format!(" of {p} ({n} bytes)"),
                 (TransferKind::Bundle(files), _) => format!(" of {} files", files.len()),
+                (TransferKind::StoreBundle(files), _) => format!(" of {} files", files.len()),
                 (TransferKind::List(..), _) => String::new(),
                 _ => format!(" of {}", self.path()),
             };
@@ -438,6 +443,12 @@ impl Transfer {
                     files.len()
                 )
             }
+            (TransferKind::StoreBundle(files), _) => {
+                format!(
+                    "Opening {mode} mode data connection for {} files.",
+                    files.len()
+                )
+            }
             (TransferKind::List(..), _) => "Here comes the directory listing.".to_string(),
         };
         Reply::new(150, text)
@@ -450,6 +461,10 @@ impl Transfer {
             TransferKind::Bundle(files) => Reply::new(
                 e.reply(self.path()).code,
                 format!("RBND of {} files: {e}.", files.len()),
+            ),
+            TransferKind::StoreBundle(files) => Reply::new(
+                e.reply(self.path()).code,
+                format!("SBND of {} files: {e}.", files.len()),
             ),
             _ => e.reply(self.path()),
         }
@@ -467,6 +482,9 @@ impl Transfer {
             | TransferKind::List(p, _) => p,
             // Named by its first file (RBND refuses an empty bundle).
             TransferKind::Bundle(files) => files.first().map_or(&crate::path::ROOT, |(p, _)| p),
+            TransferKind::StoreBundle(files) => {
+                files.first().map_or(&crate::path::ROOT, |(p, ..)| p)
+            }
         }
     }
 }
