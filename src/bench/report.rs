@@ -69,6 +69,8 @@ pub struct CellReport {
     /// Payload throughput, Mbit/s, of the runs that completed.
     pub mbit_s: Option<Summary>,
     pub seconds: Option<Summary>,
+    /// The command's wall time, start-up (an ssh login, a far side started) included.
+    pub wall_seconds: Option<Summary>,
     pub failures: usize,
     pub errors: Vec<String>,
     /// Ping across the link while this cell ran.
@@ -202,6 +204,7 @@ pub fn build(
             cell: cell.clone(),
             mbit_s,
             seconds: Summary::of(&ok.iter().map(|m| m.seconds).collect::<Vec<_>>()),
+            wall_seconds: Summary::of(&ok.iter().map(|m| m.wall_seconds).collect::<Vec<_>>()),
             failures: runs.len() - ok.len(),
             errors: runs
                 .iter()
@@ -361,11 +364,13 @@ fn against_reference(cells: &[&CellReport]) -> String {
 }
 
 /// A tree run's cells against braid's fastest in the same direction: median seconds, files
-/// a second, and each tool's time over braid's (above 1: braid is faster); empty without a
-/// braid cell.
+/// a second, and each tool's time over braid's (above 1: braid is faster); then each one's
+/// whole command, start-up included (what `rsync -e ssh` and `braid cp` spend on ssh, which
+/// the seconds leave out for the one and not the other); empty without a braid cell.
 fn trees_against_braid(cells: &[&CellReport], files: u64) -> String {
     let mut s = String::new();
     let seconds = |c: &CellReport| c.seconds.as_ref().map(|m| m.median);
+    let wall = |c: &CellReport| c.wall_seconds.as_ref().map(|m| m.median);
     for direction in [super::grid::Direction::Get, super::grid::Direction::Put] {
         let here: Vec<&&CellReport> = cells
             .iter()
@@ -382,19 +387,27 @@ fn trees_against_braid(cells: &[&CellReport], files: u64) -> String {
         let _ = writeln!(
             s,
             "\n{} against braid's fastest in the same run ({reference:.2} s):\n\n\
-             | tool | streams | seconds | files/s | x braid's time |\n|---|---|---|---|---|",
+             | tool | streams | seconds | files/s | x braid's time | whole command s | x braid's |\n\
+             |---|---|---|---|---|---|---|",
             direction.name(),
         );
+        let whole = here
+            .iter()
+            .filter(|c| c.cell.tool == Tool::Braid)
+            .filter_map(|c| wall(c))
+            .reduce(f64::min);
         for c in here {
             let secs = seconds(c);
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} |",
                 c.cell.tool_label(),
                 c.cell.streams.label(),
                 opt(secs, 2),
                 opt(secs.map(|t| files as f64 / t), 0),
                 opt(secs.map(|t| t / reference), 2),
+                opt(wall(c), 2),
+                opt(wall(c).zip(whole).map(|(t, w)| t / w), 2),
             );
         }
     }
@@ -731,6 +744,7 @@ mod tests {
             },
             mbit_s: None,
             seconds: None,
+            wall_seconds: None,
             failures: 0,
             errors: Vec::new(),
             ping: None,
@@ -785,6 +799,7 @@ mod tests {
     fn a_tree_run_sets_each_tool_against_braids_fastest_time() {
         let cell = |tool, streams, secs: f64| CellReport {
             seconds: Some(summary(secs)),
+            wall_seconds: Some(summary(secs + 0.25)),
             ..cell_report(tool, streams)
         };
         let (slow, fast) = (cell(Tool::Braid, 1, 2.0), cell(Tool::Braid, 4, 0.5));
@@ -795,11 +810,11 @@ mod tests {
             "{table}"
         );
         assert!(
-            table.contains("| lftp | 1 | 1.50 | 667 | 3.00 |"),
+            table.contains("| lftp | 1 | 1.50 | 667 | 3.00 | 1.75 | 2.33 |"),
             "{table}"
         );
         assert!(
-            table.contains("| braid | 4 | 0.50 | 2000 | 1.00 |"),
+            table.contains("| braid | 4 | 0.50 | 2000 | 1.00 | 0.75 | 1.00 |"),
             "{table}"
         );
         assert_eq!(trees_against_braid(&[&lftp], 1000), "");

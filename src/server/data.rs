@@ -283,8 +283,10 @@ pub fn run_blocks(
         (Job::StoreBundle { partials, layout }, BlockConns::Receive(conns, shared, parked)) => {
             let total = layout.total();
             let sink = Sink::Landing(engine::bundle::Landing::new(layout, partials.files()));
+            // Its size is known: no block may reach past it.
+            let limit = Some(total);
             let mut kept =
-                engine::receive::receive(transfer, conns, &sink, None, &shared).map_err(engine)?;
+                engine::receive::receive(transfer, conns, &sink, limit, &shared).map_err(engine)?;
             drop(sink);
             kept.listener = kept.listener.or(parked);
             let got = shared.snapshot();

@@ -184,3 +184,129 @@ fn uploads_keep_their_modification_times() {
     raw.send("MFMT 20100101000000 up/local/a.txt");
     assert!(raw.reply().starts_with("550"));
 }
+
+/// A bundle being stored (SBND) leaves nothing when it does not end well: its client gone
+/// part-way through the data, its checksum other than what arrived, or a block past its end.
+/// Its partials are there while it runs and gone after; no file takes its name; the server
+/// goes on serving, and a bundle sent right is stored with its times.
+#[test]
+fn a_stored_bundle_that_does_not_end_well_leaves_no_file_and_no_partial() {
+    use crate::util::Raw;
+    use braid_proto::block::Header;
+    use std::io::Write;
+    let dir = tempdir();
+    let root = dir.path().join("served");
+    std::fs::create_dir_all(&root).unwrap();
+    let server = Server::start(&root, &["--anonymous-write"]);
+    let (a, b) = (random_bytes(3000, 1), random_bytes(5000, 2));
+    let all = [a.clone(), b.clone()].concat();
+    let partials = || {
+        std::fs::read_dir(&root)
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy()
+                    .ends_with(braid_proto::path::PART_SUFFIX)
+            })
+            .count()
+    };
+    let ok = |raw: &mut Raw, cmd: &str, code: &str| {
+        raw.send(cmd);
+        let r = raw.reply();
+        assert!(r.starts_with(code), "{cmd}: {r}");
+    };
+    // Logged in, MODE E, a data connection, and SBND of a (with a time) and b under way.
+    let start = || {
+        let mut raw = Raw::login(server.addr, "anonymous", "x");
+        ok(&mut raw, "TYPE I", "200");
+        ok(&mut raw, "MODE E", "200");
+        let data = raw.epsv();
+        ok(&mut raw, "BNDL 3000@1600000000:a 5000:b", "200");
+        ok(&mut raw, "SCKS XXH3 *", "200");
+        ok(&mut raw, "SBND", "150");
+        assert_eq!(
+            partials(),
+            2,
+            "each file's partial exists once SBND is under way"
+        );
+        (raw, data)
+    };
+    let gone = || {
+        let until = Instant::now() + Duration::from_secs(10);
+        while partials() > 0 {
+            assert!(Instant::now() < until, "partials left behind");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!root.join("a").exists() && !root.join("b").exists());
+    };
+    let block = |data: &mut std::net::TcpStream, h: Header, bytes: &[u8]| {
+        data.write_all(&h.encode()).unwrap();
+        data.write_all(bytes).unwrap();
+    };
+    let sum = |bytes: &[u8]| braid_proto::checksum::hex(braid_proto::checksum::of(bytes));
+    // The next reply past the markers (111, 112) an upload's end brings.
+    let last = |raw: &mut Raw| loop {
+        let r = raw.reply();
+        if !r.starts_with('1') {
+            return r;
+        }
+    };
+
+    // The client vanishes with part of the data sent.
+    let (raw, mut data) = start();
+    block(&mut data, Header::data(0, 2000), &a[..2000]);
+    drop((raw, data));
+    gone();
+
+    // Everything arrives, but the client's checksum is another's.
+    let (mut raw, mut data) = start();
+    block(&mut data, Header::data(0, all.len() as u64), &all);
+    block(&mut data, Header::eof(1), &[]);
+    raw.send(&format!("SCKS XXH3 {}", sum(b"something else")));
+    let scks = last(&mut raw);
+    let end = last(&mut raw);
+    assert!(scks.starts_with("200"), "{scks}");
+    assert!(
+        end.starts_with("535 SBND of 2 files") && end.contains("none of them stored"),
+        "{end}"
+    );
+    gone();
+
+    // A block reaching past the bundle's end.
+    drop((raw, data));
+    let (mut raw, mut data) = start();
+    block(
+        &mut data,
+        Header::data(all.len() as u64 - 10, 20),
+        &[0u8; 20],
+    );
+    let end = last(&mut raw);
+    assert!(end.starts_with('4') || end.starts_with('5'), "{end}");
+    gone();
+
+    // And one sent right is stored, each file whole, with its time where BNDL gave one.
+    drop(data);
+    ok(&mut raw, "NOOP", "200");
+    let mut raw = {
+        let (mut raw, mut data) = start();
+        block(&mut data, Header::data(0, all.len() as u64), &all);
+        block(&mut data, Header::eof(1), &[]);
+        raw.send(&format!("SCKS XXH3 {}", sum(&all)));
+        assert!(last(&mut raw).starts_with("200"));
+        let end = last(&mut raw);
+        assert!(end.starts_with("226"), "{end}");
+        raw
+    };
+    ok(&mut raw, "NOOP", "200");
+    assert_eq!(std::fs::read(root.join("a")).unwrap(), a);
+    assert_eq!(std::fs::read(root.join("b")).unwrap(), b);
+    let mtime = std::fs::metadata(root.join("a"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(
+        mtime,
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000)
+    );
+    assert_eq!(partials(), 0);
+}
