@@ -10,10 +10,11 @@ use super::connect_back::Back;
 use super::error::{ClientError, Result};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 /// How long a straight data connection, or one the far side opens, may take before the next
@@ -31,35 +32,7 @@ pub struct DataAddr {
     pub detour: Option<Arc<Detour>>,
 }
 
-/// The ways a data connection can take, in the order they are tried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-#[repr(u8)]
-pub enum Way {
-    Straight = 0,
-    /// The far side opens it.
-    Back = 1,
-    /// Through ssh's channel.
-    Channel = 2,
-}
-
-impl Way {
-    /// As `--json`'s `data_route` says it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Way::Straight => "direct",
-            Way::Back => "connect-back",
-            Way::Channel => "ssh-channel",
-        }
-    }
-
-    fn from_u8(v: u8) -> Way {
-        match v {
-            0 => Way::Straight,
-            1 => Way::Back,
-            _ => Way::Channel,
-        }
-    }
-}
+pub use super::ways::Way;
 
 /// The ways round for a transfer's data connections, through ssh's shared connection.
 pub struct Detour {
@@ -74,6 +47,13 @@ pub struct Detour {
     back: OnceLock<std::result::Result<Back, String>>,
     /// The way every new connection takes: only ever further down the list.
     way: AtomicU8,
+    /// Where the way found is kept for the next run to this destination ([`super::ways`]).
+    memory: Option<PathBuf>,
+    /// The way was found by an earlier run (kept again only if it changes: kept each time
+    /// it is taken, it would never be tried straight again).
+    recalled: bool,
+    /// Whether `-v` has been told that the way comes from an earlier run.
+    told: AtomicBool,
 }
 
 impl std::fmt::Debug for Detour {
@@ -95,24 +75,34 @@ impl Detour {
     /// Through the OpenSSH connection shared at `control_path` (`%C` in a private
     /// directory), which the ssh of `program` (with its options) reaches `destination` by;
     /// `remote_braid` is the braid there.
+    /// `memory`: the file where the way found to `destination` is kept between runs
+    /// ([`memory`]), none to keep nothing.
     pub fn new(
         program: &[String],
         control_path: String,
         destination: &str,
         remote_braid: &str,
+        memory: Option<PathBuf>,
     ) -> Detour {
         let mut shared = program.to_vec();
         if shared.is_empty() {
             shared.push("ssh".into());
         }
         shared.extend(["-o".into(), format!("ControlPath={control_path}")]);
+        let now = std::time::SystemTime::now();
+        let recalled = memory
+            .as_deref()
+            .and_then(|m| super::ways::recall(m, destination, now));
         Detour {
             shared,
             destination: destination.to_string(),
             remote_braid: remote_braid.to_string(),
             proxy: OnceLock::new(),
             back: OnceLock::new(),
-            way: AtomicU8::new(Way::Straight as u8),
+            way: AtomicU8::new(recalled.unwrap_or(Way::Straight) as u8),
+            memory,
+            recalled: recalled.is_some(),
+            told: AtomicBool::new(false),
         }
     }
 
@@ -121,8 +111,36 @@ impl Detour {
         Way::from_u8(self.way.load(Ordering::Acquire))
     }
 
+    /// Takes `way` from now on; one further down the list than before is kept for the next
+    /// run.
     fn take(&self, way: Way) {
-        self.way.fetch_max(way as u8, Ordering::AcqRel);
+        let before = self.way.fetch_max(way as u8, Ordering::AcqRel);
+        if way as u8 > before
+            && let Some(m) = &self.memory
+        {
+            let now = std::time::SystemTime::now();
+            if let Err(e) = super::ways::remember(m, &self.destination, way, now) {
+                tracing::debug!("cannot keep the way found in {}: {e}", m.display());
+            }
+        }
+    }
+
+    /// Says once (`-v`) that the data connections take the way an earlier run found.
+    fn tell_recalled(&self) {
+        if self.recalled && !self.told.swap(true, Ordering::AcqRel) {
+            let hours = super::ways::REMEMBERED_FOR.as_secs() / 3600;
+            tracing::info!(
+                "data connections to {} go as an earlier run found they must: {} (kept in {}; tried straight again {hours} h after it was found)",
+                self.destination,
+                match self.way() {
+                    Way::Back => "the far side connects back",
+                    _ => "through ssh's channel",
+                },
+                self.memory
+                    .as_deref()
+                    .map_or(String::new(), |m| m.display().to_string()),
+            );
+        }
     }
 
     /// `ssh [options] -o ControlPath=...` and then `rest`.
@@ -214,6 +232,11 @@ impl Detour {
     }
 }
 
+/// Where the ways found are kept between runs, if anywhere.
+pub fn memory() -> Option<PathBuf> {
+    super::ways::file()
+}
+
 /// Opens one data connection to `addr`: straight, or, where that fails and there are ways
 /// round, by them (and from then on by the way that worked); with `limit` as its read and
 /// write timeout.
@@ -230,7 +253,10 @@ pub fn connect(addr: &DataAddr, limit: Duration, straight_limit: Duration) -> Re
                 Ok(s) => s,
                 Err(e) => d.round(addr, &e.to_string())?,
             },
-            _ => d.round(addr, "failed before")?,
+            _ => {
+                d.tell_recalled();
+                d.round(addr, "failed before")?
+            }
         },
     };
     s.set_read_timeout(Some(limit)).ok();
@@ -356,6 +382,7 @@ mod tests {
             "/tmp/x/%C".into(),
             "ann@box",
             "/opt/braid",
+            None,
         );
         let line = |c: Command| {
             std::iter::once(c.get_program())

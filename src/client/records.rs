@@ -271,7 +271,7 @@ fn forget_old_records(dir: &Path) {
 
 /// `$XDG_STATE_HOME/braid`, else `~/.local/state/braid` if HOME exists (braid makes its
 /// state directory, never a home directory).
-fn state_dir() -> Option<PathBuf> {
+pub(super) fn state_dir() -> Option<PathBuf> {
     let absolute = |v: std::ffi::OsString| {
         let p = PathBuf::from(v);
         p.is_absolute().then_some(p)

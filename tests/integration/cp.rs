@@ -607,6 +607,7 @@ fn cp_has_the_far_side_connect_back_or_goes_through_ssh_when_its_data_port_canno
             (down.as_str(), "got.bin", here.join("got.bin")),
             ("got.bin", up.as_str(), far.join("up.bin")),
         ] {
+            let later = from == "got.bin";
             let mut cmd = braid_command(&here);
             let options = [
                 "cp",
@@ -626,9 +627,17 @@ fn cp_has_the_far_side_connect_back_or_goes_through_ssh_when_its_data_port_canno
             assert!(ok, "{err}");
             same(&landed, &far.join("big.bin"));
             assert!(err.contains(said), "{err}");
-            if route == "ssh-channel" {
+            if route == "ssh-channel" && !later {
                 assert!(err.contains("no way out"), "the far side's words: {err}");
             }
+            // The way found is kept: the next run to the host takes it at once, without
+            // first waiting for the straight connection to fail (the walled-in far side's
+            // first run starts from the way round the one before found, connecting back).
+            let recalled = "as an earlier run found they must";
+            let first = route == "connect-back" && !later;
+            assert_eq!(err.contains(recalled), !first, "{err}");
+            let straight_tried = err.contains("failed (Connection refused");
+            assert_eq!(straight_tried, first, "{err}");
             let summary = json(out.lines().last().unwrap_or_default());
             assert_eq!(summary["data_route"], route, "{summary}");
             // The far file as scp writes it, not as an FTP URL nobody typed.
@@ -638,6 +647,8 @@ fn cp_has_the_far_side_connect_back_or_goes_through_ssh_when_its_data_port_canno
         }
         std::fs::remove_file(here.join("got.bin")).unwrap();
         std::fs::remove_file(far.join("up.bin")).unwrap();
+        let ways = std::fs::read_to_string(here.join(".local/state/braid/ways")).unwrap();
+        assert!(ways.starts_with(&format!("127.0.0.1\t{route}\t")), "{ways}");
     }
     nothing_left_running(&top.path().join("braid"));
 }
