@@ -134,6 +134,23 @@ pub fn start(
     opts: &Options,
 ) -> std::result::Result<Started, Failed> {
     let at = Instant::now();
+    // The session's first: its data connections' settings and address are asked for before
+    // the BNDL lines' answers are read, so that all come back in one round trip.
+    let fresh = (!asked.rbnd).then(|| {
+        let hint = || PathHint::of(c, Direction::Download, opts.buffer);
+        let plan = Plan::new(opts, Peer::Braid, offers_elastic(c), Some(bytes), hint);
+        // The session's later bundles go under these settings too.
+        let retr = RetrOpts {
+            parallelism: Some((plan.start, plan.start.min(1), plan.max)),
+            block_size: Some(plan.block),
+            max_rate: opts.rate_limit,
+            congestion: opts.congestion,
+            ..RetrOpts::default()
+        };
+        let elastic = block_mode(c, Direction::Download, retr, opts)
+            .and_then(|elastic| c.passive_ahead().map(|()| elastic));
+        (plan, elastic)
+    });
     // A refused BNDL empties the bundle, so RBND is refused too, and says so below.
     let mut refused = None;
     for _ in 0..asked.lines {
@@ -157,21 +174,20 @@ pub fn start(
             at,
         });
     }
-    if let Some(e) = refused {
-        return Err(Failed::file(e));
-    }
-    let hint = || PathHint::of(c, Direction::Download, opts.buffer);
-    let plan = Plan::new(opts, Peer::Braid, offers_elastic(c), Some(bytes), hint);
-    // The session's later bundles go under these settings too.
-    let retr = RetrOpts {
-        parallelism: Some((plan.start, plan.start.min(1), plan.max)),
-        block_size: Some(plan.block),
-        max_rate: opts.rate_limit,
-        congestion: opts.congestion,
-        ..RetrOpts::default()
+    let Some((plan, elastic)) = fresh else {
+        return Err(Failed::session(ClientError::Protocol(
+            "internal error: a bundle without RBND but with data connections".into(),
+        )));
     };
+    let elastic = elastic.map_err(Failed::session)?;
+    if let Some(e) = refused {
+        // The address asked for ahead is read, so that the session stays in step.
+        return match c.passive_addr() {
+            Ok(_) => Err(Failed::file(e)),
+            Err(e) => Err(Failed::session(e)),
+        };
+    }
     let fresh = |c: &mut Control| -> super::error::Result<Started> {
-        let elastic = block_mode(c, Direction::Download, retr, opts)?;
         let addr = c.passive_addr()?;
         let transfer = super::parallel::transfer(c, Direction::Download, elastic);
         let cmd = Command::RetrBundle;

@@ -230,11 +230,23 @@ fn start(
         return Ok((joins, elastic, Some(lines)));
     }
     c.begin_all(ops).map_err(session)?;
-    started(c, lines, false)?;
+    // The data connections' settings and address go with the lines: one round trip for all.
     let hint = || PathHint::of(c, Direction::Upload, opts.buffer);
     let plan = Plan::new(opts, Peer::Braid, offers_elastic(c), Some(total), hint);
+    let elastic = block_mode(c, Direction::Upload, RetrOpts::default(), opts)
+        .and_then(|elastic| c.passive_ahead().map(|()| elastic))
+        .map_err(session)?;
+    if let Err(f) = started(c, lines, false) {
+        if f.session_broken {
+            return Err(f);
+        }
+        // The address asked for ahead is read, so that the session stays in step.
+        return match c.passive_addr() {
+            Ok(_) => Err(f),
+            Err(e) => Err(session(e)),
+        };
+    }
     let fresh = |c: &mut Control| -> super::error::Result<(Joins, bool, Option<usize>)> {
-        let elastic = block_mode(c, Direction::Upload, RetrOpts::default(), opts)?;
         let addr = c.passive_addr()?;
         c.reset_stored(RangeSet::new());
         let socks = open_and_start(c, &cmd, &addr, plan.start, opts.buffer, elastic)?;

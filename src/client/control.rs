@@ -48,6 +48,8 @@ pub struct Control {
     /// Read with the login (pipelined): SIZE of a path, and a passive port.
     early_size: Option<(String, Reply)>,
     early_passive: Option<u16>,
+    /// EPSV sent ahead ([`Control::passive_ahead`]), its answer not yet read.
+    passive_asked: bool,
     /// CKSM asked for behind the running transfer (algorithm, path), and its answer once
     /// read with the transfer's end.
     checksum_after: Option<(String, String)>,
@@ -161,6 +163,7 @@ impl Control {
             deferred: VecDeque::new(),
             early_size: None,
             early_passive: None,
+            passive_asked: false,
             checksum_after: None,
             early_checksum: None,
             range_markers_asked: false,
@@ -820,8 +823,22 @@ impl Control {
         if let Some(port) = self.early_passive.take() {
             return Ok(self.data_addr(port));
         }
-        self.begin(Op::Passive)?;
+        if !std::mem::take(&mut self.passive_asked) {
+            self.begin(Op::Passive)?;
+        }
         self.passive_answer()
+    }
+
+    /// Sends EPSV (or PASV) now, behind what is out, for the next [`Control::passive_addr`]
+    /// to read: its answer then comes with theirs, not a round trip later.
+    pub fn passive_ahead(&mut self) -> Result<()> {
+        if self.early_passive.is_some() || self.passive_asked {
+            return Ok(());
+        }
+        self.data.clear();
+        self.begin(Op::Passive)?;
+        self.passive_asked = true;
+        Ok(())
     }
 
     /// SPAS to a striped server: one address per data node, in stripe order. The nodes are
