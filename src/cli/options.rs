@@ -50,11 +50,11 @@ pub struct TreeArgs {
     /// re-run after an interruption moves only what is missing.
     #[arg(long, requires = "recursive")]
     pub update: bool,
-    /// With -r: sessions at once, each moving its own files [default: 4; 1 where a braid
-    /// server sends every file in bundles].
+    /// With -r: sessions at once, each moving its own files [default: 4; 1 where every file
+    /// goes in bundles].
     ///
-    /// Small files go many at a time on each session, as many as the path holds (from a
-    /// braid server, as bundles: many files in one transfer on parallel connections); large
+    /// Small files go many at a time on each session, as many as the path holds (to and from
+    /// a braid server, as bundles: many files in one transfer on parallel connections); large
     /// ones one at a time, with their -n connections each. Lower it for servers that limit
     /// sessions per client (a refused session leaves its files to the others).
     #[arg(short = 'j', long, value_name = "N", requires = "recursive",
