@@ -996,12 +996,14 @@ fn cp_through_firewalls_has_the_far_side_connect_back_or_goes_through_ssh() {
         ),
     ] {
         let got = top.path().join(format!("got-{tag}.bin"));
-        // sshd gets up to 5 s to listen; the copy's own state stays in the test's directory.
+        // sshd gets up to 5 s to listen; the copy's own state stays in the test's directory,
+        // one for each firewall (kept between runs, the way the first found would spare the
+        // second its straight connections).
         let client = format!(
             "for i in $(seq 50); do {ssh} 198.18.0.2 true 2>/dev/null && break; sleep 0.1; done; \
              XDG_STATE_HOME={state} {BRAID} cp -v --json -n 2 -e '{ssh}' --remote-braid {BRAID} \
              198.18.0.2:{big} {got}",
-            state = top.path().join("state").display(),
+            state = top.path().join(format!("state-{tag}")).display(),
             big = big.display(),
             got = got.display(),
         );
