@@ -59,6 +59,49 @@ pub const LARGEST_FILE: u64 = 1 << 20;
 /// Longest `BNDL` argument: the command line's limit, less the verb and CRLF.
 const LINE: usize = braid_proto::MAX_LINE - 16;
 
+/// Runs a bundle's data phase; Ctrl-C stops it part-way (on a slow path one takes seconds):
+/// its connections are shut, so the sending or receiving ends at once.
+pub(super) fn until_stopped<R>(
+    transfer: &Transfer,
+    stop: &(dyn Fn() -> bool + Sync),
+    data: impl FnOnce() -> R,
+) -> R {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                if stop() {
+                    transfer.abort().abort();
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        });
+        let r = data();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        r
+    })
+}
+
+/// Reads the answers to a bundle's `lines` BNDL lines (and whatever else was asked with
+/// them). A refused BNDL empties the bundle, so the RBND or SBND behind it is refused too:
+/// the first refusal is the bundle's error, for the caller to give once that is read. Err:
+/// the session broke.
+pub(super) fn named(
+    c: &mut Control,
+    lines: usize,
+) -> std::result::Result<Option<ClientError>, Failed> {
+    let mut refused = None;
+    for _ in 0..lines {
+        match c.outcome(Some("BNDL".into())) {
+            Ok(_) => {}
+            Err(e @ ClientError::Remote { .. }) => refused = refused.or(Some(e)),
+            Err(e) => return Err(Failed::session(e)),
+        }
+    }
+    Ok(refused)
+}
+
 /// The BNDL lines that name `files`, each as long as a command line may be.
 pub(super) fn lines(files: &[Named]) -> Vec<Op> {
     runs(files, LINE)
@@ -151,15 +194,7 @@ pub fn start(
             .and_then(|elastic| c.passive_ahead().map(|()| elastic));
         (plan, elastic)
     });
-    // A refused BNDL empties the bundle, so RBND is refused too, and says so below.
-    let mut refused = None;
-    for _ in 0..asked.lines {
-        match c.outcome(Some("BNDL".into())) {
-            Ok(_) => {}
-            Err(e @ ClientError::Remote { .. }) => refused = refused.or(Some(e)),
-            Err(e) => return Err(Failed::session(e)),
-        }
-    }
+    let refused = named(c, asked.lines)?;
     if asked.rbnd {
         started_on_kept(c, "RBND").map_err(|f| match refused {
             Some(e) if !f.session_broken => Failed::file(e),
@@ -248,22 +283,8 @@ pub fn receive(
         Progress::holding(RangeSet::new()),
         Arc::new(AtomicU64::new(0)),
     );
-    // Ctrl-C stops a bundle part-way (on a slow path one takes seconds): its connections are
-    // shut, so the receive ends at once.
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let received = std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while !done.load(std::sync::atomic::Ordering::Acquire) {
-                if stop() {
-                    transfer.abort().abort();
-                    return;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-        });
-        let r = crate::engine::receive::receive(&transfer, joins, &sink, Some(total), &shared);
-        done.store(true, std::sync::atomic::Ordering::Release);
-        r
+    let received = until_stopped(&transfer, stop, || {
+        crate::engine::receive::receive(&transfer, joins, &sink, Some(total), &shared)
     });
     match received {
         Ok(kept) => Ok(Received {

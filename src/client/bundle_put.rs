@@ -24,8 +24,8 @@ use braid_proto::client::{Direction, Op};
 use braid_proto::ranges::RangeSet;
 use braid_proto::retr_opts::RetrOpts;
 use std::fs::File;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 /// Whether this session can store bundles: where it could fetch them, a server that also
 /// stores them, and an upload that braid need not pace itself (`--rate-limit` steers each
@@ -98,22 +98,9 @@ pub fn send(
         keep: true,
     };
     let progress = AtomicU64::new(0);
-    // Ctrl-C stops a bundle part-way: its connections are shut, so the sending ends at once.
-    let done = AtomicBool::new(false);
-    let sent = std::thread::scope(|scope| {
-        scope.spawn(|| {
-            while !done.load(Ordering::Acquire) {
-                if stop() {
-                    transfer.abort().abort();
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        });
+    let sent = super::bundle::until_stopped(&transfer, stop, || {
         let source = Source::Bundle(&source);
-        let r = crate::engine::send::send(&transfer, source, &todo, joins, options, &progress);
-        done.store(true, Ordering::Release);
-        r
+        crate::engine::send::send(&transfer, source, &todo, joins, options, &progress)
     });
     let sent = sent.map_err(|e| {
         Failed::session(ClientError::Interrupted {
@@ -180,17 +167,9 @@ pub fn answers(
 }
 
 /// Reads the answers to a bundle's `lines` BNDL lines and `SCKS *` and, with `sbnd`, to its
-/// SBND on the kept connections. A refused BNDL empties the bundle, so SBND is refused too:
-/// the first refusal is the bundle's error.
+/// SBND on the kept connections ([`super::bundle::named`]).
 fn started(c: &mut Control, lines: usize, sbnd: bool) -> std::result::Result<(), Failed> {
-    let mut refused = None;
-    for _ in 0..lines {
-        match c.outcome(Some("BNDL".into())) {
-            Ok(_) => {}
-            Err(e @ ClientError::Remote { .. }) => refused = refused.or(Some(e)),
-            Err(e) => return Err(Failed::session(e)),
-        }
-    }
+    let refused = super::bundle::named(c, lines)?;
     if sbnd {
         return match c.transfer_started(&Command::StorBundle) {
             Ok(true) => refused.map_or(Ok(()), |e| Err(Failed::session(e))),
@@ -314,6 +293,7 @@ mod tests {
     use crate::server::{self, Shutdown};
     use braid_proto::session::Perm;
     use std::path::Path;
+    use std::time::Duration;
 
     /// A braid server in this process on a free loopback port, anonymous with write access,
     /// stopped when dropped.

@@ -1343,20 +1343,20 @@ fn store_bundles(
             }
         }
     };
+    let bundled = |j: &Job| !j.alone && j.size.is_some_and(|s| s <= bundle::LARGEST_FILE);
+    let outgoing = |j: &Job| {
+        let size = j.size.unwrap_or(0);
+        let wanted = Wanted {
+            remote: j.remote.clone(),
+            local: j.local.clone(),
+            size,
+        };
+        let mtime = j.mtime;
+        Ok(Some((size, bundle_put::Outgoing { wanted, mtime })))
+    };
     let mut most_bytes = bundle::FIRST_BYTES;
     let mut unanswered: Option<(Run, bundle_put::Sent)> = None;
     loop {
-        let bundled = |j: &Job| !j.alone && j.size.is_some_and(|s| s <= bundle::LARGEST_FILE);
-        let outgoing = |j: &Job| {
-            let size = j.size.unwrap_or(0);
-            let wanted = Wanted {
-                remote: j.remote.clone(),
-                local: j.local.clone(),
-                size,
-            };
-            let mtime = j.mtime;
-            Ok(Some((size, bundle_put::Outgoing { wanted, mtime })))
-        };
         let run = match stop() {
             true => Vec::new(),
             false => next_run(work, results, sessions, most_bytes, bundled, outgoing),
