@@ -153,14 +153,6 @@ fn between_servers(a: &CpArgs) -> anyhow::Result<u8> {
         )
         .into());
     };
-    if a.resume {
-        return Err(ClientError::Usage(
-            "--resume is not available yet for copies between servers; run the copy again \
-             (with -r --update for a tree, which skips what arrived)"
-                .into(),
-        )
-        .into());
-    }
     let sources = crate::client::url::CredentialSources::from_env();
     let src = crate::client::url::parse(src, &sources)?;
     let mut dst = crate::client::url::parse(dst, &sources)?;
@@ -182,7 +174,7 @@ fn between_servers(a: &CpArgs) -> anyhow::Result<u8> {
         format!("{}:{}/{}", t.host, t.port, path.trim_start_matches('/'))
     };
     if a.shared.tree.recursive {
-        let done = peers.copy_tree(&src.path, &dst.path, a.shared.tree.update)?;
+        let done = peers.copy_tree(&src.path, &dst.path, a.shared.tree.update, a.resume)?;
         peers.quit();
         let bytes: u64 = done.files.iter().map(|f| f.bytes).sum();
         if out.json {
@@ -216,8 +208,8 @@ fn between_servers(a: &CpArgs) -> anyhow::Result<u8> {
         }
         return Ok(if done.failed.is_empty() { 0 } else { 11 });
     }
-    let size = peers.size(&src.path)?;
-    let done = peers.copy(&src.path, &dst.path, size)?;
+    let source = peers.source(&src.path)?;
+    let done = peers.copy(&src.path, &dst.path, source, a.resume)?;
     peers.quit();
     if out.json {
         let v = serde_json::json!({
@@ -226,19 +218,24 @@ fn between_servers(a: &CpArgs) -> anyhow::Result<u8> {
             "source": place(&src, &src.path),
             "destination": place(&dst, &dst.path),
             "bytes": done.bytes,
+            "resumed_from": done.resumed_from,
             "seconds": done.seconds,
             "streams": done.streams,
             "checksum": { "algorithm": done.algorithm, "value": done.checksum },
         });
         println!("{v}");
     } else if !out.quiet {
+        let moved = done.bytes - done.resumed_from;
+        let resumed = match done.resumed_from {
+            0 => String::new(),
+            n => format!(" (resumed: {n} were there already)"),
+        };
         eprintln!(
-            "{} → {}: {} bytes in {:.1} s ({:.1} MB/s), sent server to server on {} connections; {} {} at both ends",
+            "{} → {}: {moved} bytes{resumed} in {:.1} s ({:.1} MB/s), sent server to server on {} connections; {} {} at both ends",
             place(&src, &src.path),
             place(&dst, &dst.path),
-            done.bytes,
             done.seconds,
-            done.bytes as f64 / done.seconds.max(1e-9) / 1e6,
+            moved as f64 / done.seconds.max(1e-9) / 1e6,
             done.streams,
             done.algorithm,
             done.checksum

@@ -190,6 +190,32 @@ impl UploadRecord {
             remote: remote.to_string(),
             ranges: String::new(),
         };
+        UploadRecord::of(upload)
+    }
+
+    /// The record of a copy between servers: `source` (a URL) on one server to `remote` on
+    /// `host`, the source `size` bytes and last modified at `modified` (seconds, if its
+    /// server says): what the receiving server holds of it.
+    pub fn copy(
+        source: &str,
+        size: u64,
+        modified: Option<i64>,
+        host: &str,
+        remote: &str,
+    ) -> UploadRecord {
+        UploadRecord::of(Upload {
+            local: source.to_string(),
+            size,
+            modified_ns: modified.map_or(0, |s| {
+                u64::try_from(s).unwrap_or(0).saturating_mul(1_000_000_000)
+            }),
+            host: host.to_string(),
+            remote: remote.to_string(),
+            ranges: String::new(),
+        })
+    }
+
+    fn of(upload: Upload) -> UploadRecord {
         let key = format!("{}\0{}\0{}", upload.local, upload.host, upload.remote);
         let name = braid_proto::checksum::hex(braid_proto::checksum::of(key.as_bytes()));
         let dir = state_dir().map(|d| d.join("uploads"));
@@ -314,6 +340,23 @@ mod tests {
         assert_eq!(stale.load(), None);
         rec.remove();
         assert_eq!(rec.load(), None);
+    }
+
+    #[test]
+    fn a_copy_record_matches_only_a_source_unchanged_in_size_and_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |size, modified| {
+            let mut r = UploadRecord::copy("ftp://a:21/f", size, modified, "b:21", "g");
+            r.path = Some(dir.path().join("rec.json"));
+            r
+        };
+        let rec = at(100, Some(1_700_000_000));
+        let ranges = RangeSet::parse("0-50").unwrap();
+        rec.save(&ranges).unwrap();
+        assert_eq!(rec.load(), Some(ranges));
+        assert_eq!(at(101, Some(1_700_000_000)).load(), None);
+        assert_eq!(at(100, Some(1_700_000_001)).load(), None);
+        assert_eq!(at(100, None).load(), None);
     }
 
     #[test]

@@ -13,11 +13,14 @@ use super::Options;
 use super::control::Control;
 use super::error::{ClientError, Result};
 use super::listing::list_tree;
+use super::records::UploadRecord;
 use super::sessions::session;
 use super::url::Target;
 use braid_proto::checksum;
 use braid_proto::client::{BlockSetup, Direction, Op};
 use braid_proto::command::Command;
+use braid_proto::ranges::RangeSet;
+use braid_proto::reply::Reply;
 use braid_proto::retr_opts::RetrOpts;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -34,11 +37,37 @@ pub struct Copied {
     pub source: String,
     pub destination: String,
     pub bytes: u64,
+    /// Bytes B held already from an earlier copy that broke off (--resume).
+    pub resumed_from: u64,
     pub seconds: f64,
     pub streams: u32,
     /// Both servers' checksum of the file (they agreed).
     pub checksum: String,
     pub algorithm: &'static str,
+}
+
+/// What a copy needs to know of its source on A.
+#[derive(Debug, Clone, Copy)]
+pub struct Source {
+    pub size: u64,
+    /// Seconds since the epoch, where A says (MDTM, a listing's `modify`).
+    pub modified: Option<i64>,
+}
+
+/// B's replies to a transfer until its final one, with what its range markers say it holds
+/// saved in `record` as they come (the copy may be cut off at any moment).
+fn stored_until_done(b: &mut Control, record: &UploadRecord) -> Result<Reply> {
+    let mut saved = b.stored().clone();
+    loop {
+        let r = b.reply()?;
+        if *b.stored() != saved {
+            saved = b.stored().clone();
+            let _ = record.save(&saved);
+        }
+        if !r.is_preliminary() {
+            return Ok(r);
+        }
+    }
 }
 
 /// What copying a tree did.
@@ -126,9 +155,11 @@ impl Peers {
         Ok(peers)
     }
 
-    /// Copies `from` (on A) to `to` (on B), `size` bytes; its checksum from both ends must
-    /// agree.
-    pub fn copy(&mut self, from: &str, to: &str, size: u64) -> Result<Copied> {
+    /// Copies `from` (on A) to `to` (on B), a file `size` bytes long last modified at
+    /// `modified`; its checksum from both ends must agree. `resume`: where an earlier copy of
+    /// this same file broke off, B's partial keeps what arrived and A sends only the rest.
+    pub fn copy(&mut self, from: &str, to: &str, source: Source, resume: bool) -> Result<Copied> {
+        let size = source.size;
         let streams = if size <= ONE_CONNECTION {
             1
         } else {
@@ -157,18 +188,40 @@ impl Peers {
             }))?;
             self.b_ready = true;
         }
-        let there = self.b.passive_addr()?.target;
-        self.a.expect(&Command::Eprt(there), &[200])?;
+        // B's range markers say what it holds, kept as an upload's are, for a later --resume.
+        let record = UploadRecord::copy(
+            &format!("ftp://{}/{}", self.src_host, from.trim_start_matches('/')),
+            size,
+            source.modified,
+            &self.dst_host,
+            to,
+        );
+        let have = match resume.then(|| record.load()).flatten() {
+            Some(have) if have.iter().last().is_some_and(|(_, end)| end <= size) => have,
+            _ => RangeSet::new(),
+        };
         let started = Instant::now();
-        self.b.start_transfer(&Command::Stor(to.to_string()))?;
-        if let Err(e) = self.a.start_transfer(&Command::Retr(from.to_string())) {
-            // B waits for connections that will not come: stop it, or the next file waits too.
-            let _ = self.b.cmd(&Command::Abor);
-            let _ = self.b.final_reply();
-            return Err(e);
+        match self.start(from, to, &have) {
+            Err(ClientError::Remote { reply, .. }) if !have.is_empty() => {
+                eprintln!(
+                    "braid: {} cannot continue the earlier copy of {to} ({reply}); copying the whole file",
+                    self.dst_host
+                );
+                record.remove();
+                self.start(from, to, &RangeSet::new())?;
+            }
+            r => r?,
         }
-        let sent = self.a.final_reply()?;
-        let taken = self.b.final_reply()?;
+        let (sent, taken) = std::thread::scope(|s| {
+            let (a, b) = (&mut self.a, &mut self.b);
+            let receiving = s.spawn(|| stored_until_done(b, &record));
+            let sent = a.final_reply();
+            let taken = receiving.join().unwrap_or_else(|_| {
+                Err(ClientError::ControlLost("the reply reader failed".into()))
+            });
+            (sent, taken)
+        });
+        let (sent, taken) = (sent?, taken?);
         let seconds = started.elapsed().as_secs_f64();
         for (reply, what) in [(&sent, "sending"), (&taken, "receiving")] {
             if reply.code / 100 != 2 {
@@ -188,6 +241,8 @@ impl Peers {
                 "a server gave no checksum of the file: the copy is unchecked".into(),
             ));
         };
+        // B named the file: its partial is gone, and so is what the record says of it.
+        record.remove();
         if mine != theirs {
             return Err(ClientError::Integrity(format!(
                 "{from} on {} has checksum {mine}, the copy {to} on {} {theirs}: the copy is \
@@ -199,6 +254,7 @@ impl Peers {
             source: from.to_string(),
             destination: to.to_string(),
             bytes: size,
+            resumed_from: have.len(),
             seconds,
             streams,
             checksum: theirs,
@@ -206,19 +262,46 @@ impl Peers {
         })
     }
 
-    /// The size of a file on A, or why there is none.
-    pub fn size(&mut self, path: &str) -> Result<u64> {
+    /// Has B take `to` and A send `from` to it, but for the ranges B already `have`s.
+    fn start(&mut self, from: &str, to: &str, have: &RangeSet) -> Result<()> {
+        let there = self.b.passive_addr()?.target;
+        self.a.expect(&Command::Eprt(there), &[200])?;
+        if !have.is_empty() {
+            self.b.expect(&Command::RestRanges(have.clone()), &[350])?;
+            self.a.expect(&Command::RestRanges(have.clone()), &[350])?;
+        }
+        self.b.reset_stored(have.clone());
+        self.b.start_transfer(&Command::Stor(to.to_string()))?;
+        if let Err(e) = self.a.start_transfer(&Command::Retr(from.to_string())) {
+            // B waits for connections that will not come: stop it, or the next file waits too.
+            let _ = self.b.cmd(&Command::Abor);
+            let _ = self.b.final_reply();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The size and modification time of a file on A, or why there is none.
+    pub fn source(&mut self, path: &str) -> Result<Source> {
         let r = self.a.size(path)?;
-        r.size().ok_or_else(|| ClientError::Remote {
+        let size = r.size().ok_or_else(|| ClientError::Remote {
             what: format!("SIZE {path} on {}", self.src_host),
             reply: r,
-        })
+        })?;
+        let modified = super::tree::remote_mtime(&mut self.a, path);
+        Ok(Source { size, modified })
     }
 
     /// Copies the directory `from` on A, everything in it, into `to` on B (made if missing).
-    /// `update`: files B has as large and not older are left alone. A file that fails does not
-    /// stop the others.
-    pub fn copy_tree(&mut self, from: &str, to: &str, update: bool) -> Result<TreeCopied> {
+    /// `update`: files B has as large and not older are left alone; `resume`: files an earlier
+    /// copy left part-way go on from there. A file that fails does not stop the others.
+    pub fn copy_tree(
+        &mut self,
+        from: &str,
+        to: &str,
+        update: bool,
+        resume: bool,
+    ) -> Result<TreeCopied> {
         let started = Instant::now();
         let entries = list_tree(&mut self.a, from)?;
         let mut out = TreeCopied::default();
@@ -259,17 +342,21 @@ impl Peers {
                 out.skipped.push(e.name.clone());
                 continue;
             }
-            let size = match e.size {
-                Some(s) => s,
-                None => match self.size(&source) {
-                    Ok(s) => s,
-                    Err(err) => {
-                        out.failed.push((e.name.clone(), err.to_string()));
-                        continue;
-                    }
-                },
+            let found = match e.size {
+                Some(size) => Ok(Source {
+                    size,
+                    modified: e.modify,
+                }),
+                None => self.source(&source),
             };
-            match self.copy(&source, &dest, size) {
+            let found = match found {
+                Ok(found) => found,
+                Err(err) => {
+                    out.failed.push((e.name.clone(), err.to_string()));
+                    continue;
+                }
+            };
+            match self.copy(&source, &dest, found, resume) {
                 Ok(c) => out.files.push(c),
                 Err(err @ (ClientError::ControlLost(_) | ClientError::Connect { .. })) => {
                     return Err(err);

@@ -1584,7 +1584,7 @@ fn kind_of(meta: &std::fs::Metadata) -> &'static str {
 }
 
 /// MDTM of a remote file, seconds since the epoch (UTC), if the server says.
-fn remote_mtime(c: &mut Control, path: &str) -> Option<i64> {
+pub(super) fn remote_mtime(c: &mut Control, path: &str) -> Option<i64> {
     let r = c.cmd(&Command::Mdtm(path.into())).ok()?;
     if r.code != 213 {
         return None;

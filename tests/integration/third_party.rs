@@ -118,6 +118,78 @@ fn a_copy_in_background_has_the_sending_server_yield_by_itself() {
     assert!(la.contains("background: queue"), "{la}");
 }
 
+/// A copy cut off part-way (the client killed by Ctrl-C, its servers left to notice) keeps
+/// what B received in B's partial; `--resume` has A send only the rest, from the ranges B's
+/// markers reported, and the file ends whole and checked at both ends.
+#[test]
+fn a_copy_between_servers_cut_off_part_way_resumes_with_only_the_rest() {
+    use crate::util::{finish_child, signal_process, upload_record};
+    use rustix::process::Signal;
+    let top = tempdir();
+    let p = pair(top.path(), &[]);
+    let data = random_bytes(24 << 20, 47);
+    std::fs::write(top.path().join("a/big.bin"), &data).unwrap();
+    let (home, state) = (tempdir(), tempdir());
+    let mut first = p.command(home.path(), &["--rate-limit", "4MB"], "big.bin", "big.bin");
+    let mut child = first
+        .env("XDG_STATE_HOME", state.path())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while upload_record(state.path()).is_none_or(|r| r.is_empty()) {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the copy ended before it was cut off"
+        );
+        assert!(std::time::Instant::now() < deadline, "no range recorded");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal_process(child.id(), Signal::INT);
+    let (code, err) = finish_child(child, Duration::from_secs(30));
+    assert_ne!(code, Some(0), "{err}");
+    let recorded = upload_record(state.path()).expect("no record of the copy");
+    assert!(
+        !top.path().join("b/big.bin").exists(),
+        "a cut-off copy took the final name"
+    );
+    // B keeps its partial once it has seen the session go.
+    let partial = top.path().join("b/.big.bin.braid-part");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !(partial.exists() && p.b.log().contains("outcome=")) {
+        assert!(std::time::Instant::now() < deadline, "{}", p.b.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let mut again = p.command(home.path(), &["--json", "--resume"], "big.bin", "big.bin");
+    again.env("XDG_STATE_HOME", state.path());
+    let (ok, out, err) = run(&mut again, Duration::from_secs(120));
+    assert!(ok, "{err}");
+    let v = crate::util::json(&out);
+    assert_eq!(v["resumed_from"], recorded.len(), "{v}");
+    assert!(
+        std::fs::read(top.path().join("b/big.bin")).unwrap() == data,
+        "the resumed copy differs"
+    );
+    assert!(!partial.exists(), "the partial outlived the copy");
+    assert_eq!(
+        upload_record(state.path()),
+        None,
+        "the record outlived the copy"
+    );
+    // A's second transfer sent only what B lacked.
+    let rest = data.len() as u64 - recorded.len();
+    let la = p.a.log();
+    assert!(
+        la.lines()
+            .rfind(|l| l.contains("direction=\"download\""))
+            .is_some_and(
+                |l| l.contains(&format!(" bytes={rest} ")) && l.contains("outcome=\"complete\"")
+            ),
+        "A did not send just the {rest} bytes B lacked:\n{la}"
+    );
+}
+
 #[test]
 fn a_server_told_no_third_party_takes_no_part_and_bounces_stay_refused() {
     let top = tempdir();
