@@ -221,6 +221,7 @@ fn between_servers(a: &CpArgs) -> anyhow::Result<u8> {
             "resumed_from": done.resumed_from,
             "seconds": done.seconds,
             "streams": done.streams,
+            "tuning": done.tuning,
             "checksum": { "algorithm": done.algorithm, "value": done.checksum },
         });
         println!("{v}");

@@ -14,9 +14,6 @@ use crate::engine::widen::Widen;
 use braid_proto::client::Direction;
 use braid_proto::retr_opts::CcName;
 use std::net::TcpStream;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::time::Duration;
 
 pub struct Plan {
@@ -209,28 +206,8 @@ impl Plan {
         let initial = socks.len();
         let mut joins = Joins::fixed(socks, STALL);
         if self.elastic {
-            let (tx, rx) = mpsc::channel();
-            joins.incoming = Some(rx);
-            steering.set_opener(initial, move |failed: Arc<AtomicUsize>| {
-                let (tx, waker) = (tx.clone(), waker.clone());
-                let addr = addr.clone();
-                std::thread::spawn(move || match connect_data(&addr) {
-                    Ok(s) => {
-                        engine::set_buffer(&s, buffer);
-                        if tx.send(s).is_err() {
-                            // The transfer ended meanwhile.
-                            failed.fetch_add(1, Ordering::AcqRel);
-                        }
-                        if let Some(w) = waker {
-                            w.wake();
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!("could not open another data connection: {e}");
-                        failed.fetch_add(1, Ordering::AcqRel);
-                    }
-                });
-            });
+            let connect = move || connect_data(&addr);
+            joins.incoming = Some(steering.open_with(initial, connect, buffer, waker));
         }
         joins
     }

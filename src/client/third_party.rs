@@ -25,8 +25,10 @@ use braid_proto::retr_opts::RetrOpts;
 use std::collections::HashMap;
 use std::time::Instant;
 
-/// Data connections A opens to B when `-n` does not say.
+/// Data connections A opens to B first with `-n auto` (the default).
 const STREAMS: u32 = 4;
+/// With `-n auto`, A may go up to this many connections as its tuning finds they pay.
+const MOST_STREAMS: u32 = 16;
 /// Files up to this size go on one connection: more would cost a TLS handshake each for
 /// nothing (a 1 MiB block is the unit of striping anyway).
 const ONE_CONNECTION: u64 = 4 << 20;
@@ -40,7 +42,11 @@ pub struct Copied {
     /// Bytes B held already from an earlier copy that broke off (--resume).
     pub resumed_from: u64,
     pub seconds: f64,
+    /// Connections A sent on: the count given with `-n`, or (`-n auto`) the most its tuning
+    /// had open at once, as its reports said.
     pub streams: u32,
+    /// "auto" where A tuned the count, "fixed" where `-n` gave it.
+    pub tuning: &'static str,
     /// Both servers' checksum of the file (they agreed).
     pub checksum: String,
     pub algorithm: &'static str,
@@ -70,6 +76,21 @@ fn stored_until_done(b: &mut Control, record: &UploadRecord) -> Result<Reply> {
     }
 }
 
+/// A's replies to a transfer until its final one, and the most data connections its reports
+/// (`113 Sender … open=N`) said it had open at once.
+fn sent_until_done(a: &mut Control) -> Result<(Reply, u32)> {
+    let mut most = 0;
+    loop {
+        let r = a.reply()?;
+        if let Some(report) = a.session().take_sender_report() {
+            most = most.max(report.open);
+        }
+        if !r.is_preliminary() {
+            return Ok((r, most));
+        }
+    }
+}
+
 /// What copying a tree did.
 #[derive(Debug, Default, serde::Serialize)]
 pub struct TreeCopied {
@@ -88,14 +109,15 @@ pub struct Peers {
     b: Control,
     src_host: String,
     dst_host: String,
-    streams: u32,
+    /// `-n`; None: A tunes the count (`-n auto`).
+    streams: Option<u32>,
     rate: Option<u64>,
     /// `--background`: A yields to other traffic on the path to B by itself, adding at most
     /// this many milliseconds of queueing delay (only A sees that path's round trip).
     background: Option<u32>,
     buffer: Option<u64>,
-    /// Connections A was last told to open (OPTS RETR Parallelism).
-    told: Option<u32>,
+    /// Connections A was last told to open first and at most (OPTS RETR Parallelism).
+    told: Option<(u32, u32)>,
     /// B is in MODE E (set with the first copy: listings before it go in stream mode).
     b_ready: bool,
 }
@@ -135,7 +157,7 @@ impl Peers {
             b,
             src_host: src.host.clone(),
             dst_host: dst.host.clone(),
-            streams: opts.streams.unwrap_or(STREAMS).max(1),
+            streams: opts.streams.map(|n| n.max(1)),
             rate: opts.rate_limit,
             background: opts.background.map(|d| {
                 (d.as_millis() as u32).clamp(1, braid_proto::retr_opts::MAX_BACKGROUND_MS)
@@ -160,16 +182,19 @@ impl Peers {
     /// this same file broke off, B's partial keeps what arrived and A sends only the rest.
     pub fn copy(&mut self, from: &str, to: &str, source: Source, resume: bool) -> Result<Copied> {
         let size = source.size;
-        let streams = if size <= ONE_CONNECTION {
-            1
-        } else {
-            self.streams
+        // A tunes only what it sends at its own pace.
+        let tunes = self.streams.is_none() && self.rate.is_none() && self.background.is_none();
+        let (streams, most) = match self.streams {
+            _ if size <= ONE_CONNECTION => (1, 1),
+            Some(n) => (n, n),
+            None if tunes => (STREAMS, MOST_STREAMS),
+            None => (STREAMS, STREAMS),
         };
-        if self.told != Some(streams) {
+        if self.told != Some((streams, most)) {
             self.a.run(Op::BlockMode(BlockSetup {
                 direction: Direction::Download,
                 retr: RetrOpts {
-                    parallelism: Some((streams, streams, streams)),
+                    parallelism: Some((streams, 1, most)),
                     max_rate: self.rate,
                     background: self.background,
                     ..RetrOpts::default()
@@ -177,7 +202,7 @@ impl Peers {
                 buffer: self.buffer,
                 compress: None,
             }))?;
-            self.told = Some(streams);
+            self.told = Some((streams, most));
         }
         if !self.b_ready {
             self.b.run(Op::BlockMode(BlockSetup {
@@ -215,13 +240,19 @@ impl Peers {
         let (sent, taken) = std::thread::scope(|s| {
             let (a, b) = (&mut self.a, &mut self.b);
             let receiving = s.spawn(|| stored_until_done(b, &record));
-            let sent = a.final_reply();
+            let sent = sent_until_done(a);
             let taken = receiving.join().unwrap_or_else(|_| {
                 Err(ClientError::ControlLost("the reply reader failed".into()))
             });
             (sent, taken)
         });
-        let (sent, taken) = (sent?, taken?);
+        let ((sent, most_open), taken) = (sent?, taken?);
+        let tuned = most > streams;
+        let streams = if tuned && most_open > 0 {
+            most_open
+        } else {
+            streams
+        };
         let seconds = started.elapsed().as_secs_f64();
         for (reply, what) in [(&sent, "sending"), (&taken, "receiving")] {
             if reply.code / 100 != 2 {
@@ -257,6 +288,7 @@ impl Peers {
             resumed_from: have.len(),
             seconds,
             streams,
+            tuning: if tuned { "auto" } else { "fixed" },
             checksum: theirs,
             algorithm,
         })

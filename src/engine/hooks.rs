@@ -13,9 +13,11 @@
 //! [`Yielding`](super::background::Yielding) (`--background`).
 
 use super::stats::{Count, LinkRecord, Sample, Sampler, View};
-use super::transfer::Transfer;
+use super::transfer::{Transfer, Waker};
+use std::net::TcpStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 
 /// What a policy may ask for.
@@ -294,6 +296,41 @@ impl Steering {
         let failed = self.failed.clone();
         self.initial = initial;
         self.opener = Some(Box::new(move || open(failed.clone())));
+    }
+
+    /// Lets the policy open connections with `connect` (blocking; run on a thread of its
+    /// own for each), which join the transfer through the receiver returned (`Joins::incoming`),
+    /// waking its join loop. `initial`: connections this side opened before the start.
+    pub fn open_with<E: std::fmt::Display>(
+        &mut self,
+        initial: usize,
+        connect: impl Fn() -> Result<TcpStream, E> + Clone + Send + 'static,
+        buffer: Option<u64>,
+        waker: Option<Waker>,
+    ) -> Receiver<TcpStream> {
+        let (tx, rx) = channel();
+        self.set_opener(initial, move |failed: Arc<AtomicUsize>| {
+            let (tx, waker, connect) = (tx.clone(), waker.clone(), connect.clone());
+            std::thread::spawn(move || {
+                match connect() {
+                    Ok(s) => {
+                        super::set_buffer(&s, buffer);
+                        if tx.send(s).is_err() {
+                            // The transfer ended meanwhile.
+                            failed.fetch_add(1, Ordering::AcqRel);
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("could not open another data connection: {e}");
+                        failed.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
+                if let Some(w) = waker {
+                    w.wake();
+                }
+            });
+        });
+        rx
     }
 
     /// The sending peer's latest report, for the next ticks' views.

@@ -21,6 +21,7 @@ mod stdio;
 mod stripes;
 mod supervise;
 pub mod tls;
+mod tuning;
 mod xferlog;
 
 use crate::users::Users;

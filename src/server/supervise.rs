@@ -22,6 +22,9 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout, timeout_at};
 
+/// How often the tuning of a copy this server sends looks at its connections (as a client's).
+const TUNE_EVERY: Duration = Duration::from_millis(100);
+
 /// How often a running transfer's bytes and connections reach the metrics.
 const COUNT_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -123,6 +126,17 @@ pub(super) async fn transfer(
     if let Some(d) = dscp.or(yields.then_some(engine::background::LOWER_EFFORT)) {
         moving.set_dscp(d);
     }
+    // A copy between servers this server sends and may tune: its steering, and where the
+    // connections it opens later join.
+    let (mut steering, mut opened) = match &t.block {
+        Some(b) => {
+            let left = size.map(|s| s.saturating_sub(b.have.len()));
+            let paced = sending.as_ref().is_some_and(pacing::Sending::steers);
+            let idle = io.config.idle_timeout;
+            super::tuning::tuned(&t, b, left, paced, io.local.ip(), &moving, idle).unzip()
+        }
+        None => (None, None),
+    };
     // A MODE E upload's receiving state, for the 111 Range Markers.
     let mut received = None;
     let connected = match &t.block {
@@ -147,22 +161,27 @@ pub(super) async fn transfer(
                 data::run(job, sock, tls, deflate, progress)
             }))
         }),
-        Some(b) => io.block_connections(&t, b, &progress).await.map(|conns| {
-            if let BlockConns::Receive(_, state, _) = &conns {
-                received = Some(state.clone());
-            }
-            let (progress, moving) = (progress.clone(), moving.clone());
-            let have = b.have.clone();
-            let block = b.block_size.unwrap_or(engine::DEFAULT_BLOCK);
-            let sums = io.config.checksums.clone();
-            let here = inline::moves(&mut job, &conns, &have);
-            let run = move || data::run_blocks(job, conns, &have, block, progress, &moving, &sums);
-            if here {
-                Worker::Done(run())
-            } else {
-                Worker::Thread(tokio::task::spawn_blocking(run))
-            }
-        }),
+        Some(b) => io
+            .block_connections(&t, b, &progress)
+            .await
+            .map(|mut conns| {
+                match &mut conns {
+                    BlockConns::Receive(_, state, _) => received = Some(state.clone()),
+                    BlockConns::Send(joins) => joins.incoming = opened.take(),
+                }
+                let (progress, moving) = (progress.clone(), moving.clone());
+                let have = b.have.clone();
+                let block = b.block_size.unwrap_or(engine::DEFAULT_BLOCK);
+                let sums = io.config.checksums.clone();
+                let here = inline::moves(&mut job, &conns, &have);
+                let run =
+                    move || data::run_blocks(job, conns, &have, block, progress, &moving, &sums);
+                if here {
+                    Worker::Done(run())
+                } else {
+                    Worker::Thread(tokio::task::spawn_blocking(run))
+                }
+            }),
     };
     let worker = match connected {
         Ok(w) => w,
@@ -216,6 +235,7 @@ pub(super) async fn transfer(
     let report_sender = elastic && !is_upload;
     let mut markers = tokio::time::interval(MARKER_CHECK);
     let mut pace = tokio::time::interval(pacing::EVERY);
+    let mut tune = tokio::time::interval(TUNE_EVERY);
     let steers = sending.as_ref().is_some_and(|s| s.steers());
     let mut last_marker = (Instant::now(), 0);
     let result = match worker {
@@ -223,6 +243,11 @@ pub(super) async fn transfer(
         Worker::Thread(mut thread) => loop {
             tokio::select! {
                 r = &mut thread => break r.map_err(|e| e.to_string()),
+                _ = tune.tick(), if steering.is_some() => {
+                    if let Some(s) = &mut steering {
+                        s.tick(&moving);
+                    }
+                }
                 _ = pace.tick(), if steers => {
                     if let Some(s) = &mut sending {
                         s.tick(&moving);
@@ -566,6 +591,7 @@ fn sender_report(
         busy_ms: infos.iter().map(|i| i.busy_us).sum::<u64>() / 1000,
         rwnd_limited_ms: infos.iter().map(|i| i.rwnd_limited_us).sum::<u64>() / 1000,
         sndbuf_limited_ms: infos.iter().map(|i| i.sndbuf_limited_us).sum::<u64>() / 1000,
+        open: u32::try_from(moving.open()).unwrap_or(u32::MAX),
     })
 }
 

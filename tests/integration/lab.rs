@@ -641,6 +641,79 @@ fn auto_adds_connections_where_each_is_window_limited() {
     }
 }
 
+/// A copy between servers with `-n auto` (the default): only the sending server sees the
+/// path to the other, so it tunes its own connections; where each is held to a small window
+/// it opens more, and the client's summary says how many.
+#[test]
+fn a_copy_between_servers_has_the_sending_server_tune_its_connections() {
+    use crate::util::{Server, add_account, openssl_certificate};
+    require_lab();
+    let top = tempdir();
+    let (cert, key) = openssl_certificate(top.path(), "peers", "IP:198.18.0.1,IP:198.18.0.2");
+    let (a_dir, b_dir) = (top.path().join("a"), top.path().join("b"));
+    std::fs::create_dir(&a_dir).unwrap();
+    std::fs::create_dir(&b_dir).unwrap();
+    let (users_a, users_b) = (top.path().join("users-a"), top.path().join("users-b"));
+    add_account(&users_a, "alice", &a_dir, "secret-a", false);
+    add_account(&users_b, "bob", &b_dir, "secret-b", true);
+    let data = random_bytes(40 << 20, 71);
+    std::fs::write(a_dir.join("big.bin"), &data).unwrap();
+    let name = lab_name("tt");
+    let link = Link::up(
+        &name,
+        &[
+            "--host",
+            "srva:rate=100mbit,delay=20ms",
+            "--host",
+            "srvb",
+            "--host",
+            "client",
+        ],
+    );
+    let tls = ["--tls-cert", cert.as_str(), "--tls-key", key.as_str()];
+    let serve = |host, listen, users: &std::path::Path, root| {
+        let mut args = vec!["--users", users.to_str().unwrap()];
+        args.extend(tls);
+        Server::start_in_lab(&name, host, listen, root, &args)
+    };
+    let a = serve("srva", "198.18.0.1:0", &users_a, &a_dir);
+    let b = serve("srvb", "198.18.0.2:0", &users_b, &b_dir);
+    let out = link.exec(
+        "client",
+        &[
+            "env",
+            &format!("HOME={}", top.path().display()),
+            BRAID,
+            "cp",
+            &format!("ftp://alice:secret-a@{}/big.bin", a.addr),
+            &format!("ftp://bob:secret-b@{}/big.bin", b.addr),
+            "--tls",
+            "--tls-ca",
+            &cert,
+            "--buffer",
+            "32KiB",
+            "--json",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let summary = crate::util::json(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(summary["tuning"], "auto", "{summary}");
+    assert!(summary["streams"].as_u64().unwrap() > 4, "{summary}");
+    assert!(
+        std::fs::read(b_dir.join("big.bin")).unwrap() == data,
+        "the copy differs"
+    );
+    // A's tuning climbed from 4, and said why.
+    let la = a.log();
+    let tried_more = la.lines().any(|l| {
+        l.rsplit_once("trying ")
+            .and_then(|(_, n)| n.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > 4)
+    });
+    assert!(tried_more, "{la}");
+}
+
 #[test]
 fn clean_removes_a_lab_whose_process_was_killed() {
     require_lab();

@@ -39,9 +39,32 @@ impl Server {
     /// A server on another loopback address (127.0.0.2, ...): its data connections then come
     /// from an address that is not the client's.
     pub fn start_at(listen: &str, root: &Path, extra: &[&str]) -> Server {
+        Server::start_in(Command::new(BRAID), listen, root, extra)
+    }
+
+    /// A server in a lab's host (`ip netns exec`, which becomes the server: killing it kills
+    /// the server), listening on that host's address.
+    pub fn start_in_lab(
+        lab: &str,
+        host: &str,
+        listen: &str,
+        root: &Path,
+        extra: &[&str],
+    ) -> Server {
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &braid::lab::hosts::namespace(lab, host),
+            BRAID,
+        ]);
+        Server::start_in(cmd, listen, root, extra)
+    }
+
+    fn start_in(mut cmd: Command, listen: &str, root: &Path, extra: &[&str]) -> Server {
         let log_dir = tempfile::tempdir().expect("temp dir").keep();
         let stderr_log = log_dir.join("serve.log");
-        let mut child = Command::new(BRAID)
+        let mut child = cmd
             .args(["serve", "--listen", listen, "--root"])
             .arg(root)
             .args(extra)

@@ -55,16 +55,23 @@ pub struct SenderReport {
     pub busy_ms: u64,
     pub rwnd_limited_ms: u64,
     pub sndbuf_limited_ms: u64,
+    /// Connections open and sending: a sender that tunes their count (a copy between
+    /// servers) says what it chose (0: not said).
+    pub open: u32,
 }
 
 /// `113 Sender sent=… resent=… rtt_us=… min_rtt_us=… cc=…`: sent by a braid server to a
 /// braid client (one that asked for elastic transfers) during a download.
 pub fn sender_marker(r: &SenderReport) -> Reply {
     let cc = r.cc.map(|c| format!(" cc={c}")).unwrap_or_default();
+    let open = match r.open {
+        0 => String::new(),
+        n => format!(" open={n}"),
+    };
     Reply::new(
         113,
         format!(
-            "Sender sent={} resent={} rtt_us={} min_rtt_us={} busy_ms={} rwnd_ms={} sndbuf_ms={}{cc}",
+            "Sender sent={} resent={} rtt_us={} min_rtt_us={} busy_ms={} rwnd_ms={} sndbuf_ms={}{cc}{open}",
             r.sent,
             r.resent,
             r.rtt_us,
@@ -96,6 +103,7 @@ pub fn parse_sender_marker(r: &Reply) -> Option<SenderReport> {
             "busy_ms" => out.busy_ms = v.parse().ok()?,
             "rwnd_ms" => out.rwnd_limited_ms = v.parse().ok()?,
             "sndbuf_ms" => out.sndbuf_limited_ms = v.parse().ok()?,
+            "open" => out.open = v.parse().ok()?,
             _ => {}
         }
     }
@@ -117,6 +125,7 @@ mod tests {
             busy_ms: 12_000,
             rwnd_limited_ms: 7_000,
             sndbuf_limited_ms: 250,
+            open: 7,
         };
         let wire = sender_marker(&r).to_bytes();
         let mut p = crate::ReplyParser::new();

@@ -118,8 +118,9 @@ impl Session {
             }
             "RETR" => match RetrOpts::parse(value) {
                 Ok(o) => {
-                    if let Some((start, _, _)) = o.parallelism {
+                    if let Some((start, _, most)) = o.parallelism {
                         self.parallelism = start.clamp(1, self.config.max_streams);
+                        self.most_parallel = most.clamp(self.parallelism, self.config.max_streams);
                     }
                     if o.block_size.is_some() {
                         self.block_size = o.block_size;

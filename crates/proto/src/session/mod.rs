@@ -74,6 +74,9 @@ pub struct Session {
     /// OPTS MODE Z LEVEL: the level of what this server deflates.
     deflate_level: u8,
     parallelism: u32,
+    /// OPTS RETR Parallelism's largest count: as many as a sender that opens the connections
+    /// and tunes their count may go to.
+    most_parallel: u32,
     block_size: Option<u64>,
     /// OPTS RETR MaxRate: cap on the server's sending rate, bytes/s.
     max_rate: Option<u64>,
@@ -136,6 +139,7 @@ impl Session {
             deflate: false,
             deflate_level: DEFLATE_LEVEL,
             parallelism: 1,
+            most_parallel: 1,
             block_size: None,
             max_rate: None,
             congestion: None,
@@ -500,6 +504,10 @@ impl Session {
                 parallelism: match &endpoint {
                     DataEndpoint::ActivePorts(p) => p.len() as u32,
                     _ => self.parallelism,
+                },
+                most: match &endpoint {
+                    DataEndpoint::ActivePorts(p) => p.len() as u32,
+                    _ => self.most_parallel.max(self.parallelism),
                 },
                 have,
                 block_size: self.block_size,
@@ -1533,14 +1541,26 @@ mod tests {
             panic!("no transfer")
         };
         let block = t.block.expect("MODE E transfer");
-        assert_eq!(block.parallelism, 16);
+        assert_eq!((block.parallelism, block.most), (16, 16));
         assert_eq!(block.have, ranges);
-        // REST applies to one transfer only.
+        // REST applies to one transfer only; a largest count above the first is kept apart
+        // (a sender that tunes may go up to it), and MULT fixes the count again.
+        assert_eq!(
+            code(s.handle(Command::Opts("RETR Parallelism=4,1,12;".into()))),
+            200
+        );
         passive(&mut s);
         let Action::Transfer(t) = s.handle(Command::Retr("f".into())) else {
             panic!("no transfer")
         };
-        assert!(t.block.is_some_and(|b| b.have.is_empty()));
+        assert!(t.block.as_ref().is_some_and(|b| b.have.is_empty()));
+        assert_eq!(t.block.map(|b| (b.parallelism, b.most)), Some((4, 12)));
+        s.handle(Command::Mult(3));
+        passive(&mut s);
+        let Action::Transfer(t) = s.handle(Command::Retr("f".into())) else {
+            panic!("no transfer")
+        };
+        assert_eq!(t.block.map(|b| (b.parallelism, b.most)), Some((3, 3)));
     }
 
     #[test]

@@ -86,6 +86,7 @@ impl Session {
                     return reply(501, "MULT needs at least 1 connection.");
                 }
                 self.parallelism = n.min(self.config.max_streams);
+                self.most_parallel = self.parallelism;
                 Action::Reply(Reply::new(
                     200,
                     format!(
@@ -108,6 +109,7 @@ impl Session {
                     return reply(503, "EPSV ALL is in effect; use EPSV.");
                 }
                 self.parallelism = ports.len() as u32;
+                self.most_parallel = self.parallelism;
                 self.endpoint = Some(DataEndpoint::ActivePorts(
                     ports
                         .iter()

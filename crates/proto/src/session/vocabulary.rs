@@ -100,6 +100,9 @@ pub enum Direction {
 pub struct BlockMode {
     /// Data connections the server opens or accepts when it sends (OPTS RETR Parallelism).
     pub parallelism: u32,
+    /// As many as it may open, where it opens them and tunes their count (a copy between
+    /// servers; OPTS RETR Parallelism's third number).
+    pub most: u32,
     /// REST ranges: what the receiver already holds, so it is not sent again.
     pub have: RangeSet,
     /// Block size the client asked for (OPTS RETR blocksize=), when the server sends.
