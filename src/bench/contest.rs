@@ -128,16 +128,9 @@ pub fn run(args: &BenchArgs) -> Result<u8> {
         }
     }
     drop(lab);
-    let md = markdown(&rounds, payload);
-    println!("{md}");
-    std::fs::write(args.out.join("report.md"), &md)?;
     let json =
         serde_json::json!({ "scenario": SCENARIO, "payload_rate": payload, "rounds": rounds });
-    std::fs::write(
-        args.out.join("report.json"),
-        serde_json::to_string_pretty(&json)?,
-    )?;
-    eprintln!("braid bench: results in {}", args.out.display());
+    super::results(&args.out, &markdown(&rounds, payload), &json)?;
     Ok(0)
 }
 

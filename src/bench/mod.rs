@@ -6,6 +6,7 @@ pub mod attack;
 pub mod contest;
 pub mod experiments;
 pub mod grid;
+pub mod hosts;
 pub mod measure;
 pub mod parse;
 pub mod plot;
@@ -47,12 +48,14 @@ pub fn overhead_rtts(tool: Tool) -> f64 {
 }
 
 /// The experiments `--experiment` runs: the seeds' and background mode's.
-const EXPERIMENTS: [&str; 5] = [
+const EXPERIMENTS: [&str; 7] = [
     experiments::NAMES[0],
     experiments::NAMES[1],
     experiments::NAMES[2],
     experiments::NAMES[3],
     contest::NAME,
+    hosts::NAMES[0],
+    hosts::NAMES[1],
 ];
 
 #[derive(Args, Debug, Clone)]
@@ -67,6 +70,11 @@ pub struct BenchArgs {
     /// cubic iperf3 that comes and goes, and against each other: yield and recovery times,
     /// shares, Jain's index; downloads and uploads). It sets the grid; --direction narrows it
     /// to one direction; --repeat, --out, --name, --seed and --timeout still apply.
+    /// On labs of more hosts: striping (braid serve --data-nodes over 4 data nodes, each
+    /// behind a 100 Mbit/s link 20 ms from the client, sharing one directory; braid get and
+    /// put of 512 MiB against the 4 links' payload rate) and third-party (braid cp between two
+    /// TLS servers on a 200 Mbit/s path, the client behind 1 Mbit/s; 256 MiB against the
+    /// path's payload rate, and the bytes that crossed the client's link).
     #[arg(long, value_parser = EXPERIMENTS,
           conflicts_with_all = ["scenario", "mtu", "rate", "delay", "queue", "loss", "streams", "buffer",
                                 "block_size", "tool", "size", "congestion"])]
@@ -379,6 +387,16 @@ fn cap_host_buffers(lab: &Running, cap: u64) -> Result<()> {
 
 /// The benchmark's files: in memory where there is a /dev/shm, so that the disk is not
 /// measured.
+/// An experiment's results: its Markdown printed and in `report.md`, its JSON in
+/// `report.json`, both in `out`.
+fn results(out: &std::path::Path, md: &str, json: &serde_json::Value) -> Result<()> {
+    println!("{md}");
+    std::fs::write(out.join("report.md"), md)?;
+    std::fs::write(out.join("report.json"), serde_json::to_string_pretty(json)?)?;
+    eprintln!("braid bench: results in {}", out.display());
+    Ok(())
+}
+
 fn work_dir() -> Result<tempfile::TempDir> {
     let shm = std::path::Path::new("/dev/shm");
     let b = tempfile::Builder::new().prefix("braid-bench").clone();
@@ -595,6 +613,16 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     }
     if args.experiment.as_deref() == Some(contest::NAME) {
         return contest::run(&args);
+    }
+    if let Some(name) = args
+        .experiment
+        .as_deref()
+        .filter(|n| hosts::NAMES.contains(n))
+    {
+        if args.loopback {
+            bail!("--experiment {name} runs on a lab of more hosts; leave out --loopback");
+        }
+        return hosts::run(name, &args);
     }
     let mut tools = args.tool.clone();
     tools.sort();

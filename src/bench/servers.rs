@@ -102,7 +102,13 @@ impl Tls {
 
     /// A self-signed certificate for `addr` (an IP subjectAltName), written into `dir`.
     pub fn make(dir: &std::path::Path, addr: &str) -> anyhow::Result<Tls> {
-        let made = rcgen::generate_simple_self_signed(vec![addr.to_string()])?;
+        Tls::make_for(dir, &[addr])
+    }
+
+    /// One self-signed certificate for several addresses (servers that share it).
+    pub fn make_for(dir: &std::path::Path, addrs: &[&str]) -> anyhow::Result<Tls> {
+        let names = addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        let made = rcgen::generate_simple_self_signed(names)?;
         let tls = Tls {
             cert: dir.join("bench-cert.pem"),
             key: dir.join("bench-key.pem"),
@@ -113,7 +119,9 @@ impl Tls {
     }
 }
 
-/// Servers running in `right` for a scenario; stopped when dropped.
+/// Servers running in `right` for a scenario (or in hosts of a lab of more); stopped when
+/// dropped.
+#[derive(Default)]
 pub struct Servers {
     children: Vec<Child>,
 }
@@ -126,7 +134,32 @@ impl Servers {
 
     /// Starts a server, silent and leading its own process group, and waits until it listens
     /// on `port`.
-    pub fn start(&mut self, place: &Place, mut cmd: Command, port: u16) -> anyhow::Result<()> {
+    pub fn start(&mut self, place: &Place, cmd: Command, port: u16) -> anyhow::Result<()> {
+        let at = Listening {
+            ss: &|| place.server_command("ss"),
+            host: place.server_addr(),
+            port,
+        };
+        self.start_at(cmd, at)
+    }
+
+    /// Starts a server in host `host` of a lab of more hosts, listening on `port` there.
+    pub fn start_in(
+        &mut self,
+        lab: &Running,
+        host: &str,
+        cmd: Command,
+        port: u16,
+    ) -> anyhow::Result<()> {
+        let at = Listening {
+            ss: &|| lab.command(host, "ss"),
+            host,
+            port,
+        };
+        self.start_at(cmd, at)
+    }
+
+    fn start_at(&mut self, mut cmd: Command, at: Listening) -> anyhow::Result<()> {
         use std::os::unix::process::CommandExt;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -135,8 +168,15 @@ impl Servers {
         let shown = format!("{cmd:?}");
         self.children.push(cmd.spawn()?);
         let child = self.children.last_mut();
-        wait_listening_for(place, port, child).map_err(|e| e.context(shown))
+        wait_listening_for(&at, child).map_err(|e| e.context(shown))
     }
+}
+
+/// Where a server is to listen: `ss` run on its host, the host's name or address, the port.
+struct Listening<'a> {
+    ss: &'a dyn Fn() -> Command,
+    host: &'a str,
+    port: u16,
 }
 
 impl Drop for Servers {
@@ -155,27 +195,31 @@ impl Drop for Servers {
 
 /// Waits (at most 10 s) until something on the servers' host listens on `port`.
 pub fn wait_listening(place: &Place, port: u16) -> anyhow::Result<()> {
-    wait_listening_for(place, port, None)
+    let at = Listening {
+        ss: &|| place.server_command("ss"),
+        host: place.server_addr(),
+        port,
+    };
+    wait_listening_for(&at, None)
 }
 
 /// The same, for a server this side started: one that exits first (not installed in the
 /// namespace's `ip netns exec`, say) is reported at once, with its status.
 fn wait_listening_for(
-    place: &Place,
-    port: u16,
+    at: &Listening,
     mut server: Option<&mut std::process::Child>,
 ) -> anyhow::Result<()> {
+    let port = at.port;
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if let Some(status) = server.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
             anyhow::bail!(
                 "the server exited ({status}) before listening on {}:{port}: is it installed? \
                  (the test command installs what the benchmarks use)",
-                place.server_addr()
+                at.host
             );
         }
-        let out = place
-            .server_command("ss")
+        let out = (at.ss)()
             .args(["-Hltn", &format!("sport = :{port}")])
             .output()?;
         if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
@@ -185,7 +229,7 @@ fn wait_listening_for(
     }
     anyhow::bail!(
         "nothing listens on {}:{port} after 10 s: the server did not start",
-        place.server_addr()
+        at.host
     )
 }
 

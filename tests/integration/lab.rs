@@ -757,6 +757,53 @@ fn clean_leaves_a_running_lab_of_a_renamed_binary_alone() {
 
 /// A tiny sweep end to end: 2 cells × 2 repeats on a LAN link, with every output written and
 /// consistent with the runs made.
+/// The experiments on labs of more hosts set up their topology, servers and clients
+/// themselves: a striped download reaches all four data nodes, a copy between servers crosses
+/// the client's slow link with next to nothing, and nothing of either lab is left.
+#[test]
+fn bench_experiments_on_more_hosts_stripe_over_four_nodes_and_copy_past_the_client() {
+    require_lab();
+    for (tag, experiment, direction) in [("bs", "striping", "get"), ("bt", "third-party", "get")] {
+        let name = lab_name(tag);
+        let top = tempdir();
+        let (report, stdout) = crate::util::bench(
+            top.path(),
+            &[
+                "--experiment",
+                experiment,
+                "--direction",
+                direction,
+                "--repeat",
+                "1",
+                "--name",
+                &name,
+            ],
+            Duration::from_secs(240),
+        );
+        assert_gone(&name);
+        assert!(stdout.contains("| run | round |"), "{stdout}");
+        let runs = report["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 1, "{report}");
+        let summary = &runs[0]["summary"];
+        assert_eq!(report["lab"]["device_drops"], 0, "{report}");
+        match experiment {
+            "striping" => {
+                assert_eq!(summary["data_nodes"], 4, "{summary}");
+                assert_eq!(summary["bytes"], 512u64 << 20, "{summary}");
+            }
+            _ => {
+                assert_eq!(summary["route"], "third-party", "{summary}");
+                let (client, copied) = (
+                    report["lab"]["client_link_bytes"].as_u64().unwrap(),
+                    report["lab"]["copied_bytes"].as_u64().unwrap(),
+                );
+                assert_eq!(copied, 256 << 20, "{report}");
+                assert!(client > 0 && client < copied / 100, "{report}");
+            }
+        }
+    }
+}
+
 #[test]
 fn bench_sweep_writes_json_csv_markdown_and_plots() {
     require_lab();
