@@ -642,6 +642,10 @@ impl Control {
     }
 
     /// A Globus front end with remote data nodes (FEAT `DSI remote-…`).
+    pub fn striped_private(&self) -> bool {
+        self.session.features().striped_private()
+    }
+
     pub fn gridftp_striped(&self) -> bool {
         self.session.features().gridftp_striped()
     }

@@ -47,7 +47,11 @@ const MOST_ROUNDS: usize = 8;
 /// end with remote data nodes.
 pub fn offered(c: &Control) -> Option<Peer> {
     match Peer::of(c)? {
-        Peer::Braid if c.has_feature("BRAID-STRIPED") && c.data_tls().is_none() => {
+        // Under PROT P only where the nodes take TLS bound to this session (`P`).
+        Peer::Braid
+            if c.has_feature("BRAID-STRIPED")
+                && (c.data_tls().is_none() || c.striped_private()) =>
+        {
             Some(Peer::Braid)
         }
         Peer::GridFtp if c.gridftp_striped() => Some(Peer::GridFtp),
@@ -55,8 +59,9 @@ pub fn offered(c: &Control) -> Option<Peer> {
     }
 }
 
-/// The data connections of one round: `per` to each node, opened at once.
-fn connect(addrs: &[DataAddr], per: u32, opts: &Options) -> Result<Vec<Joins>> {
+/// The data connections of one round: `per` to each node, opened at once; under PROT P each
+/// is TLS to the node (which shows the front end's certificate), bound to this session.
+fn connect(c: &Control, addrs: &[DataAddr], per: u32, opts: &Options) -> Result<Vec<Joins>> {
     let opened: Vec<Result<Vec<TcpStream>>> = crate::fanout::at_once(
         addrs,
         |addr| (0..per).map(|_| open_data(addr, opts.buffer)).collect(),
@@ -64,7 +69,7 @@ fn connect(addrs: &[DataAddr], per: u32, opts: &Options) -> Result<Vec<Joins>> {
     );
     opened
         .into_iter()
-        .map(|socks| socks.map(|s| Joins::fixed(s, STALL)))
+        .map(|socks| socks.map(|s| Joins::fixed(s, STALL).protected(c.data_tls())))
         .collect()
 }
 
@@ -127,7 +132,7 @@ pub fn get(
             Peer::Braid => {
                 let addrs = c.striped_passive()?;
                 nodes = nodes.max(addrs.len());
-                connect(&addrs, per_node(opts, addrs.len()), opts)?
+                connect(c, &addrs, per_node(opts, addrs.len()), opts)?
             }
             // Globus sends nothing of some stripes when REST names ranges already here (two
             // stripes after `REST 0-1048576`: one sent its share, the other nothing, and
@@ -278,7 +283,7 @@ pub fn put(
         }
         let addrs = c.striped_passive()?;
         nodes = nodes.max(addrs.len());
-        let stripes = connect(&addrs, per_node(opts, addrs.len()), opts)?;
+        let stripes = connect(c, &addrs, per_node(opts, addrs.len()), opts)?;
         c.restart_ranges(&have)?;
         c.start_transfer(&stor)?;
         let blocks = Blocks::new(&have.missing(len), checksum::CHUNK);
@@ -403,5 +408,11 @@ fn striped(
     s.per_connection_bytes = transfers.iter().flat_map(|t| t.per_link_bytes()).collect();
     s.new_data_connections = transfers.iter().map(|t| t.links().len() as u32).sum();
     s.data_nodes = Some(nodes as u32);
+    let (full, resumed) = transfers
+        .iter()
+        .map(Transfer::handshakes)
+        .fold((0, 0), |(f, r), h| (f + h.full, r + h.resumed));
+    s.tls_handshakes =
+        (full + resumed > 0).then_some(crate::engine::transfer::Handshakes { full, resumed });
     s
 }

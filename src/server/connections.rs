@@ -202,10 +202,14 @@ impl Io {
                 binding: Binding::from_bytes(peer.binding),
             });
         }
-        Some(DataTls::Server {
-            config,
-            binding: self.binding?,
-        })
+        // A data node's connections come from its front end's client, and prove that
+        // client's session with the front end, whose binding the order carries (none: the
+        // client's data is in clear).
+        let binding = match &t.stripe {
+            Some(order) => Binding::from_bytes(order.binding?),
+            None => self.binding?,
+        };
+        Some(DataTls::Server { config, binding })
     }
 
     /// Who may open a stream-mode data connection: the client.

@@ -415,10 +415,17 @@ impl ServeArgs {
                 bail!("--data-nodes: {n:?} is not HOST:PORT");
             }
         }
+        let tls = match &self.tls_cert {
+            Some(cert) => Some(crate::client::wire::pinned_config(
+                super::tls::fingerprint_of(cert)?,
+            )?),
+            None => None,
+        };
         Ok(Striping::FrontEnd(Arc::new(super::stripes::FrontEnd {
             nodes,
             key: self.read_node_key()?,
             root: root.to_path_buf(),
+            tls,
         })))
     }
 

@@ -31,6 +31,9 @@ pub struct FrontEnd {
     pub key: String,
     /// The shared root, the nodes' `--root` too: paths are given to them relative to it.
     pub root: PathBuf,
+    /// With TLS: the nodes show the front end's own certificate, and its control connections
+    /// to them accept that one alone; striped data under PROT P is then TLS too.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Without the key: a configuration may be logged.
@@ -55,10 +58,14 @@ pub struct Order {
     pub elastic: bool,
     /// The client's cap on the whole transfer (bytes/s), shared evenly by the nodes.
     pub max_rate: Option<u64>,
+    /// PROT P: the binding of the client's TLS session with the front end, which each of its
+    /// data connections to a node proves (the node is the TLS server there).
+    pub binding: Option<[u8; 32]>,
 }
 
 /// The nodes' order for transfer `t` of a session whose account's root is `account_root`
 /// (`size`: a download's, from the file; `nodes`: how many the last SPAS listed).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn order(
     front: &FrontEnd,
     account_root: &std::path::Path,
@@ -67,7 +74,15 @@ pub(super) fn order(
     size: Option<u64>,
     client: IpAddr,
     nodes: u32,
+    binding: Option<[u8; 32]>,
 ) -> Result<Order, String> {
+    let binding = match (t.private, binding) {
+        (false, _) => None,
+        (true, Some(b)) if front.tls.is_some() => Some(b),
+        (true, _) => {
+            return Err("private data needs TLS between the front end and its nodes".into());
+        }
+    };
     // The nodes serve the shared root; the account's root must lie within it.
     let within = account_root
         .strip_prefix(&front.root)
@@ -91,6 +106,7 @@ pub(super) fn order(
         block: braid_proto::stripes::block_for(size, nodes),
         elastic: b.elastic,
         max_rate: b.max_rate,
+        binding,
     })
 }
 
@@ -174,6 +190,8 @@ pub struct Links {
 struct Link {
     control: Control,
     elastic: bool,
+    /// PROT P is in effect on the node's session (its data connections are TLS).
+    private: bool,
 }
 
 impl Links {
@@ -261,7 +279,7 @@ impl Links {
                         stripe: stripe as u32,
                         stripes,
                         block: order.block,
-                        binding: None,
+                        binding: order.binding,
                     };
                     scope.spawn(move || (stripe, node, link.move_stripe(order, &told, stop)))
                 })
@@ -296,6 +314,12 @@ fn connect(front: &FrontEnd, i: usize) -> Result<Link, String> {
         path: String::new(),
     };
     let mut control = Control::connect(&target).map_err(|e| e.to_string())?;
+    // The key, and the bindings orders carry, go only over TLS when the front end has it.
+    if let Some(tls) = &front.tls {
+        control.start_tls(tls, host).map_err(|e| {
+            format!("{e} (a data node of a front end with TLS needs the front end's --tls-cert and --tls-key)")
+        })?;
+    }
     control.start(&target, None).map_err(|e| e.to_string())?;
     control
         .expect(&Command::Mode(Mode::Extended), &[200])
@@ -303,6 +327,7 @@ fn connect(front: &FrontEnd, i: usize) -> Result<Link, String> {
     Ok(Link {
         control,
         elastic: false,
+        private: front.tls.is_some(),
     })
 }
 
@@ -316,10 +341,17 @@ impl Link {
     ) -> Result<(), String> {
         let c = &mut self.control;
         let e = |e: crate::client::error::ClientError| e.to_string();
-        if order.elastic && !self.elastic {
+        // Private MODE E is braid's elastic MODE E; data in clear keeps the client's kind.
+        let private = order.binding.is_some();
+        if (order.elastic || private) && !self.elastic {
             c.expect(&Command::Opts("BRAID ELASTIC".into()), &[200])
                 .map_err(e)?;
             self.elastic = true;
+        }
+        if private != self.private {
+            let level = if private { 'P' } else { 'C' };
+            c.expect(&Command::Prot(level), &[200]).map_err(e)?;
+            self.private = private;
         }
         if let (Some(rate), Command::Retr(_)) = (order.max_rate, &order.command) {
             let opts = RetrOpts {

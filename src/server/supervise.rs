@@ -532,7 +532,17 @@ fn striped_order(
         .as_ref()
         .map_or(1, |l| l.lock().unwrap_or_else(|p| p.into_inner()).stripes());
     let client = braid_proto::session::canonical_ip(io.peer.ip());
-    super::stripes::order(front, root.path(), t, b, size, client, nodes as u32)
+    let binding = io.binding.as_ref().map(|b| b.to_bytes());
+    super::stripes::order(
+        front,
+        root.path(),
+        t,
+        b,
+        size,
+        client,
+        nodes as u32,
+        binding,
+    )
 }
 
 /// Where a transfer's data moves: on a blocking thread, or already moved on the control task

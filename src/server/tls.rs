@@ -289,6 +289,17 @@ impl ProducesTickets for MarkedTickets {
     }
 }
 
+/// The SHA-256 of the first certificate in a PEM file: what a front end pins its data nodes
+/// to (they show the same certificate).
+pub fn fingerprint_of(cert: &Path) -> Result<[u8; 32]> {
+    let first = CertificateDer::pem_file_iter(cert)
+        .ok()
+        .and_then(|mut certs| certs.next())
+        .and_then(|c| c.ok())
+        .with_context(|| format!("no PEM certificate in {}", cert.display()))?;
+    Ok(crate::engine::tls::fingerprint(&first))
+}
+
 /// A rustls server configuration from a PEM certificate chain and a PEM private key.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> {
     let chain = CertificateDer::pem_file_iter(cert)

@@ -19,6 +19,11 @@ struct Striped {
 }
 
 fn striped(top: &Path, n: usize) -> Striped {
+    striped_with(top, n, &[])
+}
+
+/// The same, every server started with `extra` too (TLS's certificate, say).
+fn striped_with(top: &Path, n: usize, extra: &[&str]) -> Striped {
     let shared = top.join("shared");
     std::fs::create_dir(&shared).unwrap();
     let key = top.join("node.key");
@@ -27,24 +32,25 @@ fn striped(top: &Path, n: usize) -> Striped {
     let nodes: Vec<Server> = (0..n)
         .map(|i| {
             let at = format!("127.0.0.{}:0", 11 + i);
-            Server::start_at(&at, &shared, &["--data-node", "--node-key", key])
+            let mut args = vec!["--data-node", "--node-key", key];
+            args.extend(extra);
+            Server::start_at(&at, &shared, &args)
         })
         .collect();
     let list: Vec<String> = nodes.iter().map(|s| s.addr.to_string()).collect();
     let users = top.join("users");
     add_account(&users, "alice", &shared, "secret", true);
-    let front = Server::start_at(
-        "127.0.0.1:0",
-        &shared,
-        &[
-            "--users",
-            users.to_str().unwrap(),
-            "--data-nodes",
-            &list.join(","),
-            "--node-key",
-            key,
-        ],
-    );
+    let list = list.join(",");
+    let mut args = vec![
+        "--users",
+        users.to_str().unwrap(),
+        "--data-nodes",
+        &list,
+        "--node-key",
+        key,
+    ];
+    args.extend(extra);
+    let front = Server::start_at("127.0.0.1:0", &shared, &args);
     Striped {
         front,
         nodes,
@@ -156,6 +162,70 @@ fn one_two_and_four_data_nodes_each_move_their_stripes_both_ways() {
             .filter(|name| name.contains("braid-part"))
             .collect();
         assert!(left.is_empty(), "partials left behind: {left:?}");
+    }
+}
+
+/// Under TLS (PROT P) the nodes still move the stripes: each shows the front end's
+/// certificate, the front end orders them over TLS, and every data connection is TLS bound to
+/// the client's session with the front end.
+#[test]
+fn under_tls_the_data_nodes_move_private_stripes_bound_to_the_clients_session() {
+    let top = tempdir();
+    let (cert, key) = crate::util::openssl_certificate(
+        top.path(),
+        "site",
+        "IP:127.0.0.1,IP:127.0.0.11,IP:127.0.0.12",
+    );
+    let s = striped_with(top.path(), 2, &["--tls-cert", &cert, "--tls-key", &key]);
+    let data = random_bytes((12 << 20) + 777, 81);
+    std::fs::write(s.shared.join("src.bin"), &data).unwrap();
+    let home = tempdir();
+    let dest = home.path().join("got.bin");
+    let tls = ["--tls", "--tls-ca", cert.as_str(), "--json"];
+    let (ok, out, err) = run(
+        braid_command(home.path())
+            .args(["get", &s.url("src.bin")])
+            .arg(&dest)
+            .args(tls),
+        Duration::from_secs(120),
+    );
+    assert!(ok, "get: {err}");
+    assert!(
+        std::fs::read(&dest).unwrap() == data,
+        "the download differs"
+    );
+    let v = json(&out);
+    assert_eq!(v["data_nodes"], 2, "{v}");
+    let shaken = |v: &serde_json::Value| {
+        v["tls_handshakes"]["full"].as_u64().unwrap_or(0)
+            + v["tls_handshakes"]["resumed"].as_u64().unwrap_or(0)
+    };
+    assert!(shaken(&v) >= 2, "no TLS on the nodes' connections: {v}");
+    s.each_node_moved("download");
+    let (ok, out, err) = run(
+        braid_command(home.path())
+            .arg("put")
+            .arg(&dest)
+            .arg(s.url("up.bin"))
+            .args(tls),
+        Duration::from_secs(120),
+    );
+    assert!(ok, "put: {err}");
+    assert!(
+        std::fs::read(s.shared.join("up.bin")).unwrap() == data,
+        "the upload differs"
+    );
+    let v = json(&out);
+    assert_eq!(v["data_nodes"], 2, "{v}");
+    assert!(shaken(&v) >= 2, "no TLS on the nodes' connections: {v}");
+    s.each_node_moved("upload");
+    // The front end's orders went over TLS: each node's session was private.
+    for n in &s.nodes {
+        assert!(
+            n.log().contains("control connection now uses TLS"),
+            "{}",
+            n.log()
+        );
     }
 }
 

@@ -49,6 +49,14 @@ impl Features {
             .any(|f| f.split_whitespace().next() == Some(name))
     }
 
+    /// A braid front end whose data nodes take private data (FEAT `BRAID-STRIPED P`).
+    pub fn striped_private(&self) -> bool {
+        self.lines.iter().any(|f| {
+            let mut words = f.split_whitespace();
+            words.next() == Some("BRAID-STRIPED") && words.any(|w| w == "P")
+        })
+    }
+
     /// A globus-gridftp-server front end with remote data nodes (`-r`): its FEAT names the
     /// `remote` storage interface (`DSI remote-13.24`), where a server alone has `DSI file-…`.
     /// Its SPAS lists the nodes.

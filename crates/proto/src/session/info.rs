@@ -52,9 +52,17 @@ impl Session {
         if self.config.third_party && self.config.tls {
             lines.push(" BRAID-PEER".into());
         }
-        // SPAS lists data nodes, which move the file in stripes.
+        // SPAS lists data nodes, which move the file in stripes; P: under PROT P too, over
+        // TLS bound to the client's session with this front end.
         if self.config.striped {
-            lines.push(" BRAID-STRIPED".into());
+            lines.push(
+                if self.config.tls {
+                    " BRAID-STRIPED P"
+                } else {
+                    " BRAID-STRIPED"
+                }
+                .into(),
+            );
         }
         // MODE Z is listed only when the server is told to compress: clients that see it use
         // it for every transfer (lftp does by default), and a deflate stream, unlike braid's

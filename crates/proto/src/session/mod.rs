@@ -1133,6 +1133,12 @@ mod tests {
         let mut s = logged_in();
         s.config.striped = true;
         assert!(wire(&s.feat()).contains(" BRAID-STRIPED\r\n"));
+        // With TLS its nodes take private data too, and a client reads that from FEAT.
+        s.config.tls = true;
+        let feat = s.feat();
+        assert!(wire(&feat).contains(" BRAID-STRIPED P\r\n"));
+        assert!(crate::client::Features::parse(&feat).striped_private());
+        s.config.tls = false;
         assert_eq!(s.handle(Command::Spas), Action::StripedPassive);
         let nodes: Vec<SocketAddr> = vec![
             "198.18.0.11:4000".parse().unwrap(),
