@@ -285,6 +285,7 @@ pub fn put(
         nodes = nodes.max(addrs.len());
         let stripes = connect(c, &addrs, per_node(opts, addrs.len()), opts)?;
         c.restart_ranges(&have)?;
+        c.reset_stored(have.clone());
         c.start_transfer(&stor)?;
         let blocks = Blocks::new(&have.missing(len), checksum::CHUNK);
         let options = engine::send::Options {
@@ -302,6 +303,10 @@ pub fn put(
             transfers.push(t);
         }
         let round_transfers = &transfers[first..];
+        // What the front end's markers say its nodes stored is recorded as it comes: a client
+        // killed outright resumes from there.
+        let mut recorded = have.clone();
+        let control = &mut *c;
         let sent: Vec<std::result::Result<Sent, engine::EngineError>> = watch.run(
             round_transfers[0].abort(),
             || {
@@ -326,10 +331,14 @@ pub fn put(
                         t.abort().abort();
                     }
                 }
+                if control.poll().is_ok() && *control.stored() != recorded {
+                    recorded = control.stored().clone();
+                    let _ = record.save(&recorded);
+                }
             },
         );
         if watch.stopped() {
-            let _ = record.save(&have);
+            let _ = record.save(c.stored());
             return Err(watch.stop(c, progress.load(Ordering::Relaxed), "", None));
         }
         let all_sent = sent.iter().all(|s| s.is_ok());

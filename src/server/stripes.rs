@@ -20,6 +20,9 @@ use std::sync::{Arc, Mutex};
 /// The one account a data node has: its front end's.
 pub const NODE_USER: &str = "braid-node";
 
+/// How often a node's range markers reach the order (it sends them each second).
+const GATHER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Most data nodes one front end drives.
 pub const MOST_NODES: usize = 64;
 
@@ -61,6 +64,9 @@ pub struct Order {
     /// PROT P: the binding of the client's TLS session with the front end, which each of its
     /// data connections to a node proves (the node is the TLS server there).
     pub binding: Option<[u8; 32]>,
+    /// An upload: what the nodes' range markers say is stored, gathered as they come, for
+    /// the front end's own markers to the client (whose `--resume` after a crash needs them).
+    pub stored: Arc<Mutex<RangeSet>>,
 }
 
 /// The nodes' order for transfer `t` of a session whose account's root is `account_root`
@@ -107,6 +113,7 @@ pub(super) fn order(
         elastic: b.elastic,
         max_rate: b.max_rate,
         binding,
+        stored: Arc::new(Mutex::new(b.have.clone())),
     })
 }
 
@@ -367,11 +374,25 @@ impl Link {
         )
         .map_err(e)?;
         c.restart_ranges(&order.have).map_err(e)?;
+        c.reset_stored(order.have.clone());
         c.start_transfer(&order.command).map_err(e)?;
-        match c.final_reply_unless(stop).map_err(e)? {
-            Some(r) if r.code == 226 || r.code == 250 => Ok(()),
-            Some(r) => Err(format!("{} {}", r.code, r.text())),
-            None => Err("stopped".into()),
+        loop {
+            // Every second what the node's markers said it stored joins the order's.
+            let since = std::time::Instant::now();
+            let tick = || stop() || since.elapsed() >= GATHER_EVERY;
+            let reply = c.final_reply_unless(tick).map_err(e)?;
+            {
+                let mut stored = order.stored.lock().unwrap_or_else(|p| p.into_inner());
+                for (a, b) in c.stored().iter() {
+                    stored.insert(a, b);
+                }
+            }
+            match reply {
+                Some(r) if r.code == 226 || r.code == 250 => return Ok(()),
+                Some(r) => return Err(format!("{} {}", r.code, r.text())),
+                None if stop() => return Err("stopped".into()),
+                None => {}
+            }
         }
     }
 }

@@ -137,12 +137,18 @@ pub(super) async fn transfer(
         }
         None => (None, None),
     };
-    // A MODE E upload's receiving state, for the 111 Range Markers.
+    // A MODE E upload's receiving state, for the 111 Range Markers; a striped upload's, what
+    // its nodes' markers say they stored.
     let mut received = None;
+    let mut striped_stored: Option<Arc<std::sync::Mutex<braid_proto::ranges::RangeSet>>> = None;
+    let mut forwarded = t.block.as_ref().map(|b| b.have.clone()).unwrap_or_default();
     let connected = match &t.block {
         // A striped front end: the data nodes move it.
         Some(b) if matches!(t.endpoint, DataEndpoint::Striped(_)) => {
             striped_order(io, &root, &t, b, size).map(|order| {
+                if is_upload {
+                    striped_stored = Some(order.stored.clone());
+                }
                 let (progress, moving) = (progress.clone(), moving.clone());
                 let (links, sums) = (io.nodes.clone(), io.config.checksums.clone());
                 Worker::Thread(tokio::task::spawn_blocking(move || {
@@ -258,9 +264,16 @@ pub(super) async fn transfer(
                         live.update(progress.load(Ordering::Relaxed), open_connections(&t, &moving));
                     }
                 }
-                _ = markers.tick(), if received.is_some() || report_sender => {
+                _ = markers.tick(), if received.is_some() || report_sender || striped_stored.is_some() => {
                     let (at, then) = last_marker;
-                    if let Some(state) = &received {
+                    if let Some(stored) = &striped_stored {
+                        // The nodes pace their markers: each news of theirs goes on at once.
+                        let ranges = stored.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                        if ranges != forwarded {
+                            let _ = conn.send(&braid_proto::markers::range_marker(&ranges)).await;
+                            forwarded = ranges;
+                        }
+                    } else if let Some(state) = &received {
                         let bytes = progress.load(Ordering::Relaxed);
                         if at.elapsed() >= MARKER_INTERVAL || bytes - then >= MARKER_BYTES {
                             send_markers(conn, &progress, state).await;

@@ -263,6 +263,69 @@ fn a_data_node_killed_mid_download_leaves_its_stripes_to_the_other() {
     );
 }
 
+/// A striped upload whose client is killed outright: the front end passed on what its nodes'
+/// markers said they stored, the client recorded it, and `--resume` sends only the rest.
+#[test]
+fn a_striped_upload_whose_client_is_killed_resumes_with_what_the_nodes_stored() {
+    use crate::util::{signal_process, upload_record};
+    let top = tempdir();
+    let s = striped(top.path(), 2);
+    let home = tempdir();
+    let src = home.path().join("up.bin");
+    let data = random_bytes(32 << 20, 79);
+    std::fs::write(&src, &data).unwrap();
+    let url = s.url("up.bin");
+    // At 4 MB/s, 8 s: the nodes' first markers come after 5 s.
+    let mut child = s.spawn(
+        home.path(),
+        "put",
+        &[src.to_str().unwrap(), url.as_str(), "--rate-limit", "4MB"],
+    );
+    let state = home.path().join(".local/state");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while upload_record(&state).is_none_or(|r| r.is_empty()) {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the upload ended first"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "no stored range was ever recorded"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal_process(child.id(), rustix::process::Signal::KILL);
+    let _ = child.wait();
+    let recorded = upload_record(&state).unwrap();
+    assert!(
+        !s.shared.join("up.bin").exists(),
+        "a killed upload took its name"
+    );
+    // The front end has seen its client go once its transfer is logged.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !s.front.log().contains("direction=\"upload\"") {
+        assert!(Instant::now() < deadline, "{}", s.front.log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (ok, out, err) = run(
+        braid_command(home.path()).args(["put", src.to_str().unwrap(), &url, "--resume", "--json"]),
+        Duration::from_secs(120),
+    );
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert_eq!(v["resumed_from"], recorded.len(), "{v}");
+    assert_eq!(v["data_nodes"], 2, "{v}");
+    assert!(
+        std::fs::read(s.shared.join("up.bin")).unwrap() == data,
+        "the resumed upload differs"
+    );
+    assert_eq!(
+        upload_record(&state),
+        None,
+        "the record outlived the upload"
+    );
+}
+
 #[test]
 fn a_data_node_killed_mid_upload_leaves_its_stripes_to_the_other() {
     let top = tempdir();
