@@ -307,6 +307,9 @@ fn receive(
             partial,
         });
     }
+    // Everything arrived: the record says so, and the room kept for its next version goes
+    // (a Ctrl-C while the file is checked ends the process at once, and left it behind).
+    landing.save_last();
     Ok(reused)
 }
 
