@@ -107,6 +107,7 @@ pub struct TreeCopied {
 pub struct Peers {
     a: Control,
     b: Control,
+    /// HOST:PORT of A and of B, for messages and the record of a copy.
     src_host: String,
     dst_host: String,
     /// `-n`; None: A tunes the count (`-n auto`).
@@ -155,8 +156,8 @@ impl Peers {
         let mut peers = Peers {
             a,
             b,
-            src_host: src.host.clone(),
-            dst_host: dst.host.clone(),
+            src_host: format!("{}:{}", src.host, src.port),
+            dst_host: format!("{}:{}", dst.host, dst.port),
             streams: opts.streams.map(|n| n.max(1)),
             rate: opts.rate_limit,
             background: opts.background.map(|d| {
@@ -182,37 +183,7 @@ impl Peers {
     /// this same file broke off, B's partial keeps what arrived and A sends only the rest.
     pub fn copy(&mut self, from: &str, to: &str, source: Source, resume: bool) -> Result<Copied> {
         let size = source.size;
-        // A tunes only what it sends at its own pace.
-        let tunes = self.streams.is_none() && self.rate.is_none() && self.background.is_none();
-        let (streams, most) = match self.streams {
-            _ if size <= ONE_CONNECTION => (1, 1),
-            Some(n) => (n, n),
-            None if tunes => (STREAMS, MOST_STREAMS),
-            None => (STREAMS, STREAMS),
-        };
-        if self.told != Some((streams, most)) {
-            self.a.run(Op::BlockMode(BlockSetup {
-                direction: Direction::Download,
-                retr: RetrOpts {
-                    parallelism: Some((streams, 1, most)),
-                    max_rate: self.rate,
-                    background: self.background,
-                    ..RetrOpts::default()
-                },
-                buffer: self.buffer,
-                compress: None,
-            }))?;
-            self.told = Some((streams, most));
-        }
-        if !self.b_ready {
-            self.b.run(Op::BlockMode(BlockSetup {
-                direction: Direction::Upload,
-                retr: RetrOpts::default(),
-                buffer: self.buffer,
-                compress: None,
-            }))?;
-            self.b_ready = true;
-        }
+        let (streams, most) = self.set_up(size)?;
         // B's range markers say what it holds, kept as an upload's are, for a later --resume.
         let record = UploadRecord::copy(
             &format!("ftp://{}/{}", self.src_host, from.trim_start_matches('/')),
@@ -262,6 +233,61 @@ impl Peers {
                 });
             }
         }
+        // B named the file: its partial is gone, and so is what the record says of it.
+        record.remove();
+        let (algorithm, checksum) = self.both_ends_agree(from, to)?;
+        Ok(Copied {
+            source: from.to_string(),
+            destination: to.to_string(),
+            bytes: size,
+            resumed_from: have.len(),
+            seconds,
+            streams,
+            tuning: if tuned { "auto" } else { "fixed" },
+            checksum,
+            algorithm,
+        })
+    }
+
+    /// Puts A and B in MODE E for a file of `size` bytes, A told how many connections to
+    /// open first and at most: one for a small file, `-n`'s count, or (`-n auto`) a range A
+    /// tunes within, unless a rate or background mode paces it.
+    fn set_up(&mut self, size: u64) -> Result<(u32, u32)> {
+        let tunes = self.streams.is_none() && self.rate.is_none() && self.background.is_none();
+        let (streams, most) = match self.streams {
+            _ if size <= ONE_CONNECTION => (1, 1),
+            Some(n) => (n, n),
+            None if tunes => (STREAMS, MOST_STREAMS),
+            None => (STREAMS, STREAMS),
+        };
+        if self.told != Some((streams, most)) {
+            self.a.run(Op::BlockMode(BlockSetup {
+                direction: Direction::Download,
+                retr: RetrOpts {
+                    parallelism: Some((streams, 1, most)),
+                    max_rate: self.rate,
+                    background: self.background,
+                    ..RetrOpts::default()
+                },
+                buffer: self.buffer,
+                compress: None,
+            }))?;
+            self.told = Some((streams, most));
+        }
+        if !self.b_ready {
+            self.b.run(Op::BlockMode(BlockSetup {
+                direction: Direction::Upload,
+                retr: RetrOpts::default(),
+                buffer: self.buffer,
+                compress: None,
+            }))?;
+            self.b_ready = true;
+        }
+        Ok((streams, most))
+    }
+
+    /// Both servers' checksum of the copy, which must agree: (algorithm, value).
+    fn both_ends_agree(&mut self, from: &str, to: &str) -> Result<(&'static str, String)> {
         let algorithm = checksum::NAME;
         let ends = [
             self.a.checksum(algorithm, from)?,
@@ -272,8 +298,6 @@ impl Peers {
                 "a server gave no checksum of the file: the copy is unchecked".into(),
             ));
         };
-        // B named the file: its partial is gone, and so is what the record says of it.
-        record.remove();
         if mine != theirs {
             return Err(ClientError::Integrity(format!(
                 "{from} on {} has checksum {mine}, the copy {to} on {} {theirs}: the copy is \
@@ -281,17 +305,7 @@ impl Peers {
                 self.src_host, self.dst_host
             )));
         }
-        Ok(Copied {
-            source: from.to_string(),
-            destination: to.to_string(),
-            bytes: size,
-            resumed_from: have.len(),
-            seconds,
-            streams,
-            tuning: if tuned { "auto" } else { "fixed" },
-            checksum: theirs,
-            algorithm,
-        })
+        Ok((algorithm, theirs))
     }
 
     /// Has B take `to` and A send `from` to it, but for the ranges B already `have`s.

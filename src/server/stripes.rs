@@ -69,20 +69,24 @@ pub struct Order {
     pub stored: Arc<Mutex<RangeSet>>,
 }
 
+/// The client of a striped transfer: its address, and its TLS session's binding (if any).
+pub(super) struct Client {
+    pub ip: IpAddr,
+    pub binding: Option<[u8; 32]>,
+}
+
 /// The nodes' order for transfer `t` of a session whose account's root is `account_root`
 /// (`size`: a download's, from the file; `nodes`: how many the last SPAS listed).
-#[allow(clippy::too_many_arguments)]
 pub(super) fn order(
     front: &FrontEnd,
     account_root: &std::path::Path,
     t: &braid_proto::session::Transfer,
     b: &braid_proto::session::BlockMode,
     size: Option<u64>,
-    client: IpAddr,
+    client: Client,
     nodes: u32,
-    binding: Option<[u8; 32]>,
 ) -> Result<Order, String> {
-    let binding = match (t.private, binding) {
+    let binding = match (t.private, client.binding) {
         (false, _) => None,
         (true, Some(b)) if front.tls.is_some() => Some(b),
         (true, _) => {
@@ -107,7 +111,7 @@ pub(super) fn order(
     let size = size.or(t.allocate).unwrap_or(0);
     Ok(Order {
         command,
-        client,
+        client: client.ip,
         have: b.have.clone(),
         block: braid_proto::stripes::block_for(size, nodes),
         elastic: b.elastic,

@@ -544,18 +544,11 @@ fn striped_order(
         .nodes
         .as_ref()
         .map_or(1, |l| l.lock().unwrap_or_else(|p| p.into_inner()).stripes());
-    let client = braid_proto::session::canonical_ip(io.peer.ip());
-    let binding = io.binding.as_ref().map(|b| b.to_bytes());
-    super::stripes::order(
-        front,
-        root.path(),
-        t,
-        b,
-        size,
-        client,
-        nodes as u32,
-        binding,
-    )
+    let client = super::stripes::Client {
+        ip: braid_proto::session::canonical_ip(io.peer.ip()),
+        binding: io.binding.as_ref().map(|b| b.to_bytes()),
+    };
+    super::stripes::order(front, root.path(), t, b, size, client, nodes as u32)
 }
 
 /// Where a transfer's data moves: on a blocking thread, or already moved on the control task
