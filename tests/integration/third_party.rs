@@ -127,7 +127,8 @@ fn a_copy_between_servers_cut_off_part_way_resumes_with_only_the_rest() {
     use rustix::process::Signal;
     let top = tempdir();
     let p = pair(top.path(), &[]);
-    let data = random_bytes(24 << 20, 47);
+    // At 4 MB/s, 7.9 s: B's first markers come after 5 s.
+    let data = random_bytes(30 << 20, 47);
     std::fs::write(top.path().join("a/big.bin"), &data).unwrap();
     let (home, state) = (tempdir(), tempdir());
     let mut first = p.command(home.path(), &["--rate-limit", "4MB"], "big.bin", "big.bin");
