@@ -385,8 +385,6 @@ fn cap_host_buffers(lab: &Running, cap: u64) -> Result<()> {
     Ok(())
 }
 
-/// The benchmark's files: in memory where there is a /dev/shm, so that the disk is not
-/// measured.
 /// An experiment's results: its Markdown printed and in `report.md`, its JSON in
 /// `report.json`, both in `out`.
 fn results(out: &std::path::Path, md: &str, json: &serde_json::Value) -> Result<()> {
@@ -397,6 +395,8 @@ fn results(out: &std::path::Path, md: &str, json: &serde_json::Value) -> Result<
     Ok(())
 }
 
+/// The benchmark's files: in memory where there is a /dev/shm, so that the disk is not
+/// measured.
 fn work_dir() -> Result<tempfile::TempDir> {
     let shm = std::path::Path::new("/dev/shm");
     let b = tempfile::Builder::new().prefix("braid-bench").clone();

@@ -135,12 +135,7 @@ impl Servers {
     /// Starts a server, silent and leading its own process group, and waits until it listens
     /// on `port`.
     pub fn start(&mut self, place: &Place, cmd: Command, port: u16) -> anyhow::Result<()> {
-        let at = Listening {
-            ss: &|| place.server_command("ss"),
-            host: place.server_addr(),
-            port,
-        };
-        self.start_at(cmd, at)
+        self.start_at(cmd, Listening::servers(place, port))
     }
 
     /// Starts a server in host `host` of a lab of more hosts, listening on `port` there.
@@ -152,7 +147,7 @@ impl Servers {
         port: u16,
     ) -> anyhow::Result<()> {
         let at = Listening {
-            ss: &|| lab.command(host, "ss"),
+            ss: Box::new(move || lab.command(host, "ss")),
             host,
             port,
         };
@@ -174,9 +169,20 @@ impl Servers {
 
 /// Where a server is to listen: `ss` run on its host, the host's name or address, the port.
 struct Listening<'a> {
-    ss: &'a dyn Fn() -> Command,
+    ss: Box<dyn Fn() -> Command + 'a>,
     host: &'a str,
     port: u16,
+}
+
+impl<'a> Listening<'a> {
+    /// On the servers' host of `place`.
+    fn servers(place: &'a Place<'a>, port: u16) -> Listening<'a> {
+        Listening {
+            ss: Box::new(move || place.server_command("ss")),
+            host: place.server_addr(),
+            port,
+        }
+    }
 }
 
 impl Drop for Servers {
@@ -195,12 +201,7 @@ impl Drop for Servers {
 
 /// Waits (at most 10 s) until something on the servers' host listens on `port`.
 pub fn wait_listening(place: &Place, port: u16) -> anyhow::Result<()> {
-    let at = Listening {
-        ss: &|| place.server_command("ss"),
-        host: place.server_addr(),
-        port,
-    };
-    wait_listening_for(&at, None)
+    wait_listening_for(&Listening::servers(place, port), None)
 }
 
 /// The same, for a server this side started: one that exits first (not installed in the

@@ -85,7 +85,7 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
                 control_path(dir),
                 &destination,
                 &a.remote_braid,
-                crate::client::detour::memory(),
+                crate::client::ways::file(),
             ))
         });
         Ok(Ssh {

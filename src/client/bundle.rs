@@ -177,25 +177,8 @@ pub fn start(
     opts: &Options,
 ) -> std::result::Result<Started, Failed> {
     let at = Instant::now();
-    // The session's first: its data connections' settings and address are asked for before
-    // the BNDL lines' answers are read, so that all come back in one round trip.
-    let fresh = (!asked.rbnd).then(|| {
-        let hint = || PathHint::of(c, Direction::Download, opts.buffer);
-        let plan = Plan::new(opts, Peer::Braid, offers_elastic(c), Some(bytes), hint);
-        // The session's later bundles go under these settings too.
-        let retr = RetrOpts {
-            parallelism: Some((plan.start, plan.start.min(1), plan.max)),
-            block_size: Some(plan.block),
-            max_rate: opts.rate_limit,
-            congestion: opts.congestion,
-            ..RetrOpts::default()
-        };
-        let elastic = block_mode(c, Direction::Download, retr, opts)
-            .and_then(|elastic| c.passive_ahead().map(|()| elastic));
-        (plan, elastic)
-    });
-    let refused = named(c, asked.lines)?;
     if asked.rbnd {
+        let refused = named(c, asked.lines)?;
         started_on_kept(c, "RBND").map_err(|f| match refused {
             Some(e) if !f.session_broken => Failed::file(e),
             _ => f,
@@ -209,18 +192,25 @@ pub fn start(
             at,
         });
     }
-    let Some((plan, elastic)) = fresh else {
-        return Err(Failed::session(ClientError::Protocol(
-            "internal error: a bundle without RBND but with data connections".into(),
-        )));
+    // The session's first: its data connections' settings and address are asked for before
+    // the BNDL lines' answers are read, so that all come back in one round trip.
+    let hint = || PathHint::of(c, Direction::Download, opts.buffer);
+    let plan = Plan::new(opts, Peer::Braid, offers_elastic(c), Some(bytes), hint);
+    // The session's later bundles go under these settings too.
+    let retr = RetrOpts {
+        parallelism: Some((plan.start, plan.start.min(1), plan.max)),
+        block_size: Some(plan.block),
+        max_rate: opts.rate_limit,
+        congestion: opts.congestion,
+        ..RetrOpts::default()
     };
+    let elastic = block_mode(c, Direction::Download, retr, opts)
+        .and_then(|elastic| c.passive_ahead().map(|()| elastic));
+    let refused = named(c, asked.lines)?;
     let elastic = elastic.map_err(Failed::session)?;
     if let Some(e) = refused {
-        // The address asked for ahead is read, so that the session stays in step.
-        return match c.passive_addr() {
-            Ok(_) => Err(Failed::file(e)),
-            Err(e) => Err(Failed::session(e)),
-        };
+        c.settle_passive_ahead().map_err(Failed::session)?;
+        return Err(Failed::file(e));
     }
     let fresh = |c: &mut Control| -> super::error::Result<Started> {
         let addr = c.passive_addr()?;

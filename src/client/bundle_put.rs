@@ -216,14 +216,10 @@ fn start(
         .and_then(|elastic| c.passive_ahead().map(|()| elastic))
         .map_err(session)?;
     if let Err(f) = started(c, lines, false) {
-        if f.session_broken {
-            return Err(f);
+        if !f.session_broken {
+            c.settle_passive_ahead().map_err(session)?;
         }
-        // The address asked for ahead is read, so that the session stays in step.
-        return match c.passive_addr() {
-            Ok(_) => Err(f),
-            Err(e) => Err(session(e)),
-        };
+        return Err(f);
     }
     let fresh = |c: &mut Control| -> super::error::Result<(Joins, bool, Option<usize>)> {
         let addr = c.passive_addr()?;

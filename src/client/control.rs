@@ -641,11 +641,12 @@ impl Control {
         self.session.features().has(name)
     }
 
-    /// A Globus front end with remote data nodes (FEAT `DSI remote-…`).
+    /// A braid front end whose data nodes take private data (FEAT `BRAID-STRIPED P`).
     pub fn striped_private(&self) -> bool {
         self.session.features().striped_private()
     }
 
+    /// A Globus front end with remote data nodes (FEAT `DSI remote-…`).
     pub fn gridftp_striped(&self) -> bool {
         self.session.features().gridftp_striped()
     }
@@ -831,6 +832,15 @@ impl Control {
             self.begin(Op::Passive)?;
         }
         self.passive_answer()
+    }
+
+    /// Reads the answer to an EPSV sent ahead that no transfer will use (its bundle was
+    /// refused), so that the session stays in step.
+    pub fn settle_passive_ahead(&mut self) -> Result<()> {
+        if std::mem::take(&mut self.passive_asked) {
+            self.passive_answer()?;
+        }
+        Ok(())
     }
 
     /// Sends EPSV (or PASV) now, behind what is out, for the next [`Control::passive_addr`]

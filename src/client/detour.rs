@@ -76,7 +76,7 @@ impl Detour {
     /// directory), which the ssh of `program` (with its options) reaches `destination` by;
     /// `remote_braid` is the braid there.
     /// `memory`: the file where the way found to `destination` is kept between runs
-    /// ([`memory`]), none to keep nothing.
+    /// ([`super::ways::file`]), none to keep nothing.
     pub fn new(
         program: &[String],
         control_path: String,
@@ -230,11 +230,6 @@ impl Detour {
             ))
         })
     }
-}
-
-/// Where the ways found are kept between runs, if anywhere.
-pub fn memory() -> Option<PathBuf> {
-    super::ways::file()
 }
 
 /// Opens one data connection to `addr`: straight, or, where that fails and there are ways

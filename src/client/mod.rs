@@ -47,7 +47,7 @@ mod trust;
 pub mod url;
 mod verify;
 mod watch;
-mod ways;
+pub mod ways;
 pub(crate) mod wire;
 
 pub use control::Control;

@@ -32,8 +32,7 @@ pub fn extended(
     checksum: Option<String>,
     reused: bool,
 ) -> Summary {
-    let h = transfer.handshakes();
-    s.tls_handshakes = (h.full + h.resumed > 0).then_some(h);
+    s.tls_handshakes = transfer.handshakes().any();
     s.compression = transfer
         .compression()
         .agreed()

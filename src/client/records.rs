@@ -83,10 +83,14 @@ impl Sidecar {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename, so a crash mid-write leaves
-/// the previous version.
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("braid-tmp");
+/// Writes `bytes` to `path` (its directory made if missing) through a temporary file of this
+/// process and a rename, so that a crash mid-write leaves the previous version and a reader,
+/// or another braid writing at once, never sees half of it.
+pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("braid-tmp.{}", std::process::id()));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
 }
@@ -254,9 +258,6 @@ impl UploadRecord {
             .path
             .as_ref()
             .ok_or_else(|| std::io::Error::other("no state directory"))?;
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
         let upload = Upload {
             ranges: ranges.to_string(),
             ..self.upload.clone()

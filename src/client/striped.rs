@@ -417,11 +417,10 @@ fn striped(
     s.per_connection_bytes = transfers.iter().flat_map(|t| t.per_link_bytes()).collect();
     s.new_data_connections = transfers.iter().map(|t| t.links().len() as u32).sum();
     s.data_nodes = Some(nodes as u32);
-    let (full, resumed) = transfers
+    s.tls_handshakes = transfers
         .iter()
         .map(Transfer::handshakes)
-        .fold((0, 0), |(f, r), h| (f + h.full, r + h.resumed));
-    s.tls_handshakes =
-        (full + resumed > 0).then_some(crate::engine::transfer::Handshakes { full, resumed });
+        .sum::<crate::engine::transfer::Handshakes>()
+        .any();
     s
 }

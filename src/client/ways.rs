@@ -63,8 +63,7 @@ pub fn recall(path: &Path, destination: &str, now: SystemTime) -> Option<Way> {
 }
 
 /// Keeps `way` for `destination` in the file at `path` (replacing what it held for it, and
-/// dropping lines older than [`REMEMBERED_FOR`]); written whole under another name and
-/// renamed, so that a reader never sees half of it.
+/// dropping lines older than [`REMEMBERED_FOR`]), written whole at once.
 pub fn remember(path: &Path, destination: &str, way: Way, now: SystemTime) -> std::io::Result<()> {
     let now = unix(now);
     let old = std::fs::read_to_string(path).unwrap_or_default();
@@ -73,12 +72,7 @@ pub fn remember(path: &Path, destination: &str, way: Way, now: SystemTime) -> st
         .filter(|(d, _, at)| d != destination && now.saturating_sub(*at) < REMEMBERED_FOR.as_secs())
         .collect();
     lines.push((destination.to_string(), way, now));
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, format(&lines))?;
-    std::fs::rename(&tmp, path)
+    super::records::write_atomically(path, format(&lines).as_bytes())
 }
 
 fn unix(t: SystemTime) -> u64 {

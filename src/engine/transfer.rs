@@ -187,6 +187,23 @@ pub struct Handshakes {
     pub resumed: usize,
 }
 
+impl Handshakes {
+    /// Them, where there were any (a summary says nothing of TLS for a transfer in clear).
+    pub fn any(self) -> Option<Handshakes> {
+        (self.full + self.resumed > 0).then_some(self)
+    }
+}
+
+/// Several transfers' (a striped one's, one per node), together.
+impl std::iter::Sum for Handshakes {
+    fn sum<I: Iterator<Item = Handshakes>>(iter: I) -> Handshakes {
+        iter.fold(Handshakes::default(), |a, h| Handshakes {
+            full: a.full + h.full,
+            resumed: a.resumed + h.resumed,
+        })
+    }
+}
+
 impl Transfer {
     pub fn new(elastic: bool) -> Transfer {
         Transfer {

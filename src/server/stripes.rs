@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex};
 /// The one account a data node has: its front end's.
 pub const NODE_USER: &str = "braid-node";
 
-/// How often a node's range markers reach the order (it sends them each second).
+/// How often what a node's range markers said (it sends them every 5 s or 32 MiB) joins the
+/// order's.
 const GATHER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Most data nodes one front end drives.
