@@ -160,7 +160,12 @@ impl Context<'_> {
                     Direction::Get => c.args(["get", "-r", &url(port, &format!("{TREE}/")), &dest]),
                     Direction::Put => c.args(["put", "-r", &local, &url(port, &format!("{up}/"))]),
                 };
-                c.args(["-q", "--json", "-j", "8", "-n", &streams]);
+                c.args(["-q", "--json", "-n", &streams]);
+                // Against braid serve, braid's own choice of sessions (one where all goes in
+                // bundles); servers that take files one by one get eight, as lftp -P 8.
+                if cell.tool != Tool::Braid {
+                    c.args(["-j", "8"]);
+                }
                 self.add_tls(&mut c, cell);
                 c
             }

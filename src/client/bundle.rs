@@ -160,6 +160,29 @@ pub fn request(c: &mut Control, files: &[Wanted], rbnd: bool) -> super::error::R
     Ok(Asked { lines, rbnd })
 }
 
+/// Asks for the MODE E settings of a session's downloads from here on (bundles, and the
+/// listing ahead of them) and for the address of their data connections, without reading
+/// the answers: as many connections as a file of `bytes` starts with (`-n` honoured),
+/// `--rate-limit` and `--congestion`. The plan, and whether the transfers are elastic.
+pub(super) fn settings(
+    c: &mut Control,
+    opts: &Options,
+    bytes: u64,
+) -> super::error::Result<(Plan, bool)> {
+    let hint = || PathHint::of(c, Direction::Download, opts.buffer);
+    let plan = Plan::new(opts, Peer::Braid, offers_elastic(c), Some(bytes), hint);
+    let retr = RetrOpts {
+        parallelism: Some((plan.start, plan.start.min(1), plan.max)),
+        block_size: Some(plan.block),
+        max_rate: opts.rate_limit,
+        congestion: opts.congestion,
+        ..RetrOpts::default()
+    };
+    let elastic = block_mode(c, Direction::Download, retr, opts)?;
+    c.passive_ahead()?;
+    Ok((plan, elastic))
+}
+
 /// A bundle under way: its data connections and the transfer they make up.
 pub struct Started {
     joins: Joins,
@@ -194,20 +217,9 @@ pub fn start(
     }
     // The session's first: its data connections' settings and address are asked for before
     // the BNDL lines' answers are read, so that all come back in one round trip.
-    let hint = || PathHint::of(c, Direction::Download, opts.buffer);
-    let plan = Plan::new(opts, Peer::Braid, offers_elastic(c), Some(bytes), hint);
-    // The session's later bundles go under these settings too.
-    let retr = RetrOpts {
-        parallelism: Some((plan.start, plan.start.min(1), plan.max)),
-        block_size: Some(plan.block),
-        max_rate: opts.rate_limit,
-        congestion: opts.congestion,
-        ..RetrOpts::default()
-    };
-    let elastic = block_mode(c, Direction::Download, retr, opts)
-        .and_then(|elastic| c.passive_ahead().map(|()| elastic));
+    let settings = settings(c, opts, bytes);
     let refused = named(c, asked.lines)?;
-    let elastic = elastic.map_err(Failed::session)?;
+    let (plan, elastic) = settings.map_err(Failed::session)?;
     if let Some(e) = refused {
         c.settle_passive_ahead().map_err(Failed::session)?;
         return Err(Failed::file(e));

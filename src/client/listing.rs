@@ -2,13 +2,23 @@
 //! without them).
 
 use super::Options;
+use super::bundle;
 use super::control::Control;
 use super::error::{ClientError, Result};
+use super::parallel;
+use super::peer::STALL;
 use super::sessions::session;
 use super::url::Target;
 use super::wire::Wire;
+use crate::engine::receive::{Progress, Shared, receive};
+use crate::engine::sink::Sink;
+use crate::engine::transfer::Joins;
 use braid_proto::Command;
+use braid_proto::client::Direction;
+use braid_proto::ranges::RangeSet;
 use std::io::Read;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 /// One entry of a remote listing.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -33,8 +43,10 @@ pub fn ls(target: &Target, opts: &Options) -> Result<Vec<ListEntry>> {
 }
 
 /// Every entry beneath `path` in one listing (MLSR, which globus-gridftp-server and braid
-/// serve offer), each named by its path relative to `path`.
-pub fn list_tree(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
+/// serve offer), each named by its path relative to `path`. `bundles`: the session fetches
+/// the tree in bundles next, with these options, and the listing comes in MODE E on the data
+/// connections they then take ([`in_blocks`]).
+pub fn list_tree(c: &mut Control, path: &str, bundles: Option<&Options>) -> Result<Vec<ListEntry>> {
     // Only the facts braid reads: a tree's listing is then about 40 % shorter (10,000 files:
     // 590 kB, not 980 kB), which on a fresh connection is a round trip less of slow start.
     if c.has_feature("MLST") {
@@ -42,6 +54,9 @@ pub fn list_tree(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
         c.later(braid_proto::client::Op::Ask(facts), None)?;
     }
     let mlsr = Command::Mlsr((!path.is_empty()).then(|| path.to_string()));
+    if let Some(opts) = bundles {
+        return Ok(machine_entries(&in_blocks(c, &mlsr, opts)?));
+    }
     let deflated = c.deflate_next()?;
     let data = c.open_data()?;
     let listed = c
@@ -51,6 +66,43 @@ pub fn list_tree(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
         c.plain_again()?;
     }
     Ok(machine_entries(&listed?))
+}
+
+/// A listing received in MODE E, under the settings of the bundles that follow it: it comes
+/// compressed where the server offers that, on several connections, and they stay open for
+/// the first bundle, which then costs no connection set-up and finds them past their first
+/// round trips. (10,000 files over 20 ms: about 0.1 s sooner to the first bundle's data.)
+fn in_blocks(c: &mut Control, cmd: &Command, opts: &Options) -> Result<String> {
+    let (plan, elastic) = bundle::settings(c, opts, bundle::FIRST_BYTES)?;
+    let addr = c.passive_addr()?;
+    let transfer = parallel::transfer(c, Direction::Download, elastic);
+    let socks = parallel::open_and_start(c, cmd, &addr, plan.start, opts.buffer, elastic)?;
+    let joins = Joins::fixed(socks, STALL).protected(c.data_tls());
+    let sink = Sink::Memory(Default::default());
+    let shared = Shared::new(
+        Progress::holding(RangeSet::new()),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let kept = receive(&transfer, joins, &sink, Some(MAX_LISTING), &shared).map_err(|e| {
+        ClientError::Interrupted {
+            bytes: shared.snapshot().ranges.len(),
+            why: format!("the listing's data connection: {e}"),
+            partial: None,
+        }
+    })?;
+    c.keep_data_connections(Direction::Download, kept.socks);
+    c.finish_transfer(cmd)?;
+    let text = sink.into_memory();
+    let got = shared.snapshot().ranges;
+    if got.len() != text.len() as u64 {
+        return Err(ClientError::Protocol(format!(
+            "the server's answer to {} left gaps: {} of its {} bytes came",
+            cmd.verb(),
+            got.len(),
+            text.len()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&text).into_owned())
 }
 
 /// The entries of an MLSD or MLSR listing, the listed directory (and its parent) left out.

@@ -349,11 +349,11 @@ impl Peers {
         resume: bool,
     ) -> Result<TreeCopied> {
         let started = Instant::now();
-        let entries = list_tree(&mut self.a, from)?;
+        let entries = list_tree(&mut self.a, from, None)?;
         let mut out = TreeCopied::default();
         // What B has already, for --update: its tree under `to`, if there is one.
         let have: HashMap<String, (Option<u64>, Option<i64>)> = if update {
-            list_tree(&mut self.b, to)
+            list_tree(&mut self.b, to, None)
                 .unwrap_or_default()
                 .into_iter()
                 .map(|e| (e.name, (e.size, e.modify)))

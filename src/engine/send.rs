@@ -530,6 +530,12 @@ impl State<'_> {
             Some(n) => Header::eof(n),
             None => Header::eod(),
         };
+        // Nagle would hold the small EOD behind the ACK of the data before it: the receiver,
+        // which waits for every EOD, would see the transfer end a round trip late. (TLS
+        // connections have no Nagle at all.)
+        if let DataConn::Clear(tcp) = &sock {
+            let _ = tcp.set_nodelay(true);
+        }
         // A retired connection closes; the others stay open for the next transfer if asked.
         let keep = self.options.keep && !link.retiring();
         let wrote = if keep {
@@ -962,6 +968,58 @@ fn peer_half_closed(sock: &TcpStream) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A transfer that keeps its clear connections ends each with an EOD the receiver gets
+    /// at once: Nagle is off on them by then, so it does not wait behind the ACK of the data
+    /// before it (a round trip at the end of every transfer). The receiver holds the bytes in
+    /// memory, as a listing's.
+    #[test]
+    fn kept_clear_connections_end_with_an_eod_that_leaves_at_once() {
+        use crate::engine::receive::{Progress, Shared, receive};
+        use crate::engine::sink::Sink;
+        use crate::engine::transfer::Joins;
+        use std::net::{TcpListener, TcpStream};
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let conns = [
+            TcpStream::connect(addr).unwrap(),
+            TcpStream::connect(addr).unwrap(),
+        ];
+        let accepted = [listener.accept().unwrap().0, listener.accept().unwrap().0];
+        assert!(accepted.iter().all(|s| !s.nodelay().unwrap()));
+        let stall = Duration::from_secs(30);
+        let sink = Sink::Memory(Default::default());
+        let shared = Shared::new(Progress::holding(RangeSet::new()), Default::default());
+        let sent = std::thread::scope(|s| {
+            let sending = s.spawn(|| {
+                let todo: RangeSet = [(0, data.len() as u64)].into_iter().collect();
+                let options = Options {
+                    block: 64 << 10,
+                    hash: false,
+                    keep: true,
+                };
+                let joins = Joins::fixed(accepted.into(), stall);
+                let progress = AtomicU64::new(0);
+                send(
+                    &Transfer::new(false),
+                    Source::Memory(&data),
+                    &todo,
+                    joins,
+                    options,
+                    &progress,
+                )
+            });
+            let joins = Joins::fixed(conns.into(), stall);
+            let got = receive(&Transfer::new(false), joins, &sink, Some(1 << 20), &shared);
+            assert!(got.is_ok_and(|k| k.socks.len() == 2));
+            sending.join().unwrap().unwrap()
+        });
+        assert_eq!(sent.kept.len(), 2);
+        assert!(sent.kept.iter().all(|c| c.tcp().nodelay().unwrap()));
+        assert_eq!(shared.snapshot().ranges.len(), data.len() as u64);
+        assert_eq!(sink.into_memory(), data);
+    }
 
     #[test]
     fn blocks_cover_ranges_on_aligned_boundaries() {

@@ -17,6 +17,8 @@ pub enum Sink {
     Bundle(super::bundle::Writer),
     /// Many files end to end, opened before the data came (a bundle a server stores).
     Landing(super::bundle::Landing),
+    /// Bytes kept in memory at their offsets: a listing, small and of no known size.
+    Memory(Mutex<Vec<u8>>),
 }
 
 impl Sink {
@@ -26,6 +28,16 @@ impl Sink {
             Sink::Ordered(r) => r.write(offset, data),
             Sink::Bundle(w) => w.write(offset, data),
             Sink::Landing(l) => l.write_at(data, offset),
+            Sink::Memory(m) => {
+                let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
+                let at = usize::try_from(offset).map_err(std::io::Error::other)?;
+                let end = at + data.len();
+                if m.len() < end {
+                    m.resize(end, 0);
+                }
+                m[at..end].copy_from_slice(data);
+                Ok(())
+            }
             Sink::Discard => Ok(()),
         }
     }
@@ -36,7 +48,15 @@ impl Sink {
         match self {
             Sink::File(f) => Some(f.read_exact_at(buf, offset)),
             Sink::Landing(l) => Some(l.read_exact_at(buf, offset)),
-            Sink::Ordered(_) | Sink::Discard | Sink::Bundle(_) => None,
+            Sink::Ordered(_) | Sink::Discard | Sink::Bundle(_) | Sink::Memory(_) => None,
+        }
+    }
+
+    /// What a memory sink holds (nothing for others).
+    pub fn into_memory(self) -> Vec<u8> {
+        match self {
+            Sink::Memory(m) => m.into_inner().unwrap_or_else(|e| e.into_inner()),
+            _ => Vec::new(),
         }
     }
 

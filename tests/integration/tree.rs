@@ -1066,9 +1066,18 @@ fn a_trees_small_files_come_as_one_bundle_with_their_names_and_times() {
     ];
     let (stdout, stderr) = braid_ok(home.path(), &args);
     same_files_and_times(&got.join("data"), &data, &names);
-    // All in one bundle, which opened the session's data connections itself.
+    // All in one bundle, on the data connections the tree's listing came on, in MODE E: one
+    // EPSV for both, and the bundle begins on connections already open (125, not 150).
     assert_eq!(stderr.matches("> RETR ").count(), 0, "{stderr}");
     assert_eq!(stderr.matches("> RBND").count(), 1, "{stderr}");
+    let at = |s: &str| {
+        stderr
+            .find(s)
+            .unwrap_or_else(|| panic!("no {s:?} in {stderr}"))
+    };
+    assert!(at("> MODE E") < at("> MLSR"), "{stderr}");
+    assert_eq!(stderr.matches("> EPSV").count(), 1, "{stderr}");
+    assert!(at("> RBND") < at("< 125 "), "{stderr}");
     assert!(
         stderr.contains("> BNDL ") && stderr.contains("z%20b%2520c.txt"),
         "{stderr}"

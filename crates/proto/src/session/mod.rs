@@ -517,7 +517,7 @@ impl Session {
                 dscp: self.dscp,
                 background: self.background,
                 fixed: upload && self.eager && endpoint == DataEndpoint::Cached,
-                compression: self.compression(upload),
+                compression: self.compression(upload, matches!(kind, TransferKind::List(..))),
             })
         } else {
             if rest_ranges.is_some() {
@@ -548,7 +548,9 @@ impl Session {
     /// setting together say, except that `auto` does not compress under PROT P: compressing
     /// data an attacker may partly choose next to data they may not, and letting them see the
     /// lengths, is how CRIME and BREACH read secrets through TLS. Only an explicit `on` does.
-    fn compression(&self, upload: bool) -> Option<crate::compress::Policy> {
+    /// A `listing` under `auto` is always compressed: text shrinks several times over at
+    /// almost no cost, and it is too short for `auto` to find that out by measuring.
+    fn compression(&self, upload: bool, listing: bool) -> Option<crate::compress::Policy> {
         use crate::compress::Policy;
         let client = self.compress?;
         if upload {
@@ -556,6 +558,7 @@ impl Session {
         }
         Some(match client.with(self.config.compress) {
             Policy::Auto if self.protection.data => Policy::Off,
+            Policy::Auto if listing => Policy::On,
             p => p,
         })
     }
@@ -1291,6 +1294,32 @@ mod tests {
         b.handle(Command::Epsv(EpsvArg::Default));
         b.passive_done(true, Ok("127.0.0.1:5000".parse().unwrap()));
         assert_eq!(transfer(b.handle(Command::Mlsd(None))).third_party, None);
+    }
+
+    #[test]
+    fn a_listing_in_mode_e_under_auto_is_compressed_except_over_tls() {
+        use crate::compress::Policy;
+        let compression = |s: &mut Session, cmd: Command| {
+            passive(s);
+            transfer(s.handle(cmd)).block.and_then(|b| b.compression)
+        };
+        let mut s = logged_in();
+        s.handle(Command::Mode(Mode::Extended));
+        assert_eq!(
+            code(s.handle(Command::Opts("BRAID COMPRESS=auto".into()))),
+            200
+        );
+        // Too short for auto to measure whether compressing pays; text always shrinks.
+        let mlsr = Command::Mlsr(Some("tree".into()));
+        assert_eq!(compression(&mut s, mlsr.clone()), Some(Policy::On));
+        assert_eq!(compression(&mut s, Command::Mlsd(None)), Some(Policy::On));
+        // A file is left to auto.
+        let retr = Command::Retr("f".into());
+        assert_eq!(compression(&mut s, retr), Some(Policy::Auto));
+        // Under PROT P auto compresses nothing, listings included (CRIME, BREACH).
+        let mut s = tls_user("alice", false);
+        s.handle(Command::Opts("BRAID COMPRESS=auto".into()));
+        assert_eq!(compression(&mut s, mlsr), Some(Policy::Off));
     }
 
     fn logged_in() -> Session {
