@@ -773,6 +773,9 @@ struct Squeeze {
     governor: Governor,
     packer: Packer,
     raw: Vec<u8>,
+    /// Too little data to measure the path with (a listing `on` compresses): its blocks go
+    /// compressed at the first level at once, never waiting a round trip for the path.
+    small: bool,
 }
 
 impl Squeeze {
@@ -788,6 +791,7 @@ impl Squeeze {
             governor: Governor::new(policy),
             packer: Packer::default(),
             raw: Vec::new(),
+            small: size < LEAST_AUTO,
         }
     }
 
@@ -797,6 +801,9 @@ impl Squeeze {
     fn sizing(&mut self, sock: &TcpStream) -> Sizing {
         if self.governor.choose() == Choice::Plain {
             return Sizing::Plain;
+        }
+        if self.small {
+            return Sizing::Packed { most: 0 };
         }
         // The memory for a level, like the path, matters only to a block about to be
         // compressed or probed.
