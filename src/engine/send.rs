@@ -532,7 +532,8 @@ impl State<'_> {
         };
         // Nagle would hold the small EOD behind the ACK of the data before it: the receiver,
         // which waits for every EOD, would see the transfer end a round trip late. (TLS
-        // connections have no Nagle at all.)
+        // connections have no Nagle at all; a kept connection stays so, which costs a later
+        // transfer at most a short segment at a block's end.)
         if let DataConn::Clear(tcp) = &sock {
             let _ = tcp.set_nodelay(true);
         }

@@ -17,7 +17,8 @@ pub enum Sink {
     Bundle(super::bundle::Writer),
     /// Many files end to end, opened before the data came (a bundle a server stores).
     Landing(super::bundle::Landing),
-    /// Bytes kept in memory at their offsets: a listing, small and of no known size.
+    /// Bytes kept in memory at their offsets: a listing, small and of no known size (the
+    /// receive's limit bounds it).
     Memory(Mutex<Vec<u8>>),
 }
 
