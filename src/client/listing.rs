@@ -68,6 +68,18 @@ pub fn list_tree(c: &mut Control, path: &str, bundles: Option<&Options>) -> Resu
     Ok(machine_entries(&listed?))
 }
 
+/// One directory's entries (MLSD) in MODE E, as [`list_tree`] gets a tree's for `bundles`:
+/// once a session asked for MODE E it stays in it, so when a braid server refuses MLSR (a
+/// tree of more entries than it lists at once) each directory's listing comes in blocks too.
+pub fn list_dir_in_blocks(
+    c: &mut Control,
+    path: &str,
+    bundles: &Options,
+) -> Result<Vec<ListEntry>> {
+    let mlsd = Command::Mlsd((!path.is_empty()).then(|| path.to_string()));
+    Ok(machine_entries(&in_blocks(c, &mlsd, bundles)?))
+}
+
 /// A listing received in MODE E, under the settings of the bundles that follow it: it comes
 /// compressed where the server offers that, on several connections, and they stay open for
 /// the first bundle, which then costs no connection set-up and finds them past their first

@@ -15,7 +15,7 @@ use super::error::{ClientError, Result, exit};
 use super::inflight::Flight;
 use super::interrupt::Interrupt;
 use super::job::{Dest, Held, refuse_read_only};
-use super::listing::{ListEntry, list_dir, list_tree};
+use super::listing::{ListEntry, list_dir, list_dir_in_blocks, list_tree};
 use super::names::{case_collisions, unsafe_name, up_to_date};
 use super::peer::Peer;
 use super::pipeline::{self, Wanted};
@@ -446,9 +446,10 @@ fn walk_remote(
     let mut dirs = VecDeque::from([(source.path.clone(), top.to_path_buf(), String::new(), 0)]);
     while let Some((remote, local, rel, depth)) = dirs.pop_front() {
         // Listed first: a directory the server refuses leaves nothing empty behind here.
-        let entries = match &mut listed {
-            Some(l) => Ok(l.take(&rel)),
-            None => list_dir(c, &remote),
+        let entries = match (&mut listed, bundles) {
+            (Some(l), _) => Ok(l.take(&rel)),
+            (None, Some(opts)) => list_dir_in_blocks(c, &remote, opts),
+            (None, None) => list_dir(c, &remote),
         };
         let entries = match entries {
             Ok(e) => e,

@@ -12,10 +12,6 @@ use braid_proto::session::{
 };
 use std::time::SystemTime;
 
-/// The most entries one MLSR lists (about 150 bytes each, held until sent): a larger tree is
-/// listed a directory at a time.
-const TREE_ENTRIES: usize = 500_000;
-
 pub(super) fn fs_blocking(
     root: &Root,
     sums: &ChecksumCache,
@@ -130,11 +126,13 @@ pub fn unix_now() -> i64 {
         .unwrap_or(0)
 }
 
-/// Opens the local side of a transfer, before anything is promised to the client.
+/// Opens the local side of a transfer, before anything is promised to the client. An MLSR
+/// lists at most `tree_entries` entries.
 pub(super) fn prepare(
     root: &std::sync::Arc<Root>,
     t: &Transfer,
     quota: Option<&Quota>,
+    tree_entries: usize,
 ) -> Result<(Job, Option<u64>), FsError> {
     Ok(match &t.kind {
         TransferKind::Retr(p) => {
@@ -269,7 +267,7 @@ pub(super) fn prepare(
             let mut text = String::new();
             let entries = match (dir.kind, style) {
                 (EntryKind::Dir, ListStyle::MachineTree) => {
-                    root.list_tree(p, listing::TREE_DEPTH, TREE_ENTRIES)?
+                    root.list_tree(p, listing::TREE_DEPTH, tree_entries)?
                 }
                 (EntryKind::Dir, _) => root.list(p)?,
                 _ => vec![dir.clone()],

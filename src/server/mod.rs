@@ -53,6 +53,8 @@ pub struct Config {
     /// How long a data connection may take to arrive or connect.
     pub data_timeout: Duration,
     pub max_per_ip: usize,
+    /// Most entries one MLSR lists (held until sent).
+    pub max_tree_entries: usize,
     pub max_connections: usize,
     /// Passive ports to choose from at random; `None`: any free port.
     pub passive_ports: Option<(u16, u16)>,
@@ -191,6 +193,7 @@ impl Config {
             idle_timeout: Duration::from_secs(300),
             data_timeout: Duration::from_secs(30),
             max_per_ip: 16,
+            max_tree_entries: 500_000,
             max_connections: 256,
             max_startups: 64,
             ranges: braid_proto::addr::Ranges::default(),

@@ -111,6 +111,11 @@ pub struct ServeArgs {
     /// Most control connections from one client address [default: 16].
     #[arg(help_heading = "Limits", long)]
     pub max_per_ip: Option<usize>,
+    /// Most entries one MLSR lists: a tree's whole listing is held in memory until sent
+    /// (about 150 bytes an entry); a larger tree is refused (451) and clients list it a
+    /// directory at a time (MLSD) [default: 500000].
+    #[arg(help_heading = "Limits", long, value_name = "N")]
+    pub max_tree_entries: Option<usize>,
     /// Most control connections in all [default: 256].
     #[arg(help_heading = "Limits", long)]
     pub max_connections: Option<usize>,
@@ -263,6 +268,7 @@ impl ServeArgs {
             tls_data: self.tls_data.or(file.tls_data),
             partial_max_age: self.partial_max_age.or(file.partial_max_age),
             max_per_ip: self.max_per_ip.or(file.max_per_ip),
+            max_tree_entries: self.max_tree_entries.or(file.max_tree_entries),
             max_connections: self.max_connections.or(file.max_connections),
             max_startups: self.max_startups.or(file.max_startups),
             ipv4_prefix: self.ipv4_prefix.or(file.ipv4_prefix),
@@ -467,6 +473,9 @@ impl ServeArgs {
         }
         if let Some(n) = self.max_per_ip {
             config.max_per_ip = n.max(1);
+        }
+        if let Some(n) = self.max_tree_entries {
+            config.max_tree_entries = n.max(1);
         }
         if let Some(n) = self.max_connections {
             config.max_connections = n.max(1);

@@ -50,16 +50,18 @@ pub(super) async fn transfer(
     conn.cork = false;
     // An upload sent ahead: its data is on its way even if it is refused here.
     let drains = t.block.as_ref().is_some_and(|b| b.fixed);
+    let most = io.config.max_tree_entries;
     let prepared = match io.root() {
-        Ok(root) if inline::opens(&t) => {
-            super::files::prepare(&root, &t, io.quota.as_ref()).map(|(job, size)| (root, job, size))
-        }
+        Ok(root) if inline::opens(&t) => super::files::prepare(&root, &t, io.quota.as_ref(), most)
+            .map(|(job, size)| (root, job, size)),
         Ok(root) => {
             let (t, at, quota) = (t.clone(), root.clone(), io.quota.clone());
-            tokio::task::spawn_blocking(move || super::files::prepare(&at, &t, quota.as_ref()))
-                .await
-                .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
-                .map(|(job, size)| (root, job, size))
+            tokio::task::spawn_blocking(move || {
+                super::files::prepare(&at, &t, quota.as_ref(), most)
+            })
+            .await
+            .unwrap_or_else(|e| Err(FsError::Other(e.to_string())))
+            .map(|(job, size)| (root, job, size))
         }
         Err(e) => Err(e),
     };

@@ -1097,6 +1097,38 @@ fn a_trees_small_files_come_as_one_bundle_with_their_names_and_times() {
     assert!(f299.contains(&format!(" {size} ")), "{f299}");
 }
 
+/// A tree larger than the server lists in one MLSR (`--max-tree-entries`) comes a directory at
+/// a time: the session asked for MODE E for its bundles, so each MLSD comes in blocks too
+/// (read as a plain listing, its block headers made no sense and the tree came out empty),
+/// and the files still come as bundles.
+#[test]
+fn a_tree_too_large_for_one_listing_comes_a_directory_at_a_time_in_blocks() {
+    let dir = tempdir();
+    let data = dir.path().join("served/data");
+    let names = small_files(&data);
+    let server = Server::start(
+        &dir.path().join("served"),
+        &["--anonymous", "--max-tree-entries", "100"],
+    );
+    let got = dir.path().join("got");
+    let home = tempdir();
+    let url = server.url("data/");
+    let args = ["get", "-r", "-v", &url, got.to_str().unwrap()];
+    let (_, stderr) = braid_ok(home.path(), &args);
+    same_files_and_times(&got.join("data"), &data, &names);
+    let at = |s: &str| {
+        stderr
+            .find(s)
+            .unwrap_or_else(|| panic!("no {s:?} in {stderr}"))
+    };
+    assert!(at("> MODE E") < at("> MLSR"), "{stderr}");
+    assert!(at("more than 100 entries") < at("> MLSD"), "{stderr}");
+    // The top and its two subdirectories, each listed on its own.
+    assert_eq!(stderr.matches("> MLSD").count(), 3, "{stderr}");
+    assert_eq!(stderr.matches("> RETR ").count(), 0, "{stderr}");
+    assert!(stderr.contains("> RBND"), "{stderr}");
+}
+
 /// `put -r` to a braid server stores a tree's small files as one bundle (SBND): no STOR and
 /// no MFMT per file, every file with its bytes and its time, the server's transfer log a
 /// line per file, and no partial left beside them.
