@@ -160,25 +160,30 @@ pub fn request(c: &mut Control, files: &[Wanted], rbnd: bool) -> super::error::R
     Ok(Asked { lines, rbnd })
 }
 
-/// Asks for the MODE E settings of a session's downloads from here on (bundles, and the
-/// listing ahead of them) and for the address of their data connections, without reading
-/// the answers: as many connections as a file of `bytes` starts with (`-n` honoured),
-/// `--rate-limit` and `--congestion`. The plan, and whether the transfers are elastic.
+/// Asks for the MODE E settings of a session's bundles this way from here on (and of the
+/// listing ahead of downloads) and for the address of their data connections, without
+/// reading the answers: as many connections as a file of `bytes` starts with (`-n`
+/// honoured); a download's sender, the server, is told `--rate-limit` and `--congestion`
+/// too. The plan, and whether the transfers are elastic.
 pub(super) fn settings(
     c: &mut Control,
     opts: &Options,
+    direction: Direction,
     bytes: u64,
 ) -> super::error::Result<(Plan, bool)> {
-    let hint = || PathHint::of(c, Direction::Download, opts.buffer);
+    let hint = || PathHint::of(c, direction, opts.buffer);
     let plan = Plan::new(opts, Peer::Braid, offers_elastic(c), Some(bytes), hint);
-    let retr = RetrOpts {
-        parallelism: Some((plan.start, plan.start.min(1), plan.max)),
-        block_size: Some(plan.block),
-        max_rate: opts.rate_limit,
-        congestion: opts.congestion,
-        ..RetrOpts::default()
+    let retr = match direction {
+        Direction::Download => RetrOpts {
+            parallelism: Some((plan.start, plan.start.min(1), plan.max)),
+            block_size: Some(plan.block),
+            max_rate: opts.rate_limit,
+            congestion: opts.congestion,
+            ..RetrOpts::default()
+        },
+        Direction::Upload => RetrOpts::default(),
     };
-    let elastic = block_mode(c, Direction::Download, retr, opts)?;
+    let elastic = block_mode(c, direction, retr, opts)?;
     c.passive_ahead()?;
     Ok((plan, elastic))
 }
@@ -217,7 +222,7 @@ pub fn start(
     }
     // The session's first: its data connections' settings and address are asked for before
     // the BNDL lines' answers are read, so that all come back in one round trip.
-    let settings = settings(c, opts, bytes);
+    let settings = settings(c, opts, Direction::Download, bytes);
     let refused = named(c, asked.lines)?;
     let (plan, elastic) = settings.map_err(Failed::session)?;
     if let Some(e) = refused {

@@ -8,10 +8,9 @@
 use super::Options;
 use super::control::Control;
 use super::error::ClientError;
-use super::parallel::{block_mode, open_and_start, transfer_failed};
-use super::peer::{Peer, STALL, offers_elastic};
+use super::parallel::{open_and_start, transfer_failed};
+use super::peer::STALL;
 use super::pipeline::{Failed, Wanted, summary};
-use super::plan::{PathHint, Plan};
 use super::summary::Summary;
 use super::url::Target;
 use crate::engine::bundle::Files;
@@ -22,7 +21,6 @@ use braid_proto::bundle::{Layout, Named};
 use braid_proto::checksum;
 use braid_proto::client::{Direction, Op};
 use braid_proto::ranges::RangeSet;
-use braid_proto::retr_opts::RetrOpts;
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -210,11 +208,8 @@ fn start(
     }
     c.begin_all(ops).map_err(session)?;
     // The data connections' settings and address go with the lines: one round trip for all.
-    let hint = || PathHint::of(c, Direction::Upload, opts.buffer);
-    let plan = Plan::new(opts, Peer::Braid, offers_elastic(c), Some(total), hint);
-    let elastic = block_mode(c, Direction::Upload, RetrOpts::default(), opts)
-        .and_then(|elastic| c.passive_ahead().map(|()| elastic))
-        .map_err(session)?;
+    let (plan, elastic) =
+        super::bundle::settings(c, opts, Direction::Upload, total).map_err(session)?;
     if let Err(f) = started(c, lines, false) {
         if !f.session_broken {
             c.settle_passive_ahead().map_err(session)?;

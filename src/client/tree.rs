@@ -226,6 +226,8 @@ pub fn get_tree(
     out.sessions = 1;
     let mut jobs = Vec::new();
     let mut dir_times = Vec::new();
+    // Where the tree's files come in bundles, they want the listing's data connections.
+    let bundles = bundle::offered(&mut c, opts).then_some(opts);
     for (source, top) in sources {
         // A source that SIZE answers is a file (a directory gets 550; globus-gridftp-server
         // answers for a directory too, so MLST has the last word there).
@@ -250,8 +252,6 @@ pub fn get_tree(
             });
             continue;
         }
-        // The tree's bundles will want the listing's data connections.
-        let bundles = bundle::offered(&mut c, opts).then_some(opts);
         walk_remote(
             &mut c,
             source,
@@ -268,7 +268,7 @@ pub fn get_tree(
         ..opts.clone()
     };
     let mdtm = c.has_feature("MDTM");
-    let all_bundled = bundle::offered(&mut c, opts)
+    let all_bundled = bundles.is_some()
         && jobs.iter().all(|j| {
             fits_ahead(j, tree.update) && j.size.is_some_and(|s| s <= bundle::LARGEST_FILE)
         });

@@ -11,6 +11,7 @@ use super::pacing;
 use super::reached;
 use crate::engine;
 use braid_proto::checksum;
+use braid_proto::ranges::RangeSet;
 use braid_proto::retr_opts::RetrOpts;
 use braid_proto::session::{
     DataEndpoint, Expected, FsError, Session, Transfer, TransferKind, TransferOutcome,
@@ -140,16 +141,15 @@ pub(super) async fn transfer(
         None => (None, None),
     };
     // A MODE E upload's receiving state, for the 111 Range Markers; a striped upload's, what
-    // its nodes' markers say they stored.
+    // its nodes' markers say they stored and what of it went on to the client.
     let mut received = None;
-    let mut striped_stored: Option<Arc<std::sync::Mutex<braid_proto::ranges::RangeSet>>> = None;
-    let mut forwarded = t.block.as_ref().map(|b| b.have.clone()).unwrap_or_default();
+    let mut striped: Option<(Arc<std::sync::Mutex<RangeSet>>, RangeSet)> = None;
     let connected = match &t.block {
         // A striped front end: the data nodes move it.
         Some(b) if matches!(t.endpoint, DataEndpoint::Striped(_)) => {
             striped_order(io, &root, &t, b, size).map(|order| {
                 if is_upload {
-                    striped_stored = Some(order.stored.clone());
+                    striped = Some((order.stored.clone(), b.have.clone()));
                 }
                 let (progress, moving) = (progress.clone(), moving.clone());
                 let (links, sums) = (io.nodes.clone(), io.config.checksums.clone());
@@ -266,14 +266,14 @@ pub(super) async fn transfer(
                         live.update(progress.load(Ordering::Relaxed), open_connections(&t, &moving));
                     }
                 }
-                _ = markers.tick(), if received.is_some() || report_sender || striped_stored.is_some() => {
+                _ = markers.tick(), if received.is_some() || report_sender || striped.is_some() => {
                     let (at, then) = last_marker;
-                    if let Some(stored) = &striped_stored {
+                    if let Some((stored, forwarded)) = &mut striped {
                         // The nodes pace their markers: each news of theirs goes on at once.
                         let ranges = stored.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                        if ranges != forwarded {
+                        if ranges != *forwarded {
                             let _ = conn.send(&braid_proto::markers::range_marker(&ranges)).await;
-                            forwarded = ranges;
+                            *forwarded = ranges;
                         }
                     } else if let Some(state) = &received {
                         let bytes = progress.load(Ordering::Relaxed);
