@@ -539,10 +539,15 @@ impl State<'_> {
         }
         // A retired connection closes; the others stay open for the next transfer if asked.
         let keep = self.options.keep && !link.retiring();
+        // A TLS connection that was sent to before it proved its binding reads the proof
+        // now: a kept one must be in step for the next transfer, and one closed with it
+        // unread would be reset, losing the tail of the data in flight.
         let wrote = if keep {
             sock.write_all(&end.keeping_connection().encode())
+                .and_then(|()| sock.settle())
         } else {
             sock.write_all(&end.encode())
+                .and_then(|()| sock.settle())
                 .and_then(|()| sock.tcp().shutdown(std::net::Shutdown::Write))
         };
         if let Err(e) = wrote {

@@ -225,6 +225,7 @@ impl Conn {
     pub(super) async fn start_tls(
         &mut self,
         config: Arc<rustls::ServerConfig>,
+        tickets: crate::engine::tls::TicketMark,
         limit: Duration,
     ) -> Result<Binding, String> {
         if !matches!(self.channel, Channel::Clear { .. } | Channel::Pipe { .. }) {
@@ -237,9 +238,11 @@ impl Conn {
         let (channel, binding) = match channel {
             Channel::Clear { rd, wr } => {
                 let stream = rd.reunite(wr).map_err(|e| e.to_string())?;
-                accept(acceptor, stream, limit).await?
+                accept(acceptor, stream, tickets, limit).await?
             }
-            Channel::Pipe { rd, wr } => accept(acceptor, tokio::io::join(rd, wr), limit).await?,
+            Channel::Pipe { rd, wr } => {
+                accept(acceptor, tokio::io::join(rd, wr), tickets, limit).await?
+            }
             _ => return Err("the control connection is not in clear".into()),
         };
         self.channel = channel;
@@ -248,16 +251,18 @@ impl Conn {
 }
 
 /// The server's side of a TLS handshake on `stream`, within `limit`: the control channel it
-/// becomes, and the session's binding for the data connections.
+/// becomes, and the session's binding for the data connections. Its tickets carry `tickets`.
 async fn accept<S>(
     acceptor: tokio_rustls::TlsAcceptor,
     stream: S,
+    tickets: crate::engine::tls::TicketMark,
     limit: Duration,
 ) -> Result<(Channel, Binding), String>
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let tls = timeout(limit, acceptor.accept(stream))
+    let mark = |c: &mut rustls::ServerConnection| c.set_resumption_data(&tickets);
+    let tls = timeout(limit, acceptor.accept_with(stream, mark))
         .await
         .map_err(|_| "TLS handshake timed out".to_string())?
         .map_err(|e| format!("TLS handshake failed: {e}"))?;

@@ -205,11 +205,15 @@ impl Io {
         // A data node's connections come from its front end's client, and prove that
         // client's session with the front end, whose binding the order carries (none: the
         // client's data is in clear).
-        let binding = match &t.stripe {
-            Some(order) => Binding::from_bytes(order.binding?),
-            None => self.binding?,
+        let (binding, tickets) = match &t.stripe {
+            Some(order) => (Binding::from_bytes(order.binding?), None),
+            None => (self.binding?, self.tls.as_ref().map(|t| t.ticket_mark())),
         };
-        Some(DataTls::Server { config, binding })
+        Some(DataTls::Server {
+            config,
+            binding,
+            tickets,
+        })
     }
 
     /// Who may open a stream-mode data connection: the client.

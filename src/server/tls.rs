@@ -83,6 +83,12 @@ pub struct SessionTls {
 }
 
 impl SessionTls {
+    /// What the control connection seals in its tickets (`set_resumption_data`, set before
+    /// its handshake): a MODE E data connection resuming one is this session's at once.
+    pub fn ticket_mark(&self) -> crate::engine::tls::TicketMark {
+        self.holder.mark.to_be_bytes()
+    }
+
     /// After login: whose session this is, for data connections that resume it. Anonymous
     /// sessions count as one account: anyone who can log in anonymously from the same address
     /// could as well transfer that file themselves.
@@ -335,6 +341,10 @@ fn config_for(
     // `engine::tls::TICKETS`).
     config.ticketer = rustls::crypto::ring::Ticketer::new().context("TLS session tickets")?;
     config.max_tls13_tickets = 64;
+    // A MODE E data connection that resumed its own session's ticket is sent to from the
+    // server's first flight (engine::tls). Control and stream-mode connections complete
+    // their handshakes before anything is written, so this changes nothing for them.
+    config.send_half_rtt_data = true;
     Ok(Arc::new(config))
 }
 
