@@ -158,10 +158,9 @@ pub(super) fn prepare(
         // refuses the bundle before a byte moves (a few microseconds a file), rather than
         // breaking its data connections part-way.
         TransferKind::Bundle(files) => {
-            for (p, size) in files {
-                let entry = root
-                    .stat(p)
-                    .map_err(|e| FsError::Other(format!("{p}: {e}")))?;
+            let sizes = files.iter().map(|(_, size)| size);
+            for ((p, entry), size) in root.stat_files(files.iter().map(|(p, _)| p)).zip(sizes) {
+                let entry = entry.map_err(|e| FsError::Other(format!("{p}: {e}")))?;
                 if entry.kind != EntryKind::File || entry.size != *size {
                     return Err(FsError::Other(format!(
                         "{p} is not the {size}-byte file it was listed as (it changed since)"
