@@ -8,7 +8,7 @@ use crate::fsroot::{Root, Upload, UploadStart};
 use braid_proto::checksum;
 use braid_proto::listing::{self, EntryKind};
 use braid_proto::session::{
-    ChecksumAlg, FsError, FsOp, FsOutcome, ListStyle, Transfer, TransferKind, select_facts,
+    ChecksumAlg, FsError, FsOp, FsOutcome, ListStyle, Transfer, TransferKind,
 };
 use std::time::SystemTime;
 
@@ -277,19 +277,20 @@ pub(super) fn prepare(
                 }
                 let mut cdir = dir.clone();
                 cdir.name = ".".into();
-                let facts = listing::mlsx_facts(&cdir, Some("cdir"), t.writable);
-                text.push_str(&format!("{} .\r\n", select_facts(&facts, &t.facts)));
+                listing::write_facts(&mut text, &cdir, Some("cdir"), t.writable, Some(&t.facts));
+                text.push_str(" .\r\n");
             }
+            text.reserve(entries.len() * 64);
             for e in &entries {
-                let line = match style {
-                    ListStyle::Long => listing::list_line(e, now),
-                    ListStyle::Names => e.name.clone(),
+                match style {
+                    ListStyle::Long => text.push_str(&listing::list_line(e, now)),
+                    ListStyle::Names => text.push_str(&e.name),
                     ListStyle::Machine | ListStyle::MachineTree => {
-                        let facts = listing::mlsx_facts(e, None, t.writable);
-                        format!("{} {}", select_facts(&facts, &t.facts), e.name)
+                        listing::write_facts(&mut text, e, None, t.writable, Some(&t.facts));
+                        text.push(' ');
+                        text.push_str(&e.name);
                     }
-                };
-                text.push_str(&line);
+                }
                 text.push_str("\r\n");
             }
             (

@@ -825,10 +825,9 @@ impl Session {
             }
             (FsOp::Rename { .. }, _) => Reply::new(250, "Rename successful."),
             (FsOp::Mlst(p), FsOutcome::Entry(e)) => {
-                let facts = select_facts(
-                    &listing::mlsx_facts(&e, None, self.perm() == Some(Perm::ReadWrite)),
-                    &self.facts,
-                );
+                let mut facts = String::new();
+                let writable = self.perm() == Some(Perm::ReadWrite);
+                listing::write_facts(&mut facts, &e, None, writable, Some(&self.facts));
                 Reply::multi(
                     250,
                     vec![
@@ -909,18 +908,6 @@ impl Session {
             }
         }
     }
-}
-
-/// Filters an MLSx fact string down to the facts chosen with OPTS MLST.
-pub fn select_facts(facts: &str, wanted: &[String]) -> String {
-    facts
-        .split(';')
-        .filter(|f| {
-            f.split_once('=')
-                .is_some_and(|(k, _)| wanted.contains(&k.to_ascii_lowercase()))
-        })
-        .map(|f| format!("{f};"))
-        .collect()
 }
 
 /// `LIST -la dir` from clients such as lftp: drop leading `ls` flags.
