@@ -208,12 +208,13 @@ fn serve_handshake(
 }
 
 /// Reads and checks the proof a server's data connection still owes, if it owes one (its
-/// handshake ends on the way).
+/// handshake ends on the way). Owed until it is read whole and right: a read that timed out
+/// part-way leaves the rest to a mismatch, never to data taken as proved.
 fn prove(
     s: &mut rustls::StreamOwned<rustls::ServerConnection, TcpStream>,
     unproved: &mut Option<Binding>,
 ) -> std::io::Result<()> {
-    let Some(binding) = unproved.take() else {
+    let Some(binding) = *unproved else {
         return Ok(());
     };
     let mut got = [0u8; BINDING_LEN];
@@ -229,6 +230,7 @@ fn prove(
             "the data connection did not prove that it belongs to this session",
         ));
     }
+    *unproved = None;
     Ok(())
 }
 
@@ -586,6 +588,38 @@ mod tests {
             conn.write_tls(&mut c).unwrap();
         }
         assert_eq!(&serving.join().unwrap().unwrap(), b"hello");
+    }
+
+    /// One sent to early that then proves the wrong binding is refused at its first read,
+    /// and at every read after: its data is never taken as this session's.
+    #[test]
+    fn a_connection_sent_to_early_with_a_wrong_proof_is_refused_when_read() {
+        let pki = pki();
+        let (_, theirs) = control(&pki);
+        let (c, s) = pair();
+        let config = pki.server.clone();
+        let serving = std::thread::spawn(move || {
+            let tls = DataTls::Server {
+                config,
+                binding: theirs,
+                tickets: Some(MARK),
+            };
+            let mut conn = tls.secure(s).map_err(std::io::Error::other)?;
+            let mut got = [0u8; 5];
+            let first = conn.read_exact(&mut got).map_err(|e| e.kind());
+            let again = conn.read_exact(&mut got).map_err(|e| e.kind());
+            Ok::<_, std::io::Error>((first, again))
+        });
+        // The client holds this session's ticket but proves a binding of its own making.
+        let wrong = Binding::from_bytes([7; BINDING_LEN]);
+        let mut conn = client(&pki, wrong).secure(c).unwrap();
+        assert_eq!(conn.resumed(), Some(true));
+        conn.write_all(b"hello").unwrap();
+        // Closed: a second read that waited for more would otherwise wait for ever.
+        drop(conn);
+        let (first, again) = serving.join().unwrap().unwrap();
+        assert_eq!(first, Err(std::io::ErrorKind::PermissionDenied));
+        assert!(again.is_err(), "the second read took {again:?}");
     }
 
     #[test]
