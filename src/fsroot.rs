@@ -141,27 +141,22 @@ impl Root {
             let (Some(name), Some((_, parent))) = (p.file_name(), p.parts().split_last()) else {
                 return (p, self.stat(p));
             };
-            if dir.as_ref().is_none_or(|(d, _)| *d != parent) {
-                let fd = match p.parent() {
-                    Some(d) => self.open_at(&d, OFlags::PATH | OFlags::DIRECTORY),
-                    None => Err(FsError::PermissionDenied),
-                };
-                match fd {
-                    Ok(fd) => dir = Some((parent, fd)),
-                    Err(e) => {
-                        dir = None;
-                        return (p, Err(e));
-                    }
-                }
-            }
-            let Some((_, fd)) = &dir else {
-                return (p, self.stat(p));
+            let fd = match dir.take() {
+                Some((d, fd)) if d == parent => fd,
+                _ => match p.parent() {
+                    Some(d) => match self.open_at(&d, OFlags::PATH | OFlags::DIRECTORY) {
+                        Ok(fd) => fd,
+                        Err(e) => return (p, Err(e)),
+                    },
+                    None => return (p, self.stat(p)),
+                },
             };
-            let entry = match rustix::fs::statat(fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            let entry = match rustix::fs::statat(&fd, name, AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) if st.st_mode & 0o170000 == 0o120000 => self.stat(p),
                 Ok(st) => Ok(entry_from_stat(name, &st)),
                 Err(e) => Err(errno_to_fs(e)),
             };
+            dir = Some((parent, fd));
             (p, entry)
         })
     }

@@ -85,6 +85,10 @@ pub struct SessionTls {
 impl SessionTls {
     /// What the control connection seals in its tickets (`set_resumption_data`, set before
     /// its handshake): a MODE E data connection resuming one is this session's at once.
+    /// The same mark as `MarkedTickets` seals, which stream-mode connections need (rustls
+    /// gives resumption data back only under TLS 1.3), but read per connection: the mark
+    /// `MarkedTickets` records belongs to a configuration, which a session's parallel MODE E
+    /// connections share.
     pub fn ticket_mark(&self) -> crate::engine::tls::TicketMark {
         self.holder.mark.to_be_bytes()
     }
