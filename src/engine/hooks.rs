@@ -27,8 +27,6 @@ pub enum Decision {
     Open(usize),
     /// Close this connection (by id) after the block it carries.
     Close(usize),
-    /// Set every open connection's socket buffers to this many bytes.
-    Buffer(u64),
     /// Send with this congestion control from now on (every connection, open and to come).
     Congestion(braid_proto::retr_opts::CcName),
 }
@@ -394,7 +392,6 @@ impl Steering {
                     }
                 }
                 Decision::Close(id) => transfer.retire(id, self.sending),
-                Decision::Buffer(b) => transfer.set_buffers(b),
                 Decision::Congestion(cc) if self.sending => transfer.set_congestion(Some(cc)),
                 Decision::Congestion(cc) => told.congestion = Some(cc),
             }

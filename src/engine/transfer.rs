@@ -461,13 +461,6 @@ impl Transfer {
         }
     }
 
-    /// Sets the socket buffer size of every open connection (the kernel may round it).
-    pub fn set_buffers(&self, bytes: u64) {
-        for l in self.lock().iter().filter(|l| l.state() == LinkState::Open) {
-            set_buffer(&l.sock, Some(bytes));
-        }
-    }
-
     /// Caps the sending rate of the whole transfer, bytes/s (None: no cap). The cap is split
     /// evenly over the open connections with `SO_MAX_PACING_RATE`, which the kernel enforces
     /// per packet (no fq qdisc needed), and split again when connections join or leave.

@@ -209,7 +209,6 @@ fn run_sim(
             match d {
                 Decision::Open(n) => opening += n,
                 Decision::Close(id) => retiring.push(id),
-                Decision::Buffer(_) => {}
                 Decision::Congestion(to) => cc = Some(to),
             }
         }
