@@ -184,18 +184,21 @@ impl Root {
     pub fn list(&self, p: &VPath) -> Result<Vec<Entry>, FsError> {
         let fd = self.open_at(p, OFlags::RDONLY | OFlags::DIRECTORY)?;
         let dir = rustix::fs::Dir::new(fd).map_err(errno_to_fs)?;
-        let mut out = Vec::new();
+        let mut children = Vec::new();
         for item in dir {
             let item = item.map_err(errno_to_fs)?;
             let Some(name) = listable(item.file_name()) else {
                 continue;
             };
-            let child = p.join(name).map_err(|e| FsError::Other(e.to_string()))?;
-            match self.stat(&child) {
+            children.push(p.join(name).map_err(|e| FsError::Other(e.to_string()))?);
+        }
+        let mut out = Vec::with_capacity(children.len());
+        for (child, entry) in self.stat_files(&children) {
+            match entry {
                 Ok(e) => out.push(e),
                 Err(_) => {
                     // Dangling link or a link out of the root: describe the link itself.
-                    let (dir, name) = self.parent_of(&child)?;
+                    let (dir, name) = self.parent_of(child)?;
                     if let Ok(st) = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
                         out.push(entry_from_stat(name, &st));
                     }

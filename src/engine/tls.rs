@@ -501,6 +501,15 @@ mod tests {
         (Binding::of(&c.conn).unwrap(), serving.join().unwrap())
     }
 
+    /// The server's side of this session's data connections: its tickets carry [`MARK`].
+    fn server(pki: &Pki, binding: Binding) -> DataTls {
+        DataTls::Server {
+            config: pki.server.clone(),
+            binding,
+            tickets: Some(MARK),
+        }
+    }
+
     fn client(pki: &Pki, binding: Binding) -> DataTls {
         DataTls::Client {
             config: pki.client.clone(),
@@ -548,13 +557,8 @@ mod tests {
         let pki = pki();
         let (mine, theirs) = control(&pki);
         let (mut c, s) = pair();
-        let config = pki.server.clone();
+        let tls = server(&pki, theirs);
         let serving = std::thread::spawn(move || {
-            let tls = DataTls::Server {
-                config,
-                binding: theirs,
-                tickets: Some(MARK),
-            };
             let mut conn = tls.secure(s).map_err(std::io::Error::other)?;
             conn.write_all(b"early")?;
             conn.flush()?;
@@ -597,13 +601,8 @@ mod tests {
         let pki = pki();
         let (_, theirs) = control(&pki);
         let (c, s) = pair();
-        let config = pki.server.clone();
+        let tls = server(&pki, theirs);
         let serving = std::thread::spawn(move || {
-            let tls = DataTls::Server {
-                config,
-                binding: theirs,
-                tickets: Some(MARK),
-            };
             let mut conn = tls.secure(s).map_err(std::io::Error::other)?;
             let mut got = [0u8; 5];
             let first = conn.read_exact(&mut got).map_err(|e| e.kind());
@@ -629,11 +628,6 @@ mod tests {
         // Another client of the same server, with tickets of its own session.
         let config = crate::client::tls_config(Some(&pki.cert)).unwrap();
         let (other, _) = control_of(&pki, &config, *b"session2");
-        let server = || DataTls::Server {
-            config: pki.server.clone(),
-            binding: theirs,
-            tickets: Some(MARK),
-        };
         // It resumes its ticket, proves its own binding and waits for what the server sends:
         // nothing, neither before its proof nor after.
         let (c, s) = pair();
@@ -649,14 +643,20 @@ mod tests {
             let _ = conn.read_to_end(&mut got);
             Ok::<_, SecureError>((resumed, got))
         });
-        assert!(matches!(server().secure(s), Err(SecureError::NotBound)));
+        assert!(matches!(
+            server(&pki, theirs).secure(s),
+            Err(SecureError::NotBound)
+        ));
         let (resumed, got) = joined.join().unwrap().expect("its own side cannot tell");
         assert_eq!(resumed, Some(true));
         assert!(got.is_empty(), "the stranger read {} bytes", got.len());
         // No TLS at all.
         let (mut c, s) = pair();
         c.write_all(b"EOD and some bytes, in clear\r\n").unwrap();
-        assert!(matches!(server().secure(s), Err(SecureError::Handshake(_))));
+        assert!(matches!(
+            server(&pki, theirs).secure(s),
+            Err(SecureError::Handshake(_))
+        ));
     }
 
     #[test]
@@ -682,11 +682,7 @@ mod tests {
             },
             Duration::from_secs(30),
         )
-        .protected(Some(DataTls::Server {
-            config: pki.server.clone(),
-            binding: theirs,
-            tickets: Some(MARK),
-        }));
+        .protected(Some(server(&pki, theirs)));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("got");
         std::thread::scope(|s| {
@@ -782,13 +778,8 @@ mod tests {
         let path = dir.path().join("got");
         std::thread::scope(|s| {
             let sent = s.spawn(|| {
-                let joins = Joins::fixed(vec![used], Duration::from_secs(30)).protected(Some(
-                    DataTls::Server {
-                        config: pki.server.clone(),
-                        binding: theirs,
-                        tickets: Some(MARK),
-                    },
-                ));
+                let joins = Joins::fixed(vec![used], Duration::from_secs(30))
+                    .protected(Some(server(&pki, theirs)));
                 send_all(&Transfer::new(true), &data, joins)
             });
             let receiving = Transfer::new(true);

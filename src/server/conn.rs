@@ -6,7 +6,6 @@ use braid_proto::line::{LineBuffer, LineError};
 use braid_proto::{MAX_LINE, Reply};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -224,8 +223,7 @@ impl Conn {
     /// is dropped unread: it must not count as sent under TLS (command injection).
     pub(super) async fn start_tls(
         &mut self,
-        config: Arc<rustls::ServerConfig>,
-        tickets: crate::engine::tls::TicketMark,
+        tls: &super::tls::SessionTls,
         limit: Duration,
     ) -> Result<Binding, String> {
         if !matches!(self.channel, Channel::Clear { .. } | Channel::Pipe { .. }) {
@@ -234,7 +232,8 @@ impl Conn {
         let channel = std::mem::replace(&mut self.channel, Channel::Closed);
         self.lines = LineBuffer::new(MAX_LINE);
         self.queued.clear();
-        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls.control.clone());
+        let tickets = tls.ticket_mark();
         let (channel, binding) = match channel {
             Channel::Clear { rd, wr } => {
                 let stream = rd.reunite(wr).map_err(|e| e.to_string())?;

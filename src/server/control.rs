@@ -269,11 +269,7 @@ async fn run(
                 (Some(tls), Ok(())) => {
                     let session_tls = tls.session(canonical_ip(peer.ip()));
                     let started = conn
-                        .start_tls(
-                            session_tls.control.clone(),
-                            session_tls.ticket_mark(),
-                            config.login_timeout,
-                        )
+                        .start_tls(&session_tls, config.login_timeout)
                         .await
                         .map(|binding| (binding, session_tls));
                     match started {
