@@ -204,7 +204,7 @@ impl Control {
     /// `start_tls`): what a third party is told to expect of it.
     pub fn server_certificate(&self) -> Option<[u8; 32]> {
         match &self.stream {
-            Channel::Net(Wire::Client(s)) => {
+            Channel::Net(Wire::Client(s, _)) => {
                 let der = s.conn.peer_certificates()?.first()?;
                 Some(crate::engine::tls::fingerprint(der))
             }
@@ -1070,7 +1070,7 @@ impl Control {
                     .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
                 self.stream = Channel::Net(super::wire::tls(sock, config, host)?);
                 match &self.stream {
-                    Channel::Net(Wire::Client(s)) => Binding::of(&s.conn).ok(),
+                    Channel::Net(Wire::Client(s, _)) => Binding::of(&s.conn).ok(),
                     _ => None,
                 }
             }

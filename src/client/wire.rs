@@ -22,7 +22,10 @@ pub fn reading(data: &mut Wire, deflated: bool) -> Box<dyn std::io::Read + '_> {
 /// Starts TLS on `sock`, checking the server's certificate against `host`. The handshake runs
 /// now, so a certificate problem is reported as such.
 pub fn tls(sock: TcpStream, config: &Arc<rustls::ClientConfig>, host: &str) -> Result<Wire> {
-    Ok(Wire::Client(Box::new(tls_stream(sock, config, host)?)))
+    Ok(Wire::Client(
+        Box::new(tls_stream(sock, config, host)?),
+        None,
+    ))
 }
 
 /// The same on any byte stream (`braid cp`'s dialogue inside ssh's channel, a socket pair).
@@ -88,7 +91,11 @@ pub fn client_config(ca: Option<&Path>) -> anyhow::Result<Arc<rustls::ClientConf
 pub fn pinned_config(sha256: [u8; 32]) -> anyhow::Result<Arc<rustls::ClientConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier = Arc::new(super::trust::Pinned::new(sha256, &provider));
-    config_with(provider, verifier)
+    let mut config = config_with(provider, verifier)?;
+    // A one-shot server's tickets allow 0-RTT data (server::tls, `zero_rtt`): an upload's
+    // data connections send from their ClientHello (engine::tls).
+    Arc::make_mut(&mut config).enable_early_data = true;
+    Ok(config)
 }
 
 /// Client settings checking servers with `verifier`, with session tickets for the data

@@ -17,6 +17,10 @@
 //!   The server then sends from its first flight (TLS 1.3's 0.5-RTT data) instead of waiting
 //!   a round trip for the proof, which it still reads and checks before it closes or reads
 //!   the connection: a download's first byte comes one round trip sooner.
+//! - **No round trip for an upload either**, where the tickets allow 0-RTT data (a one-shot
+//!   server's, kept by the session and each good once): the client sends from its ClientHello
+//!   and proves nothing, and the server reads that data only once the handshake has ended,
+//!   which a replayer of it cannot make happen.
 //!
 //! Once set up, the block protocol runs inside TLS unchanged. Its EOD/EOF blocks say where the
 //! data ends, authenticated like the rest, so no close_notify is needed (and a connection kept
@@ -37,6 +41,11 @@ const PROOF_LABEL: &[u8] = b"EXPERIMENTAL braid data connection";
 /// How long a data connection's handshake and proof may take: a stranger that connects and
 /// says nothing holds a thread only this long.
 const HANDSHAKE_TIME: Duration = Duration::from_secs(20);
+
+/// The most 0-RTT data a data connection sends before its handshake ends: about what TCP's
+/// first windows carry before the server's first flight comes back with their
+/// acknowledgements; the rest goes after the client's Finished.
+pub const EARLY_DATA: u32 = 64 * 1024;
 
 /// Tickets the client asks for on the control connection (RFC 9149): one per data connection
 /// it is likely to open at once; more open with full handshakes.
@@ -137,14 +146,27 @@ impl DataTls {
                 name,
                 binding,
             } => {
-                let conn = rustls::ClientConnection::new(config.clone(), name.clone())
+                let mut conn = rustls::ClientConnection::new(config.clone(), name.clone())
                     .map_err(SecureError::Setup)?;
+                let mut sock = sock;
+                if conn.early_data().is_some() {
+                    // Resuming a ticket that allows 0-RTT data: the ClientHello goes now, and
+                    // what the transfer writes next goes with it.
+                    send_tls(&mut conn, &mut sock).map_err(SecureError::Handshake)?;
+                    restore(&sock);
+                    let early = Early {
+                        sent: Vec::new(),
+                        binding: *binding,
+                    };
+                    let s = rustls::StreamOwned::new(conn, sock);
+                    return Ok(DataConn::Client(Box::new(s), Some(Box::new(early))));
+                }
                 let mut s = rustls::StreamOwned::new(conn, sock);
                 handshake(&mut s.conn, &mut s.sock).map_err(SecureError::Handshake)?;
                 let proof = binding.proof(&s.conn).map_err(SecureError::Setup)?;
                 s.write_all(&proof).map_err(SecureError::Handshake)?;
                 restore(&s.sock);
-                Ok(DataConn::Client(Box::new(s)))
+                Ok(DataConn::Client(Box::new(s), None))
             }
             DataTls::Server {
                 config,
@@ -157,12 +179,16 @@ impl DataTls {
                 let bound = serve_handshake(&mut conn, &mut sock, tickets.as_ref())
                     .map_err(SecureError::Handshake)?;
                 let mut s = rustls::StreamOwned::new(conn, sock);
-                let mut unproved = Some(*binding);
+                let mut owed = Owed::Proof(*binding);
                 if !bound {
-                    prove(&mut s, &mut unproved).map_err(|_| SecureError::NotBound)?;
+                    settle(&mut s, &mut owed).map_err(|_| SecureError::NotBound)?;
+                } else if s.conn.early_data().is_some() {
+                    // Its client sent 0-RTT data, and no proof: resuming its own session's
+                    // ticket (single-use) and finishing the handshake proves it.
+                    owed = Owed::Finished;
                 }
                 restore(&s.sock);
-                Ok(DataConn::Server(s.into(), unproved))
+                Ok(DataConn::Server(s.into(), owed))
             }
         }
     }
@@ -182,9 +208,7 @@ fn serve_handshake(
             && tickets.is_some_and(|t| conn.received_resumption_data() == Some(&t[..]))
     };
     loop {
-        while conn.wants_write() {
-            conn.write_tls(sock)?;
-        }
+        send_tls(conn, sock)?;
         if ours(conn) {
             // The tickets it issues once the client's Finished is read (the client asks for
             // one per resumption) are this session's too, as the one it resumed.
@@ -207,15 +231,29 @@ fn serve_handshake(
     }
 }
 
-/// Reads and checks the proof a server's data connection still owes, if it owes one (its
-/// handshake ends on the way). Owed until it is read whole and right: a read that timed out
-/// part-way leaves the rest to a mismatch, never to data taken as proved.
-fn prove(
+/// What a server's data connection owes before it may be read, closed or kept.
+#[derive(Debug, Clone, Copy)]
+pub enum Owed {
+    Nothing,
+    /// The binding's proof (its handshake ends on the way).
+    Proof(Binding),
+    /// The end of its handshake: it sent 0-RTT data, which is read only once the client's
+    /// Finished shows a live client (a replayed ClientHello never gets that far), and comes
+    /// before what follows.
+    Finished,
+}
+
+/// Pays what a server's data connection owes, if anything: its proof, read and checked, or
+/// the end of its handshake. A proof is owed until it is read whole and right: a read that
+/// timed out part-way leaves the rest to a mismatch, never to data taken as proved.
+fn settle(
     s: &mut rustls::StreamOwned<rustls::ServerConnection, TcpStream>,
-    unproved: &mut Option<Binding>,
+    owed: &mut Owed,
 ) -> std::io::Result<()> {
-    let Some(binding) = *unproved else {
-        return Ok(());
+    let binding = match *owed {
+        Owed::Nothing => return Ok(()),
+        Owed::Finished => return handshake(&mut s.conn, &mut s.sock),
+        Owed::Proof(binding) => binding,
     };
     let mut got = [0u8; BINDING_LEN];
     s.read_exact(&mut got)?;
@@ -230,7 +268,36 @@ fn prove(
             "the data connection did not prove that it belongs to this session",
         ));
     }
-    *unproved = None;
+    *owed = Owed::Nothing;
+    Ok(())
+}
+
+/// A client's connection that sends 0-RTT data: what it wrote so, kept until the server
+/// accepts it (or else sent again, after the proof), and the binding that proof would show.
+pub struct Early {
+    sent: Vec<u8>,
+    binding: Binding,
+}
+
+/// Ends a client's handshake that sent 0-RTT data. A server that turned the data down (its
+/// ticket of another session, or a server that takes none) gets the proof and the same bytes
+/// again, as a connection without 0-RTT data would have sent them.
+fn conclude(
+    s: &mut rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+    early: &mut Option<Box<Early>>,
+) -> std::io::Result<()> {
+    let Some(e) = early.take() else {
+        return Ok(());
+    };
+    handshake(&mut s.conn, &mut s.sock)?;
+    if !s.conn.is_early_data_accepted() {
+        let proof = e
+            .binding
+            .proof(&s.conn)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        s.write_all(&proof)?;
+        s.write_all(&e.sent)?;
+    }
     Ok(())
 }
 
@@ -303,12 +370,16 @@ pub const ONE_SHOT_NAME: &str = "braid-one-shot";
 /// connections on both sides, and the client's control and stream-mode data connections.
 pub enum DataConn {
     Clear(TcpStream),
-    Client(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
-    /// With the binding whose proof the connection still owes: one that resumed its own
-    /// session's ticket is sent to before its proof is read.
+    /// With what it sent as 0-RTT data while its handshake goes on.
+    Client(
+        Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>,
+        Option<Box<Early>>,
+    ),
+    /// With what it owes before it is read: one that resumed its own session's ticket is
+    /// sent to before then.
     Server(
         Box<rustls::StreamOwned<rustls::ServerConnection, TcpStream>>,
-        Option<Binding>,
+        Owed,
     ),
 }
 
@@ -324,7 +395,7 @@ impl DataConn {
     pub fn tcp(&self) -> &TcpStream {
         match self {
             DataConn::Clear(s) => s,
-            DataConn::Client(s) => &s.sock,
+            DataConn::Client(s, _) => &s.sock,
             DataConn::Server(s, _) => &s.sock,
         }
     }
@@ -340,7 +411,7 @@ impl DataConn {
         let _ = self.settle();
         match self {
             DataConn::Clear(_) => {}
-            DataConn::Client(s) => {
+            DataConn::Client(s, _) => {
                 s.conn.send_close_notify();
                 let _ = s.flush();
             }
@@ -352,22 +423,27 @@ impl DataConn {
         let _ = self.tcp().shutdown(std::net::Shutdown::Write);
     }
 
-    /// Reads the binding's proof a server's connection still owes, if it does: before the
-    /// connection is read, and before it is closed or kept once its data is written (bytes
-    /// left unread at close make the kernel answer with RST, which would throw away the tail
-    /// of the data still in flight). An error if the proof is wrong.
+    /// Ends a handshake still going on and reads the binding's proof a server's connection
+    /// still owes, if it does: before the connection is read, and before it is closed or kept
+    /// once its data is written (bytes left unread at close make the kernel answer with RST,
+    /// which would throw away the tail of the data still in flight). An error if the proof
+    /// is wrong.
     pub fn settle(&mut self) -> std::io::Result<()> {
         match self {
-            DataConn::Server(s, unproved) => prove(s, unproved),
-            _ => Ok(()),
+            DataConn::Server(s, owed) => settle(s, owed),
+            DataConn::Client(s, early) => conclude(s, early),
+            DataConn::Clear(_) => Ok(()),
         }
     }
 
-    /// Whether its TLS session was resumed (no certificate exchanged); None in clear.
+    /// Whether its TLS session was resumed (no certificate exchanged); None in clear. One
+    /// still sending 0-RTT data counts as resumed: it offered a ticket that allows it, which
+    /// only a server that turns the data down would not resume.
     pub fn resumed(&self) -> Option<bool> {
         let kind = match self {
             DataConn::Clear(_) => return None,
-            DataConn::Client(s) => s.conn.handshake_kind(),
+            DataConn::Client(_, Some(_)) => return Some(true),
+            DataConn::Client(s, _) => s.conn.handshake_kind(),
             DataConn::Server(s, _) => s.conn.handshake_kind(),
         };
         Some(kind == Some(rustls::HandshakeKind::Resumed))
@@ -378,8 +454,8 @@ impl Read for DataConn {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let r = match self {
             DataConn::Clear(s) => return s.read(buf),
-            DataConn::Client(s) => s.read(buf),
-            DataConn::Server(s, unproved) => prove(s, unproved).and_then(|()| s.read(buf)),
+            DataConn::Client(s, early) => conclude(s, early).and_then(|()| s.read(buf)),
+            DataConn::Server(s, owed) => read_server(s, owed, buf),
         };
         match r {
             // Closed without close_notify: the end of the data, as curl and lftp also take it
@@ -394,12 +470,26 @@ impl Write for DataConn {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
             DataConn::Clear(s) => s.write(buf),
-            DataConn::Client(s) => s.write(buf),
+            DataConn::Client(s, early @ Some(_)) => {
+                let room = s.conn.early_data().map_or(0, |e| e.bytes_left());
+                let Some(e) = early.as_mut().filter(|_| room > 0) else {
+                    conclude(s, early)?;
+                    return s.write(buf);
+                };
+                let n = match s.conn.early_data() {
+                    Some(mut w) => w.write(&buf[..buf.len().min(room)])?,
+                    None => 0,
+                };
+                e.sent.extend_from_slice(&buf[..n]);
+                send_tls(&mut s.conn, &mut s.sock)?;
+                Ok(n)
+            }
+            DataConn::Client(s, None) => s.write(buf),
             // Still in its handshake (it resumed its own session's ticket): rustls's stream
             // would first wait for the client's Finished, a round trip this saves.
             DataConn::Server(s, _) if s.conn.is_handshaking() => {
                 let n = s.conn.writer().write(buf)?;
-                send_tls(s)?;
+                send_tls(&mut s.conn, &mut s.sock)?;
                 Ok(n)
             }
             DataConn::Server(s, _) => s.write(buf),
@@ -409,21 +499,43 @@ impl Write for DataConn {
     fn flush(&mut self) -> std::io::Result<()> {
         match self {
             DataConn::Clear(s) => s.flush(),
-            DataConn::Client(s) => s.flush(),
-            DataConn::Server(s, _) if s.conn.is_handshaking() => send_tls(s),
+            DataConn::Client(s, Some(_)) => send_tls(&mut s.conn, &mut s.sock),
+            DataConn::Client(s, None) => s.flush(),
+            DataConn::Server(s, _) if s.conn.is_handshaking() => send_tls(&mut s.conn, &mut s.sock),
             DataConn::Server(s, _) => s.flush(),
         }
     }
 }
 
 /// Writes out what TLS has ready to send, without reading.
-fn send_tls(
-    s: &mut rustls::StreamOwned<rustls::ServerConnection, TcpStream>,
+fn send_tls<D>(
+    conn: &mut rustls::ConnectionCommon<D>,
+    sock: &mut TcpStream,
 ) -> std::io::Result<()> {
-    while s.conn.wants_write() {
-        s.conn.write_tls(&mut s.sock)?;
+    while conn.wants_write() {
+        conn.write_tls(sock)?;
     }
     Ok(())
+}
+
+/// Reads a server's data connection: once it owes nothing, its 0-RTT data first.
+fn read_server(
+    s: &mut rustls::StreamOwned<rustls::ServerConnection, TcpStream>,
+    owed: &mut Owed,
+    buf: &mut [u8],
+) -> std::io::Result<usize> {
+    if let Owed::Finished = owed {
+        settle(s, owed)?;
+        if let Some(mut early) = s.conn.early_data() {
+            let n = early.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+        }
+        *owed = Owed::Nothing;
+    }
+    settle(s, owed)?;
+    s.read(buf)
 }
 
 #[cfg(test)]
@@ -485,8 +597,17 @@ mod tests {
         client: &Arc<rustls::ClientConfig>,
         mark: TicketMark,
     ) -> (Binding, Binding) {
+        control_with(pki.server.clone(), client, name(), mark)
+    }
+
+    /// A control connection's handshake between `server` and `client`.
+    fn control_with(
+        server: Arc<rustls::ServerConfig>,
+        client: &Arc<rustls::ClientConfig>,
+        name: rustls::pki_types::ServerName<'static>,
+        mark: TicketMark,
+    ) -> (Binding, Binding) {
         let (c, s) = pair();
-        let server = pki.server.clone();
         let serving = std::thread::spawn(move || {
             let mut conn = rustls::ServerConnection::new(server).unwrap();
             conn.set_resumption_data(&mark);
@@ -494,7 +615,7 @@ mod tests {
             s.write_all(b"!").unwrap();
             Binding::of(&s.conn).unwrap()
         });
-        let conn = rustls::ClientConnection::new(client.clone(), name()).unwrap();
+        let conn = rustls::ClientConnection::new(client.clone(), name).unwrap();
         let mut c = rustls::StreamOwned::new(conn, c);
         let mut byte = [0u8];
         c.read_exact(&mut byte).unwrap();
@@ -619,6 +740,122 @@ mod tests {
         let (first, again) = serving.join().unwrap().unwrap();
         assert_eq!(first, Err(std::io::ErrorKind::PermissionDenied));
         assert!(again.is_err(), "the second read took {again:?}");
+    }
+
+    /// A one-shot server's session (`braid serve --stdio`), whose tickets allow 0-RTT data,
+    /// after its control connection's handshake with braid cp's client: the server's and
+    /// the client's side of its data connections.
+    fn one_shot() -> (DataTls, DataTls) {
+        let (tls, digest) = crate::server::tls::Tls::made_now().unwrap();
+        one_shot_session(&tls, digest)
+    }
+
+    /// A session of the one-shot server `tls`, as [`one_shot`].
+    fn one_shot_session(tls: &crate::server::tls::Tls, digest: [u8; 32]) -> (DataTls, DataTls) {
+        let session = tls.session(std::net::Ipv4Addr::LOCALHOST.into());
+        let config = crate::client::wire::pinned_config(digest).unwrap();
+        let name = rustls::pki_types::ServerName::try_from(ONE_SHOT_NAME).unwrap();
+        let mark = session.ticket_mark();
+        let (mine, theirs) = control_with(session.control.clone(), &config, name.clone(), mark);
+        let server = DataTls::Server {
+            config: session.control.clone(),
+            binding: theirs,
+            tickets: Some(mark),
+        };
+        let client = DataTls::Client {
+            config,
+            name,
+            binding: mine,
+        };
+        (server, client)
+    }
+
+    /// An upload's connection sends from its ClientHello (0-RTT), without a proof; the
+    /// server knows it at once, and reads the data in order once the handshake has ended.
+    #[test]
+    fn an_upload_connection_sends_with_its_client_hello() {
+        let (server, client) = one_shot();
+        let (c, s) = pair();
+        let mut conn = client.secure(c).unwrap();
+        assert!(
+            matches!(conn, DataConn::Client(_, Some(_))),
+            "its handshake goes on while it writes"
+        );
+        conn.write_all(b"early").unwrap();
+        conn.flush().unwrap();
+        // The client has read nothing yet: the server found 0-RTT data in its first flight.
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut served = server.secure(s).unwrap();
+        assert!(
+            matches!(served, DataConn::Server(_, Owed::Finished)),
+            "the server took 0-RTT data"
+        );
+        let reading = std::thread::spawn(move || {
+            let mut got = [0u8; 10];
+            served.read_exact(&mut got).map(|()| got)
+        });
+        conn.write_all(b"hello").unwrap();
+        conn.settle().unwrap();
+        assert_eq!(conn.resumed(), Some(true));
+        assert_eq!(&reading.join().unwrap().unwrap(), b"earlyhello");
+    }
+
+    /// 0-RTT data can be replayed by anyone who saw it; the server never reads it from a
+    /// connection whose client does not finish the handshake (as a replayer cannot).
+    #[test]
+    fn zero_rtt_data_of_a_connection_that_never_finishes_its_handshake_is_never_read() {
+        let (server, client) = one_shot();
+        let DataTls::Client { config, name, .. } = client else {
+            unreachable!()
+        };
+        let (mut c, s) = pair();
+        let mut conn = rustls::ClientConnection::new(config, name).unwrap();
+        conn.early_data().unwrap().write_all(b"forged").unwrap();
+        while conn.wants_write() {
+            conn.write_tls(&mut c).unwrap();
+        }
+        // The ClientHello and its 0-RTT data, and then no Finished.
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut served = server.secure(s).unwrap();
+        let mut got = Vec::new();
+        let _ = served.read_to_end(&mut got);
+        assert!(got.is_empty(), "read {got:?}");
+    }
+
+    /// A server that turns the 0-RTT data down (here: another session's, which does not
+    /// know the ticket) gets the proof and then the same bytes, as without 0-RTT.
+    #[test]
+    fn zero_rtt_data_turned_down_is_sent_again_after_the_proof() {
+        let (tls, digest) = crate::server::tls::Tls::made_now().unwrap();
+        let (_, client) = one_shot_session(&tls, digest);
+        let (other, _) = one_shot_session(&tls, digest);
+        let DataTls::Server { config, .. } = other else {
+            unreachable!()
+        };
+        let DataTls::Client { binding, .. } = &client else {
+            unreachable!()
+        };
+        let server = DataTls::Server {
+            config,
+            binding: *binding,
+            tickets: None,
+        };
+        let (c, s) = pair();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let serving = std::thread::spawn(move || {
+            let mut conn = server.secure(s).map_err(std::io::Error::other)?;
+            let mut got = [0u8; 10];
+            conn.read_exact(&mut got)?;
+            Ok::<_, std::io::Error>((got, conn.resumed()))
+        });
+        let mut conn = client.secure(c).unwrap();
+        assert!(matches!(conn, DataConn::Client(_, Some(_))));
+        conn.write_all(b"early").unwrap();
+        conn.write_all(b"hello").unwrap();
+        conn.settle().unwrap();
+        let (got, resumed) = serving.join().unwrap().unwrap();
+        assert_eq!(&got, b"earlyhello");
+        assert_eq!(resumed, Some(false), "a full handshake");
     }
 
     #[test]

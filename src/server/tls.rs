@@ -22,6 +22,9 @@ pub struct Tls {
     pub reuse_required: bool,
     /// `--tls-data`: after AUTH TLS, data connections must be private (PROT P).
     pub data_required: bool,
+    /// Each session keeps its own tickets, each good once, so that its MODE E data
+    /// connections may send 0-RTT data (`serve --stdio`, whose only client is braid's).
+    zero_rtt: bool,
 }
 
 impl Tls {
@@ -42,7 +45,11 @@ impl Tls {
         let key = PrivateKeyDer::try_from(made.signing_key.serialize_der())
             .map_err(|e| anyhow::anyhow!("the key just made: {e}"))?;
         let config = config_for(vec![der], key)?;
-        Ok((Tls::over(&config, true, true), digest))
+        let tls = Tls {
+            zero_rtt: true,
+            ..Tls::over(&config, true, true)
+        };
+        Ok((tls, digest))
     }
 
     fn over(config: &rustls::ServerConfig, reuse_required: bool, data_required: bool) -> Tls {
@@ -54,6 +61,7 @@ impl Tls {
             base: Arc::new(base),
             reuse_required,
             data_required,
+            zero_rtt: false,
         }
     }
 
@@ -61,7 +69,16 @@ impl Tls {
     pub fn session(&self, ip: IpAddr) -> SessionTls {
         let holder = Holder::new(ip);
         let mut control = (*self.base).clone();
-        control.ticketer = Arc::new(MarkedTickets::new(self.base.ticketer.clone(), holder.mark));
+        if self.zero_rtt {
+            // rustls lets a resumption carry early data only from a ticket the server
+            // stored (RFC 8446 8.1): one the session's memory gives up when used.
+            control.ticketer = Arc::new(NoTickets);
+            control.session_storage = Arc::new(OnceTickets::default());
+            control.max_early_data_size = crate::engine::tls::EARLY_DATA;
+        } else {
+            control.ticketer =
+                Arc::new(MarkedTickets::new(self.base.ticketer.clone(), holder.mark));
+        }
         SessionTls {
             control: Arc::new(control),
             base: self.base.clone(),
@@ -109,10 +126,17 @@ impl SessionTls {
             self.base.ticketer.clone(),
             self.holder.mark,
         ));
-        let mut config = (*self.base).clone();
-        config.ticketer = tickets.clone();
+        let mut config = if self.control.ticketer.enabled() {
+            let mut c = (*self.base).clone();
+            c.ticketer = tickets.clone();
+            c
+        } else {
+            // This session keeps its tickets itself (`Tls::zero_rtt`).
+            (*self.control).clone()
+        };
         config.send_tls13_tickets = 0;
         config.max_tls13_tickets = 0;
+        config.max_early_data_size = 0;
         StreamDataTls {
             config: Arc::new(config),
             tickets,
@@ -145,7 +169,12 @@ impl StreamDataTls {
                         control connection's",
             );
         }
-        let Some(mark) = *lock(&self.tickets.opened) else {
+        // Under TLS 1.3 the session says whose it was; a TLS 1.2 ticket, when opened.
+        let sealed = data
+            .received_resumption_data()
+            .and_then(|d| <[u8; 8]>::try_from(d).ok())
+            .map(u64::from_be_bytes);
+        let Some(mark) = sealed.or(*lock(&self.tickets.opened)) else {
             return Err("the data connection resumed a TLS session without a ticket");
         };
         if mark == own.mark {
@@ -299,6 +328,64 @@ impl ProducesTickets for MarkedTickets {
     }
 }
 
+/// No stateless tickets: rustls then issues tickets from its session store.
+#[derive(Debug)]
+struct NoTickets;
+
+impl ProducesTickets for NoTickets {
+    fn enabled(&self) -> bool {
+        false
+    }
+
+    fn lifetime(&self) -> u32 {
+        0
+    }
+
+    fn encrypt(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+
+    fn decrypt(&self, _: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+}
+
+/// The tickets one session issued, in its memory, each given up when a connection resumes
+/// it: a replayed ClientHello finds its ticket gone, and its 0-RTT data is turned down.
+/// Bounded; the oldest go first.
+#[derive(Debug, Default)]
+struct OnceTickets(Mutex<VecDeque<(Vec<u8>, Vec<u8>)>>);
+
+/// Tickets a session keeps: what its client asks for on the control connection and one for
+/// each data connection since, with room to spare.
+const SESSION_TICKETS: usize = 256;
+
+impl rustls::server::StoresServerSessions for OnceTickets {
+    fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
+        let mut kept = lock(&self.0);
+        if kept.len() >= SESSION_TICKETS {
+            kept.pop_front();
+        }
+        kept.push_back((key, value));
+        true
+    }
+
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let kept = lock(&self.0);
+        kept.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    }
+
+    fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let mut kept = lock(&self.0);
+        let at = kept.iter().position(|(k, _)| k == key)?;
+        kept.remove(at).map(|(_, v)| v)
+    }
+
+    fn can_cache(&self) -> bool {
+        true
+    }
+}
+
 /// The SHA-256 of the first certificate in a PEM file: what a front end pins its data nodes
 /// to (they show the same certificate).
 pub fn fingerprint_of(cert: &Path) -> Result<[u8; 32]> {
@@ -388,6 +475,22 @@ mod tests {
             Some(false),
             "forgotten after ENDED_KEPT"
         );
+    }
+
+    /// A one-shot session's tickets allow 0-RTT data, which anyone who saw it could replay:
+    /// each resumes once.
+    #[test]
+    fn a_kept_ticket_resumes_once() {
+        use rustls::server::StoresServerSessions;
+        let kept = OnceTickets::default();
+        assert!(kept.put(b"ticket".to_vec(), b"session".to_vec()));
+        assert_eq!(kept.take(b"ticket").as_deref(), Some(&b"session"[..]));
+        assert_eq!(kept.take(b"ticket"), None);
+        for i in 0..=SESSION_TICKETS {
+            kept.put(i.to_be_bytes().to_vec(), Vec::new());
+        }
+        assert_eq!(kept.get(&0usize.to_be_bytes()), None, "the oldest went");
+        assert!(kept.get(&SESSION_TICKETS.to_be_bytes()).is_some());
     }
 
     #[test]
