@@ -46,12 +46,14 @@ impl Piped {
         }
     }
 
-    /// TLS on the dialogue (after AUTH TLS), checking the server against `host`: the
-    /// handshake runs now; the session's binding for the data connections.
+    /// TLS on the dialogue (after AUTH TLS) with `conn`, checking the server against `host`:
+    /// the handshake runs now, from the server's bytes already read (`ahead`); the session's
+    /// binding for the data connections.
     pub fn start_tls(
         &mut self,
-        config: &std::sync::Arc<rustls::ClientConfig>,
+        conn: rustls::ClientConnection,
         host: &str,
+        ahead: &[u8],
     ) -> super::error::Result<crate::engine::tls::Binding> {
         use super::error::ClientError;
         let PipedIo::Clear(sock) = &self.io else {
@@ -60,7 +62,7 @@ impl Piped {
         let sock = sock
             .try_clone()
             .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
-        let s = super::wire::tls_stream(sock, config, host)?;
+        let s = super::wire::finish_tls(sock, conn, host, ahead)?;
         let binding = crate::engine::tls::Binding::of(&s.conn)
             .map_err(|e| ClientError::Tls(format!("TLS exporter: {e}")))?;
         self.io = PipedIo::Tls(Box::new(s));

@@ -62,6 +62,8 @@ pub struct Control {
     braid_greeting: bool,
     /// The certificate a one-shot server's greeting named (`braid serve --stdio`).
     pinned: Option<[u8; 32]>,
+    /// The one-shot server takes the ClientHello right behind AUTH TLS.
+    tls_ahead: bool,
     /// Where data connections go when they cannot reach the server (`braid cp`: through
     /// ssh's channel).
     detour: Option<Arc<Detour>>,
@@ -169,6 +171,7 @@ impl Control {
             range_markers_asked: false,
             braid_greeting: false,
             pinned: None,
+            tls_ahead: false,
             detour: None,
             far_data_ip: None,
         };
@@ -186,6 +189,7 @@ impl Control {
             .set_pipeline(braid_proto::session::reads_pipelined(&greeting));
         c.braid_greeting = braid_proto::session::is_braid_greeting(&greeting);
         c.pinned = braid_proto::session::pinned_certificate(&greeting);
+        c.tls_ahead = braid_proto::session::takes_tls_ahead(&greeting);
         c.far_data_ip = braid_proto::session::data_address(&greeting);
         Ok(c)
     }
@@ -1061,8 +1065,35 @@ impl Control {
         // resumes after it.
         let pipelining = self.session.pipelining();
         self.session.set_pipeline(false);
-        self.run(Op::AuthTls)?;
+        // Inside ssh's channel to a one-shot server that says it may, the ClientHello goes
+        // right behind AUTH TLS instead of a round trip later (the 234 is read first; what
+        // the server sent behind it is the start of its handshake).
+        let ahead = match &self.stream {
+            Channel::Child(_) if self.tls_ahead => {
+                let mut conn = super::wire::client_conn(config, host)?;
+                let mut hello = Vec::new();
+                while conn.wants_write() {
+                    conn.write_tls(&mut hello)
+                        .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
+                }
+                Some((conn, hello))
+            }
+            _ => None,
+        };
+        let asked = match &ahead {
+            Some((_, hello)) => self.begin(Op::AuthTls).and_then(|()| {
+                self.stream
+                    .write_all(hello)
+                    .and_then(|()| self.stream.flush())
+                    .map_err(|e| {
+                        ClientError::ControlLost(format!("sending the ClientHello: {e}"))
+                    })?;
+                self.finished(None)
+            }),
+            None => self.run(Op::AuthTls),
+        };
         self.session.set_pipeline(pipelining);
+        asked?;
         let binding = match &mut self.stream {
             Channel::Net(Wire::Clear(sock)) => {
                 let sock = sock
@@ -1074,7 +1105,13 @@ impl Control {
                     _ => None,
                 }
             }
-            Channel::Child(piped) => Some(piped.start_tls(config, host)?),
+            Channel::Child(piped) => {
+                let conn = match ahead {
+                    Some((conn, _)) => conn,
+                    None => super::wire::client_conn(config, host)?,
+                };
+                Some(piped.start_tls(conn, host, &self.parser.take_pending())?)
+            }
             Channel::Net(_) => return Err(ClientError::Protocol("TLS is already on".into())),
         };
         self.tls = Some(Protection {
@@ -1082,7 +1119,12 @@ impl Control {
             host: host.to_string(),
             binding,
         });
-        self.run(Op::Protect).map(drop)
+        // A braid server reads what follows the handshake in order: PBSZ and PROT go with
+        // the login that comes next, not a round trip ahead of it.
+        match self.braid_greeting {
+            true => self.later(Op::Protect, None),
+            false => self.run(Op::Protect).map(drop),
+        }
     }
 
     /// Starts a stream-mode transfer: a passive data connection, REST `offset` when it is

@@ -34,13 +34,38 @@ pub fn tls_stream<S: std::io::Read + std::io::Write>(
     config: &Arc<rustls::ClientConfig>,
     host: &str,
 ) -> Result<rustls::StreamOwned<rustls::ClientConnection, S>> {
+    finish_tls(sock, client_conn(config, host)?, host, &[])
+}
+
+/// A TLS client checking the server against `host`, its ClientHello ready to go.
+pub fn client_conn(
+    config: &Arc<rustls::ClientConfig>,
+    host: &str,
+) -> Result<rustls::ClientConnection> {
     let name = rustls::pki_types::ServerName::try_from(host.to_string())
         .map_err(|e| ClientError::Usage(format!("{host} cannot be checked by TLS: {e}")))?;
-    let conn = rustls::ClientConnection::new(config.clone(), name)
-        .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
+    rustls::ClientConnection::new(config.clone(), name)
+        .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))
+}
+
+/// Runs `conn`'s handshake on `sock` to its end, `ahead` first: bytes of the server's that
+/// were read before TLS took over the stream (behind its 234 to AUTH TLS).
+pub fn finish_tls<S: std::io::Read + std::io::Write>(
+    sock: S,
+    mut conn: rustls::ClientConnection,
+    host: &str,
+    ahead: &[u8],
+) -> Result<rustls::StreamOwned<rustls::ClientConnection, S>> {
+    let failed = |e: std::io::Error| ClientError::Tls(handshake_failed(host, &e));
+    let mut rest = ahead;
+    // Each read takes some of a non-empty slice, or fails.
+    while !rest.is_empty() {
+        conn.read_tls(&mut rest).map_err(failed)?;
+        conn.process_new_packets()
+            .map_err(|e| failed(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
+    }
     let mut s = rustls::StreamOwned::new(conn, sock);
-    crate::engine::tls::handshake(&mut s.conn, &mut s.sock)
-        .map_err(|e| ClientError::Tls(handshake_failed(host, &e)))?;
+    crate::engine::tls::handshake(&mut s.conn, &mut s.sock).map_err(failed)?;
     Ok(s)
 }
 

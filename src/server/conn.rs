@@ -220,7 +220,10 @@ impl Conn {
     }
 
     /// AUTH TLS: the handshake, within `limit`. Anything the client sent after AUTH in clear
-    /// is dropped unread: it must not count as sent under TLS (command injection).
+    /// over TCP is dropped unread: it must not count as sent under TLS (command injection).
+    /// Inside ssh's channel (a one-shot session) no one can slip bytes in: what braid cp sent
+    /// behind AUTH (its ClientHello, without waiting for the 234) goes to TLS, which reads it
+    /// as the handshake's first bytes.
     pub(super) async fn start_tls(
         &mut self,
         tls: &super::tls::SessionTls,
@@ -230,7 +233,7 @@ impl Conn {
             return Err("the control connection is not in clear".into());
         }
         let channel = std::mem::replace(&mut self.channel, Channel::Closed);
-        self.lines = LineBuffer::new(MAX_LINE);
+        let ahead = std::io::Cursor::new(self.lines.take_pending());
         self.queued.clear();
         let acceptor = tokio_rustls::TlsAcceptor::from(tls.control.clone());
         let tickets = tls.ticket_mark();
@@ -240,6 +243,7 @@ impl Conn {
                 accept(acceptor, stream, tickets, limit).await?
             }
             Channel::Pipe { rd, wr } => {
+                let rd = ahead.chain(rd);
                 accept(acceptor, tokio::io::join(rd, wr), tickets, limit).await?
             }
             _ => return Err("the control connection is not in clear".into()),

@@ -271,7 +271,10 @@ fn serve_stdio_serves_one_session_and_ends_with_its_input() {
     assert_eq!(line.trim_end().len(), "Certificate SHA-256 ".len() + 64);
     // Where its data connections listen: loopback, started without ssh.
     say("", &mut line);
-    assert_eq!(line.trim_end(), "220 Data address 127.0.0.1");
+    assert_eq!(line.trim_end(), "Data address 127.0.0.1");
+    // And that a ClientHello may follow AUTH TLS at once.
+    say("", &mut line);
+    assert_eq!(line.trim_end(), "220 TLS may follow AUTH at once");
     say("USER anonymous", &mut line);
     say("PASS x", &mut line);
     assert!(line.starts_with("230"), "{line}");

@@ -37,6 +37,13 @@ impl LineBuffer {
         self.buf.len()
     }
 
+    /// The bytes buffered but not returned as a line, taken out: what a client sent after
+    /// AUTH TLS without waiting for its answer (its ClientHello) belongs to TLS.
+    pub fn take_pending(&mut self) -> Vec<u8> {
+        self.scanned = 0;
+        std::mem::take(&mut self.buf)
+    }
+
     /// Whether a complete line is waiting.
     pub fn has_line(&self) -> bool {
         self.buf[self.scanned..].contains(&b'\n')

@@ -97,6 +97,12 @@ impl ReplyParser {
         Self::default()
     }
 
+    /// The bytes fed but not yet parsed, taken out: what a server sent after its 234 to
+    /// AUTH TLS belongs to TLS.
+    pub fn take_pending(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf)
+    }
+
     pub fn feed(&mut self, data: &[u8]) {
         self.buf.extend_from_slice(data);
     }

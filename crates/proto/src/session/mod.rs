@@ -182,6 +182,7 @@ impl Session {
                 format!("{GREETING_MARK} FTP server ready."),
                 format!("{CERTIFICATE_MARK} {hex}"),
                 format!("{DATA_ADDRESS_MARK} {data}"),
+                TLS_AHEAD_MARK.to_string(),
             ],
         )
     }
@@ -970,6 +971,16 @@ pub fn pinned_certificate(r: &Reply) -> Option<[u8; 32]> {
     Some(out)
 }
 
+/// What a one-shot server's greeting says when it takes the ClientHello right behind AUTH
+/// TLS, without the round trip for its 234 (the bytes after the command go to TLS; inside
+/// ssh's channel no one can slip any in).
+const TLS_AHEAD_MARK: &str = "TLS may follow AUTH at once";
+
+/// Whether this greeting says TLS may follow AUTH TLS at once ([`TLS_AHEAD_MARK`]).
+pub fn takes_tls_ahead(r: &Reply) -> bool {
+    is_braid_greeting(r) && r.lines.iter().any(|l| l == TLS_AHEAD_MARK)
+}
+
 /// What precedes a one-shot session's data address in its greeting.
 const DATA_ADDRESS_MARK: &str = "Data address";
 
@@ -1350,7 +1361,9 @@ mod tests {
         assert!(is_braid_greeting(&read) && reads_pipelined(&read));
         assert_eq!(pinned_certificate(&read), Some(digest));
         assert_eq!(data_address(&read), Some(data));
+        assert!(takes_tls_ahead(&read));
         assert_eq!(data_address(&Session::greeting()), None);
+        assert!(!takes_tls_ahead(&Session::greeting()));
         // An ordinary greeting names none, nor does another server's that says the words.
         assert_eq!(pinned_certificate(&Session::greeting()), None);
         let other = Reply::multi(
