@@ -822,6 +822,39 @@ mod tests {
         assert!(got.is_empty(), "read {got:?}");
     }
 
+    /// A ticket resumes once: a recorded ClientHello with its 0-RTT data, played again,
+    /// finds its ticket used and the data turned down.
+    #[test]
+    fn a_replayed_client_hello_gets_no_zero_rtt_data_accepted() {
+        let (server, client) = one_shot();
+        let (
+            DataTls::Server { config, .. },
+            DataTls::Client {
+                config: cc, name, ..
+            },
+        ) = (server, client)
+        else {
+            unreachable!()
+        };
+        let mut conn = rustls::ClientConnection::new(cc, name).unwrap();
+        conn.early_data().unwrap().write_all(b"blocks").unwrap();
+        let mut recorded = Vec::new();
+        while conn.wants_write() {
+            conn.write_tls(&mut recorded).unwrap();
+        }
+        let takes_early = || {
+            let mut s = rustls::ServerConnection::new(config.clone()).unwrap();
+            let mut rest = &recorded[..];
+            while !rest.is_empty() {
+                s.read_tls(&mut rest).unwrap();
+                s.process_new_packets().unwrap();
+            }
+            s.early_data().is_some()
+        };
+        assert!(takes_early(), "the first time");
+        assert!(!takes_early(), "played again");
+    }
+
     /// A server that turns the 0-RTT data down (here: another session's, which does not
     /// know the ticket) gets the proof and then the same bytes, as without 0-RTT.
     #[test]

@@ -71,9 +71,11 @@ impl Tls {
         let mut control = (*self.base).clone();
         if self.zero_rtt {
             // rustls lets a resumption carry early data only from a ticket the server
-            // stored (RFC 8446 8.1): one the session's memory gives up when used.
+            // stored (RFC 8446 8.1), which its memory gives up when used: a replayed
+            // ClientHello finds its ticket gone, and its 0-RTT data is turned down.
             control.ticketer = Arc::new(NoTickets);
-            control.session_storage = Arc::new(OnceTickets::default());
+            control.session_storage =
+                rustls::server::ServerSessionMemoryCache::new(SESSION_TICKETS);
             control.max_early_data_size = crate::engine::tls::EARLY_DATA;
         } else {
             control.ticketer =
@@ -350,41 +352,9 @@ impl ProducesTickets for NoTickets {
     }
 }
 
-/// The tickets one session issued, in its memory, each given up when a connection resumes
-/// it: a replayed ClientHello finds its ticket gone, and its 0-RTT data is turned down.
-/// Bounded; the oldest go first.
-#[derive(Debug, Default)]
-struct OnceTickets(Mutex<VecDeque<(Vec<u8>, Vec<u8>)>>);
-
 /// Tickets a session keeps: what its client asks for on the control connection and one for
 /// each data connection since, with room to spare.
 const SESSION_TICKETS: usize = 256;
-
-impl rustls::server::StoresServerSessions for OnceTickets {
-    fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
-        let mut kept = lock(&self.0);
-        if kept.len() >= SESSION_TICKETS {
-            kept.pop_front();
-        }
-        kept.push_back((key, value));
-        true
-    }
-
-    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
-        let kept = lock(&self.0);
-        kept.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
-    }
-
-    fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
-        let mut kept = lock(&self.0);
-        let at = kept.iter().position(|(k, _)| k == key)?;
-        kept.remove(at).map(|(_, v)| v)
-    }
-
-    fn can_cache(&self) -> bool {
-        true
-    }
-}
 
 /// The SHA-256 of the first certificate in a PEM file: what a front end pins its data nodes
 /// to (they show the same certificate).
@@ -475,22 +445,6 @@ mod tests {
             Some(false),
             "forgotten after ENDED_KEPT"
         );
-    }
-
-    /// A one-shot session's tickets allow 0-RTT data, which anyone who saw it could replay:
-    /// each resumes once.
-    #[test]
-    fn a_kept_ticket_resumes_once() {
-        use rustls::server::StoresServerSessions;
-        let kept = OnceTickets::default();
-        assert!(kept.put(b"ticket".to_vec(), b"session".to_vec()));
-        assert_eq!(kept.take(b"ticket").as_deref(), Some(&b"session"[..]));
-        assert_eq!(kept.take(b"ticket"), None);
-        for i in 0..=SESSION_TICKETS {
-            kept.put(i.to_be_bytes().to_vec(), Vec::new());
-        }
-        assert_eq!(kept.get(&0usize.to_be_bytes()), None, "the oldest went");
-        assert!(kept.get(&SESSION_TICKETS.to_be_bytes()).is_some());
     }
 
     #[test]
