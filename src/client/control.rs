@@ -1065,35 +1065,9 @@ impl Control {
         // resumes after it.
         let pipelining = self.session.pipelining();
         self.session.set_pipeline(false);
-        // Inside ssh's channel to a one-shot server that says it may, the ClientHello goes
-        // right behind AUTH TLS instead of a round trip later (the 234 is read first; what
-        // the server sent behind it is the start of its handshake).
-        let ahead = match &self.stream {
-            Channel::Child(_) if self.tls_ahead => {
-                let mut conn = super::wire::client_conn(config, host)?;
-                let mut hello = Vec::new();
-                while conn.wants_write() {
-                    conn.write_tls(&mut hello)
-                        .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
-                }
-                Some((conn, hello))
-            }
-            _ => None,
-        };
-        let asked = match &ahead {
-            Some((_, hello)) => self.begin(Op::AuthTls).and_then(|()| {
-                self.stream
-                    .write_all(hello)
-                    .and_then(|()| self.stream.flush())
-                    .map_err(|e| {
-                        ClientError::ControlLost(format!("sending the ClientHello: {e}"))
-                    })?;
-                self.finished(None)
-            }),
-            None => self.run(Op::AuthTls),
-        };
+        let sent = self.auth_tls(config, host);
         self.session.set_pipeline(pipelining);
-        asked?;
+        let sent = sent?;
         let binding = match &mut self.stream {
             Channel::Net(Wire::Clear(sock)) => {
                 let sock = sock
@@ -1106,8 +1080,8 @@ impl Control {
                 }
             }
             Channel::Child(piped) => {
-                let conn = match ahead {
-                    Some((conn, _)) => conn,
+                let conn = match sent {
+                    Some(conn) => conn,
                     None => super::wire::client_conn(config, host)?,
                 };
                 Some(piped.start_tls(conn, host, &self.parser.take_pending())?)
@@ -1125,6 +1099,32 @@ impl Control {
             true => self.later(Op::Protect, None),
             false => self.run(Op::Protect).map(drop),
         }
+    }
+
+    /// AUTH TLS and its 234. Inside ssh's channel to a one-shot server that says it may, the
+    /// ClientHello goes right behind the command instead of a round trip later: the TLS
+    /// client it came from (what the server sent behind its 234 then starts its handshake).
+    fn auth_tls(
+        &mut self,
+        config: &Arc<rustls::ClientConfig>,
+        host: &str,
+    ) -> Result<Option<rustls::ClientConnection>> {
+        if !(self.tls_ahead && matches!(self.stream, Channel::Child(_))) {
+            return self.run(Op::AuthTls).map(|_| None);
+        }
+        let mut conn = super::wire::client_conn(config, host)?;
+        let mut hello = Vec::new();
+        while conn.wants_write() {
+            conn.write_tls(&mut hello)
+                .map_err(|e| ClientError::Tls(format!("TLS setup: {e}")))?;
+        }
+        self.begin(Op::AuthTls)?;
+        self.stream
+            .write_all(&hello)
+            .and_then(|()| self.stream.flush())
+            .map_err(|e| ClientError::ControlLost(format!("sending the ClientHello: {e}")))?;
+        self.finished(None)?;
+        Ok(Some(conn))
     }
 
     /// Starts a stream-mode transfer: a passive data connection, REST `offset` when it is

@@ -108,7 +108,7 @@ pub fn client_config(ca: Option<&Path>) -> anyhow::Result<Arc<rustls::ClientConf
     .build()
     .context("TLS setup")?;
     let verifier = Arc::new(super::trust::Verifier::new(webpki, given));
-    config_with(provider, verifier)
+    config_with(provider, verifier).map(Arc::new)
 }
 
 /// The TLS settings for a one-shot server over ssh (`braid cp`): its certificate alone, known
@@ -119,8 +119,8 @@ pub fn pinned_config(sha256: [u8; 32]) -> anyhow::Result<Arc<rustls::ClientConfi
     let mut config = config_with(provider, verifier)?;
     // A one-shot server's tickets allow 0-RTT data (server::tls, `zero_rtt`): an upload's
     // data connections send from their ClientHello (engine::tls).
-    Arc::make_mut(&mut config).enable_early_data = true;
-    Ok(config)
+    config.enable_early_data = true;
+    Ok(Arc::new(config))
 }
 
 /// Client settings checking servers with `verifier`, with session tickets for the data
@@ -128,7 +128,7 @@ pub fn pinned_config(sha256: [u8; 32]) -> anyhow::Result<Arc<rustls::ClientConfi
 fn config_with(
     provider: Arc<rustls::crypto::CryptoProvider>,
     verifier: Arc<dyn rustls::client::danger::ServerCertVerifier>,
-) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+) -> anyhow::Result<rustls::ClientConfig> {
     use anyhow::Context;
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -145,7 +145,7 @@ fn config_with(
         new_session_count: crate::engine::tls::TICKETS,
         resumption_count: 1,
     });
-    Ok(Arc::new(config))
+    Ok(config)
 }
 
 /// A failed TLS handshake as a sentence: what happened, and what to do about it.
