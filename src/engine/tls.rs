@@ -149,24 +149,21 @@ impl DataTls {
                 let mut conn = rustls::ClientConnection::new(config.clone(), name.clone())
                     .map_err(SecureError::Setup)?;
                 let mut sock = sock;
-                if conn.early_data().is_some() {
-                    // Resuming a ticket that allows 0-RTT data: the ClientHello goes now, and
-                    // what the transfer writes next goes with it.
-                    send_tls(&mut conn, &mut sock).map_err(SecureError::Handshake)?;
-                    restore(&sock);
-                    let early = Early {
-                        sent: Vec::new(),
-                        binding: *binding,
-                    };
-                    let s = rustls::StreamOwned::new(conn, sock);
-                    return Ok(DataConn::Client(Box::new(s), Some(Box::new(early))));
+                let zero_rtt = conn.early_data().is_some();
+                send_tls(&mut conn, &mut sock).map_err(SecureError::Handshake)?;
+                let pending = Pending {
+                    sent: Vec::new(),
+                    binding: *binding,
+                };
+                let s = rustls::StreamOwned::new(conn, sock);
+                let mut c = DataConn::Client(Box::new(s), Some(Box::new(pending)));
+                // Resuming a ticket that allows 0-RTT data, what the transfer writes next
+                // goes with the ClientHello; else the handshake and the proof run now.
+                if !zero_rtt {
+                    c.settle().map_err(SecureError::Handshake)?;
                 }
-                let mut s = rustls::StreamOwned::new(conn, sock);
-                handshake(&mut s.conn, &mut s.sock).map_err(SecureError::Handshake)?;
-                let proof = binding.proof(&s.conn).map_err(SecureError::Setup)?;
-                s.write_all(&proof).map_err(SecureError::Handshake)?;
-                restore(&s.sock);
-                Ok(DataConn::Client(Box::new(s), None))
+                restore(c.tcp());
+                Ok(c)
             }
             DataTls::Server {
                 config,
@@ -272,21 +269,23 @@ fn settle(
     Ok(())
 }
 
-/// A client's connection that sends 0-RTT data: what it wrote so, kept until the server
-/// accepts it (or else sent again, after the proof), and the binding that proof would show.
-pub struct Early {
+/// A client's connection whose handshake goes on: what it wrote as 0-RTT data, kept until
+/// the server accepts it (or else sent again, after the proof), and the binding that proof
+/// shows.
+pub struct Pending {
     sent: Vec<u8>,
     binding: Binding,
 }
 
-/// Ends a client's handshake that sent 0-RTT data. A server that turned the data down (its
-/// ticket of another session, or a server that takes none) gets the proof and the same bytes
-/// again, as a connection without 0-RTT data would have sent them.
+/// Ends a client's handshake and sends the binding's proof, unless the server took 0-RTT
+/// data (resuming its own session's single-use ticket is then the proof). A server that
+/// turned the data down (a ticket of another session, a server that takes none) gets the
+/// proof and the same bytes again, as a connection without 0-RTT data sends them.
 fn conclude(
     s: &mut rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
-    early: &mut Option<Box<Early>>,
+    pending: &mut Option<Box<Pending>>,
 ) -> std::io::Result<()> {
-    let Some(e) = early.take() else {
+    let Some(e) = pending.take() else {
         return Ok(());
     };
     handshake(&mut s.conn, &mut s.sock)?;
@@ -373,7 +372,7 @@ pub enum DataConn {
     /// With what it sent as 0-RTT data while its handshake goes on.
     Client(
         Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>,
-        Option<Box<Early>>,
+        Option<Box<Pending>>,
     ),
     /// With what it owes before it is read: one that resumed its own session's ticket is
     /// sent to before then.
@@ -431,7 +430,7 @@ impl DataConn {
     pub fn settle(&mut self) -> std::io::Result<()> {
         match self {
             DataConn::Server(s, owed) => settle(s, owed),
-            DataConn::Client(s, early) => conclude(s, early),
+            DataConn::Client(s, pending) => conclude(s, pending),
             DataConn::Clear(_) => Ok(()),
         }
     }
@@ -454,7 +453,7 @@ impl Read for DataConn {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let r = match self {
             DataConn::Clear(s) => return s.read(buf),
-            DataConn::Client(s, early) => conclude(s, early).and_then(|()| s.read(buf)),
+            DataConn::Client(s, pending) => conclude(s, pending).and_then(|()| s.read(buf)),
             DataConn::Server(s, owed) => read_server(s, owed, buf),
         };
         match r {
@@ -470,19 +469,23 @@ impl Write for DataConn {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
             DataConn::Clear(s) => s.write(buf),
-            DataConn::Client(s, early @ Some(_)) => {
-                let room = s.conn.early_data().map_or(0, |e| e.bytes_left());
-                let Some(e) = early.as_mut().filter(|_| room > 0) else {
-                    conclude(s, early)?;
-                    return s.write(buf);
-                };
+            // As 0-RTT data while rustls takes more (up to the ticket's allowance).
+            DataConn::Client(s, pending @ Some(_)) => {
                 let n = match s.conn.early_data() {
-                    Some(mut w) => w.write(&buf[..buf.len().min(room)])?,
+                    Some(mut w) => w.write(buf)?,
                     None => 0,
                 };
-                e.sent.extend_from_slice(&buf[..n]);
-                send_tls(&mut s.conn, &mut s.sock)?;
-                Ok(n)
+                match pending {
+                    Some(p) if n > 0 => {
+                        p.sent.extend_from_slice(&buf[..n]);
+                        send_tls(&mut s.conn, &mut s.sock)?;
+                        Ok(n)
+                    }
+                    _ => {
+                        conclude(s, pending)?;
+                        s.write(buf)
+                    }
+                }
             }
             DataConn::Client(s, None) => s.write(buf),
             // Still in its handshake (it resumed its own session's ticket): rustls's stream
@@ -524,8 +527,8 @@ fn read_server(
     owed: &mut Owed,
     buf: &mut [u8],
 ) -> std::io::Result<usize> {
+    settle(s, owed)?;
     if let Owed::Finished = owed {
-        settle(s, owed)?;
         if let Some(mut early) = s.conn.early_data() {
             let n = early.read(buf)?;
             if n > 0 || buf.is_empty() {
@@ -534,7 +537,6 @@ fn read_server(
         }
         *owed = Owed::Nothing;
     }
-    settle(s, owed)?;
     s.read(buf)
 }
 

@@ -83,7 +83,7 @@ impl Tls {
         }
         SessionTls {
             control: Arc::new(control),
-            base: self.base.clone(),
+            ticket_keys: self.base.ticketer.clone(),
             holder: Arc::new(holder),
             reuse_required: self.reuse_required,
         }
@@ -96,7 +96,8 @@ pub struct SessionTls {
     /// The control connection, and MODE E data connections between braid peers (which prove
     /// their binding and ask for as many tickets as they open connections).
     pub control: Arc<rustls::ServerConfig>,
-    base: Arc<rustls::ServerConfig>,
+    /// The server's ticket keys, which a stream-mode connection's ticketer opens tickets with.
+    ticket_keys: Arc<dyn ProducesTickets>,
     holder: Arc<Holder>,
     reuse_required: bool,
 }
@@ -125,17 +126,16 @@ impl SessionTls {
     /// flight (rclone's Go TLS and C-Kermit's OpenSSL both lost files so).
     pub fn stream_data(&self) -> StreamDataTls {
         let tickets = Arc::new(MarkedTickets::new(
-            self.base.ticketer.clone(),
+            self.ticket_keys.clone(),
             self.holder.mark,
         ));
-        let mut config = if self.control.ticketer.enabled() {
-            let mut c = (*self.base).clone();
-            c.ticketer = tickets.clone();
-            c
-        } else {
-            // This session keeps its tickets itself (`Tls::zero_rtt`).
-            (*self.control).clone()
-        };
+        // The control connection's settings, its tickets opened by a ticketer of this
+        // connection's own, which records the mark it found (a session that keeps its
+        // tickets itself, `Tls::zero_rtt`, has no ticketer: they come from its store).
+        let mut config = (*self.control).clone();
+        if config.ticketer.enabled() {
+            config.ticketer = tickets.clone();
+        }
         config.send_tls13_tickets = 0;
         config.max_tls13_tickets = 0;
         config.max_early_data_size = 0;

@@ -101,12 +101,7 @@ pub fn write_facts(
         let _ = write!(out, "size={};", e.size);
     }
     if want("modify") {
-        let c = Civil::from_unix(e.mtime);
-        let _ = write!(
-            out,
-            "modify={:04}{:02}{:02}{:02}{:02}{:02};",
-            c.year, c.month, c.day, c.hour, c.minute, c.second
-        );
+        let _ = write!(out, "modify={};", Civil::from_unix(e.mtime));
     }
     if want("perm") {
         let perm = match (e.kind, writable) {

@@ -12,6 +12,18 @@ pub struct Civil {
     pub second: u32,
 }
 
+/// RFC 3659's `time-val` (MDTM's and the MLSx `modify` fact's form), written where it goes:
+/// a listing writes one per entry.
+impl std::fmt::Display for Civil {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:04}{:02}{:02}{:02}{:02}{:02}",
+            self.year, self.month, self.day, self.hour, self.minute, self.second
+        )
+    }
+}
+
 impl Civil {
     /// Converts seconds since the Unix epoch (Howard Hinnant's days-to-civil algorithm).
     pub fn from_unix(secs: i64) -> Civil {
@@ -53,10 +65,7 @@ impl Civil {
 
     /// RFC 3659 `time-val`: YYYYMMDDHHMMSS.
     pub fn mdtm(&self) -> String {
-        format!(
-            "{:04}{:02}{:02}{:02}{:02}{:02}",
-            self.year, self.month, self.day, self.hour, self.minute, self.second
-        )
+        self.to_string()
     }
 
     /// Parses an RFC 3659 `time-val`, ignoring a fractional part.
