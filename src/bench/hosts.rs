@@ -12,7 +12,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-pub const NAMES: [&str; 2] = ["striping", "third-party"];
+pub const THIRD_PARTY: &str = "third-party";
+pub const NAMES: [&str; 2] = ["striping", THIRD_PARTY];
 
 /// Where the servers listen, in their own hosts.
 const PORT: u16 = 2121;
@@ -167,12 +168,28 @@ fn striping(args: &BenchArgs, tmp: &Path, braid: &Path) -> Result<Measured> {
 }
 
 /// Two servers on a 200 Mbit/s path, the client behind 1 Mbit/s: `braid cp` from one to the
-/// other, and what of it crossed the client's link.
+/// other (`--files`: `braid cp -r` of a tree), and what of it crossed the client's link.
 fn third_party(args: &BenchArgs, tmp: &Path, braid: &Path) -> Result<Measured> {
     let (a, b) = (tmp.join("a"), tmp.join("b"));
     std::fs::create_dir(&a)?;
     std::fs::create_dir(&b)?;
-    super::make_file(&a.join("big.bin"), COPY_SIZE)?;
+    let (from, to, what, moved) = match args.files {
+        Some(n) => {
+            super::make_tree(&a.join("tree"), n, args.size, args.data)?;
+            let what = format!("braid cp -r A → B ({n} files of {} bytes)", args.size);
+            let data = match args.data {
+                super::Data::Random => "random data",
+                super::Data::Text => "text",
+            };
+            let moved = format!("a tree of {n} files of {} bytes of {data}", args.size);
+            ("tree", "tree", what, moved)
+        }
+        None => {
+            super::make_file(&a.join("big.bin"), COPY_SIZE)?;
+            let moved = format!("{} MiB of random data", COPY_SIZE >> 20);
+            ("big.bin", "copy.bin", "braid cp A → B".into(), moved)
+        }
+    };
     let hosts = [
         "srva:rate=200mbit,delay=5ms".to_string(),
         "srvb".into(),
@@ -202,13 +219,24 @@ fn third_party(args: &BenchArgs, tmp: &Path, braid: &Path) -> Result<Measured> {
     for round in 1..=args.repeat {
         eprintln!("round {round} of {}: braid cp between servers", args.repeat);
         let mut c = client(&lab, "client", braid, tmp);
-        c.args(["cp", "--json", "--tls", "--tls-ca"])
+        c.arg("cp");
+        if args.files.is_some() {
+            c.arg("-r");
+        }
+        c.args(["--json", "--tls", "--tls-ca"])
             .arg(&tls.cert)
-            .arg(format!("ftp://bench:{PASSWORD}@{addr_a}:{PORT}/big.bin"))
-            .arg(format!("ftp://bench:{PASSWORD}@{addr_b}:{PORT}/copy.bin"));
+            .arg(format!("ftp://bench:{PASSWORD}@{addr_a}:{PORT}/{from}"))
+            .arg(format!("ftp://bench:{PASSWORD}@{addr_b}:{PORT}/{to}"));
         let summary = braid_json(c, "braid cp")?;
-        runs.push(measured("braid cp A → B".into(), round, summary, path)?);
-        let _ = std::fs::remove_file(b.join("copy.bin"));
+        if let Some(n) = args.files {
+            let copied = summary["files"].as_array().map_or(0, Vec::len) as u64;
+            if copied != n {
+                bail!("braid cp -r copied {copied} of {n} files: {summary}");
+            }
+        }
+        runs.push(measured(what.clone(), round, summary, path)?);
+        let _ = std::fs::remove_dir_all(b.join(to));
+        let _ = std::fs::remove_file(b.join(to));
     }
     drop(servers);
     let report = lab.stop();
@@ -224,9 +252,8 @@ fn third_party(args: &BenchArgs, tmp: &Path, braid: &Path) -> Result<Measured> {
     let notes = vec![
         format!(
             "servers A and B on a 200 Mbit/s path (A's link, 5 ms), the client behind 1 Mbit/s \
-             (10 ms); {} MiB of random data, TLS; against the path: {:.0} Mbit/s, {:.1} Mbit/s \
+             (10 ms); {moved}, TLS; against the path: {:.0} Mbit/s, {:.1} Mbit/s \
              of TCP payload",
-            COPY_SIZE >> 20,
             path / 1e6,
             payload(path) / 1e6
         ),

@@ -58,6 +58,9 @@ const EXPERIMENTS: [&str; 7] = [
     hosts::NAMES[1],
 ];
 
+/// `--size` unless given.
+const DEFAULT_SIZE: &str = "4MB";
+
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Run a seed's experiment and print its numbers beside braid's: xftp (satellite-t1,
@@ -77,7 +80,7 @@ pub struct BenchArgs {
     /// path's payload rate, and the bytes that crossed the client's link).
     #[arg(long, value_parser = EXPERIMENTS,
           conflicts_with_all = ["scenario", "mtu", "rate", "delay", "queue", "loss", "streams", "buffer",
-                                "block_size", "tool", "size", "congestion"])]
+                                "block_size", "tool", "congestion"])]
     pub experiment: Option<String>,
     /// Measure a real path instead of the lab: get cells download this file, put cells upload
     /// the generated --size file as braid-bench-upload.bin into its directory (left there).
@@ -197,15 +200,16 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub repeat: u32,
     /// Bytes each run moves, e.g. 4MB.
-    #[arg(long, default_value = "4MB", value_parser = crate::units::parse_size)]
+    #[arg(long, default_value = DEFAULT_SIZE, value_parser = crate::units::parse_size)]
     pub size: u64,
     /// Move a tree instead of one file: FILES files of --size bytes each in 10 directories,
     /// with braid get -r / put -r -j 8 (braid, braid-vsftpd, braid-globus), lftp mirror -P 8
     /// (lftp, lftp-braid) and globus-url-copy -r -cc 8; curl, iperf3 and kermit move single
     /// files and are left out. Each run's files are counted where they land (a tool that
     /// misses one fails the run); the report gives files per second and each tool's time
-    /// against braid's.
-    #[arg(long, value_name = "FILES", conflicts_with_all = ["url", "experiment", "duration", "attack"],
+    /// against braid's. With `--experiment third-party`: the tree braid cp -r copies between
+    /// the servers.
+    #[arg(long, value_name = "FILES", conflicts_with_all = ["url", "duration", "attack"],
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub files: Option<u64>,
     /// Instead of --size: give each scenario a payload that takes about this many seconds at
@@ -613,6 +617,15 @@ pub fn main(mut args: BenchArgs) -> Result<u8> {
     }
     if args.experiment.as_deref() == Some(contest::NAME) {
         return contest::run(&args);
+    }
+    if let Some(name) = args.experiment.as_deref()
+        && name != hosts::THIRD_PARTY
+        && (args.files.is_some() || Ok(args.size) != crate::units::parse_size(DEFAULT_SIZE))
+    {
+        bail!(
+            "--files and --size go with --experiment {} only (a tree copied between servers); the other experiments move what their seeds did",
+            hosts::THIRD_PARTY
+        );
     }
     if let Some(name) = args
         .experiment

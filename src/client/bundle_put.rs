@@ -240,7 +240,12 @@ fn commands(files: &[Outgoing]) -> Vec<Op> {
             mtime: f.mtime,
         })
         .collect();
-    let mut ops = super::bundle::lines(&named);
+    store_commands(&named)
+}
+
+/// The commands before SBND that store `named`: BNDL lines and `SCKS XXH3 *`.
+pub(super) fn store_commands(named: &[Named]) -> Vec<Op> {
+    let mut ops = super::bundle::lines(named);
     ops.push(Op::Simple {
         cmd: Command::Scks {
             alg: checksum::NAME.into(),

@@ -25,7 +25,7 @@ use super::sessions::{another_session, session};
 use super::summary::{Summary, display_url};
 use super::url::Target;
 use braid_proto::Command;
-use braid_proto::client::{Direction, Op};
+use braid_proto::client::{Direction, Op, Outcome};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::IsTerminal;
@@ -698,23 +698,32 @@ fn walk_local(
 
 /// Creates the remote directories, parents first. A server that pipelines (braid) gets them
 /// a batch at a time, others one by one. A directory that exists already is refused (550 or
-/// 521) and is fine; one that cannot be made shows in its files' failures.
-fn make_dirs(c: &mut Control, dirs: &[String]) {
+/// 521) and is fine; one that cannot be made shows in its files' failures. Which of `dirs`
+/// were made (by index).
+pub(super) fn make_dirs(c: &mut Control, dirs: &[String]) -> Vec<usize> {
+    let mut made = Vec::new();
     if !c.session().pipelining() {
-        for d in dirs {
-            let _ = c.cmd(&Command::Mkd(d.clone()));
+        for (i, d) in dirs.iter().enumerate() {
+            if c.cmd(&Command::Mkd(d.clone())).is_ok_and(|r| r.code == 257) {
+                made.push(i);
+            }
         }
-        return;
+        return made;
     }
-    for batch in dirs.chunks(64) {
+    for (b, batch) in dirs.chunks(64).enumerate() {
         let mkd = batch.iter().map(|d| Op::Ask(Command::Mkd(d.clone())));
         if c.begin_all(mkd).is_err() {
-            return;
+            return made;
         }
-        for _ in batch {
-            let _ = c.outcome(None);
+        for i in 0..batch.len() {
+            if let Ok(Outcome::Done(r)) = c.outcome(None)
+                && r.code == 257
+            {
+                made.push(b * 64 + i);
+            }
         }
     }
+    made
 }
 
 /// What the server holds in the directories `dirs` (`top` and those beneath it), by

@@ -347,6 +347,137 @@ fn a_tree_goes_from_server_to_server_and_update_moves_only_what_changed() {
     );
 }
 
+/// A tree of many small files goes from A to B many files to a transfer (bundles: two here,
+/// the first of 4 MiB), each file whole and with A's time, into a destination whose parents
+/// B did not have; one JSON entry per file says which bundle it went in.
+#[test]
+fn a_trees_small_files_go_between_servers_in_bundles_into_parents_made_for_them() {
+    use std::os::unix::fs::MetadataExt;
+    let top = tempdir();
+    let p = pair(top.path(), &[]);
+    let src = top.path().join("a/many");
+    let mut names = Vec::new();
+    for d in 0..3 {
+        std::fs::create_dir_all(src.join(format!("d{d}"))).unwrap();
+        for i in 0..200 {
+            let name = format!("d{d}/f{i}");
+            let len = (i * 7919 + d * 31) % 16000;
+            std::fs::write(src.join(&name), random_bytes(len, (d * 1000 + i) as u64)).unwrap();
+            names.push(name);
+        }
+    }
+    let when = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(src.join("d1/f5"))
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    let home = tempdir();
+    let mut cmd = p.command(
+        home.path(),
+        &["-r", "--json", "-n", "3"],
+        "many",
+        "new/deep/",
+    );
+    let (ok, out, err) = run(&mut cmd, Duration::from_secs(120));
+    assert!(ok, "{err}");
+    let v = crate::util::json(&out);
+    let dst = top.path().join("b/new/deep/many");
+    for name in &names {
+        assert!(
+            std::fs::read(src.join(name)).unwrap() == std::fs::read(dst.join(name)).unwrap(),
+            "{name} differs"
+        );
+    }
+    let meta = std::fs::metadata(dst.join("d1/f5")).unwrap();
+    assert_eq!(meta.mtime(), 1_600_000_000, "the time A gave was not kept");
+    let files = v["files"].as_array().unwrap();
+    assert_eq!(files.len(), names.len(), "{v}");
+    let mut bundles: Vec<u64> = files
+        .iter()
+        .map(|f| {
+            f["bundle"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("not bundled: {f}"))
+        })
+        .collect();
+    bundles.dedup();
+    assert!(
+        bundles.len() >= 2,
+        "a tree of 4.8 MB went in one bundle: {bundles:?}"
+    );
+    assert_eq!(
+        bundles.iter().sum::<u64>(),
+        names.len() as u64,
+        "{bundles:?}"
+    );
+    assert!(v["failed"].as_array().unwrap().is_empty(), "{v}");
+}
+
+/// A file B cannot store (a directory holds its name there) fails alone: its bundle (the
+/// second, which goes on the connections the first left open, B's data allowed ahead of its
+/// answer) is refused, and that bundle's files go again one by one; the first bundle's stay
+/// stored. A destination B can neither find nor make fails the copy at once, with B's
+/// reason, before any file is tried.
+#[test]
+fn a_file_b_refuses_fails_alone_and_a_destination_b_cannot_make_fails_at_once() {
+    let top = tempdir();
+    let p = pair(top.path(), &[]);
+    let src = top.path().join("a/few");
+    std::fs::create_dir_all(&src).unwrap();
+    // 1 MiB each: the first bundle (4 MiB) takes f0-f3, the second f4-f7 (A lists by name).
+    for i in 0..8 {
+        std::fs::write(src.join(format!("f{i}")), random_bytes(1 << 20, i as u64)).unwrap();
+    }
+    std::fs::create_dir_all(top.path().join("b/few/f6")).unwrap();
+    let home = tempdir();
+    let mut cmd = p.command(home.path(), &["-r", "--json"], "few", "few");
+    let (ok, out, err) = run(&mut cmd, Duration::from_secs(120));
+    assert!(!ok, "a file B could not store was reported copied: {out}");
+    let v = crate::util::json(&out);
+    let failed: Vec<&str> = v["failed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["file"].as_str().unwrap())
+        .collect();
+    assert_eq!(failed, ["f6"], "{v}\n{err}");
+    let bundled: Vec<(&str, Option<u64>)> = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["source"].as_str().unwrap(), f["bundle"].as_u64()))
+        .collect();
+    assert_eq!(
+        bundled,
+        [
+            ("few/f0", Some(4)),
+            ("few/f1", Some(4)),
+            ("few/f2", Some(4)),
+            ("few/f3", Some(4)),
+            ("few/f4", None),
+            ("few/f5", None),
+            ("few/f7", None),
+        ],
+        "{v}"
+    );
+    for i in (0..8).filter(|&i| i != 6) {
+        let name = format!("f{i}");
+        assert!(
+            std::fs::read(src.join(&name)).unwrap()
+                == std::fs::read(top.path().join("b/few").join(&name)).unwrap(),
+            "{name} differs"
+        );
+    }
+    std::fs::write(top.path().join("b/plain"), b"a file, not a directory").unwrap();
+    let mut cmd = p.command(home.path(), &["-r"], "few", "plain/into");
+    let (ok, _, err) = run(&mut cmd, Duration::from_secs(60));
+    assert!(!ok, "copied into a directory that cannot exist");
+    assert!(err.contains("making the directory plain/into"), "{err}");
+    assert!(!err.contains("f0"), "files were tried: {err}");
+}
+
 /// globus-url-copy driving a third-party transfer between two braid servers (PASV at B, PORT
 /// to B's address at A, without data-channel authentication) is the FTP bounce: A refuses the
 /// PORT with the reason, B gets nothing, and globus-url-copy fails instead of hanging.
