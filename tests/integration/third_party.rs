@@ -291,8 +291,8 @@ fn a_stranger_at_the_receiving_servers_data_port_is_refused_and_the_copy_complet
 }
 
 /// `-r` copies a directory and everything in it from A to B (nested and empty directories,
-/// an empty file, a file large enough for several connections); `--update` then copies only
-/// what changed on A.
+/// an empty file, a file too large for a bundle, which goes alone on several connections);
+/// `--update` then copies only what changed on A.
 #[test]
 fn a_tree_goes_from_server_to_server_and_update_moves_only_what_changed() {
     let top = tempdir();
@@ -302,7 +302,7 @@ fn a_tree_goes_from_server_to_server_and_update_moves_only_what_changed() {
     std::fs::create_dir_all(src.join("empty")).unwrap();
     std::fs::write(src.join("small.bin"), random_bytes(3000, 1)).unwrap();
     std::fs::write(src.join("zero"), b"").unwrap();
-    std::fs::write(src.join("sub/big.bin"), random_bytes(9 << 20, 2)).unwrap();
+    std::fs::write(src.join("sub/big.bin"), random_bytes(65 << 20, 2)).unwrap();
     std::fs::write(src.join("sub/deep/x.txt"), b"deep\n").unwrap();
     let home = tempdir();
     let cp = |extra: &[&str]| {
@@ -329,6 +329,10 @@ fn a_tree_goes_from_server_to_server_and_update_moves_only_what_changed() {
         .find(|f| f["source"] == "tree/sub/big.bin")
         .unwrap();
     assert_eq!(big["streams"], 3, "{first}");
+    assert!(
+        big["bundle"].is_null(),
+        "a file over 64 MiB went in a bundle: {big}"
+    );
     // One file changes on A: --update moves it alone.
     std::fs::write(src.join("small.bin"), random_bytes(3001, 9)).unwrap();
     let second = cp(&["--update"]);
