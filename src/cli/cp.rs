@@ -24,7 +24,8 @@ pub struct CpArgs {
     /// Or two braid servers, `ftp://A/path ftp://B/path` (with --tls): A sends the file
     /// straight to B over TLS data connections only B's session can accept; this machine
     /// drives both and checks both ends' checksums. A destination ending in / takes the
-    /// source's name.
+    /// source's name. With -r the destination's missing parents are made, and a tree's files
+    /// of up to 64 MiB go many to a transfer (bundles).
     #[arg(required = true, num_args = 2.., value_name = "SRC... DEST")]
     args: Vec<String>,
     /// Continue an interrupted transfer from where it stopped.
