@@ -305,10 +305,21 @@ impl Peers {
     /// Both servers' checksum of the copy, which must agree: (algorithm, value).
     fn both_ends_agree(&mut self, from: &str, to: &str) -> Result<(&'static str, String)> {
         let algorithm = checksum::NAME;
-        let ends = [
-            self.a.checksum(algorithm, from)?,
-            self.b.checksum(algorithm, to)?,
-        ];
+        // Both asked at once: one round trip, not two.
+        self.a.begin(Op::Checksum {
+            alg: algorithm.into(),
+            path: from.into(),
+        })?;
+        let theirs = self.b.checksum(algorithm, to)?;
+        let mine = match self.a.outcome(Some("CKSM".into()))? {
+            braid_proto::client::Outcome::Checksum(sum) => sum,
+            o => {
+                return Err(ClientError::Protocol(format!(
+                    "CKSM: unexpected answer {o:?}"
+                )));
+            }
+        };
+        let ends = [mine, theirs];
         let [Some(mine), Some(theirs)] = ends else {
             return Err(ClientError::Integrity(
                 "a server gave no checksum of the file: the copy is unchecked".into(),
