@@ -77,7 +77,8 @@ pub struct BenchArgs {
     /// behind a 100 Mbit/s link 20 ms from the client, sharing one directory; braid get and
     /// put of 512 MiB against the 4 links' payload rate) and third-party (braid cp between two
     /// TLS servers on a 200 Mbit/s path, the client behind 1 Mbit/s; 256 MiB against the
-    /// path's payload rate, and the bytes that crossed the client's link).
+    /// path's payload rate, and the bytes that crossed the client's link; with --files and
+    /// --size, a tree copied with braid cp -r).
     #[arg(long, value_parser = EXPERIMENTS,
           conflicts_with_all = ["scenario", "mtu", "rate", "delay", "queue", "loss", "streams", "buffer",
                                 "block_size", "tool", "congestion"])]

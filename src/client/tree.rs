@@ -710,7 +710,8 @@ pub(super) fn make_dirs(c: &mut Control, dirs: &[String]) -> Vec<usize> {
         }
         return made;
     }
-    for (b, batch) in dirs.chunks(64).enumerate() {
+    const BATCH: usize = 64;
+    for (b, batch) in dirs.chunks(BATCH).enumerate() {
         let mkd = batch.iter().map(|d| Op::Ask(Command::Mkd(d.clone())));
         if c.begin_all(mkd).is_err() {
             return made;
@@ -719,7 +720,7 @@ pub(super) fn make_dirs(c: &mut Control, dirs: &[String]) -> Vec<usize> {
             if let Ok(Outcome::Done(r)) = c.outcome(None)
                 && r.code == 257
             {
-                made.push(b * 64 + i);
+                made.push(b * BATCH + i);
             }
         }
     }
