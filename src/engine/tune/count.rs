@@ -1,7 +1,7 @@
 //! The count search: up by half while a step pays, back or bisect when it does not, then
 //! settled with a probe a quarter up or down now and then. One method per phase.
 
-use super::measure::{Score, congested, full, percent};
+use super::measure::{Score, congested, full, held_by_windows, percent};
 use super::{Auto, Phase};
 use crate::engine::hooks::Decision;
 use crate::engine::stats::View;
@@ -16,7 +16,9 @@ impl Auto {
         }
         match self.phase {
             Phase::Trial(trial) => self.trial(view, s, trial, useful),
-            Phase::Up { before: None } if s.n > 1 && congested(&s) => self.fewer_first(view, s),
+            Phase::Up { before: None } if s.n > 1 && congested(&s) && !held_by_windows(&s) => {
+                self.fewer_first(view, s)
+            }
             Phase::Up {
                 before: Some(before),
             } if !self.pays(&s, &before) => self.step_up_lost(view, s, before),
@@ -151,7 +153,9 @@ impl Auto {
         } else {
             s.n.saturating_sub(by)
         };
-        if to < self.floor || to > useful || !self.room_for_probe(view, &s) {
+        // Connections their windows hold back carry less when fewer: no probe down.
+        let held = !up_next && held_by_windows(&s);
+        if held || to < self.floor || to > useful || !self.room_for_probe(view, &s) {
             self.phase = self.hold(!up_next);
             return Vec::new();
         }
