@@ -1,7 +1,7 @@
 //! The count search: up by half while a step pays, back or bisect when it does not, then
 //! settled with a probe a quarter up or down now and then. One method per phase.
 
-use super::measure::{Score, congested, full, held_by_windows, percent};
+use super::measure::{Score, congested, fewer_carry, full, percent};
 use super::{Auto, Phase};
 use crate::engine::hooks::Decision;
 use crate::engine::stats::View;
@@ -16,7 +16,9 @@ impl Auto {
         }
         match self.phase {
             Phase::Trial(trial) => self.trial(view, s, trial, useful),
-            Phase::Up { before: None } if s.n > 1 && congested(&s) && !held_by_windows(&s) => {
+            Phase::Up { before: None }
+                if s.n > 1 && congested(&s) && fewer_carry(&s, (s.n / 2).max(1)) =>
+            {
                 self.fewer_first(view, s)
             }
             Phase::Up {
@@ -153,8 +155,8 @@ impl Auto {
         } else {
             s.n.saturating_sub(by)
         };
-        // Connections their windows hold back carry less when fewer: no probe down.
-        let held = !up_next && held_by_windows(&s);
+        // Connections their windows hold back may carry less when fewer: no probe down then.
+        let held = !up_next && !fewer_carry(&s, to);
         if held || to < self.floor || to > useful || !self.room_for_probe(view, &s) {
             self.phase = self.hold(!up_next);
             return Vec::new();

@@ -117,12 +117,17 @@ pub(super) fn congested(s: &Score) -> bool {
     s.loss > 0.01 || s.queue > 0.5
 }
 
-/// Whether the connections' windows, not the path, set their pace: held back a quarter of
-/// the time they had data to send, and little lost. Fewer connections would then carry less,
-/// whatever queue the path shows: four BBR connections on lfn-500m stood 0.6 RTTs of queue
-/// while their 4 MiB send buffers held them half the time, and two moved a fifth less.
-pub(super) fn held_by_windows(s: &Score) -> bool {
-    s.held > 0.25 && s.loss <= 0.01
+/// Whether `to` connections would still carry `s`'s goodput. Where their windows (the
+/// receiver's, or the sender's buffer) held the connections back a quarter of the time they
+/// had data to send, and little was lost, each carries what its window holds per round trip,
+/// and the standing queue is the congestion control's own: `to` of them carry `to/n · (1 +
+/// queue)` of the goodput, which must leave 5 % to spare. Four BBR connections on lfn-500m
+/// stood 0.6 RTTs of queue while their 4 MiB send buffers held them half the time: three
+/// carry it all with less queue, two moved a fifth less. Elsewhere the path, not windows, set
+/// the pace, and fewer may carry it.
+pub(super) fn fewer_carry(s: &Score, to: usize) -> bool {
+    let held = s.held > 0.25 && s.loss <= 0.01;
+    !held || to as f64 / s.n.max(1) as f64 * (1.0 + s.queue) >= 1.05
 }
 
 /// Microseconds the sending side's connections had data to send, and of them held back by

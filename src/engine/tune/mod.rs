@@ -22,7 +22,8 @@
 //! (at most 4), and judges the count by its best interval, so that slow start and the losses of a
 //! change itself are not held against it (a probe down, which opens nothing, by its first). A first
 //! measure that already shows loss or a standing queue tries half, unless the connections'
-//! windows held them back (fewer would carry less: the queue is the congestion control's own). Otherwise it raises the count by
+//! windows hold them back and half could not carry their goodput (the queue is then the
+//! congestion control's own; see [`measure::fewer_carry`]). Otherwise it raises the count by
 //! half while that pays (U up by more than `gain`) and bisects between the last count that paid and
 //! the first that added goodput but not enough; a step up that does not pay goes back, and the
 //! first probe after it goes down, after twice the usual wait (halving outright cost a
@@ -34,9 +35,9 @@
 //! link: it is not raised, since more connections could add only queue and loss. Once settled it
 //! probes a quarter of the count (at least one) up or down, alternately, every `hold` intervals
 //! (longer after each probe that lost) and keeps a probe only if it pays, so it follows a path
-//! whose capacity or competition changes; with the link full it probes only down, not while
-//! windows hold the connections back, and not again below a count whose probe down lost until
-//! an interval shows congestion. A connection the
+//! whose capacity or competition changes; with the link full it probes only down, not to a
+//! count that windows would keep from carrying the goodput, and not again below a count whose
+//! probe down lost until an interval shows congestion. A connection the
 //! server refuses lowers the ceiling for the rest of the transfer. Near the end, when less than
 //! two intervals' worth of data is left, it starts nothing new, and a
 //! step it cannot judge in time goes back to the count last judged best; a probe needs four.
