@@ -23,7 +23,7 @@
 //! change itself are not held against it (a probe down, which opens nothing, by its first). A first
 //! measure that already shows loss or a standing queue tries half, unless the connections'
 //! windows hold them back and half could not carry their goodput (the queue is then the
-//! congestion control's own; see [`measure::fewer_carry`]). Otherwise it raises the count by
+//! congestion control's own; see `measure::fewer_carry`). Otherwise it raises the count by
 //! half while that pays (U up by more than `gain`) and bisects between the last count that paid and
 //! the first that added goodput but not enough; a step up that does not pay goes back, and the
 //! first probe after it goes down, after twice the usual wait (halving outright cost a
