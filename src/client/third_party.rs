@@ -345,9 +345,8 @@ impl Peers {
         self.b.reset_stored(have.clone());
         self.b.start_transfer(&Command::Stor(to.to_string()))?;
         if let Err(e) = self.a.start_transfer(&Command::Retr(from.to_string())) {
-            // B waits for connections that will not come: stop it, or the next file waits too.
-            let _ = self.b.cmd(&Command::Abor);
-            let _ = self.b.final_reply();
+            // B waits for connections that will not come.
+            self.abort_b();
             return Err(e);
         }
         Ok(())
@@ -362,22 +361,27 @@ impl Peers {
         Ok(())
     }
 
-    /// Stops B's transfer that A will send nothing to, or the next one waits behind it.
+    /// Stops B's transfer that A will send nothing to, or the next one waits behind it. ABOR
+    /// goes at once, not behind the commands of a bundle asked for after this one: B reads
+    /// it while the transfer runs and answers for both (426, then 226).
     fn abort_b(&mut self) {
         self.linked = false;
-        let _ = self.b.cmd(&Command::Abor);
-        let _ = self.b.final_reply();
+        if self.b.send(&Command::Abor).is_ok() {
+            let _ = self.b.final_reply();
+            let _ = self.b.final_reply();
+        }
     }
 
-    /// Copies many files as one bundle: A sends them end to end as one MODE E transfer (RBND),
-    /// B stores them (SBND) and names them, with their times, only once the whole arrived and
-    /// hashes to the checksum A's end gave. One exchange for them all, instead of several
-    /// round trips and data connections each (1,000 files of 4 KiB took 240 s one by one with
-    /// the client 30 ms from the servers). On the connections the last bundle left open where there are,
-    /// both servers' commands go at once, B's data allowed before its answer (`OPTS STOR
-    /// Eager=1`: refused, it is read and dropped). The bundle's checksum and, for the
-    /// report, the connections A sent on. Err: none of the files was stored.
-    fn copy_bundle(&mut self, files: &[Bundled]) -> Result<(String, u32)> {
+    /// Asks both servers for a bundle of `files`: A to send them end to end as one MODE E
+    /// transfer (RBND), B to store them (SBND) and name them, with their times, only once the
+    /// whole arrived and hashes to the checksum A's end gives. One exchange for them all,
+    /// instead of several round trips and data connections each (1,000 files of 4 KiB took
+    /// 240 s one by one with the client 30 ms from the servers). On the connections the
+    /// transfer before leaves open (`behind`: the bundle moving now, which this one follows at
+    /// once on both servers), both servers' commands go now, B's data allowed before its
+    /// answer (`OPTS STOR Eager=1`: refused, it is read and dropped); otherwise B's go now
+    /// and A's once B has started ([`Peers::start_bundle`]).
+    fn ask_bundle(&mut self, files: &[Bundled], behind: bool) -> Result<Asked> {
         // The connections the first bundle opens carry the later ones too: as many as a
         // large file starts with.
         let (streams, _) = self.set_up(u64::MAX)?;
@@ -403,16 +407,41 @@ impl Peers {
         let mut to_a = super::bundle::lines(&on_a);
         let a_lines = to_a.len();
         to_a.push(Op::StartTransfer(Command::RetrBundle));
-        let linked = self.linked;
-        let mut to_a = Some(to_a);
+        let linked = behind || self.linked;
         if linked {
             self.b.later(Op::Eager(true), None)?;
             self.b.begin_all(to_b)?;
-            self.a.begin_all(to_a.take().into_iter().flatten())?;
-        } else {
-            self.link()?;
-            self.b.begin_all(to_b)?;
+            self.a.begin_all(to_a)?;
+            return Ok(Asked {
+                a_lines,
+                b_lines,
+                to_a: None,
+                linked,
+                streams,
+            });
         }
+        self.link()?;
+        self.b.begin_all(to_b)?;
+        Ok(Asked {
+            a_lines,
+            b_lines,
+            to_a: Some(to_a),
+            linked,
+            streams,
+        })
+    }
+
+    /// Reads both servers' answers to a bundle asked for, up to its start on both (A asked
+    /// once B has started, on new connections). Err: it did not start, and no file of it was
+    /// stored.
+    fn start_bundle(&mut self, asked: Asked) -> Result<()> {
+        let Asked {
+            a_lines,
+            b_lines,
+            to_a,
+            linked,
+            ..
+        } = asked;
         // B's answers: a refusal leaves A unasked (new connections) or sending into B's
         // drain (kept ones), read to its end below.
         let b_refused = match bundle_started(&mut self.b, b_lines, &Command::StorBundle) {
@@ -438,11 +467,21 @@ impl Peers {
             }
             return Err(e);
         }
-        let (sent, most_open) = sent_until_done(&mut self.a)?;
         if let Some(e) = b_refused {
+            // A's data goes to B's drain: its end is read, and the bundle has failed.
+            let _ = sent_until_done(&mut self.a)?;
             self.linked = false;
             return Err(e);
         }
+        Ok(())
+    }
+
+    /// Reads a started bundle to its end: A's (with the checksum of what it sent), which the
+    /// client passes to B, then B's once it has checked it and named the files. The bundle's
+    /// checksum and, for the report, the connections A sent on (`streams` if it did not say).
+    /// Err: no file of it was stored.
+    fn finish_bundle(&mut self, streams: u32) -> Result<(String, u32)> {
+        let (sent, most_open) = sent_until_done(&mut self.a)?;
         let sum = match (sent.code / 100, braid_proto::bundle::sum_in(&sent.text())) {
             (2, Some(sum)) => sum,
             (2, None) => {
@@ -543,14 +582,42 @@ impl Peers {
                 _ => large.push(e),
             }
         }
+        // Each bundle's commands go to both servers as soon as the one before has started on
+        // both, so that A sends it right behind that one.
         let mut bytes = super::bundle::FIRST_BYTES;
         let mut rest = &small[..];
-        while !rest.is_empty() {
-            let n = bundle_len(rest, bytes);
-            let (run, after) = rest.split_at(n);
-            rest = after;
+        let mut next: Option<(&[Bundled], Asked)> = None;
+        let mut again: Vec<&Bundled> = Vec::new();
+        loop {
+            let (run, asked) = match next.take() {
+                Some(asked) => asked,
+                None if rest.is_empty() => break,
+                None => {
+                    let run = take_bundle(&mut rest, bytes);
+                    match self.ask_bundle(run, false) {
+                        Ok(asked) => (run, asked),
+                        Err(err) if breaks_copy(&err) => return Err(err),
+                        Err(err) => {
+                            tracing::info!("a bundle of {} files failed ({err})", run.len());
+                            again.extend(run);
+                            continue;
+                        }
+                    }
+                }
+            };
             let at = Instant::now();
-            match self.copy_bundle(run) {
+            let streams = asked.streams;
+            let done = match self.start_bundle(asked) {
+                Ok(()) => {
+                    if !rest.is_empty() {
+                        let following = take_bundle(&mut rest, bytes);
+                        next = Some((following, self.ask_bundle(following, true)?));
+                    }
+                    self.finish_bundle(streams)
+                }
+                Err(err) => Err(err),
+            };
+            match done {
                 Ok((sum, streams)) => {
                     let seconds = at.elapsed().as_secs_f64();
                     let total: u64 = run.iter().map(|f| f.size).sum();
@@ -568,23 +635,20 @@ impl Peers {
                         bundle: Some(run.len() as u32),
                     }));
                 }
-                Err(err @ (ClientError::ControlLost(_) | ClientError::Connect { .. })) => {
-                    return Err(err);
-                }
+                Err(err) if breaks_copy(&err) => return Err(err),
                 Err(err) => {
-                    tracing::info!(
-                        "a bundle of {} files failed ({err}); they go one by one",
-                        run.len()
-                    );
-                    for f in run {
-                        let found = Source {
-                            size: f.size,
-                            modified: f.modified,
-                        };
-                        self.copy_or_note(&f.name, &f.from, &f.to, Ok(found), resume, &mut out)?;
-                    }
+                    tracing::info!("a bundle of {} files failed ({err})", run.len());
+                    again.extend(run);
                 }
             }
+        }
+        // The files of bundles that failed go one by one, once no bundle is under way.
+        for f in again {
+            let found = Source {
+                size: f.size,
+                modified: f.modified,
+            };
+            self.copy_or_note(&f.name, &f.from, &f.to, Ok(found), resume, &mut out)?;
         }
         for e in large {
             let (source, dest) = (join(from, &e.name), join(to, &e.name));
@@ -613,9 +677,7 @@ impl Peers {
     ) -> Result<()> {
         match found.and_then(|found| self.copy(from, to, found, resume)) {
             Ok(c) => out.files.push(c),
-            Err(err @ (ClientError::ControlLost(_) | ClientError::Connect { .. })) => {
-                return Err(err);
-            }
+            Err(err) if breaks_copy(&err) => return Err(err),
             Err(err) => out.failed.push((name.to_string(), err.to_string())),
         }
         Ok(())
@@ -677,6 +739,34 @@ struct Bundled {
     to: String,
     size: u64,
     modified: Option<i64>,
+}
+
+/// A bundle asked for, its answers still to read ([`Peers::start_bundle`]).
+struct Asked {
+    a_lines: usize,
+    b_lines: usize,
+    /// A's commands, where they wait for B's start (new connections).
+    to_a: Option<Vec<Op>>,
+    /// On the connections the transfer before it leaves open.
+    linked: bool,
+    /// The connections A was told to send on.
+    streams: u32,
+}
+
+/// Whether an error ends the whole copy (a server or the way to it is gone) rather than one
+/// file or bundle.
+fn breaks_copy(err: &ClientError) -> bool {
+    matches!(
+        err,
+        ClientError::ControlLost(_) | ClientError::Connect { .. }
+    )
+}
+
+/// The next bundle's files, taken off the front of `rest` ([`bundle_len`]).
+fn take_bundle<'a>(rest: &mut &'a [Bundled], bytes: u64) -> &'a [Bundled] {
+    let (run, after) = rest.split_at(bundle_len(rest, bytes));
+    *rest = after;
+    run
 }
 
 /// How many of `files` the next bundle takes: at least one, then while they come to no more

@@ -328,9 +328,12 @@ pub(super) async fn transfer(
                     },
                     // The client vanished. A download stops now; an upload keeps reading what is
                     // already in flight (bounded by the socket timeout) but is never committed.
+                    // A MODE E upload with no data connection open has nothing in flight: it
+                    // stops too, rather than hold its names' partials and locks until its idle
+                    // timeout (the client, or the server it had send, will never connect).
                     Input::Closed | Input::TooLong => {
                         client_gone = true;
-                        if !is_upload {
+                        if !is_upload || (t.block.is_some() && moving.open() == 0) {
                             kill(&aborted);
                         }
                     }

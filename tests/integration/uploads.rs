@@ -310,3 +310,72 @@ fn a_stored_bundle_that_does_not_end_well_leaves_no_file_and_no_partial() {
     );
     assert_eq!(partials(), 0);
 }
+
+/// A client that starts a MODE E upload and vanishes before any data connection joins leaves
+/// nothing to read: the server stops that upload at once, so its name is free again for the
+/// next (before, the server held the name's lock until its idle timeout, and a retry right
+/// after a Ctrl-C was refused with 450 for minutes).
+#[test]
+fn an_upload_whose_client_vanishes_before_connecting_frees_its_name_at_once() {
+    use std::io::Write;
+    let top = tempdir();
+    let server = Server::start(top.path(), &["--anonymous-write"]);
+    let mut a = crate::util::Raw::login(server.addr, "anonymous", "x");
+    for (cmd, code) in [("TYPE I", "200"), ("MODE E", "200"), ("EPSV", "229")] {
+        a.send(cmd);
+        let r = a.reply();
+        assert!(r.starts_with(code), "{cmd}: {r}");
+    }
+    a.send("STOR held.bin");
+    let r = a.reply();
+    assert!(r.starts_with("150"), "STOR: {r}");
+    let mut b = crate::util::Raw::login(server.addr, "anonymous", "x");
+    b.send("TYPE I");
+    assert!(b.reply().starts_with("200"));
+    // Tries a stream-mode STOR of the name: Some(true) when stored, Some(false) when the name
+    // is still another upload's.
+    let mut store = |data: &[u8]| -> bool {
+        b.send("EPSV");
+        let r = b.reply();
+        let port: u16 = r
+            .split("|||")
+            .nth(1)
+            .and_then(|p| p.split('|').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("EPSV: {r}"));
+        b.send("STOR held.bin");
+        let r = b.reply();
+        if r.starts_with("450") {
+            return false;
+        }
+        assert!(r.starts_with("150") || r.starts_with("125"), "STOR: {r}");
+        let mut data_conn =
+            std::net::TcpStream::connect((server.addr.ip(), port)).expect("data connection");
+        data_conn.write_all(data).unwrap();
+        drop(data_conn);
+        let r = b.reply();
+        assert!(r.starts_with("226"), "end of STOR: {r}");
+        true
+    };
+    assert!(
+        !store(b"early"),
+        "a second upload of the name went in while the first ran"
+    );
+    drop(a);
+    let data = random_bytes(10_000, 7);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !store(&data) {
+        assert!(
+            Instant::now() < deadline,
+            "the name stayed locked 20 s after its uploader vanished\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(std::fs::read(top.path().join("held.bin")).unwrap(), data);
+    let left: Vec<_> = std::fs::read_dir(top.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "a partial was left: {left:?}");
+}
