@@ -29,11 +29,7 @@ pub(super) struct Score {
 pub(super) struct Mark {
     pub(super) at: Duration,
     pub(super) done: u64,
-    pub(super) sent: u64,
-    pub(super) retrans: u64,
-    /// Microseconds with data to send, and of them held back by windows ([`held_counters`]).
-    pub(super) busy: u64,
-    pub(super) held: u64,
+    pub(super) sending: Sending,
     /// [`Auto::rtt_sum`] and [`Auto::rtt_samples`] then.
     pub(super) rtt_sum: f64,
     pub(super) rtt_samples: u64,
@@ -45,10 +41,10 @@ impl Auto {
             .as_secs_f64()
             .max(1e-6);
         let goodput = moved(view).saturating_sub(mark.done) as f64 / secs;
-        let (sent, retrans) = sending_counters(view);
-        let sent = sent.saturating_sub(mark.sent);
+        let now = sending(view);
+        let sent = now.sent.saturating_sub(mark.sending.sent);
         let loss = if sent > 0 {
-            retrans.saturating_sub(mark.retrans) as f64 / sent as f64
+            now.retrans.saturating_sub(mark.sending.retrans) as f64 / sent as f64
         } else {
             0.0
         };
@@ -60,11 +56,9 @@ impl Auto {
             }
             _ => 0.0,
         };
-        let (busy, held) = held_counters(view);
-        let busy = busy.saturating_sub(mark.busy);
-        let held = match busy {
+        let held = match now.busy_us.saturating_sub(mark.sending.busy_us) {
             0 => 0.0,
-            b => held.saturating_sub(mark.held) as f64 / b as f64,
+            busy => now.held_us.saturating_sub(mark.sending.held_us) as f64 / busy as f64,
         };
         let n = view.active().count().max(1);
         let c = &self.cfg;
@@ -82,15 +76,10 @@ impl Auto {
 
     /// Where an interval starts: the counters now.
     pub(super) fn mark_now(&self, view: &View) -> Mark {
-        let (sent, retrans) = sending_counters(view);
-        let (busy, held) = held_counters(view);
         Mark {
             at: view.elapsed,
             done: moved(view),
-            sent,
-            retrans,
-            busy,
-            held,
+            sending: sending(view),
             rtt_sum: self.rtt_sum,
             rtt_samples: self.rtt_samples,
         }
@@ -130,24 +119,6 @@ pub(super) fn fewer_carry(s: &Score, to: usize) -> bool {
     !held || to as f64 / s.n.max(1) as f64 * (1.0 + s.queue) >= 1.05
 }
 
-/// Microseconds the sending side's connections had data to send, and of them held back by
-/// the receiver's window or the sender's buffer: the sending peer's report on a download,
-/// else this side's open connections.
-pub(super) fn held_counters(view: &View) -> (u64, u64) {
-    if let Some(s) = &view.sender {
-        return (
-            s.busy_ms * 1000,
-            (s.rwnd_limited_ms + s.sndbuf_limited_ms) * 1000,
-        );
-    }
-    view.links
-        .iter()
-        .filter_map(|l| l.tcp.as_ref())
-        .fold((0, 0), |(b, h), t| {
-            (b + t.busy_us, h + t.rwnd_limited_us + t.sndbuf_limited_us)
-        })
-}
-
 /// Bytes moved so far, from the kernel's counters (bytes acknowledged where this side sends,
 /// received where it receives) while a connection is open: the payload counters advance a
 /// piece (256 KiB) at a time, which on a slow connection is seconds. A closed connection
@@ -163,17 +134,37 @@ pub(super) fn moved(view: &View) -> u64 {
         .sum()
 }
 
-/// Bytes sent and sent again: the sending peer's report on a download, else this side's open
-/// connections (closed ones drop out of the sum, which only matters at a change of count,
-/// where measurement restarts anyway).
-pub(super) fn sending_counters(view: &View) -> (u64, u64) {
+/// The sending side's counters: bytes sent and sent again, and microseconds with data to
+/// send and, of them, held back by the receiver's window or the sender's buffer.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Sending {
+    sent: u64,
+    retrans: u64,
+    busy_us: u64,
+    held_us: u64,
+}
+
+/// The sending peer's report on a download, else this side's open connections (closed ones
+/// drop out of the sums, which only matters at a change of count, where measurement
+/// restarts anyway).
+pub(super) fn sending(view: &View) -> Sending {
     if let Some(s) = &view.sender {
-        return (s.sent, s.resent);
+        return Sending {
+            sent: s.sent,
+            retrans: s.resent,
+            busy_us: s.busy_ms * 1000,
+            held_us: (s.rwnd_limited_ms + s.sndbuf_limited_ms) * 1000,
+        };
     }
     view.links
         .iter()
         .filter_map(|l| l.tcp.as_ref())
-        .fold((0, 0), |(s, r), t| (s + t.bytes_sent, r + t.bytes_retrans))
+        .fold(Sending::default(), |a, t| Sending {
+            sent: a.sent + t.bytes_sent,
+            retrans: a.retrans + t.bytes_retrans,
+            busy_us: a.busy_us + t.busy_us,
+            held_us: a.held_us + t.rwnd_limited_us + t.sndbuf_limited_us,
+        })
 }
 
 /// The smallest RTT the kernel has seen on an open connection (or the sending peer has).
