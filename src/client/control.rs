@@ -943,11 +943,22 @@ impl Control {
         {
             return Ok(sum);
         }
-        let op = Op::Checksum {
+        self.ask_checksum(alg, path)?;
+        self.checksum_answer()
+    }
+
+    /// Asks for a whole file's checksum (CKSM) without waiting: [`Control::checksum_answer`]
+    /// reads it, so that another server can be asked meanwhile.
+    pub fn ask_checksum(&mut self, alg: &str, path: &str) -> Result<()> {
+        self.begin(Op::Checksum {
             alg: alg.into(),
             path: path.into(),
-        };
-        match self.run(op)? {
+        })
+    }
+
+    /// The answer to [`Control::ask_checksum`].
+    pub fn checksum_answer(&mut self) -> Result<Option<String>> {
+        match self.finished(Some("CKSM".into()))? {
             Outcome::Checksum(sum) => Ok(sum),
             o => Err(unexpected(o)),
         }

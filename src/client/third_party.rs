@@ -306,21 +306,10 @@ impl Peers {
     fn both_ends_agree(&mut self, from: &str, to: &str) -> Result<(&'static str, String)> {
         let algorithm = checksum::NAME;
         // Both asked at once: one round trip, not two.
-        self.a.begin(Op::Checksum {
-            alg: algorithm.into(),
-            path: from.into(),
-        })?;
+        self.a.ask_checksum(algorithm, from)?;
         let theirs = self.b.checksum(algorithm, to)?;
-        let mine = match self.a.outcome(Some("CKSM".into()))? {
-            braid_proto::client::Outcome::Checksum(sum) => sum,
-            o => {
-                return Err(ClientError::Protocol(format!(
-                    "CKSM: unexpected answer {o:?}"
-                )));
-            }
-        };
-        let ends = [mine, theirs];
-        let [Some(mine), Some(theirs)] = ends else {
+        let mine = self.a.checksum_answer()?;
+        let (Some(mine), Some(theirs)) = (mine, theirs) else {
             return Err(ClientError::Integrity(
                 "a server gave no checksum of the file: the copy is unchecked".into(),
             ));
@@ -416,7 +405,6 @@ impl Peers {
                 a_lines,
                 b_lines,
                 to_a: None,
-                linked,
                 streams,
             });
         }
@@ -426,7 +414,6 @@ impl Peers {
             a_lines,
             b_lines,
             to_a: Some(to_a),
-            linked,
             streams,
         })
     }
@@ -439,9 +426,9 @@ impl Peers {
             a_lines,
             b_lines,
             to_a,
-            linked,
             ..
         } = asked;
+        let linked = to_a.is_none();
         // B's answers: a refusal leaves A unasked (new connections) or sending into B's
         // drain (kept ones), read to its end below.
         let b_refused = match bundle_started(&mut self.b, b_lines, &Command::StorBundle) {
@@ -692,15 +679,8 @@ impl Peers {
     /// it, parents first; how many were made. Err: `to` neither exists nor could be made, so
     /// no file could go there.
     fn make_dirs(&mut self, to: &str, entries: &[ListEntry]) -> Result<usize> {
-        let mut dirs: Vec<String> = Vec::new();
         let top = to.trim_end_matches('/');
-        let mut at = 0;
-        while let Some(i) = top[at..].find('/').map(|i| i + at) {
-            if i > 0 {
-                dirs.push(top[..i].to_string());
-            }
-            at = i + 1;
-        }
+        let mut dirs: Vec<String> = super::tree::parents(top).collect();
         let parents = dirs.len();
         if !top.is_empty() {
             dirs.push(top.to_string());
@@ -745,10 +725,9 @@ struct Bundled {
 struct Asked {
     a_lines: usize,
     b_lines: usize,
-    /// A's commands, where they wait for B's start (new connections).
+    /// A's commands, where they wait for B's start on new connections; None: they went with
+    /// B's, on the connections the transfer before it leaves open.
     to_a: Option<Vec<Op>>,
-    /// On the connections the transfer before it leaves open.
-    linked: bool,
     /// The connections A was told to send on.
     streams: u32,
 }

@@ -671,10 +671,7 @@ fn walk_local(
         }
     }
     // The top's parents first, as `mkdir -p` would, then the tree's.
-    let made: Vec<String> = top
-        .match_indices('/')
-        .filter(|&(at, _)| at > 0)
-        .map(|(at, _)| top[..at].to_string())
+    let made: Vec<String> = parents(top)
         .chain(walked.iter().filter(|d| !d.is_empty()).cloned())
         .collect();
     make_dirs(c, &made);
@@ -694,6 +691,14 @@ fn walk_local(
         }
         jobs.push(job);
     }
+}
+
+/// The directories above `path` on a server, outermost first (what `mkdir -p` makes before
+/// it).
+pub(super) fn parents(path: &str) -> impl Iterator<Item = String> + '_ {
+    path.match_indices('/')
+        .filter(|&(at, _)| at > 0)
+        .map(|(at, _)| path[..at].to_string())
 }
 
 /// Creates the remote directories, parents first. A server that pipelines (braid) gets them
