@@ -235,8 +235,10 @@ fn third_party(args: &BenchArgs, tmp: &Path, braid: &Path) -> Result<Measured> {
             }
         }
         runs.push(measured(what.clone(), round, summary, path)?);
-        let _ = std::fs::remove_dir_all(b.join(to));
-        let _ = std::fs::remove_file(b.join(to));
+        let _ = match args.files {
+            Some(_) => std::fs::remove_dir_all(b.join(to)),
+            None => std::fs::remove_file(b.join(to)),
+        };
     }
     drop(servers);
     let report = lab.stop();
