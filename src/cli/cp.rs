@@ -47,7 +47,7 @@ pub struct CpArgs {
 }
 
 pub fn run(a: CpArgs) -> anyhow::Result<u8> {
-    if a.args.iter().all(|s| s.starts_with("ftp://")) {
+    if a.args.iter().all(|s| crate::client::url::is_url(s)) {
         return between_servers(&a);
     }
     if a.shared.tls.tls || a.shared.tls.tls_ca.is_some() {
@@ -251,6 +251,7 @@ fn between_servers(a: &CpArgs) -> anyhow::Result<u8> {
 /// dialogue (and summaries show `host:path`).
 fn far(host: String, path: String) -> Target {
     Target {
+        gsi: false,
         host,
         port: 0,
         user: "anonymous".into(),

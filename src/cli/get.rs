@@ -15,7 +15,9 @@ pub struct GetArgs {
     /// output, or /dev/null to measure (the data is still checked); without one, the remote
     /// file's name in the current directory. Several URLs (all on one server) share one
     /// session: one login, and in MODE E one file's data connections carry the next; the
-    /// destination is then a directory, created if missing.
+    /// destination is then a directory, created if missing. `gsiftp://host[:port]/abs/path`
+    /// logs in to a GridFTP server with your GSI credential (a proxy in X509_USER_PROXY or
+    /// /tmp/x509up_u<uid>, else X509_USER_CERT and X509_USER_KEY; CAs in X509_CERT_DIR).
     #[arg(value_name = "URL", required_unless_present = "input")]
     args: Vec<String>,
     /// Read more URLs from this file, one per line (blank lines and # comments skipped).
@@ -136,7 +138,7 @@ pub fn get_args(
     mut args: Vec<String>,
     input: Option<&Path>,
 ) -> anyhow::Result<(Vec<String>, Option<String>)> {
-    let is_url = |a: &str| a.to_ascii_lowercase().starts_with("ftp://");
+    let is_url = url::is_url;
     let dest = match args.last() {
         Some(last) if !is_url(last) && (args.len() > 1 || input.is_some()) => args.pop(),
         _ => None,

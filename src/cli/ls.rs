@@ -7,7 +7,7 @@ use clap::Args;
 
 #[derive(Args, Debug)]
 pub struct LsArgs {
-    /// ftp://[user[:password]@]host[:port]/path of the directory.
+    /// ftp://[user[:password]@]host[:port]/path of the directory (or gsiftp://host/abs/path).
     url: String,
     /// Print the entries as one JSON array (name, type, size, modify).
     #[arg(long)]

@@ -16,7 +16,8 @@ pub struct PutArgs {
     /// A URL path ending in / names a directory: the files keep their names there. Several
     /// files share one session: one login, and in MODE E one file's data connections carry
     /// the next; the URL then names a directory (ends in /). `-` uploads standard input
-    /// (alone, over one connection; the URL names the file).
+    /// (alone, over one connection; the URL names the file). `gsiftp://host/abs/path` logs
+    /// in with your GSI credential, as `braid get --help` says.
     #[arg(required = true, value_name = "FILE... URL")]
     args: Vec<String>,
     /// Continue an interrupted upload from what the server already holds.
@@ -58,7 +59,7 @@ pub fn upload(
 
 /// Splits `put`'s arguments into the files and the URL, which comes last.
 fn files_and_url(mut args: Vec<String>) -> anyhow::Result<(Vec<PathBuf>, String)> {
-    let is_url = |a: &str| a.to_ascii_lowercase().starts_with("ftp://");
+    let is_url = url::is_url;
     let url = match args.pop() {
         Some(last) if is_url(&last) => last,
         Some(last) => {

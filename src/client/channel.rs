@@ -1,7 +1,8 @@
 //! The control connection's bytes: a TCP connection (in clear or TLS), or one end of a socket
 //! pair whose other end is a child's standard input and output: ssh running `braid serve
 //! --stdio` on the far side. A socket pair rather than two pipes (as rsync does with ssh): it
-//! takes read timeouts and non-blocking reads as a TCP connection does.
+//! takes read timeouts and non-blocking reads as a TCP connection does. Or, under GSI
+//! (`gsiftp://`), a TCP connection whose commands and replies are wrapped one line at a time.
 
 use super::wire::Wire;
 use std::io::{Read, Write};
@@ -16,6 +17,91 @@ const CHILD_GRACE: Duration = Duration::from_secs(5);
 pub enum Channel {
     Net(Wire),
     Child(Piped),
+    Gsi(Box<Wrapped>),
+}
+
+/// A control connection under GSI: each command line goes as `ENC <token>`, each protected
+/// reply line (63x) is unwrapped into the plain reply it carries.
+pub struct Wrapped {
+    sock: TcpStream,
+    gsi: super::gsi::Gsi,
+    /// Bytes read that do not yet make a whole line.
+    raw: Vec<u8>,
+    /// Plain reply bytes not yet handed out, from `at`.
+    plain: Vec<u8>,
+    at: usize,
+    /// Command bytes written that do not yet make a whole line.
+    out: Vec<u8>,
+}
+
+impl Wrapped {
+    pub fn new(sock: TcpStream, gsi: super::gsi::Gsi) -> Wrapped {
+        Wrapped {
+            sock,
+            gsi,
+            raw: Vec::new(),
+            plain: Vec::new(),
+            at: 0,
+            out: Vec::new(),
+        }
+    }
+}
+
+/// Takes the first line (without its LF, and its CR if any) off `buf`.
+fn take_line(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let end = buf.iter().position(|&b| b == b'\n')?;
+    let mut line: Vec<u8> = buf.drain(..=end).collect();
+    line.pop();
+    if line.last() == Some(&b'\r') {
+        line.pop();
+    }
+    Some(line)
+}
+
+/// A GSI failure as the I/O error the reply reader reports.
+fn gsi_broken(e: super::error::ClientError) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
+}
+
+impl Read for Wrapped {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            if self.at < self.plain.len() {
+                let n = buf.len().min(self.plain.len() - self.at);
+                buf[..n].copy_from_slice(&self.plain[self.at..self.at + n]);
+                self.at += n;
+                return Ok(n);
+            }
+            self.plain.clear();
+            self.at = 0;
+            if let Some(line) = take_line(&mut self.raw) {
+                self.plain = self.gsi.unwrap(&line).map_err(gsi_broken)?;
+                continue;
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            let n = self.sock.read(&mut chunk)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            self.raw.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+impl Write for Wrapped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.out.extend_from_slice(buf);
+        while let Some(mut line) = take_line(&mut self.out) {
+            line.extend_from_slice(b"\r\n");
+            let wrapped = self.gsi.wrap(&line).map_err(gsi_broken)?;
+            self.sock.write_all(&wrapped)?;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.sock.flush()
+    }
 }
 
 /// A child's standard input and output, and the child.
@@ -79,6 +165,7 @@ impl Channel {
     pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
             Channel::Net(w) => Some(w.tcp()),
+            Channel::Gsi(g) => Some(&g.sock),
             Channel::Child(_) => None,
         }
     }
@@ -95,6 +182,7 @@ impl Channel {
     fn socket(&self) -> socket2::SockRef<'_> {
         match self {
             Channel::Net(w) => socket2::SockRef::from(w.tcp()),
+            Channel::Gsi(g) => socket2::SockRef::from(&g.sock),
             Channel::Child(p) => socket2::SockRef::from(p.sock()),
         }
     }
@@ -103,6 +191,7 @@ impl Channel {
     fn duplex(&mut self) -> &mut dyn Duplex {
         match self {
             Channel::Net(w) => w,
+            Channel::Gsi(g) => g.as_mut(),
             Channel::Child(p) => match &mut p.io {
                 PipedIo::Clear(s) => s,
                 PipedIo::Tls(s) => s.as_mut(),

@@ -38,6 +38,9 @@ pub struct Control {
     pending: VecDeque<Reply>,
     /// After AUTH TLS: how data connections are protected too.
     tls: Option<Protection>,
+    /// Under GSI (`gsiftp://`): data connections go unauthenticated (DCAU N), as with
+    /// `globus-url-copy -nodcau`.
+    gsi: bool,
     /// Who logged in, for error messages.
     user: String,
     /// MODE E data connections the last transfer left open (the session knows which way).
@@ -160,6 +163,7 @@ impl Control {
             session: ClientSession::new(),
             pending: VecDeque::new(),
             tls: None,
+            gsi: false,
             user: String::new(),
             data: Vec::new(),
             deferred: VecDeque::new(),
@@ -597,11 +601,17 @@ impl Control {
             for op in [login, Op::Features, Op::Binary] {
                 self.run(op)?;
             }
+            if self.gsi {
+                self.run(no_data_authentication())?;
+            }
             return Ok(());
         }
         self.begin(login)?;
         self.begin(Op::Features)?;
         self.begin(Op::Binary)?;
+        if self.gsi {
+            self.begin(no_data_authentication())?;
+        }
         if let Some(path) = size_of {
             self.begin(Op::Ask(Command::Size(path.into())))?;
         }
@@ -609,7 +619,7 @@ impl Control {
             self.begin(Op::Passive)?;
         }
         // Outcomes come in the order the ops began.
-        for _ in 0..3 {
+        for _ in 0..3 + usize::from(self.gsi) {
             self.finished(None)?;
         }
         if let Some(path) = size_of {
@@ -1097,7 +1107,9 @@ impl Control {
                 };
                 Some(piped.start_tls(conn, host, &self.parser.take_pending())?)
             }
-            Channel::Net(_) => return Err(ClientError::Protocol("TLS is already on".into())),
+            Channel::Net(_) | Channel::Gsi(_) => {
+                return Err(ClientError::Protocol("TLS is already on".into()));
+            }
         };
         self.tls = Some(Protection {
             config: config.clone(),
@@ -1110,6 +1122,73 @@ impl Control {
             true => self.later(Op::Protect, None),
             false => self.run(Op::Protect).map(drop),
         }
+    }
+
+    /// AUTH GSSAPI and the ADAT exchange (RFC 2228, the Globus GSS mechanism): the security
+    /// context with the server `host`, under which every later command and reply goes.
+    pub fn start_gsi(&mut self, config: &Arc<rustls::ClientConfig>, host: &str) -> Result<()> {
+        let pipelining = self.session.pipelining();
+        self.session.set_pipeline(false);
+        let made = self.gsi_context(config, host);
+        self.session.set_pipeline(pipelining);
+        let gsi = made?;
+        let sock = match &self.stream {
+            Channel::Net(Wire::Clear(sock)) => sock
+                .try_clone()
+                .map_err(|e| ClientError::Tls(format!("GSI setup: {e}")))?,
+            _ => {
+                return Err(ClientError::Protocol(
+                    "GSI on a protected connection".into(),
+                ));
+            }
+        };
+        self.stream = Channel::Gsi(Box::new(super::channel::Wrapped::new(sock, gsi)));
+        self.gsi = true;
+        Ok(())
+    }
+
+    /// The handshake's round trips: each ADAT carries TLS records (then the delegation byte),
+    /// each 335 the server's answer, 235 the end.
+    fn gsi_context(
+        &mut self,
+        config: &Arc<rustls::ClientConfig>,
+        host: &str,
+    ) -> Result<super::gsi::Gsi> {
+        let refused = |reply: Reply, what: &str| {
+            ClientError::Tls(format!(
+                "{host} refused {what} ({reply}): check that it is a GridFTP server taking GSI \
+             on this port, and that it trusts your credential's CA (and maps you in its \
+             grid-mapfile)"
+            ))
+        };
+        let auth = self.cmd(&Command::Auth("GSSAPI".into()))?;
+        if auth.code != 334 {
+            return Err(refused(auth, "AUTH GSSAPI"));
+        }
+        let mut gsi = super::gsi::Gsi::new(config, host)?;
+        // A handshake takes three round trips; a server still asking after ten is not one.
+        for _ in 0..10 {
+            let token = gsi.next_token()?;
+            let reply = self.cmd(&Command::Unknown {
+                verb: "ADAT".into(),
+                arg: Some(token),
+            })?;
+            match reply.code {
+                335 | 235 => gsi.take(&reply.text())?,
+                _ => return Err(refused(reply, "the GSI handshake")),
+            }
+            if reply.code == 235 {
+                if !gsi.complete() {
+                    return Err(ClientError::Tls(format!(
+                        "{host} ended the GSI handshake before it was complete"
+                    )));
+                }
+                return Ok(gsi);
+            }
+        }
+        Err(ClientError::Tls(format!(
+            "{host} did not end the GSI handshake"
+        )))
     }
 
     /// AUTH TLS and its 234. Inside ssh's channel to a one-shot server that says it may, the
@@ -1222,6 +1301,18 @@ impl Control {
             return;
         }
         let _ = self.run(Op::Quit);
+    }
+}
+
+/// DCAU N: GridFTP authenticates data connections under GSI (DCAU A) with a delegated
+/// credential, which braid does not hand over; they go unauthenticated, in clear.
+fn no_data_authentication() -> Op {
+    Op::Simple {
+        cmd: Command::Unknown {
+            verb: "DCAU".into(),
+            arg: Some("N".into()),
+        },
+        ok: vec![200],
     }
 }
 
@@ -1406,6 +1497,7 @@ mod tests {
 
     fn anonymous() -> Target {
         Target {
+            gsi: false,
             host: "127.0.0.1".into(),
             port: 21,
             user: "anonymous".into(),

@@ -269,6 +269,7 @@ mod tests {
 
     fn target(path: &str) -> Target {
         Target {
+            gsi: false,
             host: "h".into(),
             port: 21,
             user: "anonymous".into(),

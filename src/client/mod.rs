@@ -19,6 +19,8 @@ mod connect_back;
 pub(crate) mod control;
 pub mod detour;
 pub mod error;
+mod gsi;
+mod gsi_creds;
 mod inflight;
 mod interrupt;
 pub mod job;

@@ -70,6 +70,7 @@ mod tests {
     fn logged_in(script: &'static [u8]) -> (Control, Script) {
         let (mut c, server) = scripted(script);
         let target = Target {
+            gsi: false,
             host: "127.0.0.1".into(),
             port: 21,
             user: "anonymous".into(),

@@ -162,6 +162,7 @@ pub(super) fn summary(
     checksum: Option<String>,
 ) -> Summary {
     let target = Target {
+        gsi: false,
         path: w.remote.clone(),
         ..server.clone()
     };

@@ -485,6 +485,7 @@ mod tests {
 
     fn target() -> Target {
         Target {
+            gsi: false,
             host: "h".into(),
             port: 21,
             user: "anonymous".into(),

@@ -14,7 +14,10 @@ pub fn session(target: &Target, opts: &Options, size_of: Option<&str>) -> Result
     };
     c.set_verbose(opts.verbose);
     c.deflate = opts.compress == braid_proto::compress::Policy::On;
-    if let Some(tls) = &opts.tls {
+    if target.gsi {
+        let config = super::gsi_creds::config().map_err(ClientError::Usage)?;
+        c.start_gsi(&config, &target.host)?;
+    } else if let Some(tls) = &opts.tls {
         c.start_tls(tls, &target.host)?;
     }
     c.start(target, size_of)?;
@@ -56,6 +59,7 @@ mod tests {
     fn a_further_session_that_is_given_up_stops_before_it_connects() {
         // Nothing listens on port 9 of loopback, but no connection is tried at all.
         let target = Target {
+            gsi: false,
             host: "127.0.0.1".into(),
             port: 9,
             user: "anonymous".into(),

@@ -156,7 +156,7 @@ fn resolve(host: &str) -> Option<IpAddr> {
 /// A `[user@]host:path` argument in scp's syntax: (ssh's destination, the host, the path);
 /// None for a local path (no `:` before the first `/`, or an ftp:// URL).
 pub fn parse_remote(arg: &str) -> Option<(String, String, String)> {
-    if arg.to_ascii_lowercase().starts_with("ftp://") {
+    if super::url::is_url(arg) {
         return None;
     }
     let (user, rest) = match arg.split_once('@') {

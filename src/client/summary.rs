@@ -157,6 +157,11 @@ pub fn display_url(t: &Target) -> String {
     } else {
         t.host.clone()
     };
+    if t.gsi {
+        // The path is absolute already; the user is the credential's mapping.
+        let home = if t.path.starts_with('/') { "" } else { "/~/" };
+        return format!("gsiftp://{}:{}{home}{}", host, t.port, t.path);
+    }
     format!("ftp://{}@{}:{}/{}", t.user, host, t.port, t.path)
 }
 
@@ -250,6 +255,7 @@ mod tests {
 
     fn target(host: &str) -> Target {
         Target {
+            gsi: false,
             host: host.into(),
             port: 2121,
             user: "alice".into(),
@@ -273,6 +279,7 @@ mod tests {
         assert_eq!(display_url(&target("::1")), "ftp://alice@[::1]:2121/pub/f");
         assert!(!display_url(&target("h")).contains("secret"));
         let far = Target {
+            gsi: false,
             port: 0,
             ..target("box")
         };

@@ -33,6 +33,7 @@ pub fn greeted(greeting: &'static [u8], script: &'static [u8]) -> (Result<Contro
         String::from_utf8_lossy(&heard).into_owned()
     });
     let target = Target {
+        gsi: false,
         host: "127.0.0.1".into(),
         port,
         user: "anonymous".into(),

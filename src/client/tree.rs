@@ -285,6 +285,7 @@ pub fn get_tree(
         }
         refuse_read_only(&dest)?;
         let target = Target {
+            gsi: false,
             path: job.remote.clone(),
             ..first.clone()
         };
@@ -370,6 +371,7 @@ pub fn put_tree(
     let work = Work::new(jobs, opts, "put", first);
     let one = |c: &mut Control, job: &Job, o: &Options| {
         let target = Target {
+            gsi: false,
             path: job.remote.clone(),
             ..first.clone()
         };
@@ -1689,6 +1691,7 @@ mod tests {
 
     fn work(jobs: Vec<Job>) -> Work {
         let server = Target {
+            gsi: false,
             host: "h".into(),
             port: 21,
             user: "anonymous".into(),

@@ -1,4 +1,5 @@
-//! `ftp://[user[:password]@]host[:port]/path` and where the password comes from.
+//! `ftp://[user[:password]@]host[:port]/path` and where the password comes from;
+//! `gsiftp://[user@]host[:port]/path` logs in with a GSI credential instead.
 
 use super::error::{ClientError, Result};
 
@@ -12,6 +13,9 @@ pub struct Target {
     /// Path on the server, percent-decoded, as sent in commands (without the leading `/` of
     /// the URL, per RFC 1738: relative to the login directory).
     pub path: String,
+    /// `gsiftp://`: the login is a GSI security context (the user's X.509 credential), the
+    /// commands and replies protected by it.
+    pub gsi: bool,
 }
 
 /// Where credentials may come from besides the URL, so tests need not touch the real
@@ -51,6 +55,13 @@ impl CredentialSources {
     }
 }
 
+/// Whether `arg` is a server's URL (`ftp://` or `gsiftp://`) rather than a local path or an
+/// ssh destination.
+pub fn is_url(arg: &str) -> bool {
+    let lower = arg.to_ascii_lowercase();
+    lower.starts_with("ftp://") || lower.starts_with("gsiftp://")
+}
+
 /// Parses a URL. The password is taken, in order, from the URL, `BRAID_PASSWORD`, then a
 /// `~/.netrc` entry for the host (which may also supply the user), then the terminal. Without
 /// a user anywhere, the login is anonymous; a user with no password anywhere and no terminal
@@ -58,12 +69,15 @@ impl CredentialSources {
 pub fn parse(text: &str, creds: &CredentialSources) -> Result<Target> {
     let url =
         url::Url::parse(text).map_err(|e| ClientError::Usage(format!("bad URL {text:?}: {e}")))?;
-    if url.scheme() != "ftp" {
-        return Err(ClientError::Usage(format!(
-            "unsupported URL scheme {:?} in {text:?}: braid speaks ftp://",
-            url.scheme()
-        )));
-    }
+    let gsi = match url.scheme() {
+        "ftp" => false,
+        "gsiftp" => true,
+        other => {
+            return Err(ClientError::Usage(format!(
+                "unsupported URL scheme {other:?} in {text:?}: braid speaks ftp:// and gsiftp://"
+            )));
+        }
+    };
     let host = url
         .host_str()
         .ok_or_else(|| ClientError::Usage(format!("URL {text:?} has no host")))?;
@@ -71,7 +85,7 @@ pub fn parse(text: &str, creds: &CredentialSources) -> Result<Target> {
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
-    let port = url.port().unwrap_or(21);
+    let port = url.port().unwrap_or(if gsi { 2811 } else { 21 });
     let decode = |s: &str| {
         percent_decode(s).map_err(|_| {
             ClientError::Usage(format!(
@@ -80,6 +94,34 @@ pub fn parse(text: &str, creds: &CredentialSources) -> Result<Target> {
         })
     };
     let mut user = decode(url.username())?;
+    let path = decode(url.path())?;
+    // A gsiftp:// path is absolute (`/~/` for the login directory), as globus-url-copy reads
+    // it; an ftp:// one is relative to the login directory (RFC 1738).
+    let path = match path.strip_prefix("/~/") {
+        Some(home) if gsi => home.to_string(),
+        _ if gsi => path,
+        _ => path.strip_prefix('/').unwrap_or(&path).to_string(),
+    };
+    if path.contains(['\r', '\n', '\0']) {
+        return Err(ClientError::Usage(format!(
+            "URL path in {text:?} contains a line break or NUL"
+        )));
+    }
+    if gsi {
+        // The credential says who logs in; the server maps it to an account (the one named,
+        // or its grid-mapfile's). No password is asked for or sent.
+        if user.is_empty() {
+            user = ":globus-mapping:".into();
+        }
+        return Ok(Target {
+            host,
+            port,
+            user,
+            password: String::new(),
+            path,
+            gsi,
+        });
+    }
     let mut password = url.password().map(decode).transpose()?;
     if password.is_none() && !user.is_empty() {
         password = creds.env_password.clone();
@@ -110,19 +152,13 @@ pub fn parse(text: &str, creds: &CredentialSources) -> Result<Target> {
             )));
         }
     };
-    let path = decode(url.path())?;
-    let path = path.strip_prefix('/').unwrap_or(&path).to_string();
-    if path.contains(['\r', '\n', '\0']) {
-        return Err(ClientError::Usage(format!(
-            "URL path in {text:?} contains a line break or NUL"
-        )));
-    }
     Ok(Target {
         host,
         port,
         user,
         password,
         path,
+        gsi,
     })
 }
 
@@ -163,6 +199,36 @@ pub fn netrc_lookup(text: &str, host: &str) -> Option<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gsiftp_url_is_absolute_asks_no_password_and_maps_the_credential() {
+        // A password source that would be asked is not: GSI needs none.
+        let asking = CredentialSources {
+            env_password: Some("secret".into()),
+            netrc: Some("machine grid.example login al password pw".into()),
+            ask: Some(|_| panic!("asked for a password")),
+        };
+        let t = parse("gsiftp://grid.example/data/run%207/f", &asking).unwrap();
+        assert!(t.gsi);
+        assert_eq!(
+            (
+                t.user.as_str(),
+                t.password.as_str(),
+                t.port,
+                t.path.as_str()
+            ),
+            (":globus-mapping:", "", 2811, "/data/run 7/f")
+        );
+        let t = parse("gsiftp://al@grid.example:2812/~/f", &asking).unwrap();
+        assert_eq!(
+            (t.user.as_str(), t.port, t.path.as_str()),
+            ("al", 2812, "f")
+        );
+        assert!(!parse("ftp://grid.example/f", &asking).unwrap().gsi);
+        assert!(is_url("GSIFTP://h/x") && is_url("ftp://h/x") && !is_url("h:/x"));
+        let e = parse("sftp://h/x", &asking).unwrap_err().to_string();
+        assert!(e.contains("ftp:// and gsiftp://"), "{e}");
+    }
 
     #[test]
     fn url_forms_and_credential_order() {

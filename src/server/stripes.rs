@@ -319,6 +319,7 @@ fn connect(front: &FrontEnd, i: usize) -> Result<Link, String> {
         .and_then(|(h, p)| Some((h.trim_matches(['[', ']']), p.parse().ok()?)))
         .ok_or_else(|| format!("{name} is not HOST:PORT"))?;
     let target = Target {
+        gsi: false,
         host: host.to_string(),
         port,
         user: NODE_USER.into(),

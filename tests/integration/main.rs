@@ -12,6 +12,7 @@ mod diskfull;
 mod elastic;
 mod ftplib;
 mod globus;
+mod gsi;
 mod hostile;
 mod interop;
 mod lab;

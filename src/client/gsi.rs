@@ -1,0 +1,235 @@
+//! GSI on the control connection (`gsiftp://`, RFC 2228 with the Globus GSS mechanism): the
+//! security context is a TLS handshake whose records travel base64-encoded in ADAT commands
+//! and their 335/235 replies, followed by one byte of application data saying whether the
+//! client delegates a credential (`0`: it does not). Every later command goes as
+//! `ENC <base64 TLS record>`, every reply comes back as `632`/`633` lines carrying the
+//! plain reply. Pure: bytes and lines in, bytes and lines out; the socket is the caller's.
+
+use super::error::{ClientError, Result};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use std::io::{Read, Write};
+
+/// The security context being set up, or set up.
+pub struct Gsi {
+    tls: rustls::ClientConnection,
+    host: String,
+    /// The delegation byte has gone: the context is complete once the server says 235.
+    flag_sent: bool,
+}
+
+impl Gsi {
+    /// A context with the server `host` (checked against its certificate by `config`).
+    pub fn new(config: &std::sync::Arc<rustls::ClientConfig>, host: &str) -> Result<Gsi> {
+        Ok(Gsi {
+            tls: super::wire::client_conn(config, host)?,
+            host: host.to_string(),
+            flag_sent: false,
+        })
+    }
+
+    /// The next ADAT argument, after the server's last token was taken ([`Gsi::take`]):
+    /// handshake records, then, once the handshake is done, the delegation byte.
+    pub fn next_token(&mut self) -> Result<String> {
+        if !self.tls.is_handshaking() && !self.flag_sent {
+            // No delegation: the server keeps its own credential for what it does.
+            self.tls
+                .writer()
+                .write_all(b"0")
+                .map_err(|e| failed(&e.to_string()))?;
+            self.flag_sent = true;
+        }
+        let out = self.outgoing()?;
+        if out.is_empty() {
+            return Err(failed("the handshake stalled with nothing to send"));
+        }
+        Ok(B64.encode(out))
+    }
+
+    /// Takes the token of a 335 or 235 reply (`ADAT=<base64>`), if it has one.
+    pub fn take(&mut self, reply_text: &str) -> Result<()> {
+        let Some(token) = reply_text.split("ADAT=").nth(1) else {
+            return Ok(());
+        };
+        self.incoming(token.trim())?;
+        // Application data before the context is complete would be out of step.
+        let mut stray = Vec::new();
+        let _ = self.tls.reader().read_to_end(&mut stray);
+        Ok(())
+    }
+
+    /// Whether the context is complete from this side (the server says so with 235).
+    pub fn complete(&self) -> bool {
+        self.flag_sent && !self.tls.is_handshaking()
+    }
+
+    /// `line` (a command with its CRLF) as the `ENC` line that carries it.
+    pub fn wrap(&mut self, line: &[u8]) -> Result<Vec<u8>> {
+        self.tls
+            .writer()
+            .write_all(line)
+            .map_err(|e| failed(&e.to_string()))?;
+        let mut out = b"ENC ".to_vec();
+        out.extend_from_slice(B64.encode(self.outgoing()?).as_bytes());
+        out.extend_from_slice(b"\r\n");
+        Ok(out)
+    }
+
+    /// A reply line as the server sent it (without its CRLF): the plain reply bytes it
+    /// carries (a `631`/`632`/`633` line), or the line itself with its CRLF when it came
+    /// unprotected (a server refusing a command it could not unwrap).
+    pub fn unwrap(&mut self, line: &[u8]) -> Result<Vec<u8>> {
+        let wrapped = line.len() > 4
+            && matches!(&line[..3], b"631" | b"632" | b"633")
+            && matches!(line[3], b' ' | b'-');
+        if !wrapped {
+            let mut plain = line.to_vec();
+            plain.extend_from_slice(b"\r\n");
+            return Ok(plain);
+        }
+        let token = std::str::from_utf8(&line[4..])
+            .map_err(|_| failed("a protected reply is not base64"))?;
+        self.incoming(token.trim())?;
+        let mut plain = Vec::new();
+        match self.tls.reader().read_to_end(&mut plain) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(failed(&e.to_string())),
+        }
+        Ok(plain)
+    }
+
+    /// Feeds one base64 token of the server's to TLS.
+    fn incoming(&mut self, token: &str) -> Result<()> {
+        let bytes = B64
+            .decode(token)
+            .map_err(|e| failed(&format!("a token is not base64: {e}")))?;
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            self.tls
+                .read_tls(&mut rest)
+                .map_err(|e| failed(&e.to_string()))?;
+            self.tls
+                .process_new_packets()
+                .map_err(|e| refused(&self.host, e))?;
+        }
+        Ok(())
+    }
+
+    /// What TLS has to send now.
+    fn outgoing(&mut self) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        while self.tls.wants_write() {
+            self.tls
+                .write_tls(&mut out)
+                .map_err(|e| failed(&e.to_string()))?;
+        }
+        Ok(out)
+    }
+}
+
+/// A handshake TLS ended, in words with the fix.
+fn refused(host: &str, e: rustls::Error) -> ClientError {
+    let why = match &e {
+        rustls::Error::InvalidCertificate(c) => format!(
+            "{host}'s certificate was refused ({c:?}): the CA that signed it must be in the \
+             trusted directory (X509_CERT_DIR, else ~/.globus/certificates or \
+             /etc/grid-security/certificates), and the certificate must name {host} in its \
+             subjectAltName"
+        ),
+        rustls::Error::AlertReceived(a) => format!(
+            "{host} refused the handshake ({a:?}): check that it trusts the CA of your \
+             credential and that the credential has not expired"
+        ),
+        e => e.to_string(),
+    };
+    failed(&why)
+}
+
+fn failed(why: &str) -> ClientError {
+    ClientError::Tls(format!("GSI security context: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// A TLS 1.2 server in memory standing for the GridFTP server's side of the context.
+    fn server() -> (rustls::ServerConnection, Arc<rustls::ClientConfig>) {
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let cert = made.cert.der().clone();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(made.signing_key.serialize_der().into());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.clone()], key)
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        (
+            rustls::ServerConnection::new(Arc::new(server)).unwrap(),
+            Arc::new(client),
+        )
+    }
+
+    /// Feeds base64 `token` to `s`; what `s` sends back, in base64.
+    fn answer(s: &mut rustls::ServerConnection, token: &str) -> String {
+        let bytes = B64.decode(token).unwrap();
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            s.read_tls(&mut rest).unwrap();
+            s.process_new_packets().unwrap();
+        }
+        let mut out = Vec::new();
+        while s.wants_write() {
+            s.write_tls(&mut out).unwrap();
+        }
+        B64.encode(out)
+    }
+
+    #[test]
+    fn the_context_goes_in_adat_tokens_and_then_every_line_is_wrapped() {
+        let (mut s, config) = server();
+        let mut gsi = Gsi::new(&config, "localhost").unwrap();
+        let mut rounds = 0;
+        while !gsi.complete() {
+            let token = gsi.next_token().unwrap();
+            let back = answer(&mut s, &token);
+            gsi.take(&format!("ADAT={back}")).unwrap();
+            rounds += 1;
+            assert!(rounds < 5, "the handshake does not end");
+        }
+        // The last token carried the delegation byte: none asked for.
+        let mut flag = Vec::new();
+        let _ = s.reader().read_to_end(&mut flag);
+        assert_eq!(flag, b"0");
+        assert!(!s.is_handshaking());
+
+        let line = gsi.wrap(b"PWD\r\n").unwrap();
+        let text = String::from_utf8(line).unwrap();
+        let token = text
+            .strip_prefix("ENC ")
+            .and_then(|t| t.strip_suffix("\r\n"))
+            .unwrap();
+        answer(&mut s, token);
+        let mut command = Vec::new();
+        let _ = s.reader().read_to_end(&mut command);
+        assert_eq!(command, b"PWD\r\n");
+
+        s.writer().write_all(b"257 \"/home\"\r\n").unwrap();
+        let reply = answer(&mut s, "");
+        let plain = gsi.unwrap(format!("633 {reply}").as_bytes()).unwrap();
+        assert_eq!(plain, b"257 \"/home\"\r\n");
+        // A reply the server could not protect passes as it is.
+        assert_eq!(gsi.unwrap(b"500 what?").unwrap(), b"500 what?\r\n");
+        assert!(gsi.unwrap(b"633 not base64!").is_err());
+    }
+}

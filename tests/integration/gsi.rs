@@ -1,0 +1,282 @@
+//! `gsiftp://` against a globus-gridftp-server that takes only GSI logins: a CA, a host
+//! certificate, a user certificate and an RFC 3820 proxy made by openssl, the server's
+//! grid-mapfile mapping the user to the account it runs as; all in the test's directory and
+//! named to both programs by the X509_* variables, nothing of the system's touched.
+use crate::util::{Daemon, braid, random_bytes, require, run, sbin, tempdir};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Credentials made for one test.
+struct Grid {
+    dir: PathBuf,
+}
+
+impl Grid {
+    fn openssl(&self, args: &[&str]) {
+        let (ok, _, err) = run(
+            Command::new("openssl").args(args).current_dir(&self.dir),
+            Duration::from_secs(60),
+        );
+        assert!(ok, "openssl {args:?}: {err}");
+    }
+
+    /// The CA (hash-named, with its signing policy) in `certs/`, a host certificate for
+    /// 127.0.0.1, alice's certificate and a proxy of it, bob's (same CA, not in the
+    /// grid-mapfile) and eve's (self-signed).
+    fn new(top: &Path) -> Grid {
+        require("openssl");
+        let g = Grid {
+            dir: top.join("grid"),
+        };
+        std::fs::create_dir_all(g.dir.join("certs")).unwrap();
+        g.self_signed("ca", "/O=braid test/CN=braid test CA");
+        let (ok, hash, err) = run(
+            Command::new("openssl")
+                .args(["x509", "-noout", "-hash", "-in", "ca.pem"])
+                .current_dir(&g.dir),
+            Duration::from_secs(60),
+        );
+        assert!(ok, "{err}");
+        let hash = hash.trim();
+        std::fs::copy(g.dir.join("ca.pem"), g.dir.join(format!("certs/{hash}.0"))).unwrap();
+        std::fs::write(
+            g.dir.join(format!("certs/{hash}.signing_policy")),
+            "access_id_CA X509 '/O=braid test/CN=braid test CA'\n\
+             pos_rights globus CA:sign\n\
+             cond_subjects globus '\"/O=braid test/*\"'\n",
+        )
+        .unwrap();
+        std::fs::write(
+            g.dir.join("leaf.ext"),
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:false\n\
+             keyUsage=critical,digitalSignature,keyEncipherment\n",
+        )
+        .unwrap();
+        for (stem, cn) in [
+            ("host", "host\\/localhost"),
+            ("alice", "alice"),
+            ("bob", "bob"),
+        ] {
+            g.signed(
+                stem,
+                &format!("/O=braid test/CN={cn}"),
+                "ca",
+                "leaf.ext",
+                "",
+            );
+        }
+        // alice's proxy: her subject and one CN more, signed by her, its key unencrypted
+        // in the traditional form grid-proxy-init writes, then her certificate.
+        std::fs::write(
+            g.dir.join("proxy.ext"),
+            "proxyCertInfo=critical,language:id-ppl-inheritAll\n\
+             keyUsage=critical,digitalSignature,keyEncipherment\n",
+        )
+        .unwrap();
+        g.signed(
+            "px",
+            "/O=braid test/CN=alice/CN=1234567",
+            "alice",
+            "proxy.ext",
+            "1234567",
+        );
+        g.openssl(&["rsa", "-in", "px.key", "-traditional", "-out", "px.rsa"]);
+        let mut proxy = std::fs::read(g.dir.join("px.pem")).unwrap();
+        proxy.extend(std::fs::read(g.dir.join("px.rsa")).unwrap());
+        proxy.extend(std::fs::read(g.dir.join("alice.pem")).unwrap());
+        std::fs::write(g.dir.join("proxy.pem"), proxy).unwrap();
+        g.self_signed("eve", "/O=braid test/CN=eve");
+        let user = std::env::var("USER")
+            .ok()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| "root".into());
+        std::fs::write(
+            g.dir.join("grid-mapfile"),
+            format!("\"/O=braid test/CN=alice\" {user}\n"),
+        )
+        .unwrap();
+        g
+    }
+
+    /// `stem`.pem and .key, subject `subj`, signed by its own key.
+    fn self_signed(&self, stem: &str, subj: &str) {
+        let (key, pem) = (format!("{stem}.key"), format!("{stem}.pem"));
+        self.openssl(&[
+            "req", "-x509", "-nodes", "-newkey", "rsa:2048", "-days", "2", "-subj", subj,
+            "-keyout", &key, "-out", &pem,
+        ]);
+    }
+
+    /// `stem`.pem and .key, subject `subj`, signed by `by` with the extensions in `ext`.
+    fn signed(&self, stem: &str, subj: &str, by: &str, ext: &str, serial: &str) {
+        let (csr, key, pem) = (
+            format!("{stem}.csr"),
+            format!("{stem}.key"),
+            format!("{stem}.pem"),
+        );
+        self.openssl(&[
+            "req", "-new", "-nodes", "-newkey", "rsa:2048", "-subj", subj, "-keyout", &key, "-out",
+            &csr,
+        ]);
+        let (ca, ca_key) = (format!("{by}.pem"), format!("{by}.key"));
+        let mut args = vec![
+            "x509", "-req", "-days", "2", "-in", &csr, "-CA", &ca, "-CAkey", &ca_key, "-extfile",
+            ext, "-out", &pem,
+        ];
+        match serial {
+            "" => args.push("-CAcreateserial"),
+            s => args.extend(["-set_serial", s]),
+        }
+        self.openssl(&args);
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    /// A globus-gridftp-server taking GSI logins only, serving the filesystem from `home`.
+    fn server(&self, home: &Path) -> Daemon {
+        Daemon::start("globus-gridftp-server", |port| {
+            let mut c = Command::new(sbin("globus-gridftp-server"));
+            c.args(["-p", &port.to_string()])
+                .args(["-control-interface", "127.0.0.1"])
+                .args(["-data-interface", "127.0.0.1"])
+                .arg("-home-dir")
+                .arg(home)
+                .args(["-allow-root", "-log-level", "ERROR"])
+                .env("X509_CERT_DIR", self.path("certs"))
+                .env("X509_USER_CERT", self.path("host.pem"))
+                .env("X509_USER_KEY", self.path("host.key"))
+                .env("GRIDMAP", self.path("grid-mapfile"));
+            c
+        })
+    }
+
+    /// The variables naming a user's credential (a proxy, else a certificate and key) and the
+    /// CAs trusted, all in this test's directory.
+    fn env(&self, proxy: Option<&str>, user: &str, cas: &str) -> Vec<(String, String)> {
+        vec![
+            (
+                "X509_USER_PROXY".into(),
+                proxy.map_or_else(|| self.path("no-proxy"), |p| self.path(p)),
+            ),
+            ("X509_USER_CERT".into(), self.path(&format!("{user}.pem"))),
+            ("X509_USER_KEY".into(), self.path(&format!("{user}.key"))),
+            ("X509_CERT_DIR".into(), self.path(cas)),
+        ]
+    }
+}
+
+fn braid_with(args: &[&str], env: &[(String, String)]) -> (i32, String, String) {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    braid(args, &env)
+}
+
+#[test]
+fn braid_gets_and_puts_with_a_gsi_credential_against_a_gsi_globus_server() {
+    let top = tempdir();
+    let grid = Grid::new(top.path());
+    let home = top.path().join("home");
+    std::fs::create_dir_all(home.join("tree/a/b")).unwrap();
+    let content = random_bytes(12_000_017, 61);
+    std::fs::write(home.join("src.bin"), &content).unwrap();
+    for (i, name) in ["tree/a/one", "tree/a/b/two", "tree/three"]
+        .iter()
+        .enumerate()
+    {
+        std::fs::write(home.join(name), random_bytes(10_000 * (i + 1), i as u64)).unwrap();
+    }
+    let server = grid.server(&home);
+    // gsiftp:// paths are absolute, as globus-url-copy reads them.
+    let base = format!("gsiftp://127.0.0.1:{}{}", server.port, home.display());
+    let proxy = grid.env(Some("proxy.pem"), "alice", "certs");
+    let got = top.path().join("got.bin");
+    let (code, out, err) = braid_with(
+        &[
+            "get",
+            &format!("{base}/src.bin"),
+            got.to_str().unwrap(),
+            "-n",
+            "4",
+            "--json",
+        ],
+        &proxy,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(std::fs::read(&got).unwrap() == content, "download differs");
+    let s: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(s["mode"], "extended-block", "{s}");
+    assert!(
+        s["checksum"].as_str().unwrap().starts_with("ADLER32 "),
+        "{s}"
+    );
+    // The certificate itself, no proxy.
+    let own = grid.env(None, "alice", "certs");
+    let (code, _, err) = braid_with(
+        &["put", got.to_str().unwrap(), &format!("{base}/up.bin")],
+        &own,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read(home.join("up.bin")).unwrap() == content,
+        "upload differs"
+    );
+    let into = top.path().join("trees");
+    let (code, _, err) = braid_with(
+        &["get", "-r", &format!("{base}/tree"), into.to_str().unwrap()],
+        &proxy,
+    );
+    assert_eq!(code, 0, "{err}");
+    for name in ["a/one", "a/b/two", "three"] {
+        assert!(
+            std::fs::read(into.join("tree").join(name)).unwrap()
+                == std::fs::read(home.join("tree").join(name)).unwrap(),
+            "{name} differs"
+        );
+    }
+}
+
+#[test]
+fn a_gsi_login_refused_says_why_and_what_to_do() {
+    let top = tempdir();
+    let grid = Grid::new(top.path());
+    let home = top.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::write(home.join("f"), b"data").unwrap();
+    let server = grid.server(&home);
+    let url = format!("gsiftp://127.0.0.1:{}{}/f", server.port, home.display());
+    let dest = top.path().join("f");
+    let get = |env: &[(String, String)]| braid_with(&["get", &url, dest.to_str().unwrap()], env);
+    // Trusted, but not in the grid-mapfile: the login is refused with the server's reason.
+    let (code, _, err) = get(&grid.env(None, "bob", "certs"));
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("Could not map"), "{err}");
+    // A certificate from a CA the server does not trust: the handshake is refused.
+    let (code, _, err) = get(&grid.env(None, "eve", "certs"));
+    assert_eq!(code, 10, "{err}");
+    assert!(err.contains("refused the GSI handshake"), "{err}");
+    // The server's CA not trusted here: the fix names X509_CERT_DIR.
+    std::fs::create_dir(top.path().join("other-cas")).unwrap();
+    std::fs::copy(
+        grid.dir.join("eve.pem"),
+        top.path().join("other-cas/0a0b0c0d.0"),
+    )
+    .unwrap();
+    let elsewhere = top.path().join("other-cas").display().to_string();
+    let mut env = grid.env(None, "alice", "certs");
+    env[3].1 = elsewhere;
+    let (code, _, err) = get(&env);
+    assert_eq!(code, 10, "{err}");
+    assert!(
+        err.contains("UnknownIssuer") && err.contains("X509_CERT_DIR"),
+        "{err}"
+    );
+    // No credential anywhere: where braid looked, and how to make one.
+    let mut env = grid.env(None, "nobody", "certs");
+    env[1].1 = grid.path("missing.pem");
+    let (code, _, err) = get(&env);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("grid-proxy-init"), "{err}");
+    assert!(!dest.exists(), "a file appeared");
+}
