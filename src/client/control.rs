@@ -38,9 +38,11 @@ pub struct Control {
     pending: VecDeque<Reply>,
     /// After AUTH TLS: how data connections are protected too.
     tls: Option<Protection>,
-    /// Under GSI (`gsiftp://`): data connections go unauthenticated (DCAU N), as with
-    /// `globus-url-copy -nodcau`.
+    /// Under GSI (`gsiftp://`).
     gsi: bool,
+    /// DCAU N is in effect: data connections to this side go unauthenticated, as with
+    /// `globus-url-copy -nodcau` (braid does not run GSI on data connections).
+    dcau_none: bool,
     /// Who logged in, for error messages.
     user: String,
     /// MODE E data connections the last transfer left open (the session knows which way).
@@ -164,6 +166,7 @@ impl Control {
             pending: VecDeque::new(),
             tls: None,
             gsi: false,
+            dcau_none: false,
             user: String::new(),
             data: Vec::new(),
             deferred: VecDeque::new(),
@@ -601,7 +604,7 @@ impl Control {
             for op in [login, Op::Features, Op::Binary] {
                 self.run(op)?;
             }
-            if self.gsi {
+            if self.dcau_none {
                 self.run(no_data_authentication())?;
             }
             return Ok(());
@@ -609,7 +612,7 @@ impl Control {
         self.begin(login)?;
         self.begin(Op::Features)?;
         self.begin(Op::Binary)?;
-        if self.gsi {
+        if self.dcau_none {
             self.begin(no_data_authentication())?;
         }
         if let Some(path) = size_of {
@@ -619,7 +622,7 @@ impl Control {
             self.begin(Op::Passive)?;
         }
         // Outcomes come in the order the ops began.
-        for _ in 0..3 + usize::from(self.gsi) {
+        for _ in 0..3 + usize::from(self.dcau_none) {
             self.finished(None)?;
         }
         if let Some(path) = size_of {
@@ -704,6 +707,7 @@ impl Control {
     /// serve the connection, another host than the front end, so its address is taken as
     /// given (the server chose where its own data comes from; the client only reads).
     pub fn open_data(&mut self) -> Result<TcpStream> {
+        self.authenticate_data(false)?;
         if self.gridftp_striped() {
             let addr = self.node_passive()?;
             return connect_data(&addr);
@@ -1125,11 +1129,17 @@ impl Control {
     }
 
     /// AUTH GSSAPI and the ADAT exchange (RFC 2228, the Globus GSS mechanism): the security
-    /// context with the server `host`, under which every later command and reply goes.
-    pub fn start_gsi(&mut self, config: &Arc<rustls::ClientConfig>, host: &str) -> Result<()> {
+    /// context with the server `host`, under which every later command and reply goes;
+    /// `delegate`: the server gets a proxy of `credential`.
+    pub fn start_gsi(
+        &mut self,
+        credential: &Arc<super::gsi_creds::GsiCredential>,
+        host: &str,
+        delegate: bool,
+    ) -> Result<()> {
         let pipelining = self.session.pipelining();
         self.session.set_pipeline(false);
-        let made = self.gsi_context(config, host);
+        let made = self.gsi_context(credential, host, delegate);
         self.session.set_pipeline(pipelining);
         let gsi = made?;
         let sock = match &self.stream {
@@ -1144,6 +1154,7 @@ impl Control {
         };
         self.stream = Channel::Gsi(Box::new(super::channel::Wrapped::new(sock, gsi)));
         self.gsi = true;
+        self.dcau_none = !delegate;
         Ok(())
     }
 
@@ -1151,8 +1162,9 @@ impl Control {
     /// each 335 the server's answer, 235 the end.
     fn gsi_context(
         &mut self,
-        config: &Arc<rustls::ClientConfig>,
+        credential: &Arc<super::gsi_creds::GsiCredential>,
         host: &str,
+        delegate: bool,
     ) -> Result<super::gsi::Gsi> {
         let refused = |reply: Reply, what: &str| {
             ClientError::Tls(format!(
@@ -1165,8 +1177,13 @@ impl Control {
         if auth.code != 334 {
             return Err(refused(auth, "AUTH GSSAPI"));
         }
-        let mut gsi = super::gsi::Gsi::new(config, host)?;
-        // A handshake takes three round trips; a server still asking after ten is not one.
+        let mut gsi = super::gsi::Gsi::new(
+            &credential.config,
+            host,
+            delegate.then(|| credential.clone()),
+        )?;
+        // A handshake takes three round trips (four with a delegation); a server still
+        // asking after ten is not one.
         for _ in 0..10 {
             let token = gsi.next_token()?;
             let reply = self.cmd(&Command::Unknown {
@@ -1301,6 +1318,27 @@ impl Control {
             return;
         }
         let _ = self.run(Op::Quit);
+    }
+}
+
+impl Control {
+    /// Under GSI, whether data connections are authenticated (DCAU A: between two servers
+    /// holding proxies of the user) or not (DCAU N: to this side); DCAU goes only when that
+    /// changes.
+    pub fn authenticate_data(&mut self, on: bool) -> Result<()> {
+        if !self.gsi || self.dcau_none != on {
+            return Ok(());
+        }
+        let mode = if on { "A" } else { "N" };
+        self.run(Op::Simple {
+            cmd: Command::Unknown {
+                verb: "DCAU".into(),
+                arg: Some(mode.into()),
+            },
+            ok: vec![200],
+        })?;
+        self.dcau_none = !on;
+        Ok(())
     }
 }
 

@@ -14,17 +14,31 @@ use std::io::{Read, Write};
 pub struct Gsi {
     tls: rustls::ClientConnection,
     host: String,
-    /// The delegation byte has gone: the context is complete once the server says 235.
+    /// Delegate a proxy of this credential to the server; None: delegate nothing.
+    delegate: Option<std::sync::Arc<super::gsi_creds::GsiCredential>>,
+    /// The delegation byte has gone.
     flag_sent: bool,
+    /// The server's certificate request (delegation), as far as it came.
+    request: Vec<u8>,
+    /// The proxy went: the context is complete once the server says 235.
+    proxy_sent: bool,
 }
 
 impl Gsi {
-    /// A context with the server `host` (checked against its certificate by `config`).
-    pub fn new(config: &std::sync::Arc<rustls::ClientConfig>, host: &str) -> Result<Gsi> {
+    /// A context with the server `host` (checked against its certificate by `config`),
+    /// delegating a proxy of `delegate` where given.
+    pub fn new(
+        config: &std::sync::Arc<rustls::ClientConfig>,
+        host: &str,
+        delegate: Option<std::sync::Arc<super::gsi_creds::GsiCredential>>,
+    ) -> Result<Gsi> {
         Ok(Gsi {
             tls: super::wire::client_conn(config, host)?,
             host: host.to_string(),
+            delegate,
             flag_sent: false,
+            request: Vec::new(),
+            proxy_sent: false,
         })
     }
 
@@ -32,12 +46,29 @@ impl Gsi {
     /// handshake records, then, once the handshake is done, the delegation byte.
     pub fn next_token(&mut self) -> Result<String> {
         if !self.tls.is_handshaking() && !self.flag_sent {
-            // No delegation: the server keeps its own credential for what it does.
+            // `D`: the server sends a certificate request next; `0`: no delegation.
+            let flag = if self.delegate.is_some() { b"D" } else { b"0" };
             self.tls
                 .writer()
-                .write_all(b"0")
+                .write_all(flag)
                 .map_err(|e| failed(&e.to_string()))?;
             self.flag_sent = true;
+        } else if let Some(cred) = &self.delegate
+            && self.flag_sent
+            && !self.proxy_sent
+            && !self.request.is_empty()
+        {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            let proxy =
+                super::gsi_proxy::sign_request(&self.request, &cred.cert, cred.key.as_ref(), now)
+                    .map_err(|e| failed(&format!("delegation: {e}")))?;
+            self.tls
+                .writer()
+                .write_all(&proxy)
+                .map_err(|e| failed(&e.to_string()))?;
+            self.proxy_sent = true;
         }
         let out = self.outgoing()?;
         if out.is_empty() {
@@ -52,15 +83,18 @@ impl Gsi {
             return Ok(());
         };
         self.incoming(token.trim())?;
-        // Application data before the context is complete would be out of step.
-        let mut stray = Vec::new();
-        let _ = self.tls.reader().read_to_end(&mut stray);
+        // Application data now is the certificate request of a delegation.
+        let mut data = Vec::new();
+        let _ = self.tls.reader().read_to_end(&mut data);
+        if self.delegate.is_some() && self.flag_sent && !self.proxy_sent {
+            self.request.extend(data);
+        }
         Ok(())
     }
 
     /// Whether the context is complete from this side (the server says so with 235).
     pub fn complete(&self) -> bool {
-        self.flag_sent && !self.tls.is_handshaking()
+        self.flag_sent && !self.tls.is_handshaking() && (self.delegate.is_none() || self.proxy_sent)
     }
 
     /// `line` (a command with its CRLF) as the `ENC` line that carries it.
@@ -198,7 +232,7 @@ mod tests {
     #[test]
     fn the_context_goes_in_adat_tokens_and_then_every_line_is_wrapped() {
         let (mut s, config) = server();
-        let mut gsi = Gsi::new(&config, "localhost").unwrap();
+        let mut gsi = Gsi::new(&config, "localhost", None).unwrap();
         let mut rounds = 0;
         while !gsi.complete() {
             let token = gsi.next_token().unwrap();

@@ -9,10 +9,19 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-/// The TLS settings of every GSI session of this process, made once.
-pub fn config() -> Result<Arc<rustls::ClientConfig>, String> {
-    static MADE: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
-    MADE.get_or_init(|| make(&Env::real())).clone()
+/// The user's GSI credential: TLS settings presenting it, and what signs a proxy of it.
+pub struct GsiCredential {
+    pub config: Arc<rustls::ClientConfig>,
+    /// The credential's own certificate (DER): a delegated proxy's issuer.
+    pub cert: Vec<u8>,
+    pub key: Arc<dyn rustls::sign::SigningKey>,
+}
+
+/// The credential of every GSI session of this process, read once.
+pub fn credential() -> Result<Arc<GsiCredential>, String> {
+    static MADE: OnceLock<Result<Arc<GsiCredential>, String>> = OnceLock::new();
+    MADE.get_or_init(|| make(&Env::real()).map(Arc::new))
+        .clone()
 }
 
 /// The variables and places that matter, so that tests need not set the real ones.
@@ -76,7 +85,7 @@ impl Env {
     }
 }
 
-fn make(env: &Env) -> Result<Arc<rustls::ClientConfig>, String> {
+fn make(env: &Env) -> Result<GsiCredential, String> {
     let (chain_file, key_file) = env.credential()?;
     let chain = certificates(&chain_file)?;
     if chain.is_empty() {
@@ -108,7 +117,11 @@ fn make(env: &Env) -> Result<Arc<rustls::ClientConfig>, String> {
         .map_err(|e| format!("the key in {} cannot sign: {e}", key_file.display()))?;
     // Not `with_client_auth_cert`: it parses the certificate as a web one, and a proxy's
     // critical ProxyCertInfo extension (RFC 3820) is unknown there. The server checks it.
-    let credential = Credential(Arc::new(rustls::sign::CertifiedKey::new(chain, signer)));
+    let cert = chain[0].to_vec();
+    let credential = Credential(Arc::new(rustls::sign::CertifiedKey::new(
+        chain,
+        signer.clone(),
+    )));
     // TLS 1.2: the Globus GSS mechanism (GCT 6.2) completes its context after a TLS 1.2
     // handshake; under TLS 1.3 it exchanges the server's session tickets in a round of
     // their own before the delegation byte.
@@ -118,7 +131,11 @@ fn make(env: &Env) -> Result<Arc<rustls::ClientConfig>, String> {
         .with_root_certificates(roots)
         .with_client_cert_resolver(Arc::new(credential));
     config.resumption = rustls::client::Resumption::disabled();
-    Ok(Arc::new(config))
+    Ok(GsiCredential {
+        config: Arc::new(config),
+        cert,
+        key: signer,
+    })
 }
 
 /// The user's credential, offered whatever CAs the server names.
@@ -185,7 +202,7 @@ mod tests {
     #[test]
     fn without_a_credential_the_error_names_the_places_looked_and_the_fix() {
         let home = tempfile::tempdir().unwrap();
-        let e = make(&env(home.path())).unwrap_err();
+        let e = make(&env(home.path())).err().unwrap();
         assert!(e.contains("/tmp/x509up_u4294967295"), "{e}");
         assert!(e.contains("grid-proxy-init"), "{e}");
         assert!(e.contains("X509_USER_CERT"), "{e}");
@@ -211,7 +228,7 @@ mod tests {
         assert!(make(&env(home.path())).is_ok());
         // Without the CAs, the error says where it looked.
         std::fs::remove_file(globus.join("certificates/0a1b2c3d.0")).unwrap();
-        let e = make(&env(home.path())).unwrap_err();
+        let e = make(&env(home.path())).err().unwrap();
         assert!(
             e.contains("no CA certificate") && e.contains("X509_CERT_DIR"),
             "{e}"

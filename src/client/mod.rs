@@ -21,6 +21,7 @@ pub mod detour;
 pub mod error;
 mod gsi;
 mod gsi_creds;
+mod gsi_proxy;
 mod inflight;
 mod interrupt;
 pub mod job;

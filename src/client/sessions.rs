@@ -8,6 +8,17 @@ use super::url::Target;
 /// Connects, logs in, reads FEAT, sets TYPE I. `size_of`: a file whose SIZE is asked in the
 /// same flight where the server pipelines (a braid server).
 pub fn session(target: &Target, opts: &Options, size_of: Option<&str>) -> Result<Control> {
+    open(target, opts, size_of, false)
+}
+
+/// A session for a copy between GridFTP servers: under GSI, the server gets a proxy of the
+/// user's credential, with which it proves itself to the other server on the data
+/// connections between them (DCAU A, which stays in effect).
+pub fn delegating_session(target: &Target, opts: &Options) -> Result<Control> {
+    open(target, opts, None, true)
+}
+
+fn open(target: &Target, opts: &Options, size_of: Option<&str>, delegate: bool) -> Result<Control> {
     let mut c = match &opts.ssh {
         Some(ssh) => ssh.session()?,
         None => Control::connect(target)?,
@@ -15,8 +26,8 @@ pub fn session(target: &Target, opts: &Options, size_of: Option<&str>) -> Result
     c.set_verbose(opts.verbose);
     c.deflate = opts.compress == braid_proto::compress::Policy::On;
     if target.gsi {
-        let config = super::gsi_creds::config().map_err(ClientError::Usage)?;
-        c.start_gsi(&config, &target.host)?;
+        let credential = super::gsi_creds::credential().map_err(ClientError::Usage)?;
+        c.start_gsi(&credential, &target.host, delegate)?;
     } else if let Some(tls) = &opts.tls {
         c.start_tls(tls, &target.host)?;
     }

@@ -8,6 +8,10 @@
 //! certificate B showed it, over A's own TLS control connection: A checks it reaches that B
 //! and proves the binding. A stranger reaching B's port proves nothing; a PORT to anyone but
 //! the client stays refused without this (FTP bounce).
+//!
+//! Between two GridFTP servers under GSI (`gsiftp://` both), each gets a proxy of the user's
+//! credential at login, and they authenticate the data connections between them with it
+//! themselves (DCAU A, their default): the checksum both ends give is then ADLER32 or MD5.
 
 use super::Options;
 use super::control::Control;
@@ -135,12 +139,17 @@ pub struct Peers {
     /// A and B hold the data connections between them that the last transfer left open, for
     /// the next bundle to go on without new ones (each a TLS handshake away).
     linked: bool,
+    /// Both are GridFTP servers under GSI, not braid servers: the checksum both compute.
+    gridftp_checksum: Option<&'static str>,
 }
 
 impl Peers {
     /// Logs in to both, checks that both take part, and tells each its part: B takes data
     /// connections from anywhere that prove its binding, A connects to B's certificate.
     pub fn open(src: &Target, dst: &Target, opts: &Options) -> Result<Peers> {
+        if src.gsi || dst.gsi {
+            return Peers::open_gridftp(src, dst, opts);
+        }
         if opts.tls.is_none() {
             return Err(ClientError::Usage(
                 "a copy between two servers needs TLS on both (--tls): the data connections \
@@ -181,6 +190,7 @@ impl Peers {
             told: None,
             b_ready: false,
             linked: false,
+            gridftp_checksum: None,
         };
         peers.a.expect(
             &Command::Opts(format!(
@@ -191,6 +201,44 @@ impl Peers {
             &[200],
         )?;
         Ok(peers)
+    }
+
+    /// Logs in to two GridFTP servers under GSI, delegating to each a proxy with which they
+    /// authenticate each other's data connections.
+    fn open_gridftp(src: &Target, dst: &Target, opts: &Options) -> Result<Peers> {
+        if !(src.gsi && dst.gsi) {
+            return Err(ClientError::Usage(
+                "a copy between servers goes either between two braid servers (ftp:// with \
+                 --tls) or between two GridFTP servers under GSI (gsiftp://): braid serve does \
+                 not take GSI; copy through this machine with get and put instead"
+                    .into(),
+            ));
+        }
+        if opts.rate_limit.is_some() || opts.background.is_some() {
+            return Err(ClientError::Usage(
+                "--rate-limit and --background pace a braid server's sending; a GridFTP \
+                 server does not take them"
+                    .into(),
+            ));
+        }
+        let a = super::sessions::delegating_session(src, opts)?;
+        let b = super::sessions::delegating_session(dst, opts)?;
+        let both = |alg| a.checksum_offered(alg) && b.checksum_offered(alg);
+        let checksum = if both("ADLER32") { "ADLER32" } else { "MD5" };
+        Ok(Peers {
+            a,
+            b,
+            src_host: format!("{}:{}", src.host, src.port),
+            dst_host: format!("{}:{}", dst.host, dst.port),
+            streams: opts.streams.map(|n| n.max(1)),
+            rate: None,
+            background: None,
+            buffer: opts.buffer,
+            told: None,
+            b_ready: false,
+            linked: false,
+            gridftp_checksum: Some(checksum),
+        })
     }
 
     /// Copies `from` (on A) to `to` (on B), a file `size` bytes long last modified at
@@ -269,7 +317,11 @@ impl Peers {
     /// open first and at most: one for a small file, `-n`'s count, or (`-n auto`) a range A
     /// tunes within, unless a rate or background mode paces it.
     fn set_up(&mut self, size: u64) -> Result<(u32, u32)> {
-        let tunes = self.streams.is_none() && self.rate.is_none() && self.background.is_none();
+        // A GridFTP server opens as many connections as told, and keeps to them.
+        let tunes = self.streams.is_none()
+            && self.rate.is_none()
+            && self.background.is_none()
+            && self.gridftp_checksum.is_none();
         let (streams, most) = match self.streams {
             _ if size <= ONE_CONNECTION => (1, 1),
             Some(n) => (n, n),
@@ -304,7 +356,7 @@ impl Peers {
 
     /// Both servers' checksum of the copy, which must agree: (algorithm, value).
     fn both_ends_agree(&mut self, from: &str, to: &str) -> Result<(&'static str, String)> {
-        let algorithm = checksum::NAME;
+        let algorithm = self.gridftp_checksum.unwrap_or(checksum::NAME);
         // Both asked at once: one round trip, not two.
         self.a.ask_checksum(algorithm, from)?;
         let theirs = self.b.checksum(algorithm, to)?;
@@ -332,7 +384,20 @@ impl Peers {
             self.a.expect(&Command::RestRanges(have.clone()), &[350])?;
         }
         self.b.reset_stored(have.clone());
-        self.b.start_transfer(&Command::Stor(to.to_string()))?;
+        let stor = Command::Stor(to.to_string());
+        if self.gridftp_checksum.is_some() {
+            // A GridFTP server answers STOR's 150 only once the data connections came: A
+            // must be asked to send before B's answer is read.
+            self.b.send_transfer(&stor)?;
+            let sent = self.a.start_transfer(&Command::Retr(from.to_string()));
+            let taken = self.b.transfer_started(&stor);
+            if let Err(e) = sent {
+                self.abort_b();
+                return Err(e);
+            }
+            return taken.map(drop);
+        }
+        self.b.start_transfer(&stor)?;
         if let Err(e) = self.a.start_transfer(&Command::Retr(from.to_string())) {
             // B waits for connections that will not come.
             self.abort_b();
@@ -345,6 +410,9 @@ impl Peers {
     /// ones the last transfer left open go.
     fn link(&mut self) -> Result<()> {
         self.linked = false;
+        // Between GridFTP servers the data connections are theirs to authenticate.
+        self.a.authenticate_data(true)?;
+        self.b.authenticate_data(true)?;
         let there = self.b.passive_addr()?.target;
         self.a.expect(&Command::Eprt(there), &[200])?;
         Ok(())

@@ -280,3 +280,82 @@ fn a_gsi_login_refused_says_why_and_what_to_do() {
     assert!(err.contains("grid-proxy-init"), "{err}");
     assert!(!dest.exists(), "a file appeared");
 }
+
+/// `braid cp gsiftp://A/… gsiftp://B/…`: each server gets a proxy of alice's credential
+/// (delegation) and they authenticate the data connections between them with it (DCAU A);
+/// the file and a tree arrive whole, both ends' ADLER32 compared; `--update` moves only what
+/// changed; a copy between a GSI server and a braid server is refused with the way round it.
+#[test]
+fn a_copy_between_two_gsi_globus_servers_goes_straight_from_one_to_the_other() {
+    let top = tempdir();
+    let grid = Grid::new(top.path());
+    let (ha, hb) = (top.path().join("a"), top.path().join("b"));
+    std::fs::create_dir_all(ha.join("tree/d")).unwrap();
+    std::fs::create_dir_all(&hb).unwrap();
+    let content = random_bytes(9_000_011, 71);
+    std::fs::write(ha.join("big.bin"), &content).unwrap();
+    for i in 0..20u64 {
+        let name = format!("tree/{}f{i}", if i % 2 == 0 { "d/" } else { "" });
+        std::fs::write(ha.join(name), random_bytes(1000 * i as usize + 1, i)).unwrap();
+    }
+    let (a, b) = (grid.server(&ha), grid.server(&hb));
+    let on = |port: u16, home: &Path, path: &str| {
+        format!("gsiftp://127.0.0.1:{port}{}/{path}", home.display())
+    };
+    let proxy = grid.env(Some("proxy.pem"), "alice", "certs");
+    let (code, out, err) = braid_with(
+        &[
+            "cp",
+            "--json",
+            &on(a.port, &ha, "big.bin"),
+            &on(b.port, &hb, "copy.bin"),
+        ],
+        &proxy,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read(hb.join("copy.bin")).unwrap() == content,
+        "the copy differs"
+    );
+    let s: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(s["route"], "third-party", "{s}");
+    assert_eq!(s["checksum"]["algorithm"], "ADLER32", "{s}");
+
+    let (code, _, err) = braid_with(
+        &["cp", "-r", &on(a.port, &ha, "tree"), &on(b.port, &hb, "")],
+        &proxy,
+    );
+    assert_eq!(code, 0, "{err}");
+    let same = |name: &str| {
+        std::fs::read(ha.join("tree").join(name)).unwrap()
+            == std::fs::read(hb.join("tree").join(name)).unwrap()
+    };
+    for i in 0..20u64 {
+        let name = format!("{}f{i}", if i % 2 == 0 { "d/" } else { "" });
+        assert!(same(&name), "{name} differs");
+    }
+    std::fs::write(ha.join("tree/f1"), b"changed, and longer than before").unwrap();
+    let (code, out, err) = braid_with(
+        &[
+            "cp",
+            "-r",
+            "--update",
+            "--json",
+            &on(a.port, &ha, "tree"),
+            &on(b.port, &hb, ""),
+        ],
+        &proxy,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(same("f1"), "the changed file was not copied");
+    let s: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(s["files"].as_array().unwrap().len(), 1, "{s}");
+    assert_eq!(s["skipped"].as_array().unwrap().len(), 19, "{s}");
+
+    let (code, _, err) = braid_with(
+        &["cp", &on(a.port, &ha, "big.bin"), "ftp://127.0.0.1:9/x"],
+        &proxy,
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("braid serve does not take GSI"), "{err}");
+}
