@@ -209,6 +209,30 @@ const MATRIX: &[Cell] = &[
         covers: "`braid get` / `put -n 4` in MODE E, ADLER32 checked",
         test: "globus::braid_get_and_put_against_globus_gridftp_server",
     },
+    Cell {
+        role: SERVER,
+        client: "globus-gridftp-server, GSI logins only",
+        security: "GSI",
+        covers: "`braid get -n 4` with an RFC 3820 proxy, `put` with the certificate itself, \
+                 `get -r`; ADLER32 checked",
+        test: "gsi::braid_gets_and_puts_with_a_gsi_credential_against_a_gsi_globus_server",
+    },
+    Cell {
+        role: SERVER,
+        client: "globus-gridftp-server, GSI logins only",
+        security: "GSI",
+        covers: "unmapped, untrusted and missing credentials, the server's CA not trusted: \
+                 refused with the fix",
+        test: "gsi::a_gsi_login_refused_says_why_and_what_to_do",
+    },
+    Cell {
+        role: "source and destination of `braid cp`",
+        client: "two globus-gridftp-servers, GSI logins only",
+        security: "GSI, DCAU A between them",
+        covers: "a file, a tree and `--update` from one to the other on delegated proxies, \
+                 both ends' ADLER32 compared",
+        test: "gsi::a_copy_between_two_gsi_globus_servers_goes_straight_from_one_to_the_other",
+    },
 ];
 
 /// The table as `docs/interop.md` shows it.
@@ -261,6 +285,7 @@ fn every_cell_names_a_test() {
         ("proftpd", include_str!("proftpd.rs")),
         ("lftp", include_str!("lftp.rs")),
         ("globus", include_str!("globus.rs")),
+        ("gsi", include_str!("gsi.rs")),
     ];
     for c in MATRIX {
         let (module, name) = c.test.split_once("::").unwrap();
