@@ -168,8 +168,8 @@ fn refused(host: &str, e: rustls::Error) -> ClientError {
         rustls::Error::InvalidCertificate(c) => format!(
             "{host}'s certificate was refused ({c:?}): the CA that signed it must be in the \
              trusted directory (X509_CERT_DIR, else ~/.globus/certificates or \
-             /etc/grid-security/certificates), and the certificate must name {host} in its \
-             subjectAltName"
+             /etc/grid-security/certificates), and the certificate must name {host} (in its \
+             subjectAltName, or as its Common Name host/{host}): connect by that name"
         ),
         rustls::Error::AlertReceived(a) => format!(
             "{host} refused the handshake ({a:?}): check that it trusts the CA of your \

@@ -125,10 +125,17 @@ fn make(env: &Env) -> Result<GsiCredential, String> {
     // TLS 1.2: the Globus GSS mechanism (GCT 6.2) completes its context after a TLS 1.2
     // handshake; under TLS 1.3 it exchanges the server's session tickets in a round of
     // their own before the delegation byte.
+    let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| format!("GSI TLS setup: {e}"))?;
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS12])
         .map_err(|e| format!("GSI TLS setup: {e}"))?
-        .with_root_certificates(roots)
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(super::trust::Verifier::grid(webpki)))
         .with_client_cert_resolver(Arc::new(credential));
     config.resumption = rustls::client::Resumption::disabled();
     Ok(GsiCredential {

@@ -16,11 +16,28 @@ pub struct Verifier {
     webpki: Arc<WebPkiServerVerifier>,
     /// The certificates from `--tls-ca` (none for the system's).
     given: Vec<CertificateDer<'static>>,
+    /// A GridFTP server's host certificate, checked as GSI checks it: where its
+    /// subjectAltName does not carry the name, its Common Name as grid CAs issue them,
+    /// `host/NAME` (or `SERVICE/NAME`, or `NAME` alone).
+    grid_names: bool,
 }
 
 impl Verifier {
     pub fn new(webpki: Arc<WebPkiServerVerifier>, given: Vec<CertificateDer<'static>>) -> Self {
-        Verifier { webpki, given }
+        Verifier {
+            webpki,
+            given,
+            grid_names: false,
+        }
+    }
+
+    /// For GSI's host certificates (see `grid_names`).
+    pub fn grid(webpki: Arc<WebPkiServerVerifier>) -> Self {
+        Verifier {
+            webpki,
+            given: Vec::new(),
+            grid_names: true,
+        }
     }
 }
 
@@ -43,6 +60,17 @@ impl ServerCertVerifier for Verifier {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
+        // Web PKI checks the chain (authority, dates) before the name: refused for the name
+        // alone, the rest held.
+        let for_name = matches!(
+            e,
+            Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. }
+            )
+        );
+        if self.grid_names && for_name && grid_name_matches(end_entity, &server_name.to_str()) {
+            return Ok(ServerCertVerified::assertion());
+        }
         if !(is_ca_used_as_server(&e) && self.given.iter().any(|g| g == end_entity)) {
             return Err(e);
         }
@@ -75,6 +103,24 @@ impl ServerCertVerifier for Verifier {
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.webpki.supported_verify_schemes()
     }
+}
+
+/// Whether the certificate's last Common Name is `host`, or `SERVICE/host`.
+fn grid_name_matches(der: &CertificateDer<'_>, host: &str) -> bool {
+    use x509_parser::prelude::FromDer;
+    let Ok((_, cert)) = x509_parser::certificate::X509Certificate::from_der(der) else {
+        return false;
+    };
+    let Some(cn) = cert
+        .subject()
+        .iter_common_name()
+        .last()
+        .and_then(|a| a.as_str().ok())
+    else {
+        return false;
+    };
+    let name = cn.rsplit_once('/').map_or(cn, |(_, n)| n);
+    !host.is_empty() && name.eq_ignore_ascii_case(host)
 }
 
 /// One certificate and no other, known by its SHA-256 from a channel already trusted (ssh's,
@@ -161,6 +207,62 @@ fn check_dates(der: &CertificateDer<'_>, now: UnixTime) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A grid host certificate with no subjectAltName is taken for the host its Common Name
+    /// names (`host/NAME`), from a trusted CA; not for another host, nor from another CA.
+    #[test]
+    fn a_grid_host_certificate_is_known_by_its_common_name() {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "grid CA");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, &ca_key);
+        let host_key = rcgen::KeyPair::generate().unwrap();
+        let mut host = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        host.distinguished_name
+            .push(rcgen::DnType::CommonName, "host/dtn.example");
+        let host_cert = host.signed_by(&host_key, &issuer).unwrap();
+        let verifier = |root: &rcgen::Certificate| {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(root.der().clone()).unwrap();
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            Verifier::grid(
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .build()
+                    .unwrap(),
+            )
+        };
+        let check = |v: &Verifier, host: &str| {
+            v.verify_server_cert(
+                host_cert.der(),
+                &[],
+                &ServerName::try_from(host.to_string()).unwrap(),
+                &[],
+                UnixTime::now(),
+            )
+        };
+        let trusted = verifier(&ca_cert);
+        assert!(check(&trusted, "dtn.example").is_ok());
+        assert!(check(&trusted, "DTN.example").is_ok());
+        assert!(check(&trusted, "other.example").is_err());
+        // Only where asked for: an ftp:// server's certificate is named in its SAN.
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca_cert.der().clone()).unwrap();
+        let web = Verifier::new(
+            WebPkiServerVerifier::builder_with_provider(
+                Arc::new(roots),
+                Arc::new(rustls::crypto::ring::default_provider()),
+            )
+            .build()
+            .unwrap(),
+            Vec::new(),
+        );
+        assert!(check(&web, "dtn.example").is_err());
+        let stranger = rcgen::generate_simple_self_signed(vec!["x".into()]).unwrap();
+        assert!(check(&verifier(&stranger.cert), "dtn.example").is_err());
+    }
 
     /// A pinned verifier takes the certificate it was told of, whatever name is asked for,
     /// and refuses any other, even one for the same name.
