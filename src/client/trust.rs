@@ -3,6 +3,7 @@
 //! CA (`CA:TRUE`), and Web PKI forbids a CA certificate as a server's own. A certificate the user
 //! gave with `--tls-ca` is one they chose to trust as it is, so when the server presents exactly
 //! that certificate it is accepted as the server's, still checked for the name and the dates.
+//! Under GSI, a grid host certificate's name may be its Common Name alone (`host/NAME`).
 
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
