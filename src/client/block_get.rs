@@ -25,7 +25,7 @@ use crate::engine::sink::{Reorder, Sink};
 use crate::engine::stats::View;
 use crate::engine::transfer::{Accept, Joins, Transfer};
 use braid_proto::Command;
-use braid_proto::client::Direction;
+use braid_proto::client::{Direction, Op};
 use braid_proto::ranges::RangeSet;
 use braid_proto::retr_opts::RetrOpts;
 use std::sync::Arc;
@@ -283,6 +283,10 @@ fn receive(
         watch.bar.finish_and_clear();
         r
     };
+    if result.is_err() && c.authenticates_data() && c.refused_meanwhile() {
+        // The server refused RETR, whose answer is read only now (see `connect`).
+        c.transfer_started(&retr)?;
+    }
     let received = landing.bytes.load(Ordering::Relaxed);
     let partial = landing.partial_name();
     if watch.stopped() {
@@ -327,13 +331,17 @@ fn ticker<'a>(
     let mut prober = opts.background.is_some().then(Prober::default);
     let mut last_save = Instant::now();
     let elastic = transfer.elastic();
+    // Under GSI the answer to RETR is read with the transfer's end (see `connect`): a
+    // refusal, seen here, ends the wait for connections that will not come.
+    let answer_pending = c.authenticates_data();
     move || {
         let at = landing.resumed_from + landing.bytes.load(Ordering::Relaxed);
         watch.bar.set_position(at);
-        if elastic
-            && c.poll().is_ok()
-            && let Some(report) = c.session().take_sender_report()
-        {
+        let polled = (elastic || answer_pending) && c.poll().is_ok();
+        if polled && answer_pending && c.refused_meanwhile() {
+            transfer.abort().abort();
+        }
+        if polled && let Some(report) = c.session().take_sender_report() {
             steering.sender_reported(report);
         }
         if let Some(p) = &mut prober {
@@ -396,7 +404,13 @@ fn connect(
         Peer::GridFtp => {
             let listener = c.active_listener()?;
             c.restart_ranges(have)?;
-            c.start_transfer(retr)?;
+            if c.authenticates_data() {
+                // Under DCAU A the server answers only once its connection's handshake is
+                // done, which runs once the transfer takes connections: read with its end.
+                c.later(Op::StartTransfer(retr.clone()), Some(retr.to_line()))?;
+            } else {
+                c.start_transfer(retr)?;
+            }
             gridftp_joins(c, listener, 4 * n as usize + 4, opts.buffer)
         }
     };
@@ -424,7 +438,7 @@ pub(super) fn gridftp_joins(
         buffer,
         timeout: Some(STALL),
     };
-    Joins::accept(accept, STALL)
+    Joins::accept(accept, STALL).protected(c.gsi_accepting())
 }
 
 #[cfg(test)]

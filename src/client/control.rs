@@ -38,11 +38,8 @@ pub struct Control {
     pending: VecDeque<Reply>,
     /// After AUTH TLS: how data connections are protected too.
     tls: Option<Protection>,
-    /// Under GSI (`gsiftp://`).
-    gsi: bool,
-    /// DCAU N is in effect: data connections to this side go unauthenticated, as with
-    /// `globus-url-copy -nodcau` (braid does not run GSI on data connections).
-    dcau_none: bool,
+    /// Under GSI (`gsiftp://`): how data connections are authenticated (DCAU A).
+    gsi_data: Option<Arc<crate::engine::gsi_data::GsiData>>,
     /// Who logged in, for error messages.
     user: String,
     /// MODE E data connections the last transfer left open (the session knows which way).
@@ -165,8 +162,7 @@ impl Control {
             session: ClientSession::new(),
             pending: VecDeque::new(),
             tls: None,
-            gsi: false,
-            dcau_none: false,
+            gsi_data: None,
             user: String::new(),
             data: Vec::new(),
             deferred: VecDeque::new(),
@@ -604,17 +600,11 @@ impl Control {
             for op in [login, Op::Features, Op::Binary] {
                 self.run(op)?;
             }
-            if self.dcau_none {
-                self.run(no_data_authentication())?;
-            }
             return Ok(());
         }
         self.begin(login)?;
         self.begin(Op::Features)?;
         self.begin(Op::Binary)?;
-        if self.dcau_none {
-            self.begin(no_data_authentication())?;
-        }
         if let Some(path) = size_of {
             self.begin(Op::Ask(Command::Size(path.into())))?;
         }
@@ -622,7 +612,7 @@ impl Control {
             self.begin(Op::Passive)?;
         }
         // Outcomes come in the order the ops began.
-        for _ in 0..3 + usize::from(self.dcau_none) {
+        for _ in 0..3 {
             self.finished(None)?;
         }
         if let Some(path) = size_of {
@@ -707,13 +697,44 @@ impl Control {
     /// serve the connection, another host than the front end, so its address is taken as
     /// given (the server chose where its own data comes from; the client only reads).
     pub fn open_data(&mut self) -> Result<TcpStream> {
-        self.authenticate_data(false)?;
-        if self.gridftp_striped() {
-            let addr = self.node_passive()?;
-            return connect_data(&addr);
-        }
-        let addr = self.passive_addr()?;
+        let mut addr = match self.gridftp_striped() {
+            true => self.node_passive()?,
+            false => self.passive_addr()?,
+        };
+        // Under GSI the server takes the handshake once the command has come: `start_on`.
+        addr.gsi = None;
         connect_data(&addr)
+    }
+
+    /// Starts `cmd`, whose data goes on `data` (from [`Control::open_data`]): its 125/150,
+    /// then the connection as this session protects it. Under GSI the handshake runs between
+    /// the command and its answer, which the server gives only once it is done; a refusal
+    /// instead ends the handshake and is the error.
+    pub fn start_on(&mut self, data: TcpStream, cmd: &Command) -> Result<Wire> {
+        let Some(gsi) = self.gsi_data.clone() else {
+            self.start_transfer(cmd)?;
+            return self.protect(data);
+        };
+        self.send_transfer(cmd)?;
+        let mut shaking = data
+            .try_clone()
+            .map_err(|e| ClientError::Tls(format!("GSI setup: {e}")))?;
+        let (started, shaken) = std::thread::scope(|s| {
+            let handshake = s.spawn(move || gsi.initiate(&mut shaking));
+            let started = self.transfer_started(cmd);
+            if started.is_err() {
+                let _ = data.shutdown(std::net::Shutdown::Both);
+            }
+            (started, handshake.join())
+        });
+        started?;
+        match shaken {
+            Ok(Ok(())) => Ok(Wire::Clear(data)),
+            Ok(Err(e)) => Err(ClientError::Tls(format!(
+                "data connection: GSI authentication (DCAU A) failed: {e}"
+            ))),
+            Err(_) => Err(ClientError::Tls("the GSI handshake's thread failed".into())),
+        }
     }
 
     /// PASV to a striped Globus front end: the data node its reply names.
@@ -728,6 +749,7 @@ impl Control {
             target,
             round: target,
             detour: None,
+            gsi: self.gsi_data.clone(),
         })
     }
 
@@ -891,6 +913,7 @@ impl Control {
                     target,
                     round: target,
                     detour: None,
+                    gsi: self.gsi_data.clone(),
                 }
             })
             .collect())
@@ -911,6 +934,7 @@ impl Control {
             target,
             round: SocketAddr::new(self.far_data_ip.unwrap_or(target.ip()), port),
             detour: self.detour.clone(),
+            gsi: self.gsi_data.clone(),
         }
     }
 
@@ -1129,17 +1153,17 @@ impl Control {
     }
 
     /// AUTH GSSAPI and the ADAT exchange (RFC 2228, the Globus GSS mechanism): the security
-    /// context with the server `host`, under which every later command and reply goes;
-    /// `delegate`: the server gets a proxy of `credential`.
+    /// context with the server `host`, under which every later command and reply goes. The
+    /// server gets a proxy of `credential` (delegation), with which it shows itself as the
+    /// user on data connections: to this side, and to another server in a copy between two.
     pub fn start_gsi(
         &mut self,
         credential: &Arc<super::gsi_creds::GsiCredential>,
         host: &str,
-        delegate: bool,
     ) -> Result<()> {
         let pipelining = self.session.pipelining();
         self.session.set_pipeline(false);
-        let made = self.gsi_context(credential, host, delegate);
+        let made = self.gsi_context(credential, host);
         self.session.set_pipeline(pipelining);
         let gsi = made?;
         let sock = match &self.stream {
@@ -1153,8 +1177,7 @@ impl Control {
             }
         };
         self.stream = Channel::Gsi(Box::new(super::channel::Wrapped::new(sock, gsi)));
-        self.gsi = true;
-        self.dcau_none = !delegate;
+        self.gsi_data = Some(credential.data.clone());
         Ok(())
     }
 
@@ -1164,7 +1187,6 @@ impl Control {
         &mut self,
         credential: &Arc<super::gsi_creds::GsiCredential>,
         host: &str,
-        delegate: bool,
     ) -> Result<super::gsi::Gsi> {
         let refused = |reply: Reply, what: &str| {
             ClientError::Tls(format!(
@@ -1177,11 +1199,7 @@ impl Control {
         if auth.code != 334 {
             return Err(refused(auth, "AUTH GSSAPI"));
         }
-        let mut gsi = super::gsi::Gsi::new(
-            &credential.config,
-            host,
-            delegate.then(|| credential.clone()),
-        )?;
+        let mut gsi = super::gsi::Gsi::new(&credential.config, host, Some(credential.clone()))?;
         // A handshake takes three round trips (four with a delegation); a server still
         // asking after ten is not one.
         for _ in 0..10 {
@@ -1260,8 +1278,7 @@ impl Control {
         if offset > 0 {
             self.restart_at(offset)?;
         }
-        self.start_transfer(cmd)?;
-        self.protect(data)
+        self.start_on(data, cmd)
     }
 
     /// A data connection as this session protects it: TLS after `start_tls`.
@@ -1302,6 +1319,17 @@ impl Control {
         self.session.features().private_blocks()
     }
 
+    /// Under GSI: data connections run GSI's handshake (DCAU A) before their data.
+    pub fn authenticates_data(&self) -> bool {
+        self.gsi_data.is_some()
+    }
+
+    /// How connections a GridFTP server opens to this side are authenticated: under GSI,
+    /// its handshake (connections this side opens run it as they open).
+    pub fn gsi_accepting(&self) -> Option<DataTls> {
+        self.gsi_data.clone().map(DataTls::GsiAccept)
+    }
+
     pub fn uses_tls(&self) -> bool {
         self.tls.is_some()
     }
@@ -1318,39 +1346,6 @@ impl Control {
             return;
         }
         let _ = self.run(Op::Quit);
-    }
-}
-
-impl Control {
-    /// Under GSI, whether data connections are authenticated (DCAU A: between two servers
-    /// holding proxies of the user) or not (DCAU N: to this side); DCAU goes only when that
-    /// changes.
-    pub fn authenticate_data(&mut self, on: bool) -> Result<()> {
-        if !self.gsi || self.dcau_none != on {
-            return Ok(());
-        }
-        let mode = if on { "A" } else { "N" };
-        self.run(Op::Simple {
-            cmd: Command::Unknown {
-                verb: "DCAU".into(),
-                arg: Some(mode.into()),
-            },
-            ok: vec![200],
-        })?;
-        self.dcau_none = !on;
-        Ok(())
-    }
-}
-
-/// DCAU N: GridFTP authenticates data connections under GSI (DCAU A) with a delegated
-/// credential, which braid does not hand over; they go unauthenticated, in clear.
-fn no_data_authentication() -> Op {
-    Op::Simple {
-        cmd: Command::Unknown {
-            verb: "DCAU".into(),
-            arg: Some("N".into()),
-        },
-        ok: vec![200],
     }
 }
 

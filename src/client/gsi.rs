@@ -1,7 +1,8 @@
 //! GSI on the control connection (`gsiftp://`, RFC 2228 with the Globus GSS mechanism): the
 //! security context is a TLS handshake whose records travel base64-encoded in ADAT commands
 //! and their 335/235 replies, followed by one byte of application data saying whether the
-//! client delegates a credential (`0`: it does not). Every later command goes as
+//! client delegates a credential (`D`: the server then sends a certificate request, and the
+//! client answers with the proxy it signed; `0`: no delegation). Every later command goes as
 //! `ENC <base64 TLS record>`, every reply comes back as `632`/`633` lines carrying the
 //! plain reply. Pure: bytes and lines in, bytes and lines out; the socket is the caller's.
 

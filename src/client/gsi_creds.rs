@@ -15,6 +15,8 @@ pub struct GsiCredential {
     /// The credential's own certificate (DER): a delegated proxy's issuer.
     pub cert: Vec<u8>,
     pub key: Arc<dyn rustls::sign::SigningKey>,
+    /// The credential on data connections (DCAU A).
+    pub data: Arc<crate::engine::gsi_data::GsiData>,
 }
 
 /// The credential of every GSI session of this process, read once.
@@ -118,19 +120,18 @@ fn make(env: &Env) -> Result<GsiCredential, String> {
     // Not `with_client_auth_cert`: it parses the certificate as a web one, and a proxy's
     // critical ProxyCertInfo extension (RFC 3820) is unknown there. The server checks it.
     let cert = chain[0].to_vec();
-    let credential = Credential(Arc::new(rustls::sign::CertifiedKey::new(
-        chain,
-        signer.clone(),
-    )));
+    let roots = Arc::new(roots);
+    let data = crate::engine::gsi_data::GsiData::new(chain.clone(), signer.clone(), roots.clone())?;
+    let credential = crate::engine::gsi_data::Credential(Arc::new(
+        rustls::sign::CertifiedKey::new(chain, signer.clone()),
+    ));
     // TLS 1.2: the Globus GSS mechanism (GCT 6.2) completes its context after a TLS 1.2
     // handshake; under TLS 1.3 it exchanges the server's session tickets in a round of
     // their own before the delegation byte.
-    let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
-        Arc::new(roots),
-        provider.clone(),
-    )
-    .build()
-    .map_err(|e| format!("GSI TLS setup: {e}"))?;
+    let webpki =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+            .build()
+            .map_err(|e| format!("GSI TLS setup: {e}"))?;
     let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS12])
         .map_err(|e| format!("GSI TLS setup: {e}"))?
@@ -142,25 +143,8 @@ fn make(env: &Env) -> Result<GsiCredential, String> {
         config: Arc::new(config),
         cert,
         key: signer,
+        data: Arc::new(data),
     })
-}
-
-/// The user's credential, offered whatever CAs the server names.
-#[derive(Debug)]
-struct Credential(Arc<rustls::sign::CertifiedKey>);
-
-impl rustls::client::ResolvesClientCert for Credential {
-    fn resolve(
-        &self,
-        _root_hint_subjects: &[&[u8]],
-        _sigschemes: &[rustls::SignatureScheme],
-    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
-        Some(self.0.clone())
-    }
-
-    fn has_certs(&self) -> bool {
-        true
-    }
 }
 
 /// The certificates of a PEM file, in order (a proxy's chain: the proxy, then its issuers).

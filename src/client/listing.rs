@@ -60,8 +60,8 @@ pub fn list_tree(c: &mut Control, path: &str, bundles: Option<&Options>) -> Resu
     let deflated = c.deflate_next()?;
     let data = c.open_data()?;
     let listed = c
-        .start_transfer(&mlsr)
-        .and_then(|_| read_all(c.protect(data)?, c, &mlsr, deflated));
+        .start_on(data, &mlsr)
+        .and_then(|wire| read_all(wire, c, &mlsr, deflated));
     if deflated {
         c.plain_again()?;
     }
@@ -140,16 +140,14 @@ pub fn list_dir(c: &mut Control, path: &str) -> Result<Vec<ListEntry>> {
     let mlsd = Command::Mlsd(path.clone());
     let deflated = c.deflate_next()?;
     let data = c.open_data()?;
-    c.send_transfer(&mlsd)?;
-    let listed = match c.transfer_started(&mlsd) {
-        Ok(_) => read_all(c.protect(data)?, c, &mlsd, deflated).map(|t| (t, true)),
+    let listed = match c.start_on(data, &mlsd) {
+        Ok(wire) => read_all(wire, c, &mlsd, deflated).map(|t| (t, true)),
         // No MLSD (RFC 3659).
         Err(ClientError::Remote { reply, .. }) if matches!(reply.code, 500 | 501 | 502 | 504) => {
-            drop(data);
             let list = Command::List(path);
             let data = c.open_data()?;
-            c.start_transfer(&list)?;
-            read_all(c.protect(data)?, c, &list, deflated).map(|t| (t, false))
+            let wire = c.start_on(data, &list)?;
+            read_all(wire, c, &list, deflated).map(|t| (t, false))
         }
         Err(e) => Err(e),
     };

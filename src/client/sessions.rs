@@ -8,17 +8,6 @@ use super::url::Target;
 /// Connects, logs in, reads FEAT, sets TYPE I. `size_of`: a file whose SIZE is asked in the
 /// same flight where the server pipelines (a braid server).
 pub fn session(target: &Target, opts: &Options, size_of: Option<&str>) -> Result<Control> {
-    open(target, opts, size_of, false)
-}
-
-/// A session for a copy between GridFTP servers: under GSI, the server gets a proxy of the
-/// user's credential, with which it proves itself to the other server on the data
-/// connections between them (DCAU A, which stays in effect).
-pub fn delegating_session(target: &Target, opts: &Options) -> Result<Control> {
-    open(target, opts, None, true)
-}
-
-fn open(target: &Target, opts: &Options, size_of: Option<&str>, delegate: bool) -> Result<Control> {
     let mut c = match &opts.ssh {
         Some(ssh) => ssh.session()?,
         None => Control::connect(target)?,
@@ -27,7 +16,7 @@ fn open(target: &Target, opts: &Options, size_of: Option<&str>, delegate: bool) 
     c.deflate = opts.compress == braid_proto::compress::Policy::On;
     if target.gsi {
         let credential = super::gsi_creds::credential().map_err(ClientError::Usage)?;
-        c.start_gsi(&credential, &target.host, delegate)?;
+        c.start_gsi(&credential, &target.host)?;
     } else if let Some(tls) = &opts.tls {
         c.start_tls(tls, &target.host)?;
     }

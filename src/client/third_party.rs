@@ -11,7 +11,7 @@
 //!
 //! Between two GridFTP servers under GSI (`gsiftp://` both), each gets a proxy of the user's
 //! credential at login, and they authenticate the data connections between them with it
-//! themselves (DCAU A, their default): the checksum both ends give is then ADLER32 or MD5.
+//! themselves (DCAU A): the checksum both ends give is then ADLER32 or MD5.
 
 use super::Options;
 use super::control::Control;
@@ -203,8 +203,8 @@ impl Peers {
         Ok(peers)
     }
 
-    /// Logs in to two GridFTP servers under GSI, delegating to each a proxy with which they
-    /// authenticate each other's data connections.
+    /// Logs in to two GridFTP servers under GSI (each gets a proxy of the user's credential,
+    /// with which they authenticate each other's data connections).
     fn open_gridftp(src: &Target, dst: &Target, opts: &Options) -> Result<Peers> {
         if !(src.gsi && dst.gsi) {
             return Err(ClientError::Usage(
@@ -221,8 +221,8 @@ impl Peers {
                     .into(),
             ));
         }
-        let a = super::sessions::delegating_session(src, opts)?;
-        let b = super::sessions::delegating_session(dst, opts)?;
+        let a = session(src, opts, None)?;
+        let b = session(dst, opts, None)?;
         let both = |alg| a.checksum_offered(alg) && b.checksum_offered(alg);
         let checksum = if both("ADLER32") { "ADLER32" } else { "MD5" };
         Ok(Peers {
@@ -410,9 +410,6 @@ impl Peers {
     /// ones the last transfer left open go.
     fn link(&mut self) -> Result<()> {
         self.linked = false;
-        // Between GridFTP servers the data connections are theirs to authenticate.
-        self.a.authenticate_data(true)?;
-        self.b.authenticate_data(true)?;
         let there = self.b.passive_addr()?.target;
         self.a.expect(&Command::Eprt(there), &[200])?;
         Ok(())

@@ -16,7 +16,8 @@
 //! - [`stream`]: stream mode's copy loops (one connection, ASCII conversion, TLS), for client
 //!   and server; binary files in clear go by [`file_send`], which picks `sendfile` or a copy
 //!   by where the peer is.
-//! - [`tls`]: TLS on MODE E data connections (PROT P), each bound to the control session.
+//! - [`tls`]: TLS on MODE E data connections (PROT P), each bound to the control session;
+//!   [`gsi_data`]: GridFTP's GSI authentication of data connections (DCAU A).
 //! - [`stats`]: per-connection samples (bytes, rate, `TCP_INFO`) taken off the data path.
 //! - [`hooks`]: the **policy** (open and close connections, resize buffers) and the **pacer**
 //!   (cap the rate of the whole transfer), and the steering that applies them.
@@ -35,6 +36,7 @@ pub mod bundle;
 pub mod compress;
 pub mod compress_level;
 pub mod file_send;
+pub mod gsi_data;
 pub mod hooks;
 pub mod receive;
 pub mod roster;

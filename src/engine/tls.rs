@@ -114,6 +114,10 @@ pub enum DataTls {
         name: rustls::pki_types::ServerName<'static>,
         binding: Binding,
     },
+    /// GridFTP's data channel authentication (DCAU A) under GSI, on a connection a GridFTP
+    /// server opened to send: its handshake, then the data in clear. (Connections this side
+    /// opens run it as they open: see the client's `DataAddr`.)
+    GsiAccept(Arc<super::gsi_data::GsiData>),
 }
 
 /// Why a data connection could not be secured.
@@ -128,7 +132,8 @@ pub enum SecureError {
 }
 
 impl DataTls {
-    /// Runs the handshake and the binding proof on a fresh connection.
+    /// Runs the handshake and the binding proof on a fresh connection (under GSI, the
+    /// handshake and the flag).
     pub fn secure(&self, sock: TcpStream) -> Result<DataConn, SecureError> {
         // Each write is a whole record (or many), never a byte at a time, and Nagle would
         // hold a small record (a block's header, a small file's only block) behind the
@@ -164,6 +169,12 @@ impl DataTls {
                 }
                 restore(c.tcp());
                 Ok(c)
+            }
+            DataTls::GsiAccept(gsi) => {
+                let mut sock = sock;
+                gsi.accept(&mut sock).map_err(SecureError::Handshake)?;
+                restore(&sock);
+                Ok(DataConn::Clear(sock))
             }
             DataTls::Server {
                 config,
@@ -327,7 +338,7 @@ pub(super) fn refused(
     fail: impl Fn(super::EngineError),
 ) {
     match tls {
-        DataTls::Server { .. } => match from {
+        DataTls::Server { .. } | DataTls::GsiAccept(_) => match from {
             Some(from) => crate::warnings::warn(
                 "refused-data-tls",
                 from.ip(),

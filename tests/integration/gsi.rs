@@ -1,7 +1,10 @@
 //! `gsiftp://` against a globus-gridftp-server that takes only GSI logins: a CA, a host
 //! certificate, a user certificate and an RFC 3820 proxy made by openssl, the server's
 //! grid-mapfile mapping the user to the account it runs as; all in the test's directory and
-//! named to both programs by the X509_* variables, nothing of the system's touched.
+//! named to both programs by the X509_* variables, nothing of the system's touched. The
+//! server runs with its defaults, so every data connection is authenticated (DCAU A): the
+//! transfers pass only if braid's side of GSI's handshake does, both as the end that connects
+//! (uploads, listings) and as the one connected to (downloads).
 use crate::util::{Daemon, braid, random_bytes, require, run, sbin, tempdir};
 use std::path::{Path, PathBuf};
 use std::process::Command;
