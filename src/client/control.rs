@@ -697,44 +697,64 @@ impl Control {
     /// serve the connection, another host than the front end, so its address is taken as
     /// given (the server chose where its own data comes from; the client only reads).
     pub fn open_data(&mut self) -> Result<TcpStream> {
-        let mut addr = match self.gridftp_striped() {
+        let addr = match self.gridftp_striped() {
             true => self.node_passive()?,
             false => self.passive_addr()?,
         };
-        // Under GSI the server takes the handshake once the command has come: `start_on`.
-        addr.gsi = None;
         connect_data(&addr)
     }
 
     /// Starts `cmd`, whose data goes on `data` (from [`Control::open_data`]): its 125/150,
-    /// then the connection as this session protects it. Under GSI the handshake runs between
-    /// the command and its answer, which the server gives only once it is done; a refusal
-    /// instead ends the handshake and is the error.
+    /// then the connection as this session protects it.
     pub fn start_on(&mut self, data: TcpStream, cmd: &Command) -> Result<Wire> {
-        let Some(gsi) = self.gsi_data.clone() else {
-            self.start_transfer(cmd)?;
-            return self.protect(data);
-        };
         self.send_transfer(cmd)?;
-        let mut shaking = data
-            .try_clone()
+        self.started_authenticating(cmd, std::slice::from_ref(&data))?;
+        self.protect(data)
+    }
+
+    /// Waits for the 125/150 of `cmd` (sent), whose data goes on `socks`; true if on the
+    /// connections the last transfer left open (125). Under GSI each of `socks` runs GSI's
+    /// handshake meanwhile, as the server answers only once they are done; a refusal instead
+    /// shuts them, which ends their handshakes, and is the error.
+    pub fn started_authenticating(&mut self, cmd: &Command, socks: &[TcpStream]) -> Result<bool> {
+        let Some(gsi) = self.gsi_data.clone() else {
+            return self.transfer_started(cmd);
+        };
+        let shaking = socks
+            .iter()
+            .map(TcpStream::try_clone)
+            .collect::<std::io::Result<Vec<_>>>()
             .map_err(|e| ClientError::Tls(format!("GSI setup: {e}")))?;
         let (started, shaken) = std::thread::scope(|s| {
-            let handshake = s.spawn(move || gsi.initiate(&mut shaking));
+            let handshakes: Vec<_> = shaking
+                .into_iter()
+                .map(|mut sock| {
+                    let gsi = gsi.clone();
+                    s.spawn(move || gsi.initiate(&mut sock))
+                })
+                .collect();
             let started = self.transfer_started(cmd);
             if started.is_err() {
-                let _ = data.shutdown(std::net::Shutdown::Both);
+                for sock in socks {
+                    let _ = sock.shutdown(std::net::Shutdown::Both);
+                }
             }
-            (started, handshake.join())
+            let shaken: Vec<_> = handshakes.into_iter().map(|h| h.join()).collect();
+            (started, shaken)
         });
-        started?;
-        match shaken {
-            Ok(Ok(())) => Ok(Wire::Clear(data)),
-            Ok(Err(e)) => Err(ClientError::Tls(format!(
-                "data connection: GSI authentication (DCAU A) failed: {e}"
-            ))),
-            Err(_) => Err(ClientError::Tls("the GSI handshake's thread failed".into())),
+        let reused = started?;
+        for r in shaken {
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    return Err(ClientError::Tls(format!(
+                        "data connection: GSI authentication (DCAU A) failed: {e}"
+                    )));
+                }
+                Err(_) => return Err(ClientError::Tls("a GSI handshake's thread failed".into())),
+            }
         }
+        Ok(reused)
     }
 
     /// PASV to a striped Globus front end: the data node its reply names.
@@ -749,7 +769,6 @@ impl Control {
             target,
             round: target,
             detour: None,
-            gsi: self.gsi_data.clone(),
         })
     }
 
@@ -913,7 +932,6 @@ impl Control {
                     target,
                     round: target,
                     detour: None,
-                    gsi: self.gsi_data.clone(),
                 }
             })
             .collect())
@@ -934,7 +952,6 @@ impl Control {
             target,
             round: SocketAddr::new(self.far_data_ip.unwrap_or(target.ip()), port),
             detour: self.detour.clone(),
-            gsi: self.gsi_data.clone(),
         }
     }
 
@@ -1271,7 +1288,7 @@ impl Control {
             if offset > 0 {
                 self.restarted(offset)?;
             }
-            self.transfer_started(cmd)?;
+            self.started_authenticating(cmd, std::slice::from_ref(&data))?;
             return self.protect(data);
         }
         let data = self.open_data()?;

@@ -30,8 +30,6 @@ pub struct DataAddr {
     /// side connects to when the connection goes round.
     pub round: SocketAddr,
     pub detour: Option<Arc<Detour>>,
-    /// Under GSI (DCAU A): each connection runs GSI's handshake as it opens.
-    pub gsi: Option<Arc<crate::engine::gsi_data::GsiData>>,
 }
 
 pub use super::ways::Way;
@@ -258,16 +256,6 @@ pub fn connect(addr: &DataAddr, limit: Duration, straight_limit: Duration) -> Re
     };
     s.set_read_timeout(Some(limit)).ok();
     s.set_write_timeout(Some(limit)).ok();
-    if let Some(gsi) = &addr.gsi {
-        let mut s = s;
-        gsi.initiate(&mut s).map_err(|e| {
-            ClientError::Tls(format!(
-                "data connection to {}: GSI authentication (DCAU A) failed: {e}",
-                addr.target
-            ))
-        })?;
-        return Ok(s);
-    }
     Ok(s)
 }
 

@@ -222,12 +222,11 @@ pub fn open_and_start(
         |_| open_data(addr, buffer),
         || Err(ClientError::Protocol("a connecting thread failed".into())),
     );
-    let started = c.transfer_started(cmd);
     // Elastic: a server that has already sent everything on the first connections closes its
     // listener, so a refused latecomer is no error.
     let (ok, failed): (Vec<_>, Vec<_>) = socks.into_iter().partition(|s| s.is_ok());
-    started?;
     let ok: Vec<TcpStream> = ok.into_iter().filter_map(|s| s.ok()).collect();
+    c.started_authenticating(cmd, &ok)?;
     match failed.into_iter().find_map(|s| s.err()) {
         Some(e) if !elastic || ok.is_empty() => Err(e),
         Some(e) => {

@@ -275,6 +275,33 @@ fn a_gsi_login_refused_says_why_and_what_to_do() {
         err.contains("UnknownIssuer") && err.contains("X509_CERT_DIR"),
         "{err}"
     );
+    // A STOR or MLSD the server refuses fails with its reason at once: the data
+    // connection's GSI handshake, which the server never answers then, is cut short (it used
+    // to wait out the two-minute reply timeout, past this test's limit).
+    let env = grid.env(Some("proxy.pem"), "alice", "certs");
+    for (args, refused) in [
+        (
+            vec![
+                "put".to_string(),
+                grid.path("grid-mapfile"),
+                format!("{}/missing/dir/f", url.trim_end_matches("/f")),
+            ],
+            "refused STOR",
+        ),
+        (
+            vec![
+                "ls".to_string(),
+                format!("{}/missing/", url.trim_end_matches("/f")),
+            ],
+            "refused MLSD",
+        ),
+    ] {
+        let home = tempdir();
+        let mut cmd = crate::util::braid_command(home.path());
+        cmd.args(&args).envs(env.iter().map(|(k, v)| (k, v)));
+        let (ok, _, err) = run(&mut cmd, Duration::from_secs(60));
+        assert!(!ok && err.contains(refused), "{args:?}: {err}");
+    }
     // No credential anywhere: where braid looked, and how to make one.
     let mut env = grid.env(None, "nobody", "certs");
     env[1].1 = grid.path("missing.pem");
