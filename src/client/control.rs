@@ -1342,7 +1342,7 @@ impl Control {
     }
 
     /// How connections a GridFTP server opens to this side are authenticated: under GSI,
-    /// its handshake (connections this side opens run it as they open).
+    /// its handshake (connections this side opens run it in [`Control::started_authenticating`]).
     pub fn gsi_accepting(&self) -> Option<DataTls> {
         self.gsi_data.clone().map(DataTls::GsiAccept)
     }

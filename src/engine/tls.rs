@@ -115,8 +115,8 @@ pub enum DataTls {
         binding: Binding,
     },
     /// GridFTP's data channel authentication (DCAU A) under GSI, on a connection a GridFTP
-    /// server opened to send: its handshake, then the data in clear. (Connections this side
-    /// opens run it as they open: see the client's `DataAddr`.)
+    /// server opened to send: its handshake, then the data in clear. (The client runs it on
+    /// connections it opens itself while it reads the answer to their command.)
     GsiAccept(Arc<super::gsi_data::GsiData>),
 }
 
