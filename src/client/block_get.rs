@@ -275,7 +275,8 @@ fn receive(
     let watch = Watch::start(opts, size, landing.resumed_from).every(tick_every(opts));
     let receive =
         || engine::receive::receive(transfer, conns, &landing.sink, size, &landing.shared);
-    let result = if landing.watched {
+    // Under GSI the ticker also watches for RETR refused (its answer comes late).
+    let result = if landing.watched || c.authenticates_data() {
         let mut tick = ticker(c, transfer, steering, landing, &watch, opts);
         watch.run(transfer.abort(), receive, &mut tick)
     } else {
