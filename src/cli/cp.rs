@@ -25,7 +25,11 @@ pub struct CpArgs {
     /// straight to B over TLS data connections only B's session can accept; this machine
     /// drives both and checks both ends' checksums. A destination ending in / takes the
     /// source's name. With -r the destination's missing parents are made, and a tree's files
-    /// of up to 64 MiB go many to a transfer (bundles).
+    /// of up to 64 MiB go many to a transfer (bundles). Two GridFTP servers under GSI,
+    /// `gsiftp://A/path gsiftp://B/path`, the same way.
+    ///
+    /// Or a server and here: `ftp://host/f .` downloads and `f ftp://host/dir/` uploads, as
+    /// get and put do (`gsiftp://` too).
     #[arg(required = true, num_args = 2.., value_name = "SRC... DEST")]
     args: Vec<String>,
     /// Continue an interrupted transfer from where it stopped.
@@ -47,8 +51,12 @@ pub struct CpArgs {
 }
 
 pub fn run(a: CpArgs) -> anyhow::Result<u8> {
-    if a.args.iter().all(|s| crate::client::url::is_url(s)) {
+    use crate::client::url::is_url;
+    if a.args.iter().all(|s| is_url(s)) {
         return between_servers(&a);
+    }
+    if a.args.iter().any(|s| is_url(s)) {
+        return with_a_server(&a);
     }
     if a.shared.tls.tls || a.shared.tls.tls_ca.is_some() {
         return Err(ClientError::Usage(
@@ -142,6 +150,40 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
             download(targets, Some(&dest), &opts, &a.shared)
         }
     }
+}
+
+/// `braid cp ftp://host/f .` and `braid cp f ftp://host/dir/`: a download or an upload, as
+/// `get` and `put` do them (the URL may be `gsiftp://`).
+fn with_a_server(a: &CpArgs) -> anyhow::Result<u8> {
+    use crate::client::url::{CredentialSources, is_url, parse};
+    let [sources @ .., dest] = a.args.as_slice() else {
+        return Err(ClientError::Usage("braid cp needs a source and a destination".into()).into());
+    };
+    let mixed = || {
+        ClientError::Usage(
+            "braid cp copies between here and servers (URLs) or between here and one ssh host \
+             (host:path), each command one way: give local paths on the other side"
+                .into(),
+        )
+    };
+    let local = |s: &String| !is_url(s) && parse_remote(s).is_none();
+    let opts = a.shared.options(a.resume)?;
+    let creds = CredentialSources::from_env();
+    if is_url(dest) {
+        if !sources.iter().all(local) {
+            return Err(mixed().into());
+        }
+        let files: Vec<PathBuf> = sources.iter().map(PathBuf::from).collect();
+        return upload(&files, &parse(dest, &creds)?, &opts, &a.shared);
+    }
+    if !local(dest) || !sources.iter().all(|s| is_url(s)) {
+        return Err(mixed().into());
+    }
+    let targets = sources
+        .iter()
+        .map(|u| parse(u, &creds))
+        .collect::<Result<Vec<_>, _>>()?;
+    download(targets, Some(dest), &opts, &a.shared)
 }
 
 /// `braid cp ftp://A/f ftp://B/g`: A sends the file straight to B; with -r a directory and

@@ -655,3 +655,45 @@ fn cp_has_the_far_side_connect_back_or_goes_through_ssh_when_its_data_port_canno
     }
     nothing_left_running(&top.path().join("braid"));
 }
+
+/// `braid cp` with a server's URL on one side and local paths on the other is a download or
+/// an upload, as get and put make them (one command for both worlds); a URL with an ssh host
+/// on the other side is refused with what it takes.
+#[test]
+fn cp_between_here_and_an_ftp_server_downloads_and_uploads() {
+    let top = tempdir();
+    let root = top.path().join("srv");
+    std::fs::create_dir_all(root.join("tree/d")).unwrap();
+    let content = random_bytes(3_000_001, 17);
+    std::fs::write(root.join("a.bin"), &content).unwrap();
+    std::fs::write(root.join("tree/d/f"), b"in a tree").unwrap();
+    let server = crate::util::Server::start(&root, &["--anonymous", "--anonymous-write"]);
+    let url = |p: &str| format!("ftp://{}/{p}", server.addr);
+    let here = top.path().join("here");
+    std::fs::create_dir(&here).unwrap();
+    let cp = |args: &[&str]| {
+        let mut cmd = braid_command(top.path());
+        cmd.current_dir(&here).arg("cp").args(args);
+        run(&mut cmd, LIMIT)
+    };
+    let (ok, _, err) = cp(&[&url("a.bin"), "got.bin"]);
+    assert!(ok, "{err}");
+    assert!(
+        std::fs::read(here.join("got.bin")).unwrap() == content,
+        "download differs"
+    );
+    let (ok, _, err) = cp(&["-r", &url("tree"), "."]);
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read(here.join("tree/d/f")).unwrap(), b"in a tree");
+    let (ok, _, err) = cp(&["got.bin", &url("back/")]);
+    assert!(!ok && err.contains("refused STOR"), "{err}");
+    std::fs::create_dir(root.join("back")).unwrap();
+    let (ok, _, err) = cp(&["got.bin", &url("back/")]);
+    assert!(ok, "{err}");
+    assert!(
+        std::fs::read(root.join("back/got.bin")).unwrap() == content,
+        "upload differs"
+    );
+    let (ok, _, err) = cp(&[&url("a.bin"), "somehost:/x"]);
+    assert!(!ok && err.contains("between here and servers"), "{err}");
+}
