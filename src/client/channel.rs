@@ -47,6 +47,10 @@ impl Wrapped {
     }
 }
 
+/// The longest protected reply line taken: a whole reply is held to 1 MiB in clear (the
+/// reply parser's bound), which base64 makes 4/3 as long, with TLS's framing besides.
+const MAX_WRAPPED_LINE: usize = 2 << 20;
+
 /// Takes the first line (without its LF, and its CR if any) off `buf`.
 fn take_line(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
     let end = buf.iter().position(|&b| b == b'\n')?;
@@ -77,6 +81,12 @@ impl Read for Wrapped {
             if let Some(line) = take_line(&mut self.raw) {
                 self.plain = self.gsi.unwrap(&line).map_err(gsi_broken)?;
                 continue;
+            }
+            if self.raw.len() > MAX_WRAPPED_LINE {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("a protected reply line longer than {MAX_WRAPPED_LINE} bytes"),
+                ));
             }
             let mut chunk = [0u8; 16 * 1024];
             let n = self.sock.read(&mut chunk)?;
@@ -301,6 +311,38 @@ impl Said {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server that sends an endless line under GSI gets an error, not all of this side's
+    /// memory.
+    #[test]
+    fn an_endless_protected_reply_line_is_an_error() {
+        let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let gsi =
+            super::super::gsi::Gsi::new(&std::sync::Arc::new(config), "localhost", None).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let sock = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        let sender = std::thread::spawn(move || {
+            let chunk = vec![b'A'; 64 * 1024];
+            for _ in 0..64 {
+                if server.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut wrapped = Wrapped::new(sock, gsi);
+        let mut buf = [0u8; 100];
+        let e = wrapped.read(&mut buf).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        drop(wrapped);
+        sender.join().unwrap();
+    }
 
     #[test]
     fn a_childs_last_words_are_kept_once_it_ends_and_only_the_last_of_them() {
