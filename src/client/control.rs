@@ -1216,7 +1216,8 @@ impl Control {
         if auth.code != 334 {
             return Err(refused(auth, "AUTH GSSAPI"));
         }
-        let mut gsi = super::gsi::Gsi::new(&credential.config, host, Some(credential.clone()))?;
+        let mut gsi =
+            super::gsi::Gsi::new(&credential.config, host, Some(credential.certified.clone()))?;
         // A handshake takes three round trips (four with a delegation); a server still
         // asking after ten is not one.
         for _ in 0..10 {

@@ -16,7 +16,7 @@ pub struct Gsi {
     tls: rustls::ClientConnection,
     host: String,
     /// Delegate a proxy of this credential to the server; None: delegate nothing.
-    delegate: Option<std::sync::Arc<super::gsi_creds::GsiCredential>>,
+    delegate: Option<std::sync::Arc<rustls::sign::CertifiedKey>>,
     /// The delegation byte has gone.
     flag_sent: bool,
     /// The server's certificate request (delegation), as far as it came.
@@ -31,7 +31,7 @@ impl Gsi {
     pub fn new(
         config: &std::sync::Arc<rustls::ClientConfig>,
         host: &str,
-        delegate: Option<std::sync::Arc<super::gsi_creds::GsiCredential>>,
+        delegate: Option<std::sync::Arc<rustls::sign::CertifiedKey>>,
     ) -> Result<Gsi> {
         Ok(Gsi {
             tls: super::wire::client_conn(config, host)?,
@@ -62,8 +62,12 @@ impl Gsi {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as i64);
+            let issuer = cred
+                .cert
+                .first()
+                .ok_or_else(|| failed("delegation: the credential has no certificate"))?;
             let proxy =
-                super::gsi_proxy::sign_request(&self.request, &cred.cert, cred.key.as_ref(), now)
+                super::gsi_proxy::sign_request(&self.request, issuer, cred.key.as_ref(), now)
                     .map_err(|e| failed(&format!("delegation: {e}")))?;
             self.tls
                 .writer()

@@ -12,9 +12,9 @@ use std::sync::{Arc, OnceLock};
 /// The user's GSI credential: TLS settings presenting it, and what signs a proxy of it.
 pub struct GsiCredential {
     pub config: Arc<rustls::ClientConfig>,
-    /// The credential's own certificate (DER): a delegated proxy's issuer.
-    pub cert: Vec<u8>,
-    pub key: Arc<dyn rustls::sign::SigningKey>,
+    /// The chain and its key, as shown in every handshake and as the issuer of a delegated
+    /// proxy.
+    pub certified: Arc<rustls::sign::CertifiedKey>,
     /// The credential on data connections (DCAU A).
     pub data: Arc<crate::engine::gsi_data::GsiData>,
 }
@@ -119,12 +119,10 @@ fn make(env: &Env) -> Result<GsiCredential, String> {
         .map_err(|e| format!("the key in {} cannot sign: {e}", key_file.display()))?;
     // Not `with_client_auth_cert`: it parses the certificate as a web one, and a proxy's
     // critical ProxyCertInfo extension (RFC 3820) is unknown there. The server checks it.
-    let cert = chain[0].to_vec();
+    let certified = Arc::new(rustls::sign::CertifiedKey::new(chain, signer));
     let roots = Arc::new(roots);
-    let data = crate::engine::gsi_data::GsiData::new(chain.clone(), signer.clone(), roots.clone())?;
-    let credential = crate::engine::gsi_data::Credential(Arc::new(
-        rustls::sign::CertifiedKey::new(chain, signer.clone()),
-    ));
+    let data = crate::engine::gsi_data::GsiData::new(certified.clone(), roots.clone())?;
+    let credential = crate::engine::gsi_data::Credential(certified.clone());
     // TLS 1.2: the Globus GSS mechanism (GCT 6.2) completes its context after a TLS 1.2
     // handshake; under TLS 1.3 it exchanges the server's session tickets in a round of
     // their own before the delegation byte.
@@ -141,8 +139,7 @@ fn make(env: &Env) -> Result<GsiCredential, String> {
     config.resumption = rustls::client::Resumption::disabled();
     Ok(GsiCredential {
         config: Arc::new(config),
-        cert,
-        key: signer,
+        certified,
         data: Arc::new(data),
     })
 }

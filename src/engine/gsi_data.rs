@@ -29,18 +29,17 @@ pub struct GsiData {
 }
 
 impl GsiData {
-    /// `chain` (this side's certificate first) and `key` are the user's credential; the
-    /// other end must show one of the user named by the first certificate in `chain` that is
-    /// not a proxy, issued under `roots`.
+    /// `certified` (its chain this side's certificate first, and its key) is the user's
+    /// credential; the other end must show one of the user named by the first certificate of
+    /// the chain that is not a proxy, issued under `roots`.
     pub fn new(
-        chain: Vec<CertificateDer<'static>>,
-        key: Arc<dyn rustls::sign::SigningKey>,
+        certified: Arc<CertifiedKey>,
         roots: Arc<rustls::RootCertStore>,
     ) -> Result<GsiData, String> {
-        let identity = user_subject(&chain)?;
+        let identity = user_subject(&certified.cert)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let check = Arc::new(PeerCheck { roots, identity });
-        let credential = Arc::new(Credential(Arc::new(CertifiedKey::new(chain, key))));
+        let credential = Arc::new(Credential(certified));
         let setup = |e: Error| format!("GSI data connection setup: {e}");
         let client = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS12])
@@ -454,7 +453,8 @@ mod tests {
     fn two_ends_of_one_user_meet_and_the_data_follows_in_clear() {
         let g = grid();
         let alice = |i: usize| {
-            GsiData::new(g.users[i].0.clone(), g.users[i].1.clone(), g.roots.clone()).unwrap()
+            let (chain, key) = g.users[i].clone();
+            GsiData::new(Arc::new(CertifiedKey::new(chain, key)), g.roots.clone()).unwrap()
         };
         let (sent, got) = meet(&alice(0), &alice(0));
         sent.unwrap();
