@@ -221,12 +221,7 @@ mod tests {
             .unwrap()
             .serialize_request(&requester)
             .unwrap();
-        let key = rustls::crypto::ring::default_provider()
-            .key_provider
-            .load_private_key(rustls::pki_types::PrivateKeyDer::Pkcs8(
-                issuer_key.serialize_der().into(),
-            ))
-            .unwrap();
+        let key = crate::engine::gsi_data::test_grid::signer(&issuer_key);
         let now = 1_800_000_000;
         let der = sign_request(request.der(), issuer.der(), key.as_ref(), now).unwrap();
 

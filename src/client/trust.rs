@@ -213,27 +213,14 @@ mod tests {
     /// names (`host/NAME`), from a trusted CA; not for another host, nor from another CA.
     #[test]
     fn a_grid_host_certificate_is_known_by_its_common_name() {
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca.distinguished_name
-            .push(rcgen::DnType::CommonName, "grid CA");
-        let ca_cert = ca.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::new(ca, &ca_key);
-        let host_key = rcgen::KeyPair::generate().unwrap();
-        let mut host = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        host.distinguished_name
-            .push(rcgen::DnType::CommonName, "host/dtn.example");
-        let host_cert = host.signed_by(&host_key, &issuer).unwrap();
-        let verifier = |root: &rcgen::Certificate| {
-            let mut roots = rustls::RootCertStore::empty();
-            roots.add(root.der().clone()).unwrap();
+        use crate::engine::gsi_data::test_grid::Ca;
+        let ca = Ca::new();
+        let (host_cert, _) = ca.sign("host/dtn.example");
+        let webpki = |roots: Arc<rustls::RootCertStore>| {
             let provider = Arc::new(rustls::crypto::ring::default_provider());
-            Verifier::grid(
-                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-                    .build()
-                    .unwrap(),
-            )
+            WebPkiServerVerifier::builder_with_provider(roots, provider)
+                .build()
+                .unwrap()
         };
         let check = |v: &Verifier, host: &str| {
             v.verify_server_cert(
@@ -244,25 +231,15 @@ mod tests {
                 UnixTime::now(),
             )
         };
-        let trusted = verifier(&ca_cert);
+        let trusted = Verifier::grid(webpki(ca.roots()));
         assert!(check(&trusted, "dtn.example").is_ok());
         assert!(check(&trusted, "DTN.example").is_ok());
         assert!(check(&trusted, "other.example").is_err());
         // Only where asked for: an ftp:// server's certificate is named in its SAN.
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(ca_cert.der().clone()).unwrap();
-        let web = Verifier::new(
-            WebPkiServerVerifier::builder_with_provider(
-                Arc::new(roots),
-                Arc::new(rustls::crypto::ring::default_provider()),
-            )
-            .build()
-            .unwrap(),
-            Vec::new(),
-        );
+        let web = Verifier::new(webpki(ca.roots()), Vec::new());
         assert!(check(&web, "dtn.example").is_err());
-        let stranger = rcgen::generate_simple_self_signed(vec!["x".into()]).unwrap();
-        assert!(check(&verifier(&stranger.cert), "dtn.example").is_err());
+        let stranger = Ca::new();
+        assert!(check(&Verifier::grid(webpki(stranger.roots())), "dtn.example").is_err());
     }
 
     /// A pinned verifier takes the certificate it was told of, whatever name is asked for,

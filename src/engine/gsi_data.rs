@@ -382,50 +382,74 @@ fn user_subject(chain: &[CertificateDer<'_>]) -> Result<Vec<u8>, String> {
     Err("the credential holds proxies only, not the user's own certificate".into())
 }
 
+/// A CA of the tests' own and the certificates it signs, for the GSI tests here and in the
+/// client (host certificates, users, a delegation's issuer).
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod test_grid {
+    use std::sync::Arc;
 
-    /// A CA and two users of it: (roots, alice's chain and key, bob's).
-    struct Grid {
-        roots: Arc<rustls::RootCertStore>,
-        users: Vec<(
-            Vec<CertificateDer<'static>>,
-            Arc<dyn rustls::sign::SigningKey>,
-        )>,
+    pub struct Ca {
+        cert: rcgen::Certificate,
+        issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
     }
 
-    fn grid() -> Grid {
-        let ca_key = rcgen::KeyPair::generate().unwrap();
-        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca.distinguished_name
-            .push(rcgen::DnType::CommonName, "grid CA");
-        let ca_cert = ca.self_signed(&ca_key).unwrap();
-        let issuer = rcgen::Issuer::new(ca, &ca_key);
-        let mut roots = rustls::RootCertStore::empty();
-        roots.add(ca_cert.der().clone()).unwrap();
-        let users = ["alice", "bob"]
-            .iter()
-            .map(|name| {
-                let key = rcgen::KeyPair::generate().unwrap();
-                let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-                p.distinguished_name.push(rcgen::DnType::CommonName, *name);
-                let cert = p.signed_by(&key, &issuer).unwrap();
-                let signer = rustls::crypto::ring::default_provider()
-                    .key_provider
-                    .load_private_key(rustls::pki_types::PrivateKeyDer::Pkcs8(
-                        key.serialize_der().into(),
-                    ))
-                    .unwrap();
-                (vec![cert.der().clone()], signer)
-            })
-            .collect();
-        Grid {
-            roots: Arc::new(roots),
-            users,
+    impl Ca {
+        pub fn new() -> Ca {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, "grid CA");
+            let cert = params.self_signed(&key).unwrap();
+            Ca {
+                cert,
+                issuer: rcgen::Issuer::new(params, key),
+            }
+        }
+
+        /// The CA as the one trusted root.
+        pub fn roots(&self) -> Arc<rustls::RootCertStore> {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(self.cert.der().clone()).unwrap();
+            Arc::new(roots)
+        }
+
+        /// A certificate of Common Name `cn` (no subjectAltName), and its key.
+        pub fn sign(&self, cn: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, cn);
+            (params.signed_by(&key, &self.issuer).unwrap(), key)
         }
     }
+
+    /// `key` as rustls signs with it.
+    pub fn signer(key: &rcgen::KeyPair) -> Arc<dyn rustls::sign::SigningKey> {
+        rustls::crypto::ring::default_provider()
+            .key_provider
+            .load_private_key(rustls::pki_types::PrivateKeyDer::Pkcs8(
+                key.serialize_der().into(),
+            ))
+            .unwrap()
+    }
+
+    /// A credential of `cn` from `ca`: its certificate alone, and its key.
+    pub fn credential(ca: &Ca, cn: &str) -> Arc<rustls::sign::CertifiedKey> {
+        let (cert, key) = ca.sign(cn);
+        Arc::new(rustls::sign::CertifiedKey::new(
+            vec![cert.der().clone()],
+            signer(&key),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_grid::{Ca, credential};
+    use super::*;
 
     /// Runs `initiate` on one end of a loopback connection and `accept` on the other, then
     /// sends `after` in clear: what each side got.
@@ -451,16 +475,14 @@ mod tests {
 
     #[test]
     fn two_ends_of_one_user_meet_and_the_data_follows_in_clear() {
-        let g = grid();
-        let alice = |i: usize| {
-            let (chain, key) = g.users[i].clone();
-            GsiData::new(Arc::new(CertifiedKey::new(chain, key)), g.roots.clone()).unwrap()
-        };
-        let (sent, got) = meet(&alice(0), &alice(0));
+        let ca = Ca::new();
+        let (alice, bob) = (credential(&ca, "alice"), credential(&ca, "bob"));
+        let end = |who: &Arc<CertifiedKey>| GsiData::new(who.clone(), ca.roots()).unwrap();
+        let (sent, got) = meet(&end(&alice), &end(&alice));
         sent.unwrap();
         assert_eq!(got.unwrap(), b"data in clear");
         // bob is trusted by the same CA, but not alice: neither end takes the other.
-        let (sent, got) = meet(&alice(1), &alice(0));
+        let (sent, got) = meet(&end(&bob), &end(&alice));
         assert!(sent.is_err() || got.is_err());
         assert!(got.is_err(), "alice's end took bob's");
     }
