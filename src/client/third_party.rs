@@ -176,22 +176,7 @@ impl Peers {
                 dst.host
             )));
         };
-        let mut peers = Peers {
-            a,
-            b,
-            src_host: format!("{}:{}", src.host, src.port),
-            dst_host: format!("{}:{}", dst.host, dst.port),
-            streams: opts.streams.map(|n| n.max(1)),
-            rate: opts.rate_limit,
-            background: opts.background.map(|d| {
-                (d.as_millis() as u32).clamp(1, braid_proto::retr_opts::MAX_BACKGROUND_MS)
-            }),
-            buffer: opts.buffer,
-            told: None,
-            b_ready: false,
-            linked: false,
-            gridftp_checksum: None,
-        };
+        let mut peers = Peers::logged_in(a, b, src, dst, opts, None);
         peers.a.expect(
             &Command::Opts(format!(
                 "BRAID PEER={}:{}",
@@ -225,20 +210,34 @@ impl Peers {
         let b = session(dst, opts, None)?;
         let both = |alg| a.checksum_offered(alg) && b.checksum_offered(alg);
         let checksum = if both("ADLER32") { "ADLER32" } else { "MD5" };
-        Ok(Peers {
+        Ok(Peers::logged_in(a, b, src, dst, opts, Some(checksum)))
+    }
+
+    /// The two sessions, logged in to `src` and `dst`, with the settings of `opts`.
+    fn logged_in(
+        a: Control,
+        b: Control,
+        src: &Target,
+        dst: &Target,
+        opts: &Options,
+        gridftp_checksum: Option<&'static str>,
+    ) -> Peers {
+        Peers {
             a,
             b,
             src_host: format!("{}:{}", src.host, src.port),
             dst_host: format!("{}:{}", dst.host, dst.port),
             streams: opts.streams.map(|n| n.max(1)),
-            rate: None,
-            background: None,
+            rate: opts.rate_limit,
+            background: opts.background.map(|d| {
+                (d.as_millis() as u32).clamp(1, braid_proto::retr_opts::MAX_BACKGROUND_MS)
+            }),
             buffer: opts.buffer,
             told: None,
             b_ready: false,
             linked: false,
-            gridftp_checksum: Some(checksum),
-        })
+            gridftp_checksum,
+        }
     }
 
     /// Copies `from` (on A) to `to` (on B), a file `size` bytes long last modified at
