@@ -332,25 +332,16 @@ fn an_upload_whose_client_vanishes_before_connecting_frees_its_name_at_once() {
     let mut b = crate::util::Raw::login(server.addr, "anonymous", "x");
     b.send("TYPE I");
     assert!(b.reply().starts_with("200"));
-    // Tries a stream-mode STOR of the name: Some(true) when stored, Some(false) when the name
-    // is still another upload's.
+    // Tries a stream-mode STOR of the name: true when stored, false when the name is still
+    // another upload's.
     let mut store = |data: &[u8]| -> bool {
-        b.send("EPSV");
-        let r = b.reply();
-        let port: u16 = r
-            .split("|||")
-            .nth(1)
-            .and_then(|p| p.split('|').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("EPSV: {r}"));
+        let mut data_conn = b.epsv();
         b.send("STOR held.bin");
         let r = b.reply();
         if r.starts_with("450") {
             return false;
         }
         assert!(r.starts_with("150") || r.starts_with("125"), "STOR: {r}");
-        let mut data_conn =
-            std::net::TcpStream::connect((server.addr.ip(), port)).expect("data connection");
         data_conn.write_all(data).unwrap();
         drop(data_conn);
         let r = b.reply();
