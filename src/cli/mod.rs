@@ -57,7 +57,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Serve a directory over FTP (anonymous and read-only unless told otherwise).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Download files: braid get ftp://host/path [DEST], or many: braid get URL... DIR
     #[command(after_long_help = EXIT_CODES)]
     Get(get::GetArgs),
@@ -158,7 +158,7 @@ fn print_all(bytes: &[u8]) -> anyhow::Result<u8> {
 
 fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
-        Cmd::Serve(args) => serve::run(args).map(|()| exit::OK),
+        Cmd::Serve(args) => serve::run(*args).map(|()| exit::OK),
         Cmd::Get(args) => get::run(args),
         Cmd::Put(args) => put::run(args),
         Cmd::Cp(args) => cp::run(args),

@@ -192,6 +192,7 @@ fn failed(why: &str) -> ClientError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
     use std::sync::Arc;
 
     /// A TLS 1.2 server in memory standing for the GridFTP server's side of the context.
@@ -270,5 +271,86 @@ mod tests {
         // A reply the server could not protect passes as it is.
         assert_eq!(gsi.unwrap(b"500 what?").unwrap(), b"500 what?\r\n");
         assert!(gsi.unwrap(b"633 not base64!").is_err());
+    }
+
+    /// braid's two halves meet in memory: the server's context (`server::gsi`) takes the
+    /// client's handshake and delegation byte, asks for a proxy, gets one for the key it
+    /// made, names the user as grid-mapfiles do; then commands and replies (a multi-line one
+    /// too) go wrapped both ways.
+    #[test]
+    fn braids_server_context_takes_the_client_and_the_proxy_it_delegates() {
+        use crate::engine::gsi_data::test_grid::{Ca, credential};
+        use crate::server::gsi::{GsiHost, Step};
+        let ca = Ca::new();
+        let (host, host_key) = ca.sign("host/localhost");
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(host_key.serialize_der().into());
+        let host = GsiHost::with(vec![host.der().clone()], key, ca.roots(), Path::new("")).unwrap();
+        let alice = credential(&ca, "alice");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            ca.roots(),
+            provider.clone(),
+        )
+        .build()
+        .unwrap();
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(super::super::trust::Verifier::grid(webpki)))
+            .with_client_cert_resolver(Arc::new(crate::engine::gsi_data::Credential(
+                alice.clone(),
+            )));
+        let mut gsi = Gsi::new(&Arc::new(config), "localhost", Some(alice.clone())).unwrap();
+        let mut server = host.accepting().unwrap();
+        for round in 0.. {
+            assert!(round < 6, "the context does not end");
+            match server.step(&gsi.next_token().unwrap()).unwrap() {
+                Step::More(token) => gsi.take(&format!("ADAT={token}")).unwrap(),
+                Step::Done(last) => {
+                    if let Some(token) = last {
+                        gsi.take(&format!("ADAT={token}")).unwrap();
+                    }
+                    break;
+                }
+            }
+        }
+        assert!(gsi.complete());
+        let context = server.established().unwrap();
+        assert_eq!(context.subject, "/CN=alice");
+        let proxy = context.delegated.expect("a delegated proxy");
+        assert_eq!(proxy.cert.len(), 2, "the proxy, then alice's certificate");
+        assert_eq!(
+            crate::engine::gsi_data::user_subject(&proxy.cert).unwrap(),
+            crate::engine::gsi_data::user_subject(&alice.cert).unwrap()
+        );
+        crate::engine::gsi_data::GsiData::new(proxy, ca.roots()).unwrap();
+
+        let mut lines = context.lines;
+        let wrapped = gsi.wrap(b"CWD /data\r\n").unwrap();
+        let command = lines
+            .unwrap(&wrapped[..wrapped.len() - 2])
+            .unwrap()
+            .unwrap();
+        assert_eq!(command, b"CWD /data");
+        assert!(
+            lines.unwrap(b"CWD /elsewhere").is_none(),
+            "an unprotected line passed"
+        );
+        let reply = lines
+            .wrap(b"211-Features:\r\n DCAU\r\n211 End\r\n")
+            .unwrap();
+        let reply = String::from_utf8(reply).unwrap();
+        let sent: Vec<&str> = reply.lines().collect();
+        assert_eq!(sent.len(), 3, "{reply}");
+        assert!(
+            sent[0].starts_with("632-") && sent[2].starts_with("632 "),
+            "{reply}"
+        );
+        let mut plain = Vec::new();
+        for line in sent {
+            plain.extend(gsi.unwrap(line.as_bytes()).unwrap());
+        }
+        assert_eq!(plain, b"211-Features:\r\n DCAU\r\n211 End\r\n");
     }
 }

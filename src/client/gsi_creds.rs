@@ -4,9 +4,9 @@
 //! and `userkey.pem`); the CAs in `X509_CERT_DIR`, else `~/.globus/certificates`, else
 //! `/etc/grid-security/certificates`.
 
+use rustls::pki_types::PrivateKeyDer;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 /// The user's GSI credential: TLS settings presenting it, and what signs a proxy of it.
@@ -89,7 +89,7 @@ impl Env {
 
 fn make(env: &Env) -> Result<GsiCredential, String> {
     let (chain_file, key_file) = env.credential()?;
-    let chain = certificates(&chain_file)?;
+    let chain = crate::engine::gsi_data::certificates(&chain_file)?;
     if chain.is_empty() {
         return Err(format!("no certificate in {}", chain_file.display()));
     }
@@ -102,7 +102,7 @@ fn make(env: &Env) -> Result<GsiCredential, String> {
     })?;
     let dir = env.ca_dir();
     let mut roots = rustls::RootCertStore::empty();
-    for cert in trusted(&dir)? {
+    for cert in crate::engine::gsi_data::trusted(&dir)? {
         let _ = roots.add(cert);
     }
     if roots.is_empty() {
@@ -144,40 +144,11 @@ fn make(env: &Env) -> Result<GsiCredential, String> {
     })
 }
 
-/// The certificates of a PEM file, in order (a proxy's chain: the proxy, then its issuers).
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("cannot read certificates from {}: {e}", path.display()))
-}
-
-/// The CA certificates of a Globus CA directory: its hash-named files (`1a2b3c4d.0`) and any
-/// `.pem`, not its signing policies, namespaces or CRLs (`.r0`).
-fn trusted(dir: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let entries = std::fs::read_dir(dir).map_err(|e| {
-        format!(
-            "cannot read the CA directory {} ({e}): set X509_CERT_DIR to the directory of \
-             trusted CAs",
-            dir.display()
-        )
-    })?;
-    let mut found = Vec::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let ext = name.rsplit_once('.').map_or("", |(_, e)| e);
-        let is_ca =
-            name.ends_with(".pem") || (!ext.is_empty() && ext.bytes().all(|b| b.is_ascii_digit()));
-        if is_ca && let Ok(certs) = certificates(&entry.path()) {
-            found.extend(certs);
-        }
-    }
-    Ok(found)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::gsi_data::trusted;
+    use std::path::Path;
 
     fn env(home: &Path) -> Env {
         Env {

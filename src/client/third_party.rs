@@ -194,8 +194,9 @@ impl Peers {
         if !(src.gsi && dst.gsi) {
             return Err(ClientError::Usage(
                 "a copy between servers goes either between two braid servers (ftp:// with \
-                 --tls) or between two GridFTP servers under GSI (gsiftp://): braid serve does \
-                 not take GSI; copy through this machine with get and put instead"
+                 --tls) or between two GridFTP servers under GSI (gsiftp://, braid serve \
+                 --gsi-cert among them), not from one kind to the other: name both gsiftp://, \
+                 or copy through this machine with get and put"
                     .into(),
             ));
         }

@@ -11,12 +11,14 @@
 //! must be this side's user's.
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, Error, SignatureScheme};
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::sync::Arc;
 use x509_parser::prelude::FromDer;
 
@@ -38,7 +40,10 @@ impl GsiData {
     ) -> Result<GsiData, String> {
         let identity = user_subject(&certified.cert)?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let check = Arc::new(PeerCheck { roots, identity });
+        let check = Arc::new(PeerCheck {
+            roots,
+            identity: Some(identity),
+        });
         let credential = Arc::new(Credential(certified));
         let setup = |e: Error| format!("GSI data connection setup: {e}");
         let client = rustls::ClientConfig::builder_with_provider(provider.clone())
@@ -104,6 +109,37 @@ impl GsiData {
     }
 }
 
+/// The certificates of a PEM file, in order (a proxy's chain: the proxy, then its issuers).
+pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("cannot read certificates from {}: {e}", path.display()))
+}
+
+/// The CA certificates of a Globus CA directory: its hash-named files (`1a2b3c4d.0`) and any
+/// `.pem`, not its signing policies, namespaces or CRLs (`.r0`).
+pub fn trusted(dir: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        format!(
+            "cannot read the CA directory {} ({e}): set X509_CERT_DIR to the directory of \
+             trusted CAs",
+            dir.display()
+        )
+    })?;
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let ext = name.rsplit_once('.').map_or("", |(_, e)| e);
+        let is_ca =
+            name.ends_with(".pem") || (!ext.is_empty() && ext.bytes().all(|b| b.is_ascii_digit()));
+        if is_ca && let Ok(certs) = certificates(&entry.path()) {
+            found.extend(certs);
+        }
+    }
+    Ok(found)
+}
+
 /// Writes what TLS has to send.
 fn send<T>(tls: &mut rustls::ConnectionCommon<T>, sock: &mut TcpStream) -> std::io::Result<()> {
     while tls.wants_write() {
@@ -153,12 +189,22 @@ impl rustls::server::ResolvesServerCert for Credential {
     }
 }
 
+/// A client's chain, on a GSI control connection, must be a credential of some user whose
+/// CA is among `roots` (which user is for the grid-mapfile to say).
+pub fn any_user(roots: Arc<rustls::RootCertStore>) -> Arc<dyn ClientCertVerifier> {
+    Arc::new(PeerCheck {
+        roots,
+        identity: None,
+    })
+}
+
 /// The other end's chain must be a credential of this user.
 #[derive(Debug)]
 struct PeerCheck {
     roots: Arc<rustls::RootCertStore>,
     /// The user's subject (DER): the first certificate of this side's chain not a proxy.
-    identity: Vec<u8>,
+    /// None: any user's.
+    identity: Option<Vec<u8>>,
 }
 
 impl PeerCheck {
@@ -208,7 +254,11 @@ impl PeerCheck {
             None,
         )
         .map_err(|e| bad(CertificateError::Other(rustls::OtherError(Arc::new(e)))))?;
-        if parsed[user].subject().as_raw() != self.identity.as_slice() {
+        if self
+            .identity
+            .as_ref()
+            .is_some_and(|me| parsed[user].subject().as_raw() != me.as_slice())
+        {
             return Err(bad(CertificateError::ApplicationVerificationFailure));
         }
         Ok(())
@@ -371,7 +421,7 @@ fn is_proxy(cert: &x509_parser::certificate::X509Certificate<'_>) -> bool {
 }
 
 /// The subject (DER) of the first certificate of `chain` that is not a proxy: the user's.
-fn user_subject(chain: &[CertificateDer<'_>]) -> Result<Vec<u8>, String> {
+pub fn user_subject(chain: &[CertificateDer<'_>]) -> Result<Vec<u8>, String> {
     for der in chain {
         let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der)
             .map_err(|e| format!("the credential's certificate does not parse: {e}"))?;

@@ -118,6 +118,9 @@ pub enum DataTls {
     /// server opened to send: its handshake, then the data in clear. (The client runs it on
     /// connections it opens itself while it reads the answer to their command.)
     GsiAccept(Arc<super::gsi_data::GsiData>),
+    /// DCAU A on a connection this side opened (a GSI server sending to a PORT: to its
+    /// client, or to another server in a copy between two).
+    GsiInitiate(Arc<super::gsi_data::GsiData>),
 }
 
 /// Why a data connection could not be secured.
@@ -173,6 +176,12 @@ impl DataTls {
             DataTls::GsiAccept(gsi) => {
                 let mut sock = sock;
                 gsi.accept(&mut sock).map_err(SecureError::Handshake)?;
+                restore(&sock);
+                Ok(DataConn::Clear(sock))
+            }
+            DataTls::GsiInitiate(gsi) => {
+                let mut sock = sock;
+                gsi.initiate(&mut sock).map_err(SecureError::Handshake)?;
                 restore(&sock);
                 Ok(DataConn::Clear(sock))
             }
@@ -330,7 +339,7 @@ impl SecureError {
 /// sent on another, or one this side shut once all had arrived), as a clear one closed
 /// before its first block is; any other failure is the server failing TLS, which fails the
 /// transfer.
-pub(super) fn refused(
+pub fn refused(
     tls: &DataTls,
     e: SecureError,
     from: Option<std::net::SocketAddr>,
@@ -349,7 +358,7 @@ pub(super) fn refused(
         DataTls::Client { .. } if elastic && e.is_connection_loss() => {
             tracing::debug!("a data connection closed during its TLS handshake: {e}");
         }
-        DataTls::Client { .. } => fail(super::EngineError::Tls(e)),
+        DataTls::Client { .. } | DataTls::GsiInitiate(_) => fail(super::EngineError::Tls(e)),
     }
 }
 

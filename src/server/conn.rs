@@ -51,6 +51,8 @@ pub(super) struct Conn {
     pub(super) peer: SocketAddr,
     pub(super) user: Option<String>,
     pub(super) command: String,
+    /// After a GSI login: every command comes wrapped, every reply goes wrapped.
+    pub(super) gsi: Option<Box<super::gsi::Wrapper>>,
 }
 
 /// What reading the next command gave.
@@ -83,6 +85,7 @@ impl Conn {
             peer,
             user: None,
             command: String::new(),
+            gsi: None,
         }
     }
 
@@ -158,6 +161,10 @@ impl Conn {
     pub(super) async fn read_input(&mut self) -> Input {
         loop {
             match self.lines.next_line() {
+                Ok(Some(l)) if self.gsi.is_some() => match self.unwrapped(&l).await {
+                    Some(input) => return input,
+                    None => continue,
+                },
                 Ok(Some(l)) => return Input::Line(l),
                 Ok(None) => {}
                 Err(LineError::TooLong(_)) => return Input::TooLong,
@@ -193,6 +200,39 @@ impl Conn {
         }
     }
 
+    /// From now on commands come wrapped and replies go wrapped. A wrapped line is base64 of
+    /// a TLS record: room for a command of the usual limit, which is checked once unwrapped.
+    pub(super) fn start_gsi(&mut self, lines: super::gsi::Wrapper) {
+        let pending = self.lines.take_pending();
+        self.lines = LineBuffer::new(MAX_LINE * 2);
+        self.lines.extend(&pending);
+        self.gsi = Some(Box::new(lines));
+    }
+
+    /// Under GSI, the command a line carries; None for a line that was not protected, which
+    /// is refused (533) as Globus does: anyone on the path could have put it there.
+    async fn unwrapped(&mut self, line: &[u8]) -> Option<Input> {
+        let unwrapped = self.gsi.as_mut()?.unwrap(line);
+        match unwrapped {
+            Some(Ok(plain)) if plain.len() > MAX_LINE => Some(Input::TooLong),
+            Some(Ok(plain)) => Some(Input::Line(plain)),
+            Some(Err(e)) => {
+                tracing::warn!(peer = %self.peer, "a protected command: {e}");
+                Some(Input::Closed)
+            }
+            None => {
+                let refusal = Reply::new(
+                    533,
+                    "Commands must be protected (ENC or MIC) after AUTH GSSAPI.",
+                );
+                match self.send(&refusal).await {
+                    Ok(()) => None,
+                    Err(_) => Some(Input::Closed),
+                }
+            }
+        }
+    }
+
     /// Sends a reply; one that refuses the command is logged.
     pub(super) async fn send(&mut self, r: &Reply) -> std::io::Result<()> {
         if r.code >= 400 {
@@ -212,7 +252,15 @@ impl Conn {
     /// the transfer's line already reports with its outcome.
     pub(super) async fn send_unlogged(&mut self, r: &Reply) -> std::io::Result<()> {
         tracing::debug!("> {r}");
-        r.encode(&mut self.corked);
+        match &mut self.gsi {
+            Some(gsi) => {
+                let mut plain = Vec::new();
+                r.encode(&mut plain);
+                let wrapped = gsi.wrap(&plain).map_err(std::io::Error::other)?;
+                self.corked.extend_from_slice(&wrapped);
+            }
+            None => r.encode(&mut self.corked),
+        }
         if self.cork {
             return Ok(());
         }

@@ -54,16 +54,34 @@ impl Io {
         }
     }
 
-    /// The one data connection of a stream-mode transfer, as a blocking socket.
+    /// The one data connection of a stream-mode transfer, as a blocking socket. Under DCAU A
+    /// it has run GSI's handshake; a connection that fails it, on a passive port, is a
+    /// stranger's: refused, and the next one waited for.
     pub(super) async fn stream_connection(
         &mut self,
-        endpoint: &DataEndpoint,
+        t: &Transfer,
     ) -> Result<std::net::TcpStream, String> {
         let deadline = Instant::now() + self.config.data_timeout;
-        let sock = match endpoint {
+        let gsi = self.data_tls(t).filter(|_| t.gsi);
+        let sock = match &t.endpoint {
             DataEndpoint::Passive(_) => {
                 let listener = self.passive.take().ok_or("no passive listener")?;
-                accept_from(&listener, self.admits_client(), deadline).await?
+                let admits = Admits {
+                    anyone: self.gsi_third_party(t),
+                    ..self.admits_client()
+                };
+                loop {
+                    let sock = accept_from(&listener, admits, deadline).await?;
+                    let sock = self.blocking(sock, None)?;
+                    let Some(gsi) = &gsi else {
+                        return Ok(sock);
+                    };
+                    let from = sock.peer_addr().ok();
+                    match secured(gsi, sock).await {
+                        Ok(sock) => return Ok(sock),
+                        Err(e) => engine::tls::refused(gsi, e, from, false, |_| {}),
+                    }
+                }
             }
             DataEndpoint::Active(addr) => connect_to(*addr, self.local.ip(), deadline).await?,
             DataEndpoint::ActivePorts(addrs) => {
@@ -73,7 +91,13 @@ impl Io {
             DataEndpoint::Cached => return Err("stream mode keeps no data connections".into()),
             DataEndpoint::Striped(_) => return Err("striped data moves in MODE E only".into()),
         };
-        self.blocking(sock, None)
+        let sock = self.blocking(sock, None)?;
+        match &gsi {
+            Some(gsi) => secured(gsi, sock)
+                .await
+                .map_err(|e| format!("GSI data channel authentication (DCAU A) failed: {e}")),
+            None => Ok(sock),
+        }
     }
 
     /// The data connections of a MODE E transfer. The sender opens them (GFD.20), except that a
@@ -186,7 +210,14 @@ impl Io {
     /// In a third-party transfer this server connects to the other one: it is the TLS client
     /// there, checks that server's certificate against the one the client named, and proves
     /// the binding of the client's session with it.
-    fn data_tls(&self, t: &Transfer) -> Option<DataTls> {
+    pub(super) fn data_tls(&self, t: &Transfer) -> Option<DataTls> {
+        if t.gsi {
+            let gsi = self.gsi_data()?;
+            return Some(match t.endpoint {
+                DataEndpoint::Active(_) | DataEndpoint::ActivePorts(_) => DataTls::GsiInitiate(gsi),
+                _ => DataTls::GsiAccept(gsi),
+            });
+        }
         let config = self.tls.as_ref().filter(|_| t.private)?.control.clone();
         if let Some(ThirdParty::Connect(peer)) = &t.third_party {
             let config = match crate::client::wire::pinned_config(peer.certificate) {
@@ -216,6 +247,17 @@ impl Io {
         })
     }
 
+    /// Under DCAU A: the credential data connections are authenticated with.
+    pub(super) fn gsi_data(&self) -> Option<Arc<engine::gsi_data::GsiData>> {
+        self.gsi_user.as_ref()?.data.clone()
+    }
+
+    /// Under DCAU A a data connection shows the user's credential, so it may come from
+    /// another server (a copy between two), unless the admin said --no-third-party.
+    fn gsi_third_party(&self, t: &Transfer) -> bool {
+        t.gsi && self.config.third_party
+    }
+
     /// Who may open a stream-mode data connection: the client.
     fn admits_client(&self) -> Admits {
         Admits {
@@ -232,7 +274,8 @@ impl Io {
             return Admits::client(order.client);
         }
         Admits {
-            anyone: t.third_party == Some(ThirdParty::Accept),
+            // Under DCAU A each must show the user's credential, from wherever it comes.
+            anyone: t.third_party == Some(ThirdParty::Accept) || self.gsi_third_party(t),
             ..self.admits_client()
         }
     }
@@ -286,6 +329,21 @@ async fn accept_from(
             from.ip(),
             format_args!("refused data connection from {from}, a host other than the client"),
         );
+    }
+}
+
+/// GSI's handshake (DCAU A) on a stream-mode connection, off the async threads.
+async fn secured(
+    gsi: &DataTls,
+    sock: std::net::TcpStream,
+) -> Result<std::net::TcpStream, engine::tls::SecureError> {
+    let gsi = gsi.clone();
+    let secured = tokio::task::spawn_blocking(move || gsi.secure(sock))
+        .await
+        .map_err(|e| engine::tls::SecureError::Handshake(std::io::Error::other(e)))?;
+    match secured? {
+        DataConn::Clear(sock) => Ok(sock),
+        _ => Err(engine::tls::SecureError::NotBound),
     }
 }
 

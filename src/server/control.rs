@@ -102,6 +102,8 @@ async fn run(
         tls: None,
         quota: None,
         nodes: None,
+        gsi_context: None,
+        gsi_user: None,
     };
     let mut session = Session::new(
         SessionConfig {
@@ -114,6 +116,7 @@ async fn run(
             third_party: config.third_party,
             data_node: matches!(config.striping, super::Striping::Node),
             striped: matches!(config.striping, super::Striping::FrontEnd(_)),
+            gsi: config.gsi.is_some(),
         },
         peer.ip(),
     );
@@ -247,6 +250,25 @@ async fn run(
                 let result = io.open_passive().await;
                 let r = session.passive_done(extended, result);
                 conn.send(&r).await.is_ok()
+            }
+            Action::Adat(token) => {
+                let (outcome, lines) = io.adat(&token);
+                if let braid_proto::session::AdatOutcome::Failed(why) = &outcome {
+                    tracing::warn!(%peer, "GSI login refused: {why}");
+                }
+                // The 235 goes unwrapped; what follows it, wrapped.
+                let sent = match session.adat_done(outcome) {
+                    Action::Reply(r) => conn.send(&r).await.is_ok(),
+                    Action::Close(r) => {
+                        let _ = conn.send(&r).await;
+                        false
+                    }
+                    _ => false,
+                };
+                if let Some(lines) = lines {
+                    conn.start_gsi(lines);
+                }
+                sent
             }
             Action::StripedPassive => {
                 let result = io.striped_passive().await;

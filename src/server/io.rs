@@ -6,7 +6,7 @@ use super::Config;
 use crate::engine;
 use crate::engine::tls::Binding;
 use crate::fsroot::Root;
-use braid_proto::session::{FsError, FsOp, FsOutcome, canonical_ip};
+use braid_proto::session::{AdatOutcome, FsError, FsOp, FsOutcome, canonical_ip};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -34,6 +34,19 @@ pub(super) struct Io {
     pub(super) quota: Option<super::quota::Quota>,
     /// A striped front end: this session's links to the data nodes, from its first SPAS.
     pub(super) nodes: Option<Arc<std::sync::Mutex<super::stripes::Links>>>,
+    /// AUTH GSSAPI's context while its ADAT tokens come.
+    pub(super) gsi_context: Option<super::gsi::Accepting>,
+    /// After a GSI login: who the user is.
+    pub(super) gsi_user: Option<GsiUser>,
+}
+
+/// The user a GSI context proved.
+pub(super) struct GsiUser {
+    /// The user's name, as the grid-mapfile has it.
+    pub(super) subject: String,
+    /// Data connections authenticated with the delegated proxy (DCAU A); None when the
+    /// client delegated none.
+    pub(super) data: Option<Arc<engine::gsi_data::GsiData>>,
 }
 
 impl Io {
@@ -95,6 +108,51 @@ impl Io {
         })
         .await
         .map_err(|e| e.to_string())?
+    }
+
+    /// An ADAT token for the GSI context AUTH GSSAPI began: what to answer, and once the
+    /// context is complete, the wrapping of the lines that follow.
+    pub(super) fn adat(&mut self, token: &str) -> (AdatOutcome, Option<super::gsi::Wrapper>) {
+        let failed = |why: String| (AdatOutcome::Failed(why), None);
+        let Some(host) = self.config.gsi.clone() else {
+            return failed("GSI is not configured".into());
+        };
+        let mut context = match self.gsi_context.take() {
+            Some(c) => c,
+            None => match host.accepting() {
+                Ok(c) => c,
+                Err(e) => return failed(e),
+            },
+        };
+        let token = match context.step(token) {
+            Ok(super::gsi::Step::More(t)) => {
+                self.gsi_context = Some(context);
+                return (AdatOutcome::More(t), None);
+            }
+            Ok(super::gsi::Step::Done(t)) => t,
+            Err(e) => return failed(e),
+        };
+        let established = match context.established() {
+            Ok(e) => e,
+            Err(e) => return failed(e),
+        };
+        let data = match established.delegated {
+            Some(proxy) => match engine::gsi_data::GsiData::new(proxy, host.roots.clone()) {
+                Ok(d) => Some(Arc::new(d)),
+                Err(e) => return failed(format!("the delegated credential: {e}")),
+            },
+            None => None,
+        };
+        let delegated = data.is_some();
+        tracing::info!(peer = %self.peer, subject = established.subject, delegated, "GSI context");
+        self.gsi_user = Some(GsiUser {
+            subject: established.subject,
+            data,
+        });
+        (
+            AdatOutcome::Done { token, delegated },
+            Some(established.lines),
+        )
     }
 
     pub(super) async fn fs(&self, op: FsOp) -> Result<FsOutcome, FsError> {

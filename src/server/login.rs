@@ -33,6 +33,9 @@ pub(super) async fn login(
 ) -> Option<Action> {
     let config = io.config.clone();
     let anonymous = braid_proto::session::is_anonymous(&user);
+    if !anonymous && let Some(subject) = io.gsi_user.as_ref().map(|g| g.subject.clone()) {
+        return Some(gsi_login(io, session, &subject, &user).await);
+    }
     let ip = canonical_ip(io.peer.ip());
     let range = config.ranges.of(ip);
     let guard = &config.guard;
@@ -154,6 +157,45 @@ pub(super) async fn login(
         None => None,
     };
     Some(session.login_done(granted))
+}
+
+/// A login under GSI: the credential was checked by the handshake, and the grid-mapfile
+/// says which account `subject` is (`user` names one, or `:globus-mapping:` the first): its
+/// root and rights from --users, or the server's root read-write for a name not there. No
+/// password is guessed here, so none of the budgets apply.
+async fn gsi_login(io: &mut Io, session: &mut Session, subject: &str, user: &str) -> Action {
+    let config = io.config.clone();
+    let mapped = match &config.gsi {
+        Some(host) => host.map(subject, user),
+        None => Err("GSI is not configured".into()),
+    };
+    let account = match mapped {
+        Ok(a) => a,
+        Err(why) => {
+            tracing::warn!(peer = %io.peer, subject, user, "GSI login refused: {why}");
+            return session.login_done_as(Err(why));
+        }
+    };
+    let (perm, root_path) = match config.users.account(&account) {
+        Some(a) => (a.perm, a.root.clone()),
+        None => (braid_proto::session::Perm::ReadWrite, config.root.clone()),
+    };
+    match open(&config, &root_path, &account, false).await {
+        Ok((root, quota)) => {
+            io.root = Some(root);
+            io.quota = quota;
+            tracing::info!(peer = %io.peer, user = account, subject, "logged in by GSI");
+            session.login_done_as(Ok((perm, account)))
+        }
+        Err(e) => {
+            tracing::error!(
+                user = account,
+                "root directory {} unusable: {e}",
+                root_path.display()
+            );
+            session.login_done_as(Err("the account's directory is unusable".into()))
+        }
+    }
 }
 
 /// The account's root, and its quota if it has one (the first login to a root with a quota

@@ -8,6 +8,7 @@ mod connections;
 mod control;
 mod data;
 mod files;
+pub mod gsi;
 mod guard;
 mod inline;
 mod io;
@@ -87,6 +88,8 @@ pub struct Config {
     pub partial_max_age: Option<Duration>,
     /// Certificate and key for AUTH TLS (RFC 4217); `None`: no TLS.
     pub tls: Option<Arc<tls::Tls>>,
+    /// `--gsi-cert`: GSI logins (AUTH GSSAPI) and DCAU A; `None`: no GSI.
+    pub gsi: Option<Arc<gsi::GsiHost>>,
     /// Where a line per transfer goes in the xferlog format (`--xferlog`).
     pub xferlog: Option<Arc<xferlog::XferLog>>,
     /// Counts for `--metrics`, kept whether or not they are served.
@@ -208,6 +211,7 @@ impl Config {
             checksums: ChecksumCache::default(),
             usages: Arc::default(),
             tls: None,
+            gsi: None,
             partial_max_age: Some(DEFAULT_PARTIAL_MAX_AGE),
             xferlog: None,
             metrics: Arc::default(),

@@ -102,6 +102,27 @@ pub struct ServeArgs {
     /// cross the network in clear by mistake. `optional` lets it choose.
     #[arg(help_heading = "TLS", long, value_enum, value_name = "WHEN")]
     pub tls_data: Option<Need>,
+    /// PEM host certificate: offers GSI logins (AUTH GSSAPI, `gsiftp://`), as Globus
+    /// GridFTP servers take them.
+    ///
+    /// A user logs in with an X.509 credential (a proxy from grid-proxy-init, or the
+    /// certificate itself) issued by a CA in --gsi-ca-dir, and is the account the
+    /// --grid-mapfile maps its name to: that account's root and rights from --users, or
+    /// --root read-write for a name not in --users. The client delegates a proxy, with which
+    /// this server authenticates data connections (DCAU A), also to another GridFTP server
+    /// in a copy between two (`globus-url-copy gsiftp://A/f gsiftp://B/f`, `braid cp`).
+    #[arg(help_heading = "GSI", long, value_name = "PEM", requires_all = ["gsi_key", "grid_mapfile"])]
+    pub gsi_cert: Option<PathBuf>,
+    /// PEM private key for --gsi-cert (not encrypted, as hostkey.pem).
+    #[arg(help_heading = "GSI", long, value_name = "PEM", requires = "gsi_cert")]
+    pub gsi_key: Option<PathBuf>,
+    /// The grid-mapfile: lines `"/O=Grid/CN=Alice Smith" alice`, read at each login.
+    #[arg(help_heading = "GSI", long, value_name = "FILE", requires = "gsi_cert")]
+    pub grid_mapfile: Option<PathBuf>,
+    /// Directory of the CAs whose users may log in: hash-named PEM files (`1a2b3c4d.0`)
+    /// [default: $X509_CERT_DIR, else /etc/grid-security/certificates].
+    #[arg(help_heading = "GSI", long, value_name = "DIR", requires = "gsi_cert")]
+    pub gsi_ca_dir: Option<PathBuf>,
     /// Seconds a partial upload (the hidden `.NAME.braid-part` a failed or interrupted
     /// upload leaves for a resume) is kept after its last write.
     ///
@@ -193,8 +214,10 @@ pub struct ServeArgs {
     ///
     /// By default a user who logged in with a password over TLS may have this server send a
     /// file to, or take one from, another braid server; its data connections are TLS and
-    /// each proves it belongs to that user's session. Anonymous users never may, and PORT to
-    /// any host but the client's stays refused otherwise (FTP bounce).
+    /// each proves it belongs to that user's session. Under GSI (--gsi-cert) the same goes
+    /// for any GridFTP server, with data connections that show the user's delegated proxy
+    /// (DCAU A). Anonymous users never may, and PORT to any host but the client's stays
+    /// refused otherwise (FTP bounce).
     #[arg(long)]
     #[serde(default)]
     pub no_third_party: bool,
@@ -266,6 +289,10 @@ impl ServeArgs {
             tls_key: self.tls_key.clone().or(file.tls_key),
             tls_session_reuse: self.tls_session_reuse.or(file.tls_session_reuse),
             tls_data: self.tls_data.or(file.tls_data),
+            gsi_cert: self.gsi_cert.clone().or(file.gsi_cert),
+            gsi_key: self.gsi_key.clone().or(file.gsi_key),
+            grid_mapfile: self.grid_mapfile.clone().or(file.grid_mapfile),
+            gsi_ca_dir: self.gsi_ca_dir.clone().or(file.gsi_ca_dir),
             partial_max_age: self.partial_max_age.or(file.partial_max_age),
             max_per_ip: self.max_per_ip.or(file.max_per_ip),
             max_tree_entries: self.max_tree_entries.or(file.max_tree_entries),
@@ -468,6 +495,19 @@ impl ServeArgs {
             (None, None) => None,
             _ => bail!("--tls-cert and --tls-key go together: give both, or neither"),
         };
+        config.gsi = match (&self.gsi_cert, &self.gsi_key, &self.grid_mapfile) {
+            (Some(cert), Some(key), Some(map)) => {
+                let ca_dir = self.gsi_ca_dir.clone().unwrap_or_else(|| {
+                    std::env::var_os("X509_CERT_DIR")
+                        .map_or_else(|| "/etc/grid-security/certificates".into(), PathBuf::from)
+                });
+                Some(Arc::new(super::gsi::GsiHost::load(
+                    cert, key, &ca_dir, map,
+                )?))
+            }
+            (None, None, None) => None,
+            _ => bail!("--gsi-cert, --gsi-key and --grid-mapfile go together: give all three"),
+        };
         if let Some(s) = self.partial_max_age {
             config.partial_max_age = (s > 0).then(|| Duration::from_secs(s));
         }
@@ -523,6 +563,10 @@ pub fn load(path: &Path) -> anyhow::Result<ServeArgs> {
         &mut args.users,
         &mut args.tls_cert,
         &mut args.tls_key,
+        &mut args.gsi_cert,
+        &mut args.gsi_key,
+        &mut args.grid_mapfile,
+        &mut args.gsi_ca_dir,
         &mut args.xferlog,
         &mut args.node_key,
     ]

@@ -158,7 +158,7 @@ pub(super) async fn transfer(
                 }))
             })
         }
-        None => io.stream_connection(&t.endpoint).await.map(|sock| {
+        None => io.stream_connection(&t).await.map(|sock| {
             moving.abort().register(&sock);
             // For its pacing, marking and statistics.
             moving.watch(&sock);

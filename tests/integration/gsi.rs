@@ -5,7 +5,7 @@
 //! server runs with its defaults, so every data connection is authenticated (DCAU A): the
 //! transfers pass only if braid's side of GSI's handshake does, both as the end that connects
 //! (uploads, listings) and as the one connected to (downloads).
-use crate::util::{Daemon, braid, random_bytes, require, run, sbin, tempdir};
+use crate::util::{Daemon, Server, braid, random_bytes, require, run, sbin, tempdir};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -52,7 +52,8 @@ impl Grid {
         .unwrap();
         std::fs::write(
             g.dir.join("leaf.ext"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=critical,CA:false\n\
+            "subjectAltName=IP:127.0.0.1,IP:127.0.0.2,IP:127.0.0.3,DNS:localhost\n\
+             basicConstraints=critical,CA:false\n\
              keyUsage=critical,digitalSignature,keyEncipherment\n",
         )
         .unwrap();
@@ -154,6 +155,30 @@ impl Grid {
                 .env("GRIDMAP", self.path("grid-mapfile"));
             c
         })
+    }
+
+    /// `braid serve` at `listen` taking GSI logins with the same host certificate, CAs and
+    /// grid-mapfile, serving `root`.
+    fn braid_server(&self, listen: &str, root: &Path, extra: &[&str]) -> Server {
+        let (cert, key, map, cas) = (
+            self.path("host.pem"),
+            self.path("host.key"),
+            self.path("grid-mapfile"),
+            self.path("certs"),
+        );
+        let mut args = vec![
+            "--gsi-cert",
+            &cert,
+            "--gsi-key",
+            &key,
+            "--grid-mapfile",
+            &map,
+            "--gsi-ca-dir",
+            &cas,
+            "-v",
+        ];
+        args.extend(extra);
+        Server::start_at(listen, root, &args)
     }
 
     /// The variables naming a user's credential (a proxy, else a certificate and key) and the
@@ -387,5 +412,266 @@ fn a_copy_between_two_gsi_globus_servers_goes_straight_from_one_to_the_other() {
         &proxy,
     );
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("braid serve does not take GSI"), "{err}");
+    assert!(err.contains("not from one kind to the other"), "{err}");
+}
+
+/// globus-url-copy with `args` and `env`, from `src` to `dst`: whether it succeeded, and what
+/// it said.
+fn globus_url_copy(
+    args: &[&str],
+    src: &str,
+    dst: &str,
+    env: &[(String, String)],
+) -> (bool, String) {
+    let mut cmd = Command::new("globus-url-copy");
+    cmd.args(args)
+        .args([src, dst])
+        .envs(env.iter().map(|(k, v)| (k, v)));
+    let (ok, out, err) = run(&mut cmd, Duration::from_secs(60));
+    (ok, format!("{out}{err}"))
+}
+
+/// `braid serve --gsi-cert`: globus-url-copy and braid log in with alice's proxy (mapped by
+/// the grid-mapfile), and every data connection runs GSI's handshake with the proxy she
+/// delegated (DCAU A, the default): a download in stream mode, an upload and a download in
+/// MODE E on four connections, braid's own get with both ends' ADLER32. bob, trusted but not
+/// mapped, is refused with the reason; a plain FTP login without GSI is still possible only
+/// as the server allows (here: not at all).
+#[test]
+fn braid_serve_takes_gsi_logins_and_authenticates_every_data_connection() {
+    require("globus-url-copy");
+    let top = tempdir();
+    let grid = Grid::new(top.path());
+    let root = top.path().join("root");
+    std::fs::create_dir(&root).unwrap();
+    let content = random_bytes(6_000_007, 81);
+    std::fs::write(root.join("f.bin"), &content).unwrap();
+    let server = grid.braid_server("127.0.0.1:0", &root, &[]);
+    let url = |path: &str| format!("gsiftp://{}/{path}", server.addr);
+    let proxy = grid.env(Some("proxy.pem"), "alice", "certs");
+    let here = |name: &str| format!("file://{}", top.path().join(name).display());
+    let (ok, said) = globus_url_copy(&[], &url("f.bin"), &here("s.bin"), &proxy);
+    assert!(ok, "{said}");
+    assert!(
+        std::fs::read(top.path().join("s.bin")).unwrap() == content,
+        "stream download differs"
+    );
+    let (ok, said) = globus_url_copy(&["-p", "4"], &here("s.bin"), &url("up.bin"), &proxy);
+    assert!(ok, "{said}");
+    assert!(
+        std::fs::read(root.join("up.bin")).unwrap() == content,
+        "MODE E upload differs"
+    );
+    let (ok, said) = globus_url_copy(&["-p", "4"], &url("up.bin"), &here("e.bin"), &proxy);
+    assert!(ok, "{said}");
+    assert!(
+        std::fs::read(top.path().join("e.bin")).unwrap() == content,
+        "MODE E download differs"
+    );
+    let log = server.log();
+    assert!(
+        log.contains("logged in by GSI") && log.contains("subject=\"/O=braid test/CN=alice\""),
+        "{log}"
+    );
+    assert!(log.contains("mode=\"E\" data_connections=4"), "{log}");
+    let got = top.path().join("b.bin");
+    let (code, out, err) = braid_with(
+        &[
+            "get",
+            "--json",
+            "-n",
+            "4",
+            &url("f.bin"),
+            got.to_str().unwrap(),
+        ],
+        &proxy,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read(&got).unwrap() == content,
+        "braid's download differs"
+    );
+    let s: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(
+        s["checksum"].as_str().unwrap().starts_with("ADLER32 "),
+        "{s}"
+    );
+    // bob's certificate is from the same CA, but the grid-mapfile does not name him.
+    let (code, _, err) = braid_with(
+        &[
+            "get",
+            &url("f.bin"),
+            top.path().join("bob.bin").to_str().unwrap(),
+        ],
+        &grid.env(None, "bob", "certs"),
+    );
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("not in the grid-mapfile"), "{err}");
+    assert!(!top.path().join("bob.bin").exists());
+    // eve's comes from a CA the server does not trust: the handshake itself fails.
+    let (code, _, err) = braid_with(
+        &[
+            "get",
+            &url("f.bin"),
+            top.path().join("eve.bin").to_str().unwrap(),
+        ],
+        &grid.env(None, "eve", "certs"),
+    );
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        server.log().contains("GSI login refused"),
+        "{}",
+        server.log()
+    );
+}
+
+/// globus-url-copy drives a copy between two braid servers at different addresses: each got a
+/// proxy of alice's credential, A connects to B (a PORT to a host other than the client's),
+/// and the data connections between them authenticate as alice (DCAU A), in stream mode and
+/// on four MODE E connections. Without DCAU (`-nodcau`) the same PORT is the FTP bounce and
+/// stays refused, as it is on a server told `--no-third-party`.
+#[test]
+fn globus_url_copy_drives_a_copy_between_two_braid_servers_under_dcau() {
+    require("globus-url-copy");
+    let top = tempdir();
+    let grid = Grid::new(top.path());
+    let (ra, rb) = (top.path().join("a"), top.path().join("b"));
+    std::fs::create_dir(&ra).unwrap();
+    std::fs::create_dir(&rb).unwrap();
+    let content = random_bytes(7_000_003, 82);
+    std::fs::write(ra.join("f.bin"), &content).unwrap();
+    let a = grid.braid_server("127.0.0.2:0", &ra, &[]);
+    let b = grid.braid_server("127.0.0.3:0", &rb, &[]);
+    let proxy = grid.env(Some("proxy.pem"), "alice", "certs");
+    for (args, name) in [(vec![], "s.bin"), (vec!["-p", "4"], "e.bin")] {
+        let (ok, said) = globus_url_copy(
+            &args,
+            &format!("gsiftp://{}/f.bin", a.addr),
+            &format!("gsiftp://{}/{name}", b.addr),
+            &proxy,
+        );
+        assert!(ok, "{args:?}: {said}");
+        assert!(
+            std::fs::read(rb.join(name)).unwrap() == content,
+            "{name} differs"
+        );
+    }
+    assert!(
+        a.log().contains("mode=\"E\" data_connections=4"),
+        "{}",
+        a.log()
+    );
+    let (ok, said) = globus_url_copy(
+        &["-nodcau"],
+        &format!("gsiftp://{}/f.bin", a.addr),
+        &format!("gsiftp://{}/n.bin", b.addr),
+        &proxy,
+    );
+    assert!(!ok, "copied without data channel authentication: {said}");
+    assert!(said.contains("504 Refused"), "{said}");
+    // An admin who said --no-third-party: A sends to no one but the client, DCAU or not.
+    let closed = grid.braid_server("127.0.0.2:0", &ra, &["--no-third-party"]);
+    let (ok, said) = globus_url_copy(
+        &[],
+        &format!("gsiftp://{}/f.bin", closed.addr),
+        &format!("gsiftp://{}/c.bin", b.addr),
+        &proxy,
+    );
+    assert!(
+        !ok,
+        "a server told --no-third-party sent to another: {said}"
+    );
+    assert!(said.contains("504 Refused"), "{said}");
+}
+
+/// `braid cp` between a braid server and a Globus one, both under GSI, both ways: each side
+/// gets a proxy of alice's, the data goes straight between them (DCAU A), and both ends'
+/// ADLER32 are compared.
+#[test]
+fn braid_cp_between_a_braid_server_and_a_globus_server_goes_straight_both_ways() {
+    let top = tempdir();
+    let grid = Grid::new(top.path());
+    let (rb, hg) = (top.path().join("braid"), top.path().join("globus"));
+    std::fs::create_dir(&rb).unwrap();
+    std::fs::create_dir(&hg).unwrap();
+    let content = random_bytes(9_000_001, 83);
+    std::fs::write(rb.join("f.bin"), &content).unwrap();
+    let ours = grid.braid_server("127.0.0.1:0", &rb, &[]);
+    let globus = grid.server(&hg);
+    let proxy = grid.env(Some("proxy.pem"), "alice", "certs");
+    let at_globus =
+        |name: &str| format!("gsiftp://127.0.0.1:{}{}/{name}", globus.port, hg.display());
+    let at_braid = |name: &str| format!("gsiftp://{}/{name}", ours.addr);
+    for (from, to, arrived) in [
+        (at_braid("f.bin"), at_globus("g.bin"), hg.join("g.bin")),
+        (
+            at_globus("g.bin"),
+            at_braid("back.bin"),
+            rb.join("back.bin"),
+        ),
+    ] {
+        let (code, out, err) = braid_with(&["cp", "--json", &from, &to], &proxy);
+        assert_eq!(code, 0, "{from} -> {to}: {err}");
+        assert!(
+            std::fs::read(&arrived).unwrap() == content,
+            "{} differs",
+            arrived.display()
+        );
+        let s: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(s["route"], "third-party", "{s}");
+        assert_eq!(s["checksum"]["algorithm"], "ADLER32", "{s}");
+    }
+}
+
+/// A stranger who reaches the receiving braid server's data port during a copy between two
+/// braid servers (which under DCAU A takes data connections from any address) shows no
+/// credential of alice's: it is refused and warned about, reads nothing, and the copy
+/// completes. A's `--uplink` stretches the copy to seconds, for the stranger to arrive in.
+#[test]
+fn a_stranger_at_a_gsi_servers_data_port_is_refused_and_the_copy_completes() {
+    let top = tempdir();
+    let grid = Grid::new(top.path());
+    let (ra, rb) = (top.path().join("a"), top.path().join("b"));
+    std::fs::create_dir(&ra).unwrap();
+    std::fs::create_dir(&rb).unwrap();
+    let content = random_bytes(12 << 20, 84);
+    std::fs::write(ra.join("f.bin"), &content).unwrap();
+    let a = grid.braid_server("127.0.0.2:0", &ra, &["--uplink", "4MB"]);
+    let b = grid.braid_server("127.0.0.3:0", &rb, &[]);
+    let home = tempdir();
+    let mut cmd = crate::util::braid_command(home.path());
+    cmd.args([
+        "cp",
+        "-v",
+        "-n",
+        "2",
+        &format!("gsiftp://{}/f.bin", a.addr),
+        &format!("gsiftp://{}/f.bin", b.addr),
+    ])
+    .envs(grid.env(Some("proxy.pem"), "alice", "certs"))
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let stderr = crate::util::Stderr::follow(&mut child);
+    let limit = Duration::from_secs(60);
+    assert!(stderr.wait_for("> RETR", limit), "{}", stderr.so_far());
+    assert!(stderr.wait_for("< 150", limit), "{}", stderr.so_far());
+    let port = crate::util::passive_port(&stderr.so_far());
+    let got = crate::util::stranger_reads(std::net::SocketAddr::new(b.addr.ip(), port));
+    let (code, err) = stderr.finish(child, limit);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        std::fs::read(rb.join("f.bin")).unwrap() == content,
+        "the copy differs"
+    );
+    assert!(
+        got.is_empty() || (got[0] == 21 && got.len() < 64),
+        "the stranger read {} bytes",
+        got.len()
+    );
+    assert!(
+        b.log().contains("refused a data connection from 127.0.0.9"),
+        "{}",
+        b.log()
+    );
 }

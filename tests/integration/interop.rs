@@ -147,6 +147,22 @@ const MATRIX: &[Cell] = &[
         test: "interop::globus_url_copy_in_clear",
     },
     Cell {
+        role: CLIENT,
+        client: "globus-url-copy",
+        security: "GSI, DCAU A",
+        covers: "a stream-mode download, `-p 4` upload and download (MODE E) with a delegated \
+                 proxy; braid's own `get`; an unmapped and an untrusted user refused",
+        test: "gsi::braid_serve_takes_gsi_logins_and_authenticates_every_data_connection",
+    },
+    Cell {
+        role: "drives a copy between two braid servers",
+        client: "globus-url-copy",
+        security: "GSI, DCAU A between them",
+        covers: "stream mode and `-p 4` from A to B at another address; `-nodcau` refused as \
+                 the FTP bounce",
+        test: "gsi::globus_url_copy_drives_a_copy_between_two_braid_servers_under_dcau",
+    },
+    Cell {
         role: SERVER,
         client: "vsftpd",
         security: CLEAR,
@@ -232,6 +248,13 @@ const MATRIX: &[Cell] = &[
         covers: "a file, a tree and `--update` from one to the other on delegated proxies, \
                  both ends' ADLER32 compared",
         test: "gsi::a_copy_between_two_gsi_globus_servers_goes_straight_from_one_to_the_other",
+    },
+    Cell {
+        role: "source and destination of `braid cp`",
+        client: "globus-gridftp-server and braid serve, GSI logins only",
+        security: "GSI, DCAU A between them",
+        covers: "a file from braid serve to Globus and back, both ends' ADLER32 compared",
+        test: "gsi::braid_cp_between_a_braid_server_and_a_globus_server_goes_straight_both_ways",
     },
 ];
 

@@ -226,7 +226,6 @@ fn a_server_told_no_third_party_takes_no_part_and_bounces_stay_refused() {
 /// gets nothing, and the copy goes on and completes.
 #[test]
 fn a_stranger_at_the_receiving_servers_data_port_is_refused_and_the_copy_completes() {
-    use std::io::{Read, Write};
     let top = tempdir();
     let p = pair(top.path(), &[]);
     let data = random_bytes(16 << 20, 5);
@@ -248,32 +247,8 @@ fn a_stranger_at_the_receiving_servers_data_port_is_refused_and_the_copy_complet
     let limit = Duration::from_secs(60);
     assert!(stderr.wait_for("> RETR", limit), "{}", stderr.so_far());
     assert!(stderr.wait_for("< 150", limit), "{}", stderr.so_far());
-    let shown = stderr.so_far();
-    let port: u16 = shown
-        .lines()
-        .rfind(|l| l.contains("Extended Passive Mode"))
-        .and_then(|l| l.split("|||").nth(1))
-        .and_then(|r| r.split('|').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no 229 in {shown}"));
-    // From an address that is neither the client's nor A's.
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-    sock.bind(
-        &"127.0.0.9:0"
-            .parse::<std::net::SocketAddr>()
-            .unwrap()
-            .into(),
-    )
-    .unwrap();
-    sock.connect(&std::net::SocketAddr::new(p.b.addr.ip(), port).into())
-        .unwrap();
-    let mut stranger: std::net::TcpStream = sock.into();
-    stranger
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let _ = stranger.write_all(b"\x16\x03\x01\x00\x05hello");
-    let mut got = Vec::new();
-    let _ = stranger.read_to_end(&mut got);
+    let port = crate::util::passive_port(&stderr.so_far());
+    let got = crate::util::stranger_reads(std::net::SocketAddr::new(p.b.addr.ip(), port));
     let (code, err) = stderr.finish(child, limit);
     assert_eq!(code, Some(0), "{err}");
     assert!(std::fs::read(top.path().join("b/f.bin")).unwrap() == data);

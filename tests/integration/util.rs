@@ -619,6 +619,42 @@ pub fn connect_from(server: SocketAddr, from: std::net::Ipv4Addr) -> TcpStream {
     s
 }
 
+/// The port of the last passive reply (227 or 229) in a `-v` transcript.
+pub fn passive_port(shown: &str) -> u16 {
+    let line = shown
+        .lines()
+        .rfind(|l| l.contains("< 227") || l.contains("< 229"))
+        .unwrap_or_else(|| panic!("no passive reply in {shown}"));
+    if let Some(rest) = line.split("|||").nth(1) {
+        return rest.split('|').next().and_then(|p| p.parse().ok()).unwrap();
+    }
+    let inside = line
+        .split('(')
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .unwrap();
+    let n: Vec<u16> = inside
+        .split(',')
+        .map(|x| x.trim().parse().unwrap())
+        .collect();
+    n[4] * 256 + n[5]
+}
+
+/// A stranger at a data port: connects to `at` from 127.0.0.9 (neither a client's address
+/// nor a server's), says a TLS hello that proves nothing, and reads what it is given (at most
+/// five seconds' worth).
+pub fn stranger_reads(at: SocketAddr) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let mut stranger = connect_from(at, std::net::Ipv4Addr::new(127, 0, 0, 9));
+    stranger
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let _ = stranger.write_all(b"\x16\x03\x01\x00\x05hello");
+    let mut got = Vec::new();
+    let _ = stranger.read_to_end(&mut got);
+    got
+}
+
 /// A child's standard error read as it comes, so that a test waits for what the child says
 /// (a state) rather than for a length of time.
 pub struct Stderr {

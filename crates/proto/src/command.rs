@@ -81,6 +81,10 @@ pub enum Command {
     Pbsz(u64),
     /// `PROT C|S|E|P`: clear or private data connections.
     Prot(char),
+    /// `ADAT <base64>` (RFC 2228): a token of the security exchange AUTH GSSAPI began.
+    Adat(String),
+    /// `DCAU N|A|S subject` (GridFTP): how data connections are authenticated under GSI.
+    Dcau(String),
     /// `CKSM alg offset length path` (GridFTP); length None is `-1`, to the end of the file.
     Cksm {
         alg: String,
@@ -277,6 +281,18 @@ impl Command {
                 }
                 Command::Pbsz(word.parse().map_err(|_| bad("PBSZ", "expected a number"))?)
             }
+            "ADAT" => {
+                if word.is_empty() {
+                    return Err(ParseError::MissingArgument("ADAT"));
+                }
+                Command::Adat(word.to_string())
+            }
+            "DCAU" => {
+                if word.is_empty() {
+                    return Err(ParseError::MissingArgument("DCAU"));
+                }
+                Command::Dcau(word.to_string())
+            }
             "PROT" => match word.to_ascii_uppercase().as_str() {
                 "" => return Err(ParseError::MissingArgument("PROT")),
                 l @ ("C" | "S" | "E" | "P") => Command::Prot(l.chars().next().unwrap_or('C')),
@@ -457,6 +473,8 @@ impl Command {
             Command::Auth(a) => with("AUTH", a),
             Command::Pbsz(n) => format!("PBSZ {n}"),
             Command::Prot(l) => format!("PROT {l}"),
+            Command::Adat(t) => with("ADAT", t),
+            Command::Dcau(d) => with("DCAU", d),
             Command::Retr(a) => with("RETR", a),
             Command::Bundle(files) => format!("BNDL {}", crate::bundle::encode(files)),
             Command::RetrBundle => "RBND".into(),
@@ -500,11 +518,11 @@ impl Command {
 
 /// Every verb the parser knows (aliases such as XPWD included), for HELP and for tests.
 pub const KNOWN_VERBS: &[&str] = &[
-    "ABOR", "ACCT", "ALLO", "APPE", "AUTH", "BNDL", "CDUP", "CKSM", "CWD", "DELE", "EPRT", "EPSV",
-    "FEAT", "HELP", "LIST", "MDTM", "MFMT", "MKD", "MLSD", "MLSR", "MLST", "MODE", "MPRT", "MULT",
-    "NLST", "NOOP", "OPTS", "PASS", "PASV", "PBSZ", "PORT", "PROT", "PWD", "SBUF", "SCKS", "SPAS",
-    "SPOR", "QUIT", "RBND", "REIN", "REST", "RETR", "RMD", "RNFR", "RNTO", "SITE", "SIZE", "STAT",
-    "STOR", "STRU", "SYST", "TYPE", "USER", "XCUP", "XCWD", "XMKD", "XPWD", "XRMD",
+    "ABOR", "ACCT", "ADAT", "ALLO", "APPE", "AUTH", "BNDL", "CDUP", "CKSM", "CWD", "DCAU", "DELE",
+    "EPRT", "EPSV", "FEAT", "HELP", "LIST", "MDTM", "MFMT", "MKD", "MLSD", "MLSR", "MLST", "MODE",
+    "MPRT", "MULT", "NLST", "NOOP", "OPTS", "PASS", "PASV", "PBSZ", "PORT", "PROT", "PWD", "SBUF",
+    "SCKS", "SPAS", "SPOR", "QUIT", "RBND", "REIN", "REST", "RETR", "RMD", "RNFR", "RNTO", "SITE",
+    "SIZE", "STAT", "STOR", "STRU", "SYST", "TYPE", "USER", "XCUP", "XCWD", "XMKD", "XPWD", "XRMD",
 ];
 
 fn bad(verb: &'static str, reason: impl ToString) -> ParseError {
@@ -703,6 +721,13 @@ mod tests {
             "[A-Z][A-Z0-9-]{0,7}".prop_map(Command::Auth),
             any::<u64>().prop_map(Command::Pbsz),
             prop_oneof![Just('C'), Just('S'), Just('E'), Just('P')].prop_map(Command::Prot),
+            "[A-Za-z0-9+/]{1,40}=?".prop_map(Command::Adat),
+            prop_oneof![
+                Just("N".to_string()),
+                Just("A".to_string()),
+                Just("S /O=x/CN=y".to_string())
+            ]
+            .prop_map(Command::Dcau),
             path_arg().prop_map(Command::Retr),
             proptest::collection::vec(
                 (any::<u64>(), "[^\r\n\0]{1,12}", any::<Option<i64>>()),

@@ -76,7 +76,9 @@ pub mod fuzzing {
     /// the bytes say (granted or refused): it must never panic, and every reply must be one
     /// line-safe FTP reply.
     pub fn session(data: &[u8]) {
-        use crate::session::{Action, FsError, Perm, Session, SessionConfig, TransferOutcome};
+        use crate::session::{
+            Action, AdatOutcome, FsError, Perm, Session, SessionConfig, TransferOutcome,
+        };
         let mut s = Session::new(
             SessionConfig {
                 anonymous: Some(Perm::ReadWrite),
@@ -88,6 +90,7 @@ pub mod fuzzing {
                 third_party: true,
                 data_node: false,
                 striped: false,
+                gsi: data.first().is_some_and(|b| b & 4 == 4),
             },
             std::net::IpAddr::from([198, 18, 0, 1]),
         );
@@ -108,6 +111,19 @@ pub mod fuzzing {
                 action = s.login_done(yes().then_some(Perm::ReadWrite));
             }
             match action {
+                Action::Adat(token) => {
+                    let outcome = match (yes(), yes()) {
+                        (true, true) => AdatOutcome::More(token),
+                        (true, false) => AdatOutcome::Done {
+                            token: None,
+                            delegated: yes(),
+                        },
+                        _ => AdatOutcome::Failed("refused".into()),
+                    };
+                    if let Action::Reply(r) | Action::Close(r) = s.adat_done(outcome) {
+                        check(&r);
+                    }
+                }
                 Action::Reply(r) | Action::Close(r) | Action::StartTls(r) => check(&r),
                 Action::Login { .. } => {}
                 Action::Passive { extended } => {

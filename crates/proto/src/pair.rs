@@ -141,6 +141,7 @@ impl Pair {
             third_party: true,
             data_node: false,
             striped: false,
+            gsi: false,
         };
         Session::new(config, IpAddr::V4(Ipv4Addr::LOCALHOST))
     }
@@ -246,6 +247,7 @@ impl Pair {
             action = self.server.login_done(ok.then_some(Perm::ReadWrite));
         }
         match action {
+            Action::Adat(_) => vec![Reply::new(535, "no GSI here")],
             Action::Reply(r) | Action::Close(r) | Action::StartTls(r) => vec![r],
             Action::Login { .. } => vec![Reply::new(451, "login check loops")],
             Action::Passive { extended } => {

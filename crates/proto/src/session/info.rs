@@ -71,6 +71,15 @@ impl Session {
         if self.config.compress == crate::compress::Policy::On {
             lines.push(" MODE Z".into());
         }
+        if self.config.gsi {
+            lines.push(" DCAU".into());
+        }
+        // Under GSI the data connections are authenticated by GSI's handshake, which braid's
+        // own extensions (its client opening more connections mid-transfer, TLS bound to the
+        // session) do not run: the session is a GridFTP one.
+        if self.under_gsi() {
+            lines.retain(|l| !l.starts_with(" BRAID"));
+        }
         lines.extend([
             " SIZE".into(),
             " SPAS".into(),

@@ -36,6 +36,21 @@ struct Protection {
     pbsz: bool,
     /// PROT P: data connections are TLS too.
     data: bool,
+    /// AUTH GSSAPI's security context.
+    gsi: Gsi,
+    /// DCAU A: data connections run GSI's handshake (with the delegated credential).
+    dcau: bool,
+}
+
+/// How far a GSI login has gone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Gsi {
+    #[default]
+    Off,
+    /// After AUTH GSSAPI: ADAT tokens until the context is complete.
+    Exchanging,
+    /// Every command is protected from now on; `delegated`: the client gave a credential.
+    Established { delegated: bool },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -275,7 +290,9 @@ impl Session {
             Command::User(name) => return self.user_cmd(name),
             Command::Pass(pw) => return self.pass_cmd(pw),
             Command::Abor => return reply(225, "No transfer to abort."),
+            Command::Auth(mechanism) if mechanism == "GSSAPI" => return self.auth_gssapi(),
             Command::Auth(mechanism) => return self.auth(mechanism),
+            Command::Adat(token) => return self.adat(token),
             Command::Pbsz(_) => return self.pbsz(),
             Command::Prot(level) => return self.prot(*level),
             Command::Unknown { verb, .. } => {
@@ -289,12 +306,16 @@ impl Session {
         let writable = perm == Perm::ReadWrite;
         match cmd {
             Command::Acct(_) => reply(202, "ACCT not needed."),
+            Command::Dcau(mode) => self.dcau(&mode),
             Command::Rein => {
                 let config = self.config.clone();
-                // The control connection stays TLS: only the login and settings start over.
-                let control = self.protection.control;
+                // The control connection stays TLS (or GSI): only the login and settings start
+                // over.
+                let (control, gsi) = (self.protection.control, self.protection.gsi);
                 *self = Session::new(config, self.peer);
                 self.protection.control = control;
+                self.protection.gsi = gsi;
+                self.protection.dcau = gsi == Gsi::Established { delegated: true };
                 reply(220, "Service ready for new user.")
             }
             Command::Stat(None) => Action::Reply(self.status()),
@@ -364,6 +385,7 @@ impl Session {
             | Command::Pass(_)
             | Command::Abor
             | Command::Auth(_)
+            | Command::Adat(_)
             | Command::Pbsz(_)
             | Command::Prot(_)
             | Command::Unknown { .. } => reply(500, "Unexpected command."),
@@ -394,7 +416,11 @@ impl Session {
         let expect = self.expect.take();
         let allocate = self.allocate.take();
         let direction = kind.direction();
-        if self.protection.control && !self.protection.data && self.config.private_data_required {
+        if self.protection.control
+            && !self.protection.data
+            && self.config.private_data_required
+            && !self.under_gsi()
+        {
             return Action::Reply(Reply::new(
                 522,
                 "Data connections must be encrypted after AUTH TLS on this server: send PBSZ 0 and PROT P.",
@@ -541,6 +567,7 @@ impl Session {
             block,
             buffer: self.buffer,
             private: self.protection.data,
+            gsi: self.protection.dcau,
         })
     }
 
@@ -589,6 +616,95 @@ impl Session {
         Action::StartTls(Reply::new(234, format!("AUTH {mechanism} successful.")))
     }
 
+    /// AUTH GSSAPI (RFC 2228): a GSI login, whose security context comes in ADAT tokens.
+    fn auth_gssapi(&mut self) -> Action {
+        let reply = |code, text: &str| Action::Reply(Reply::new(code, text));
+        if !self.config.gsi {
+            return reply(
+                504,
+                "GSI is not configured on this server (braid serve needs --gsi-cert, --gsi-key and --grid-mapfile); use AUTH TLS.",
+            );
+        }
+        if self.protection.control || self.protection.gsi != Gsi::Off {
+            return reply(503, "The control connection is already protected.");
+        }
+        if self.login != Login::AwaitUser {
+            return reply(503, "AUTH must come before USER.");
+        }
+        self.protection.gsi = Gsi::Exchanging;
+        reply(334, "Using authentication type GSSAPI; ADAT must follow.")
+    }
+
+    fn adat(&mut self, token: &str) -> Action {
+        if self.protection.gsi != Gsi::Exchanging {
+            return Action::Reply(Reply::new(503, "ADAT needs AUTH GSSAPI first."));
+        }
+        Action::Adat(token.to_string())
+    }
+
+    /// The outcome of [`Action::Adat`]. A failed handshake ends the connection: its TLS state
+    /// is gone, and a guesser gets one try per connection.
+    pub fn adat_done(&mut self, outcome: AdatOutcome) -> Action {
+        match outcome {
+            AdatOutcome::More(token) => Action::Reply(Reply::new(335, format!("ADAT={token}"))),
+            AdatOutcome::Done { token, delegated } => {
+                self.protection.gsi = Gsi::Established { delegated };
+                self.protection.control = true;
+                // GridFTP's default: data connections authenticated with the delegated
+                // credential; without one there is nothing to authenticate them with.
+                self.protection.dcau = delegated;
+                Action::Reply(match token {
+                    Some(t) => Reply::new(235, format!("ADAT={t}")),
+                    None => Reply::new(235, "GSSAPI Authentication successful."),
+                })
+            }
+            AdatOutcome::Failed(why) => {
+                self.protection.gsi = Gsi::Off;
+                Action::Close(Reply::new(
+                    535,
+                    format!("GSI authentication failed: {why}."),
+                ))
+            }
+        }
+    }
+
+    /// Whether the session is a GSI one (its context established).
+    fn under_gsi(&self) -> bool {
+        matches!(self.protection.gsi, Gsi::Established { .. })
+    }
+
+    /// DCAU (GridFTP): A authenticates data connections with the delegated credential, N
+    /// leaves them as they are (the client's address only, as without GSI).
+    fn dcau(&mut self, mode: &str) -> Action {
+        let reply = |code, text: &str| Action::Reply(Reply::new(code, text));
+        let word = mode.split_whitespace().next().unwrap_or("");
+        match word.to_ascii_uppercase().as_str() {
+            "N" => {
+                if self.protection.dcau {
+                    self.cached = None;
+                }
+                self.protection.dcau = false;
+                reply(200, "DCAU N.")
+            }
+            "A" => match self.protection.gsi {
+                Gsi::Established { delegated: true } => {
+                    if !self.protection.dcau {
+                        self.cached = None;
+                    }
+                    self.protection.dcau = true;
+                    reply(200, "DCAU A.")
+                }
+                Gsi::Established { delegated: false } => reply(
+                    504,
+                    "DCAU A needs a delegated credential: log in delegating one (globus-url-copy and braid do by default).",
+                ),
+                _ => reply(504, "DCAU A needs a GSI login (AUTH GSSAPI)."),
+            },
+            "S" => reply(504, "DCAU S is not supported; use A or N."),
+            _ => reply(501, "Bad DCAU mode; use A or N."),
+        }
+    }
+
     /// PBSZ: always 0 for TLS; only after AUTH TLS.
     fn pbsz(&mut self) -> Action {
         if !self.protection.control {
@@ -604,6 +720,10 @@ impl Session {
             return Action::Reply(Reply::new(503, "PROT needs PBSZ first."));
         }
         match level {
+            'P' if self.under_gsi() => Action::Reply(Reply::new(
+                536,
+                "PROT P is not available under GSI here: data connections are authenticated (DCAU A) and in clear; use PROT C.",
+            )),
             'C' | 'P' => {
                 let private = level == 'P';
                 // Open MODE E connections were set up the other way: they go.
@@ -626,7 +746,9 @@ impl Session {
         if self.epsv_all {
             return Action::Reply(Reply::new(503, "EPSV ALL is in effect; use EPSV."));
         }
-        let to_peer = matches!(self.third_party, Some(ThirdParty::Connect(_)));
+        // Under DCAU A the other end must show the user's own credential, wherever it is.
+        let to_peer = matches!(self.third_party, Some(ThirdParty::Connect(_)))
+            || (self.protection.dcau && self.config.third_party);
         if canonical_ip(addr.ip()) != self.peer && !to_peer {
             return Action::Reply(Reply::new(
                 504,
@@ -674,6 +796,10 @@ impl Session {
                 331,
                 "Anonymous login ok, send your e-mail address as password.",
             ))
+        } else if self.under_gsi() {
+            // The credential has been checked; PASS is a formality, and the grid-mapfile says
+            // whether the name may be this user's.
+            Action::Reply(Reply::new(331, format!("Password required for {name}.")))
         } else {
             Action::Reply(Reply::new(331, "Please specify the password."))
         }
@@ -715,6 +841,23 @@ impl Session {
                     Action::Reply(Reply::new(530, "Login incorrect."))
                 }
             }
+        }
+    }
+
+    /// The outcome of a login that no password decided (GSI: the grid-mapfile): logged in as
+    /// the account named, or refused for the reason given.
+    pub fn login_done_as(&mut self, result: Result<(Perm, String), String>) -> Action {
+        match result {
+            Ok((perm, account)) => {
+                self.login = Login::Checking { user: account };
+                self.login_done(Some(perm))
+            }
+            Err(why) => match self.login_done(None) {
+                Action::Reply(_) => {
+                    Action::Reply(Reply::new(530, format!("Login incorrect: {why}.")))
+                }
+                other => other,
+            },
         }
     }
 
@@ -1031,6 +1174,7 @@ mod tests {
                 third_party: true,
                 data_node: false,
                 striped: false,
+                gsi: false,
             },
             "127.0.0.1".parse().unwrap(),
         )
@@ -1170,6 +1314,105 @@ mod tests {
         assert_eq!(r.code, 425);
         // PASV still moves data through this server.
         assert!(matches!(s.handle(Command::Pasv), Action::Passive { .. }));
+    }
+
+    /// A GSI login: AUTH GSSAPI only where configured, ADAT tokens until the caller's context
+    /// is complete, then USER/PASS as the grid-mapfile maps; DCAU A (the default once a proxy
+    /// was delegated) authenticates data connections, which may then go to another host; PROT P
+    /// is refused, and braid's own extensions are not offered.
+    #[test]
+    fn a_gsi_login_goes_through_adat_and_dcau_a_lets_data_go_to_another_host() {
+        let other: SocketAddr = "198.18.0.7:5000".parse().unwrap();
+        assert_eq!(
+            code(fresh(false).handle(Command::Auth("GSSAPI".into()))),
+            504
+        );
+        let gsi = || {
+            let mut s = fresh(false);
+            s.config.gsi = true;
+            s
+        };
+        let mut s = gsi();
+        assert_eq!(code(s.handle(Command::Adat("AAAA".into()))), 503);
+        assert_eq!(code(s.handle(Command::Auth("GSSAPI".into()))), 334);
+        assert_eq!(code(s.handle(Command::Auth("GSSAPI".into()))), 503);
+        assert_eq!(
+            s.handle(Command::Adat("AAAA".into())),
+            Action::Adat("AAAA".into())
+        );
+        match s.adat_done(AdatOutcome::More("BBBB".into())) {
+            Action::Reply(r) => assert_eq!((r.code, r.text()), (335, "ADAT=BBBB".to_string())),
+            other => panic!("{other:?}"),
+        }
+        s.handle(Command::Adat("CCCC".into()));
+        let done = AdatOutcome::Done {
+            token: None,
+            delegated: true,
+        };
+        assert_eq!(code(s.adat_done(done)), 235);
+        assert_eq!(
+            code(s.handle(Command::Adat("DDDD".into()))),
+            503,
+            "a second context"
+        );
+        assert_eq!(
+            code(s.handle(Command::User(":globus-mapping:".into()))),
+            331
+        );
+        assert!(matches!(
+            s.handle(Command::Pass("dummy".into())),
+            Action::Login { .. }
+        ));
+        let refused = s.login_done_as(Err("/O=x/CN=y is not in the grid-mapfile".into()));
+        match refused {
+            Action::Reply(r) => {
+                assert!(r.code == 530 && r.text().contains("grid-mapfile"), "{r:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+        s.handle(Command::User(":globus-mapping:".into()));
+        s.handle(Command::Pass("dummy".into()));
+        assert_eq!(
+            code(s.login_done_as(Ok((Perm::ReadWrite, "alice".into())))),
+            230
+        );
+        assert_eq!(s.user(), Some("alice"));
+        let feat = wire(&s.feat());
+        assert!(feat.contains(" DCAU") && !feat.contains("BRAID"), "{feat}");
+        assert_eq!(code(s.handle(Command::Pbsz(0))), 200);
+        assert_eq!(code(s.handle(Command::Prot('P'))), 536);
+        // DCAU A: a PORT to a third host, whose connection must show alice's credential.
+        assert_eq!(code(s.handle(Command::Eprt(other))), 200);
+        let t = transfer(s.handle(Command::Retr("f".into())));
+        assert!(t.gsi && t.endpoint == DataEndpoint::Active(other), "{t:?}");
+        // DCAU N: the bounce it always was.
+        assert_eq!(code(s.handle(Command::Dcau("N".into()))), 200);
+        assert_eq!(code(s.handle(Command::Eprt(other))), 504);
+        assert_eq!(code(s.handle(Command::Dcau("S /O=x".into()))), 504);
+        assert_eq!(code(s.handle(Command::Dcau("A".into()))), 200);
+        assert_eq!(code(s.handle(Command::Eprt(other))), 200);
+        // Without a delegated proxy there is nothing to authenticate data connections with.
+        let mut plain = gsi();
+        plain.handle(Command::Auth("GSSAPI".into()));
+        plain.handle(Command::Adat("AAAA".into()));
+        let done = AdatOutcome::Done {
+            token: Some("EEEE".into()),
+            delegated: false,
+        };
+        assert_eq!(code(plain.adat_done(done)), 235);
+        plain.handle(Command::User("alice".into()));
+        plain.handle(Command::Pass("x".into()));
+        plain.login_done_as(Ok((Perm::ReadWrite, "alice".into())));
+        assert_eq!(code(plain.handle(Command::Dcau("A".into()))), 504);
+        assert_eq!(code(plain.handle(Command::Eprt(other))), 504);
+        // A failed context ends the connection.
+        let mut failed = gsi();
+        failed.handle(Command::Auth("GSSAPI".into()));
+        failed.handle(Command::Adat("AAAA".into()));
+        assert!(matches!(
+            failed.adat_done(AdatOutcome::Failed("UnknownIssuer".into())),
+            Action::Close(r) if r.code == 535
+        ));
     }
 
     #[test]

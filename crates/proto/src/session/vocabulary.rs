@@ -40,6 +40,23 @@ pub struct SessionConfig {
     /// `braid serve --data-nodes`: SPAS lists the data nodes' addresses, and a transfer after
     /// it is moved by the nodes (the caller drives them).
     pub striped: bool,
+    /// `braid serve --gsi-cert`: AUTH GSSAPI is offered (GSI logins, DCAU A).
+    pub gsi: bool,
+}
+
+/// What the caller's GSI context made of an ADAT token ([`Session::adat_done`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdatOutcome {
+    /// The context needs more: this token goes back in a 335.
+    More(String),
+    /// The context is complete (a last token, if any, goes in the 235); `delegated`: the
+    /// client delegated a credential, with which data connections can be authenticated.
+    Done {
+        token: Option<String>,
+        delegated: bool,
+    },
+    /// The handshake failed, for this reason.
+    Failed(String),
 }
 
 /// OPTS BRAID PEER: a session's data connections join this server with another braid server
@@ -197,6 +214,9 @@ pub struct Transfer {
     pub buffer: Option<u64>,
     /// PROT P: the data connection is TLS.
     pub private: bool,
+    /// DCAU A under GSI: each data connection runs GSI's handshake with the delegated
+    /// credential, and the other end must show one of the same user, whatever its address.
+    pub gsi: bool,
     /// MODE Z: the data is one zlib stream, deflated here at this level (or inflated).
     pub deflate: Option<u8>,
     /// What an upload's checksum must be (SCKS), in either mode: the whole file, REST prefix
@@ -414,6 +434,9 @@ pub enum Action {
     /// Send the reply (234), then run the TLS handshake on the control connection; if it
     /// fails, close the connection.
     StartTls(Reply),
+    /// Give the token (base64) to the GSI context AUTH GSSAPI began, then call
+    /// [`Session::adat_done`].
+    Adat(String),
 }
 
 impl Transfer {
