@@ -277,8 +277,12 @@ pub fn receive_stripes(
                 stall: its_stall,
                 tls,
             } = joins;
+            // Connections kept from an earlier transfer were secured when they joined: under
+            // GSI their data is in clear after the handshake, and a second one would wait for
+            // a peer that sends none.
+            let secure_open = if reused { None } else { tls.clone() };
             for s in open {
-                spawn(stripe, s, reused, tls.clone());
+                spawn(stripe, s, reused, secure_open.clone());
             }
             stall.get_or_insert(its_stall);
             if let Some(a) = accept {

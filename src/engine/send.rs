@@ -222,11 +222,14 @@ pub fn send_from(
         // One connection and none to come (a kept one carrying a small file, say): sent on
         // this thread, as starting one would cost more than the file.
         let alone = admitted.len() == 1 && accept.is_none() && incoming.is_none();
+        // Connections kept from an earlier transfer were secured when they joined (under GSI,
+        // with data in clear after the handshake: a second one would wait for nothing).
+        let secure_open = if reused { None } else { tls };
         for (conn, link) in admitted {
             let go = move || {
                 finish(
                     transfer
-                        .secure(tls, conn)
+                        .secure(secure_open, conn)
                         .map_err(EngineError::Tls)
                         .and_then(|conn| state.run(&link, conn, reused)),
                 )

@@ -200,12 +200,17 @@ impl Conn {
         }
     }
 
+    /// Lines up to `max` bytes from now on (what was read and not yet a line is kept).
+    pub(super) fn widen_lines(&mut self, max: usize) {
+        let pending = self.lines.take_pending();
+        self.lines = LineBuffer::new(max);
+        self.lines.extend(&pending);
+    }
+
     /// From now on commands come wrapped and replies go wrapped. A wrapped line is base64 of
     /// a TLS record: room for a command of the usual limit, which is checked once unwrapped.
     pub(super) fn start_gsi(&mut self, lines: super::gsi::Wrapper) {
-        let pending = self.lines.take_pending();
-        self.lines = LineBuffer::new(MAX_LINE * 2);
-        self.lines.extend(&pending);
+        self.widen_lines(MAX_LINE * 2);
         self.gsi = Some(Box::new(lines));
     }
 

@@ -15,6 +15,9 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+/// The longest ADAT line taken: a client's whole certificate flight, in base64.
+const ADAT_LINE: usize = 64 << 10;
+
 pub(super) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
@@ -207,6 +210,12 @@ async fn run(
         conn.command = cmd.verb().to_string();
         conn.cork = conn.input_waiting();
         let mut action = session.handle(cmd);
+        // 334 after AUTH GSSAPI: ADAT tokens follow, the client's carrying its certificate
+        // chain in base64, which a VOMS proxy's attribute certificates make longer than a
+        // command may be.
+        if matches!(&action, Action::Reply(r) if r.code == 334) {
+            conn.widen_lines(ADAT_LINE);
+        }
         // Login and passive results may themselves close the session.
         if let Action::Login { user, password } = action {
             let answered = super::login::login(
@@ -252,7 +261,7 @@ async fn run(
                 conn.send(&r).await.is_ok()
             }
             Action::Adat(token) => {
-                let (outcome, lines) = io.adat(&token);
+                let (outcome, lines) = io.adat(token).await;
                 if let braid_proto::session::AdatOutcome::Failed(why) = &outcome {
                     tracing::warn!(%peer, "GSI login refused: {why}");
                 }

@@ -111,20 +111,35 @@ impl Io {
     }
 
     /// An ADAT token for the GSI context AUTH GSSAPI began: what to answer, and once the
-    /// context is complete, the wrapping of the lines that follow.
-    pub(super) fn adat(&mut self, token: &str) -> (AdatOutcome, Option<super::gsi::Wrapper>) {
+    /// context is complete, the wrapping of the lines that follow. The handshake's signatures
+    /// and the delegation's key are made on the blocking pool, not on the control tasks'
+    /// threads.
+    pub(super) async fn adat(
+        &mut self,
+        token: String,
+    ) -> (AdatOutcome, Option<super::gsi::Wrapper>) {
         let failed = |why: String| (AdatOutcome::Failed(why), None);
         let Some(host) = self.config.gsi.clone() else {
             return failed("GSI is not configured".into());
         };
-        let mut context = match self.gsi_context.take() {
+        let context = match self.gsi_context.take() {
             Some(c) => c,
             None => match host.accepting() {
                 Ok(c) => c,
                 Err(e) => return failed(e),
             },
         };
-        let token = match context.step(token) {
+        let stepped = tokio::task::spawn_blocking(move || {
+            let mut context = context;
+            let step = context.step(&token);
+            (context, step)
+        })
+        .await;
+        let (context, step) = match stepped {
+            Ok(s) => s,
+            Err(e) => return failed(e.to_string()),
+        };
+        let token = match step {
             Ok(super::gsi::Step::More(t)) => {
                 self.gsi_context = Some(context);
                 return (AdatOutcome::More(t), None);

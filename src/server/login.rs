@@ -165,8 +165,13 @@ pub(super) async fn login(
 /// password is guessed here, so none of the budgets apply.
 async fn gsi_login(io: &mut Io, session: &mut Session, subject: &str, user: &str) -> Action {
     let config = io.config.clone();
-    let mapped = match &config.gsi {
-        Some(host) => host.map(subject, user),
+    let mapped = match config.gsi.clone() {
+        Some(host) => {
+            let (subject, user) = (subject.to_string(), user.to_string());
+            tokio::task::spawn_blocking(move || host.map(&subject, &user))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()))
+        }
         None => Err("GSI is not configured".into()),
     };
     let account = match mapped {
