@@ -151,7 +151,8 @@ const MATRIX: &[Cell] = &[
         client: "globus-url-copy",
         security: "GSI, DCAU A",
         covers: "a stream-mode download, `-p 4` upload and download (MODE E) with a delegated \
-                 proxy; braid's own `get`; an unmapped and an untrusted user refused",
+                 proxy, a tree both ways on kept connections; braid's own `get`; an unmapped \
+                 and an untrusted user refused",
         test: "gsi::braid_serve_takes_gsi_logins_and_authenticates_every_data_connection",
     },
     Cell {
