@@ -264,7 +264,6 @@ fn certificates_in(bytes: &[u8]) -> Result<Option<Vec<CertificateDer<'static>>>,
                 rest = after;
             }
             Err(x509_parser::nom::Err::Incomplete(_)) if found.is_empty() => return Ok(None),
-            Err(_) if found.is_empty() && rest.len() < 16 * 1024 => return Ok(None),
             Err(e) => return Err(format!("the delegated proxy does not parse: {e}")),
         }
     }
