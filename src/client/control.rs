@@ -522,6 +522,12 @@ impl Control {
         self.finish().map_err(|f| self.error(f, what))
     }
 
+    /// Reads the outcomes of ops begun with [`Control::later`] that are still to be read:
+    /// before a reply read past the session (a transfer's end), they must be taken first.
+    pub fn settle_deferred(&mut self) -> Result<()> {
+        self.read_deferred()
+    }
+
     /// Reads the outcomes of ops begun with [`Control::later`] that are the oldest still
     /// running.
     fn read_deferred(&mut self) -> Result<()> {

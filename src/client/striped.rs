@@ -28,7 +28,7 @@ use crate::engine::send::{Blocks, Sent, Source};
 use crate::engine::transfer::{Joins, Transfer};
 use braid_proto::Command;
 use braid_proto::checksum;
-use braid_proto::client::Direction;
+use braid_proto::client::{Direction, Op};
 use braid_proto::retr_opts::RetrOpts;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,19 +59,21 @@ pub fn offered(c: &Control) -> Option<Peer> {
     }
 }
 
-/// Striping under GSI is refused rather than left to hang: the nodes' data connections
-/// would each need GSI's handshake at its turn in the dialogue (between STOR and its answer,
-/// or RETR's answer read with the end), which the striped rounds do not take, and no test
-/// here has a striped server with GSI between its front end and nodes.
-fn under_gsi(c: &Control, target: &Target) -> Result<()> {
+/// Starts `cmd` on the connections of `stripes`, opened here. Under GSI each runs its
+/// handshake (DCAU A) while the answer is read, as a Globus node answers only once its
+/// connections' handshakes are done.
+fn start_on(c: &mut Control, cmd: &Command, stripes: &[Joins]) -> Result<()> {
     if !c.authenticates_data() {
-        return Ok(());
+        return c.start_transfer(cmd).map(drop);
     }
-    Err(ClientError::Usage(format!(
-        "{} stripes over data nodes, and braid does not stripe under GSI yet: copy with \
-         globus-url-copy -stripe, or through an endpoint of that site without data nodes",
-        target.host
-    )))
+    let socks = stripes
+        .iter()
+        .flat_map(|j| j.open.iter())
+        .map(|conn| conn.tcp().try_clone())
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(|e| ClientError::Tls(format!("GSI setup: {e}")))?;
+    c.send_transfer(cmd)?;
+    c.started_authenticating(cmd, &socks).map(drop)
 }
 
 /// The data connections of one round: `per` to each node, opened at once; under PROT P each
@@ -121,7 +123,6 @@ pub fn get(
     size: u64,
     opts: &Options,
 ) -> Result<Summary> {
-    under_gsi(c, target)?;
     let hint = || PathHint::of(c, Direction::Download, opts.buffer);
     let plan = Plan::new(opts, peer, offers_elastic(c), Some(size), hint);
     let spor_stripes = opts.streams.unwrap_or(GRIDFTP_STRIPES).clamp(1, 64) as usize;
@@ -157,13 +158,21 @@ pub fn get(
             Peer::GridFtp => listen(c, spor_stripes, opts)?,
         };
         c.restart_ranges(&have)?;
-        c.start_transfer(&retr)?;
+        // Under GSI the nodes' connections come, and run their handshakes, only once the
+        // transfer takes them; the answer to RETR comes after that, read with its end.
+        let answer_pending = c.authenticates_data();
+        if answer_pending {
+            c.later(Op::StartTransfer(retr.clone()), Some(retr.to_line()))?;
+        } else {
+            c.start_transfer(&retr)?;
+        }
         transfers.push(Transfer::new(elastic));
         let transfer = &transfers[transfers.len() - 1];
         let watch = Watch::start(opts, Some(size), have.len());
         let (bytes, landing_ref) = (&landing.bytes, &landing);
         let at = have.len();
         let mut saved = Instant::now();
+        let control = &mut *c;
         let received = watch.run(
             transfer.abort(),
             || {
@@ -182,8 +191,16 @@ pub fn get(
                     landing_ref.save();
                     saved = Instant::now();
                 }
+                // RETR refused while its answer is pending: no connection will come.
+                if answer_pending && control.poll().is_ok() && control.refused_meanwhile() {
+                    transfer.abort().abort();
+                }
             },
         );
+        if answer_pending {
+            // RETR's 150 (or its refusal, which is the error).
+            c.settle_deferred()?;
+        }
         landing.save();
         if watch.stopped() {
             landing.save_last();
@@ -271,7 +288,6 @@ pub fn put(
     target: &Target,
     opts: &Options,
 ) -> Result<Summary> {
-    under_gsi(c, target)?;
     let Upload {
         file,
         len,
@@ -303,7 +319,7 @@ pub fn put(
         let stripes = connect(c, &addrs, per_node(opts, addrs.len()), opts)?;
         c.restart_ranges(&have)?;
         c.reset_stored(have.clone());
-        c.start_transfer(&stor)?;
+        start_on(c, &stor, &stripes)?;
         let blocks = Blocks::new(&have.missing(len), checksum::CHUNK);
         let options = engine::send::Options {
             block: plan.block,

@@ -228,12 +228,24 @@ fn braid_get_and_put_against_globus_gridftp_server() {
 /// all serving `home` anonymously; each node logs into its own file.
 fn start_striped_gridftp(home: &std::path::Path, logs: &std::path::Path) -> Vec<Daemon> {
     let level = "ERROR,WARN,INFO";
+    striped_gridftp(|port, node| {
+        let mut c = gridftp_command(home, level);
+        c.args(["-p", &port.to_string()]);
+        if let Some(i) = node {
+            c.arg("-logfile").arg(logs.join(format!("dn{i}.log")));
+        }
+        c
+    })
+}
+
+/// Two data nodes (`-dn`) and a front end (`-r`) over them, each as `server(port, node)`
+/// starts it (`node`: the node's index, None for the front end): the front end first.
+pub fn striped_gridftp(server: impl Fn(u16, Option<usize>) -> Command) -> Vec<Daemon> {
     let mut daemons: Vec<Daemon> = (0..2)
         .map(|i| {
             Daemon::start("globus-gridftp-server -dn", |port| {
-                let mut c = gridftp_command(home, level);
-                c.args(["-dn", "-p", &port.to_string(), "-logfile"])
-                    .arg(logs.join(format!("dn{i}.log")));
+                let mut c = server(port, Some(i));
+                c.arg("-dn");
                 c
             })
         })
@@ -243,8 +255,8 @@ fn start_striped_gridftp(home: &std::path::Path, logs: &std::path::Path) -> Vec<
         .map(|d| format!("127.0.0.1:{}", d.port))
         .collect();
     let front = Daemon::start("globus-gridftp-server -r", |port| {
-        let mut c = gridftp_command(home, level);
-        c.args(["-p", &port.to_string(), "-r", &nodes.join(",")]);
+        let mut c = server(port, None);
+        c.args(["-r", &nodes.join(",")]);
         c
     });
     daemons.insert(0, front);

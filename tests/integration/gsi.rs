@@ -139,20 +139,33 @@ impl Grid {
         self.dir.join(name).display().to_string()
     }
 
-    /// A globus-gridftp-server taking GSI logins only, serving the filesystem from `home`.
+    /// globus-gridftp-server on `port`, taking GSI logins only with the host certificate,
+    /// serving the filesystem from `home`.
+    fn gridftp(&self, port: u16, home: &Path) -> Command {
+        let mut c = Command::new(sbin("globus-gridftp-server"));
+        c.args(["-p", &port.to_string()])
+            .args(["-control-interface", "127.0.0.1"])
+            .args(["-data-interface", "127.0.0.1"])
+            .arg("-home-dir")
+            .arg(home)
+            .args(["-allow-root", "-log-level", "ERROR"])
+            .env("X509_CERT_DIR", self.path("certs"))
+            .env("X509_USER_CERT", self.path("host.pem"))
+            .env("X509_USER_KEY", self.path("host.key"))
+            .env("GRIDMAP", self.path("grid-mapfile"));
+        c
+    }
+
     fn server(&self, home: &Path) -> Daemon {
-        Daemon::start("globus-gridftp-server", |port| {
-            let mut c = Command::new(sbin("globus-gridftp-server"));
-            c.args(["-p", &port.to_string()])
-                .args(["-control-interface", "127.0.0.1"])
-                .args(["-data-interface", "127.0.0.1"])
-                .arg("-home-dir")
-                .arg(home)
-                .args(["-allow-root", "-log-level", "ERROR"])
-                .env("X509_CERT_DIR", self.path("certs"))
-                .env("X509_USER_CERT", self.path("host.pem"))
-                .env("X509_USER_KEY", self.path("host.key"))
-                .env("GRIDMAP", self.path("grid-mapfile"));
+        Daemon::start("globus-gridftp-server", |port| self.gridftp(port, home))
+    }
+
+    /// A striped one over two data nodes, between which and its front end there is no
+    /// authentication (`-ipc-auth-mode none`, as on one host).
+    fn striped_server(&self, home: &Path) -> Vec<Daemon> {
+        crate::globus::striped_gridftp(|port, _| {
+            let mut c = self.gridftp(port, home);
+            c.args(["-ipc-auth-mode", "none"]);
             c
         })
     }
@@ -726,4 +739,51 @@ fn a_stranger_at_a_gsi_servers_data_port_is_refused_and_the_copy_completes() {
         "{}",
         b.log()
     );
+}
+
+/// A striped globus-gridftp-server under GSI (a front end over two data nodes): braid's put
+/// stripes over both nodes (SPAS), its get takes four stripes the nodes send (SPOR), and
+/// every one of those data connections runs GSI's handshake at its turn: while STOR's answer
+/// is read, and before RETR's comes.
+#[test]
+fn braid_stripes_over_the_nodes_of_a_gsi_globus_server() {
+    let top = tempdir();
+    let grid = Grid::new(top.path());
+    let home = top.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let servers = grid.striped_server(&home);
+    let content = random_bytes(24_000_013, 91);
+    let local = top.path().join("up.bin");
+    std::fs::write(&local, &content).unwrap();
+    let url = format!(
+        "gsiftp://127.0.0.1:{}{}/striped.bin",
+        servers[0].port,
+        home.display()
+    );
+    let proxy = grid.env(Some("proxy.pem"), "alice", "certs");
+    let (code, out, err) = braid_with(&["put", "--json", local.to_str().unwrap(), &url], &proxy);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read(home.join("striped.bin")).unwrap() == content,
+        "the striped upload differs"
+    );
+    let s: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(s["data_nodes"], 2, "{s}");
+    let got = top.path().join("got.bin");
+    let (code, out, err) = braid_with(
+        &["get", "--json", "-n", "4", &url, got.to_str().unwrap()],
+        &proxy,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::read(&got).unwrap() == content,
+        "the striped download differs"
+    );
+    let s: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        s["per_connection_bytes"].as_array().unwrap().len(),
+        4,
+        "{s}"
+    );
+    assert!(s.get("data_nodes").is_some(), "not striped: {s}");
 }
