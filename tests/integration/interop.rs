@@ -243,6 +243,14 @@ const MATRIX: &[Cell] = &[
         test: "gsi::a_gsi_login_refused_says_why_and_what_to_do",
     },
     Cell {
+        role: SERVER,
+        client: "striped globus-gridftp-server (front end, two data nodes), GSI logins only",
+        security: "GSI, DCAU A",
+        covers: "`put` striped over both nodes, `get -n 4` on four stripes, each data \
+                 connection's handshake at its turn",
+        test: "gsi::braid_stripes_over_the_nodes_of_a_gsi_globus_server",
+    },
+    Cell {
         role: "source and destination of `braid cp`",
         client: "two globus-gridftp-servers, GSI logins only",
         security: "GSI, DCAU A between them",
