@@ -1385,6 +1385,9 @@ mod tests {
         assert_eq!(code(s.handle(Command::Eprt(other))), 200);
         let t = transfer(s.handle(Command::Retr("f".into())));
         assert!(t.gsi && t.endpoint == DataEndpoint::Active(other), "{t:?}");
+        // A striped front end's nodes take no GSI connections: SPAS is this server's own.
+        s.config.striped = true;
+        assert!(matches!(s.handle(Command::Spas), Action::Passive { .. }));
         // DCAU N: the bounce it always was.
         assert_eq!(code(s.handle(Command::Dcau("N".into()))), 200);
         assert_eq!(code(s.handle(Command::Eprt(other))), 504);

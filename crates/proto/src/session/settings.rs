@@ -72,7 +72,9 @@ impl Session {
                     return reply(522, "SPAS is IPv4 only; use EPSV (1,2).");
                 }
                 self.spas = true;
-                if self.config.striped {
+                // The data nodes take only the client their front end names, by its address
+                // and braid's TLS, not by GSI: under DCAU A the data goes through this server.
+                if self.config.striped && !self.protection.dcau {
                     return Action::StripedPassive;
                 }
                 Action::Passive { extended: false }
