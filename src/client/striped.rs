@@ -197,8 +197,9 @@ pub fn get(
                 }
             },
         );
-        if answer_pending {
-            // RETR's 150 (or its refusal, which is the error).
+        if answer_pending && !watch.stopped() {
+            // RETR's 150 (or its refusal, which is the error). Stopped (Ctrl-C), the stop
+            // below ends the transfer without waiting for it.
             c.settle_deferred()?;
         }
         landing.save();
