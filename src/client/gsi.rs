@@ -7,9 +7,8 @@
 //! plain reply. Pure: bytes and lines in, bytes and lines out; the socket is the caller's.
 
 use super::error::{ClientError, Result};
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as B64;
-use std::io::{Read, Write};
+use crate::engine::gsi_tokens::{self, TokenError};
+use std::io::Write;
 
 /// The security context being set up, or set up.
 pub struct Gsi {
@@ -75,11 +74,11 @@ impl Gsi {
                 .map_err(|e| failed(&e.to_string()))?;
             self.proxy_sent = true;
         }
-        let out = self.outgoing()?;
-        if out.is_empty() {
+        let token = gsi_tokens::give(&mut self.tls).map_err(|e| failed(&e.to_string()))?;
+        if token.is_empty() {
             return Err(failed("the handshake stalled with nothing to send"));
         }
-        Ok(B64.encode(out))
+        Ok(token)
     }
 
     /// Takes the token of a 335 or 235 reply (`ADAT=<base64>`), if it has one.
@@ -87,10 +86,9 @@ impl Gsi {
         let Some(token) = reply_text.split("ADAT=").nth(1) else {
             return Ok(());
         };
-        self.incoming(token.trim())?;
+        self.incoming(token)?;
         // Application data now is the certificate request of a delegation.
-        let mut data = Vec::new();
-        let _ = self.tls.reader().read_to_end(&mut data);
+        let data = gsi_tokens::plain(&mut self.tls).map_err(|e| failed(&e.to_string()))?;
         if self.delegate.is_some() && self.flag_sent && !self.proxy_sent {
             self.request.extend(data);
         }
@@ -109,7 +107,8 @@ impl Gsi {
             .write_all(line)
             .map_err(|e| failed(&e.to_string()))?;
         let mut out = b"ENC ".to_vec();
-        out.extend_from_slice(B64.encode(self.outgoing()?).as_bytes());
+        let token = gsi_tokens::give(&mut self.tls).map_err(|e| failed(&e.to_string()))?;
+        out.extend_from_slice(token.as_bytes());
         out.extend_from_slice(b"\r\n");
         Ok(out)
     }
@@ -128,42 +127,16 @@ impl Gsi {
         }
         let token = std::str::from_utf8(&line[4..])
             .map_err(|_| failed("a protected reply is not base64"))?;
-        self.incoming(token.trim())?;
-        let mut plain = Vec::new();
-        match self.tls.reader().read_to_end(&mut plain) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(failed(&e.to_string())),
-        }
-        Ok(plain)
+        self.incoming(token)?;
+        gsi_tokens::plain(&mut self.tls).map_err(|e| failed(&e.to_string()))
     }
 
     /// Feeds one base64 token of the server's to TLS.
     fn incoming(&mut self, token: &str) -> Result<()> {
-        let bytes = B64
-            .decode(token)
-            .map_err(|e| failed(&format!("a token is not base64: {e}")))?;
-        let mut rest = &bytes[..];
-        while !rest.is_empty() {
-            self.tls
-                .read_tls(&mut rest)
-                .map_err(|e| failed(&e.to_string()))?;
-            self.tls
-                .process_new_packets()
-                .map_err(|e| refused(&self.host, e))?;
-        }
-        Ok(())
-    }
-
-    /// What TLS has to send now.
-    fn outgoing(&mut self) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
-        while self.tls.wants_write() {
-            self.tls
-                .write_tls(&mut out)
-                .map_err(|e| failed(&e.to_string()))?;
-        }
-        Ok(out)
+        gsi_tokens::take(&mut self.tls, token).map_err(|e| match e {
+            TokenError::Tls(e) => refused(&self.host, e),
+            e => failed(&e.to_string()),
+        })
     }
 }
 
@@ -192,6 +165,9 @@ fn failed(why: &str) -> ClientError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD as B64;
+    use std::io::Read;
     use std::path::Path;
     use std::sync::Arc;
 

@@ -37,6 +37,7 @@ pub mod compress;
 pub mod compress_level;
 pub mod file_send;
 pub mod gsi_data;
+pub mod gsi_tokens;
 pub mod hooks;
 pub mod receive;
 pub mod roster;

@@ -9,8 +9,7 @@
 //!
 //! Pure: tokens and lines in, tokens and lines out; the socket is the caller's.
 
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as B64;
+use crate::engine::gsi_tokens::{self, TokenError};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 use std::io::{Read, Write};
@@ -147,10 +146,7 @@ pub struct Established {
 impl Accepting {
     /// Takes the client's token (base64) and says what to answer.
     pub fn step(&mut self, token: &str) -> Result<Step, String> {
-        let bytes = B64
-            .decode(token.trim())
-            .map_err(|e| format!("an ADAT token is not base64: {e}"))?;
-        feed(&mut self.tls, &bytes)?;
+        feed(&mut self.tls, token)?;
         loop {
             match self.stage {
                 Stage::Handshake if !self.tls.is_handshaking() => self.stage = Stage::Flag,
@@ -176,8 +172,7 @@ impl Accepting {
                     }
                 }
                 Stage::Proxy => {
-                    let mut got = Vec::new();
-                    let _ = self.tls.reader().read_to_end(&mut got);
+                    let got = gsi_tokens::plain(&mut self.tls).map_err(|e| e.to_string())?;
                     self.proxy.extend(got);
                     let Some(chain) = certificates_in(&self.proxy)? else {
                         break;
@@ -188,8 +183,8 @@ impl Accepting {
                 }
             }
         }
-        let out = outgoing(&mut self.tls)?;
-        let token = (!out.is_empty()).then(|| B64.encode(out));
+        let out = gsi_tokens::give(&mut self.tls).map_err(|e| e.to_string())?;
+        let token = (!out.is_empty()).then_some(out);
         match (&self.stage, token) {
             (Stage::Done, token) => Ok(Step::Done(token)),
             (_, Some(token)) => Ok(Step::More(token)),
@@ -373,18 +368,8 @@ impl Wrapper {
         if !["ENC", "MIC", "CONF"].contains(&verb.to_ascii_uppercase().as_str()) {
             return None;
         }
-        let unwrapped = B64
-            .decode(token.trim())
-            .map_err(|e| format!("a protected command is not base64: {e}"))
-            .and_then(|bytes| feed(&mut self.tls, &bytes))
-            .and_then(|()| {
-                let mut plain = Vec::new();
-                match self.tls.reader().read_to_end(&mut plain) {
-                    Ok(_) => Ok(plain),
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(plain),
-                    Err(e) => Err(e.to_string()),
-                }
-            })
+        let unwrapped = feed(&mut self.tls, token)
+            .and_then(|()| gsi_tokens::plain(&mut self.tls).map_err(|e| e.to_string()))
             .map(|mut plain| {
                 while plain.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
                     plain.pop();
@@ -407,7 +392,7 @@ impl Wrapper {
                 .writer()
                 .write_all(line)
                 .map_err(|e| e.to_string())?;
-            let token = B64.encode(outgoing(&mut self.tls)?);
+            let token = gsi_tokens::give(&mut self.tls).map_err(|e| e.to_string())?;
             let sep = if i + 1 == lines.len() { ' ' } else { '-' };
             out.extend_from_slice(format!("632{sep}{token}\r\n").as_bytes());
         }
@@ -415,24 +400,12 @@ impl Wrapper {
     }
 }
 
-/// Feeds TLS records to `tls`.
-fn feed(tls: &mut rustls::ServerConnection, bytes: &[u8]) -> Result<(), String> {
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        tls.read_tls(&mut rest).map_err(|e| e.to_string())?;
-        tls.process_new_packets()
-            .map_err(|e| format!("GSI handshake refused: {e}"))?;
-    }
-    Ok(())
-}
-
-/// What TLS has to send now.
-fn outgoing(tls: &mut rustls::ServerConnection) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    while tls.wants_write() {
-        tls.write_tls(&mut out).map_err(|e| e.to_string())?;
-    }
-    Ok(out)
+/// Feeds a token's TLS records to `tls`.
+fn feed(tls: &mut rustls::ServerConnection, token: &str) -> Result<(), String> {
+    gsi_tokens::take(tls, token).map_err(|e| match e {
+        TokenError::Tls(e) => format!("GSI handshake refused: {e}"),
+        e => e.to_string(),
+    })
 }
 
 #[cfg(test)]
