@@ -130,26 +130,19 @@ pub(super) async fn login(
         checked
     };
     let granted = match checked {
-        Some((perm, root_path)) => match open(&config, &root_path, &user, anonymous).await {
-            Ok((root, quota)) => {
-                io.root = Some(root);
-                io.quota = quota;
-                io.anonymous_id = anonymous_id;
-                if let Some(tls) = &io.tls {
-                    tls.logged_in(if anonymous { "anonymous" } else { &user });
-                }
-                if !anonymous {
-                    guard.failures().succeeded(range, &user);
-                    guard.budget().succeeded(range, &user, Instant::now());
-                }
-                tracing::info!(peer = %io.peer, user, "logged in");
-                Some(perm)
+        Some((perm, root_path)) if enter(io, &root_path, &user, anonymous).await => {
+            io.anonymous_id = anonymous_id;
+            if let Some(tls) = &io.tls {
+                tls.logged_in(if anonymous { "anonymous" } else { &user });
             }
-            Err(e) => {
-                tracing::error!(user, "root directory {} unusable: {e}", root_path.display());
-                None
+            if !anonymous {
+                guard.failures().succeeded(range, &user);
+                guard.budget().succeeded(range, &user, Instant::now());
             }
-        },
+            tracing::info!(peer = %io.peer, user, "logged in");
+            Some(perm)
+        }
+        Some(_) => None,
         None if anonymous => {
             tokio::time::sleep(config.login_fail_delay).await;
             None
@@ -185,20 +178,24 @@ async fn gsi_login(io: &mut Io, session: &mut Session, subject: &str, user: &str
         Some(a) => (a.perm, a.root.clone()),
         None => (braid_proto::session::Perm::ReadWrite, config.root.clone()),
     };
-    match open(&config, &root_path, &account, false).await {
+    if !enter(io, &root_path, &account, false).await {
+        return session.login_done_as(Err("the account's directory is unusable".into()));
+    }
+    tracing::info!(peer = %io.peer, user = account, subject, "logged in by GSI");
+    session.login_done_as(Ok((perm, account)))
+}
+
+/// Opens the account's root (and its quota) for the session; false, logged, when it cannot.
+async fn enter(io: &mut Io, root_path: &std::path::Path, user: &str, anonymous: bool) -> bool {
+    match open(&io.config, root_path, user, anonymous).await {
         Ok((root, quota)) => {
             io.root = Some(root);
             io.quota = quota;
-            tracing::info!(peer = %io.peer, user = account, subject, "logged in by GSI");
-            session.login_done_as(Ok((perm, account)))
+            true
         }
         Err(e) => {
-            tracing::error!(
-                user = account,
-                "root directory {} unusable: {e}",
-                root_path.display()
-            );
-            session.login_done_as(Err("the account's directory is unusable".into()))
+            tracing::error!(user, "root directory {} unusable: {e}", root_path.display());
+            false
         }
     }
 }
