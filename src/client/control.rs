@@ -714,7 +714,7 @@ impl Control {
     /// then the connection as this session protects it.
     pub fn start_on(&mut self, data: TcpStream, cmd: &Command) -> Result<Wire> {
         self.send_transfer(cmd)?;
-        self.started_authenticating(cmd, std::slice::from_ref(&data))?;
+        self.started_authenticating(cmd, &[&data])?;
         self.protect(data)
     }
 
@@ -722,13 +722,13 @@ impl Control {
     /// connections the last transfer left open (125). Under GSI each of `socks` runs GSI's
     /// handshake meanwhile, as the server answers only once they are done; a refusal instead
     /// shuts them, which ends their handshakes, and is the error.
-    pub fn started_authenticating(&mut self, cmd: &Command, socks: &[TcpStream]) -> Result<bool> {
+    pub fn started_authenticating(&mut self, cmd: &Command, socks: &[&TcpStream]) -> Result<bool> {
         let Some(gsi) = self.gsi_data.clone() else {
             return self.transfer_started(cmd);
         };
         let shaking = socks
             .iter()
-            .map(TcpStream::try_clone)
+            .map(|s| s.try_clone())
             .collect::<std::io::Result<Vec<_>>>()
             .map_err(|e| ClientError::Tls(format!("GSI setup: {e}")))?;
         let (started, shaken) = std::thread::scope(|s| {
@@ -1295,7 +1295,7 @@ impl Control {
             if offset > 0 {
                 self.restarted(offset)?;
             }
-            self.started_authenticating(cmd, std::slice::from_ref(&data))?;
+            self.started_authenticating(cmd, &[&data])?;
             return self.protect(data);
         }
         let data = self.open_data()?;

@@ -226,7 +226,7 @@ pub fn open_and_start(
     // listener, so a refused latecomer is no error.
     let (ok, failed): (Vec<_>, Vec<_>) = socks.into_iter().partition(|s| s.is_ok());
     let ok: Vec<TcpStream> = ok.into_iter().filter_map(|s| s.ok()).collect();
-    c.started_authenticating(cmd, &ok)?;
+    c.started_authenticating(cmd, &ok.iter().collect::<Vec<_>>())?;
     match failed.into_iter().find_map(|s| s.err()) {
         Some(e) if !elastic || ok.is_empty() => Err(e),
         Some(e) => {

@@ -59,19 +59,13 @@ pub fn offered(c: &Control) -> Option<Peer> {
     }
 }
 
-/// Starts `cmd` on the connections of `stripes`, opened here. Under GSI each runs its
-/// handshake (DCAU A) while the answer is read, as a Globus node answers only once its
-/// connections' handshakes are done.
+/// Starts `cmd` on the connections of `stripes`, opened here (under GSI each runs its
+/// handshake while the answer is read, as a Globus node answers only once it is done).
 fn start_on(c: &mut Control, cmd: &Command, stripes: &[Joins]) -> Result<()> {
-    if !c.authenticates_data() {
-        return c.start_transfer(cmd).map(drop);
-    }
-    let socks = stripes
+    let socks: Vec<&TcpStream> = stripes
         .iter()
-        .flat_map(|j| j.open.iter())
-        .map(|conn| conn.tcp().try_clone())
-        .collect::<std::io::Result<Vec<_>>>()
-        .map_err(|e| ClientError::Tls(format!("GSI setup: {e}")))?;
+        .flat_map(|j| j.open.iter().map(|conn| conn.tcp()))
+        .collect();
     c.send_transfer(cmd)?;
     c.started_authenticating(cmd, &socks).map(drop)
 }
