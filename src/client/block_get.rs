@@ -25,7 +25,7 @@ use crate::engine::sink::{Reorder, Sink};
 use crate::engine::stats::View;
 use crate::engine::transfer::{Accept, Joins, Transfer};
 use braid_proto::Command;
-use braid_proto::client::{Direction, Op};
+use braid_proto::client::Direction;
 use braid_proto::ranges::RangeSet;
 use braid_proto::retr_opts::RetrOpts;
 use std::sync::Arc;
@@ -405,13 +405,7 @@ fn connect(
         Peer::GridFtp => {
             let listener = c.active_listener()?;
             c.restart_ranges(have)?;
-            if c.authenticates_data() {
-                // Under DCAU A the server answers only once its connection's handshake is
-                // done, which runs once the transfer takes connections: read with its end.
-                c.later(Op::StartTransfer(retr.clone()), Some(retr.to_line()))?;
-            } else {
-                c.start_transfer(retr)?;
-            }
+            c.start_incoming(retr)?;
             gridftp_joins(c, listener, 4 * n as usize + 4, opts.buffer)
         }
     };

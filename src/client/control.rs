@@ -1031,6 +1031,19 @@ impl Control {
         self.transfer_started(cmd)
     }
 
+    /// Starts `cmd`, whose data connections the server opens to this side. Under GSI (DCAU A)
+    /// the server answers only once their handshakes are done, and those run when the
+    /// transfer takes the connections: the answer is then read with the transfer's end (true:
+    /// it is pending; a refusal shows in [`Control::refused_meanwhile`] meanwhile).
+    pub fn start_incoming(&mut self, cmd: &Command) -> Result<bool> {
+        if self.authenticates_data() {
+            self.later(Op::StartTransfer(cmd.clone()), Some(cmd.to_line()))?;
+            return Ok(true);
+        }
+        self.start_transfer(cmd)?;
+        Ok(false)
+    }
+
     /// Sends a transfer command without waiting for its reply (the data connections can open
     /// meanwhile); [`Control::transfer_started`] waits.
     pub fn send_transfer(&mut self, cmd: &Command) -> Result<()> {

@@ -28,7 +28,7 @@ use crate::engine::send::{Blocks, Sent, Source};
 use crate::engine::transfer::{Joins, Transfer};
 use braid_proto::Command;
 use braid_proto::checksum;
-use braid_proto::client::{Direction, Op};
+use braid_proto::client::Direction;
 use braid_proto::retr_opts::RetrOpts;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -152,14 +152,7 @@ pub fn get(
             Peer::GridFtp => listen(c, spor_stripes, opts)?,
         };
         c.restart_ranges(&have)?;
-        // Under GSI the nodes' connections come, and run their handshakes, only once the
-        // transfer takes them; the answer to RETR comes after that, read with its end.
-        let answer_pending = c.authenticates_data();
-        if answer_pending {
-            c.later(Op::StartTransfer(retr.clone()), Some(retr.to_line()))?;
-        } else {
-            c.start_transfer(&retr)?;
-        }
+        let answer_pending = c.start_incoming(&retr)?;
         transfers.push(Transfer::new(elastic));
         let transfer = &transfers[transfers.len() - 1];
         let watch = Watch::start(opts, Some(size), have.len());
