@@ -4,7 +4,7 @@
 
 use super::get::download;
 use super::options::Shared;
-use super::put::upload;
+use super::put::copy_up;
 use crate::client::detour::Detour;
 use crate::client::error::ClientError;
 use crate::client::ssh::{Ssh, control_path, parse_remote};
@@ -19,7 +19,8 @@ pub struct CpArgs {
     ///
     /// host:path is relative to the home directory there, host:/path absolute. Either all
     /// sources are on one host and the destination is here (a download), or the sources are
-    /// here and the destination is on a host (an upload).
+    /// here and the destination is on a host (an upload). As with scp, a destination that is
+    /// a directory takes the files under their own names, with or without its final /.
     ///
     /// Or two braid servers, `ftp://A/path ftp://B/path` (with --tls): A sends the file
     /// straight to B over TLS data connections only B's session can accept; this machine
@@ -28,8 +29,8 @@ pub struct CpArgs {
     /// of up to 64 MiB go many to a transfer (bundles). Two GridFTP servers under GSI,
     /// `gsiftp://A/path gsiftp://B/path`, the same way.
     ///
-    /// Or a server and here: `ftp://host/f .` downloads and `f ftp://host/dir/` uploads, as
-    /// get and put do (`gsiftp://` too).
+    /// Or a server and here: `ftp://host/f .` downloads and `f ftp://host/dir` uploads, as
+    /// get and put do (`gsiftp://` too), into a directory as above.
     #[arg(required = true, num_args = 2.., value_name = "SRC... DEST")]
     args: Vec<String>,
     /// Continue an interrupted transfer from where it stopped.
@@ -120,7 +121,7 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
                 ssh: Some(ssh(destination, &host)?),
                 ..base
             };
-            upload(&files, &far(host, path), &opts, &a.shared)
+            copy_up(&files, &far(host, path), &opts, &a.shared)
         }
         None => {
             let mut targets = Vec::new();
@@ -174,7 +175,7 @@ fn with_a_server(a: &CpArgs) -> anyhow::Result<u8> {
             return Err(mixed().into());
         }
         let files: Vec<PathBuf> = sources.iter().map(PathBuf::from).collect();
-        return upload(&files, &parse(dest, &creds)?, &opts, &a.shared);
+        return copy_up(&files, &parse(dest, &creds)?, &opts, &a.shared);
     }
     if !local(dest) || !sources.iter().all(|s| is_url(s)) {
         return Err(mixed().into());

@@ -34,13 +34,39 @@ pub fn run(a: PutArgs) -> anyhow::Result<u8> {
     upload(&files, &target, &opts, &a.shared)
 }
 
-/// Uploads `files` to `target`: a tree each with -r, one file, or a batch on one session;
-/// `braid cp`'s uploads too.
+/// Uploads `files` to `target`: a tree each with -r, one file, or a batch on one session.
 pub fn upload(
     files: &[PathBuf],
     target: &url::Target,
     opts: &client::Options,
     shared: &Shared,
+) -> anyhow::Result<u8> {
+    send(files, target, opts, shared, client::put)
+}
+
+/// `braid cp`'s uploads: as `put`'s, except that a destination the far side holds as a
+/// directory takes the files into it with or without its final `/`, as scp and cp do
+/// (several files always go into one).
+pub fn copy_up(
+    files: &[PathBuf],
+    target: &url::Target,
+    opts: &client::Options,
+    shared: &Shared,
+) -> anyhow::Result<u8> {
+    let mut dir = target.clone();
+    if files.len() > 1 && !(dir.path.is_empty() || dir.path.ends_with('/')) {
+        dir.path.push('/');
+    }
+    send(files, &dir, opts, shared, client::put_into)
+}
+
+/// The upload of `files`, one of them by `one`.
+fn send(
+    files: &[PathBuf],
+    target: &url::Target,
+    opts: &client::Options,
+    shared: &Shared,
+    one: fn(&Path, &url::Target, &client::Options) -> client::error::Result<client::Summary>,
 ) -> anyhow::Result<u8> {
     if shared.tree.recursive {
         let pairs = put_tree_tops(files, target)?;
@@ -50,7 +76,7 @@ pub fn upload(
         return report_tree(&s, &shared.out);
     }
     if let [file] = files {
-        let summary = client::put(file, target, opts)?;
+        let summary = one(file, target, opts)?;
         return report(&summary, &shared.out, false);
     }
     let batch = client::put_batch(files, target, opts, |s| per_file(s, &shared.out))?;

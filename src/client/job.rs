@@ -27,7 +27,7 @@ pub fn resolve_dest(dest: Option<&str>, remote_path: &str) -> Result<Dest> {
         .filter(|n| !n.is_empty() && *n != "." && *n != "..");
     let no_name = |d: &str| {
         ClientError::Usage(format!(
-            "the URL names no file to save into directory {d}: to fetch a directory, use get -r"
+            "the remote path names no file to save into directory {d}: add -r to fetch a directory"
         ))
     };
     match dest {
@@ -44,7 +44,8 @@ pub fn resolve_dest(dest: Option<&str>, remote_path: &str) -> Result<Dest> {
         Some(d) => Ok(Dest::File(PathBuf::from(d))),
         None => name.map(|n| Dest::File(PathBuf::from(n))).ok_or_else(|| {
             ClientError::Usage(
-                "the URL names no file: give a destination, or use get -r for a directory".into(),
+                "the remote path names no file: give a destination, or add -r for a directory"
+                    .into(),
             )
         }),
     }
@@ -252,7 +253,7 @@ impl Source {
 pub fn refuse_directory_url(target: &Target) -> Result<()> {
     if target.path.is_empty() || target.path.ends_with('/') {
         return Err(ClientError::Usage(format!(
-            "{} names a directory: use braid get -r to fetch it, or braid ls to list it",
+            "{} names a directory: add -r to fetch it, or list it with braid ls",
             display_url(target)
         )));
     }
@@ -305,14 +306,14 @@ mod tests {
     }
 
     #[test]
-    fn a_url_without_a_file_name_is_refused_with_get_r_suggested() {
+    fn a_url_without_a_file_name_is_refused_with_r_suggested() {
         for path in ["pub/", "", "pub/..", "."] {
             let e = resolve_dest(None, path).expect_err("no name");
-            assert!(e.to_string().contains("get -r"), "{path}: {e}");
+            assert!(e.to_string().contains("add -r"), "{path}: {e}");
         }
         let dir = tmp();
         let e = resolve_dest(dir.path().to_str(), "pub/").expect_err("no name");
-        assert!(e.to_string().contains("get -r"), "{e}");
+        assert!(e.to_string().contains("add -r"), "{e}");
         assert!(refuse_directory_url(&target("pub/")).is_err());
         assert!(refuse_directory_url(&target("pub/a")).is_ok());
     }

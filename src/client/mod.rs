@@ -149,6 +149,17 @@ pub fn get_batch(
 
 /// Uploads one file. A URL ending in `/` names a directory: the file keeps its name.
 pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
+    put_to(local, target, opts, false)
+}
+
+/// Uploads one file as `scp` and `cp` do: a target the server holds as a directory takes the
+/// file under its own name, with or without its final `/` (found when the server refuses the
+/// path, so an upload to a file's name costs no round trip more).
+pub fn put_into(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
+    put_to(local, target, opts, true)
+}
+
+fn put_to(local: &Path, target: &Target, opts: &Options, into_directory: bool) -> Result<Summary> {
     if local == Path::new("-") {
         if target.path.is_empty() || target.path.ends_with('/') {
             return Err(ClientError::Usage(format!(
@@ -166,7 +177,23 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
     let s = if local == Path::new("-") {
         stream::put_stdin(&mut c, target, opts)?
     } else {
-        put_on(&mut c, local, target, opts, Held::asked(opts))?
+        match put_on(&mut c, local, target, opts, Held::asked(opts)) {
+            Err(ClientError::Remote { reply, .. })
+                if into_directory
+                    && !target.path.is_empty()
+                    && !target.path.ends_with('/')
+                    && (500..600).contains(&reply.code)
+                    && c.in_step()
+                    && c.is_directory(&target.path) =>
+            {
+                let into = Target {
+                    path: format!("{}/", target.path),
+                    ..target.clone()
+                };
+                put_on(&mut c, local, &into, opts, Held::asked(opts))?
+            }
+            s => s?,
+        }
     };
     c.quit();
     Ok(s)

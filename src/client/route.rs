@@ -104,7 +104,7 @@ pub fn get_on(c: &mut Control, target: &Target, dest: &Dest, opts: &Options) -> 
     let result = get_file(c, target, dest, opts)
         .map(|s| c.with_data_route(s))
         .map_err(|e| {
-            let fix = "fetch it with get -r";
+            let fix = "add -r to fetch it";
             directory_hint(c, &target.path, e, fix)
         });
     if result.is_err()

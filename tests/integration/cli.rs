@@ -1073,7 +1073,7 @@ fn directories_need_r_a_missing_url_is_named_and_a_batch_makes_its_directory() {
     let (code, _, err) = braid(&["get", &server.url("dir"), here], &[]);
     assert_eq!(code, 5, "{err}");
     assert!(
-        err.contains("is a directory on the server: fetch it with get -r"),
+        err.contains("is a directory on the server: add -r to fetch it"),
         "{err}"
     );
     // Several URLs into a directory that does not exist yet: made, as get -r makes its own.

@@ -182,6 +182,45 @@ fn cp_r_copies_a_tree_both_ways() {
     s.assert_far_sides_gone();
 }
 
+/// As scp: a destination the far side holds as a directory takes the files into it, with or
+/// without its final /; a name that is no directory there is the file's new name; several
+/// files always go into a directory. The same through an ftp:// URL.
+#[test]
+fn cp_puts_files_into_a_directory_named_without_its_slash_as_scp_does() {
+    let s = Sides::new();
+    std::fs::create_dir(s.home.join("in")).unwrap();
+    std::fs::write(s.here.join("a.txt"), b"first").unwrap();
+    std::fs::write(s.here.join("b.txt"), b"second").unwrap();
+    for args in [
+        vec!["a.txt", "127.0.0.1:in"],
+        vec!["a.txt", "127.0.0.1:in/renamed.txt"],
+        vec!["a.txt", "b.txt", "127.0.0.1:in"],
+    ] {
+        let (ok, err) = s.cp(&args);
+        assert!(ok, "{args:?}: {err}");
+    }
+    let read = |rel: &str| std::fs::read(s.home.join(rel)).unwrap_or_default();
+    assert_eq!(read("in/a.txt"), b"first");
+    assert_eq!(read("in/renamed.txt"), b"first");
+    assert_eq!(read("in/b.txt"), b"second");
+    assert!(s.home.join("in").is_dir(), "the directory was not replaced");
+    // Where the directory does not exist the copy fails, and makes none.
+    let (ok, err) = s.cp(&["a.txt", "b.txt", "127.0.0.1:none"]);
+    assert!(!ok && !s.home.join("none").exists(), "{err}");
+    s.assert_far_sides_gone();
+
+    let root = s.home.join("srv");
+    std::fs::create_dir_all(root.join("dir")).unwrap();
+    let server = crate::util::Server::start(&root, &["--anonymous", "--anonymous-write"]);
+    let mut cmd = braid_command(&s.here);
+    cmd.current_dir(&s.here)
+        .args(["cp", "a.txt"])
+        .arg(format!("ftp://{}/dir", server.addr));
+    let (ok, _, err) = run(&mut cmd, LIMIT);
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read(root.join("dir/a.txt")).unwrap(), b"first");
+}
+
 /// A far side without braid: the error says what ran and how to fix it, at once (the
 /// dialogue's end is seen when the far side exits, not after the reply timeout).
 #[test]
