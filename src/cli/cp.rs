@@ -9,6 +9,7 @@ use crate::client::detour::Detour;
 use crate::client::error::ClientError;
 use crate::client::ssh::{Ssh, control_path, parse_remote};
 use crate::client::url::Target;
+use crate::client::wildcards;
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,7 +21,10 @@ pub struct CpArgs {
     /// host:path is relative to the home directory there, host:/path absolute. Either all
     /// sources are on one host and the destination is here (a download), or the sources are
     /// here and the destination is on a host (an upload). As with scp, a destination that is
-    /// a directory takes the files under their own names, with or without its final /.
+    /// a directory takes the files under their own names, with or without its final /;
+    /// `host:~/path` is the home's, and a remote wildcard (`'host:logs/*.gz'`, quoted for
+    /// the local shell) fetches every file there whose name it matches (with -r,
+    /// directories too).
     ///
     /// Or two braid servers, `ftp://A/path ftp://B/path` (with --tls): A sends the file
     /// straight to B over TLS data connections only B's session can accept; this machine
@@ -148,7 +152,15 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
                 None => None,
             };
             let opts = crate::client::Options { ssh, ..base };
-            download(targets, Some(&dest), &opts, &a.shared)
+            let mut sources = Vec::new();
+            for t in targets {
+                if wildcards::has_wildcard(&t.path) {
+                    sources.extend(wildcards::expand(&t, &opts, a.shared.tree.recursive)?);
+                } else {
+                    sources.push(t);
+                }
+            }
+            download(sources, Some(&dest), &opts, &a.shared)
         }
     }
 }

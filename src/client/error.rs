@@ -28,6 +28,9 @@ pub enum ClientError {
     Login { user: String, reply: Reply },
     #[error("server refused {what}: {reply}")]
     Remote { what: String, reply: Reply },
+    /// A remote wildcard (`host:logs/*.gz`) that no name there matches.
+    #[error("no file matches {0}")]
+    NoMatch(String),
     #[error("{what}: {cause}")]
     Local { what: String, cause: std::io::Error },
     #[error("transfer interrupted after {bytes} bytes: {why}{}", hint(.partial))]
@@ -66,7 +69,7 @@ impl ClientError {
         match self {
             ClientError::Connect { .. } => exit::CONNECT,
             ClientError::Login { .. } => exit::LOGIN,
-            ClientError::Remote { .. } => exit::REMOTE,
+            ClientError::Remote { .. } | ClientError::NoMatch(_) => exit::REMOTE,
             ClientError::Local { .. } => exit::LOCAL,
             ClientError::Interrupted { .. } => exit::INTERRUPTED,
             ClientError::Integrity(_) => exit::INTEGRITY,

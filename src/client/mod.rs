@@ -51,6 +51,7 @@ pub mod url;
 mod verify;
 mod watch;
 pub mod ways;
+pub mod wildcards;
 pub(crate) mod wire;
 
 pub use control::Control;

@@ -181,6 +181,11 @@ pub fn parse_remote(arg: &str) -> Option<(String, String, String)> {
         return None;
     }
     let destination = user.map_or(shown.clone(), |u| format!("{u}@{shown}"));
+    // The far side starts in the home directory: `~/f` is `f` there, as scp takes it.
+    let path = match path {
+        "~" => "",
+        p => p.strip_prefix("~/").unwrap_or(p),
+    };
     Some((destination, host.to_string(), path.to_string()))
 }
 
@@ -199,10 +204,18 @@ mod tests {
             remote("box:/srv/f"),
             Some(("box".into(), "box".into(), "/srv/f".into()))
         );
-        // The home directory itself.
+        // The home directory itself, and paths from it.
         assert_eq!(
             remote("box:"),
             Some(("box".into(), "box".into(), "".into()))
+        );
+        assert_eq!(
+            remote("box:~"),
+            Some(("box".into(), "box".into(), "".into()))
+        );
+        assert_eq!(
+            remote("box:~/d/f"),
+            Some(("box".into(), "box".into(), "d/f".into()))
         );
         assert_eq!(
             remote("[::1]:f"),

@@ -8,6 +8,17 @@ use super::url::Target;
 use std::io::{Read, Write};
 use std::thread::JoinHandle;
 
+/// A listing's entry of a `kind` (`file`, `dir`, ...), one byte long.
+pub fn listed(name: &str, kind: &str) -> super::ListEntry {
+    super::ListEntry {
+        name: name.into(),
+        kind: Some(kind.into()),
+        size: Some(1),
+        modify: None,
+        raw: None,
+    }
+}
+
 /// The scripted server: what the client sent, once it has closed.
 pub type Script = JoinHandle<String>;
 

@@ -1722,15 +1722,7 @@ fn set_mtime(path: &Path, unix: i64) {
 mod tests {
     use super::*;
 
-    fn entry(name: &str, kind: &str) -> ListEntry {
-        ListEntry {
-            name: name.into(),
-            kind: Some(kind.into()),
-            size: Some(1),
-            modify: None,
-            raw: None,
-        }
-    }
+    use crate::client::testing::listed as entry;
 
     fn job(remote: &str, size: Option<u64>) -> Job {
         Job {

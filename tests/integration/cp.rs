@@ -221,6 +221,44 @@ fn cp_puts_files_into_a_directory_named_without_its_slash_as_scp_does() {
     assert_eq!(std::fs::read(root.join("dir/a.txt")).unwrap(), b"first");
 }
 
+/// As scp: a remote wildcard fetches the names it matches there (not hidden ones; with -r
+/// directories too), `~/` is the home directory, and a wildcard nothing matches fails as a
+/// missing file does (exit 5).
+#[test]
+fn cp_fetches_what_a_remote_wildcard_matches() {
+    let s = Sides::new();
+    std::fs::create_dir_all(s.home.join("logs/old.gz")).unwrap();
+    for name in ["a.gz", "b.gz", ".hidden.gz", "c.txt", "old.gz/x.gz"] {
+        std::fs::write(s.home.join("logs").join(name), name).unwrap();
+    }
+    let (ok, err) = s.cp(&["127.0.0.1:~/logs/*.gz", "got/"]);
+    assert!(ok, "{err}");
+    let mut got: Vec<String> = std::fs::read_dir(s.here.join("got"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["a.gz", "b.gz"]);
+    assert_eq!(std::fs::read(s.here.join("got/b.gz")).unwrap(), b"b.gz");
+    let (ok, err) = s.cp(&["-r", "127.0.0.1:logs/[o]*", "tree/"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        std::fs::read(s.here.join("tree/old.gz/x.gz")).unwrap(),
+        b"old.gz/x.gz"
+    );
+    let child = s
+        .command("-q", &["127.0.0.1:logs/*.zip", "none/"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (code, err) = crate::util::finish_child(child, LIMIT);
+    assert!(
+        code == Some(5) && err.contains("no file matches"),
+        "{code:?}: {err}"
+    );
+    s.assert_far_sides_gone();
+}
+
 /// A far side without braid: the error says what ran and how to fix it, at once (the
 /// dialogue's end is seen when the far side exits, not after the reply timeout).
 #[test]
