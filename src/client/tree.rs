@@ -222,17 +222,24 @@ pub fn get_tree(
 ) -> Result<TreeSummary> {
     let first = one_server(sources.iter().map(|(t, _)| t))?;
     let mut out = TreeSummary::new("get-tree");
-    let mut c = session(first, opts, None)?;
+    // A source that SIZE answers is a file (a directory gets 550; globus-gridftp-server
+    // answers for a directory too, so MLST has the last word there). The first one's goes
+    // with the login where the server reads ahead (a round trip less).
+    let names_a_file = |t: &Target| !t.path.is_empty() && !t.path.ends_with('/');
+    let mut c = session(
+        first,
+        opts,
+        names_a_file(first).then_some(first.path.as_str()),
+    )?;
     out.sessions = 1;
     let mut jobs = Vec::new();
     let mut dir_times = Vec::new();
     // Where the tree's files come in bundles, they want the listing's data connections.
     let bundles = bundle::offered(&mut c, opts).then_some(opts);
     for (source, top) in sources {
-        // A source that SIZE answers is a file (a directory gets 550; globus-gridftp-server
-        // answers for a directory too, so MLST has the last word there).
-        let names_a_file = !source.path.is_empty() && !source.path.ends_with('/');
-        let sized = names_a_file.then(|| c.size(&source.path)).transpose()?;
+        let sized = names_a_file(source)
+            .then(|| c.size(&source.path))
+            .transpose()?;
         let sized = sized.filter(|r| {
             r.code == 213 && !(Peer::of(&c) == Some(Peer::GridFtp) && c.is_directory(&source.path))
         });

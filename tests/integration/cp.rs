@@ -170,6 +170,10 @@ fn cp_r_copies_a_tree_both_ways() {
     assert!(err.contains("> SBND") && stor == 0, "{stor} STOR: {err}");
     let (ok, err) = s.cp(&["-r", "-j", "1", "127.0.0.1:up/tree", "back/"]);
     assert!(ok, "{err}");
+    // Whether the top is a file (SIZE) is asked with the login, not a round trip after it.
+    let at = |prefix: &str| err.lines().position(|l| l.starts_with(prefix));
+    let (size, logged_in) = (at("> SIZE up/tree"), at("< 230"));
+    assert!(size.is_some() && size < logged_in, "{err}");
     // Down, the files come as one bundle (BNDL, RBND) on the session's new data connection.
     let retr = err.matches("> RETR ").count();
     assert!(err.contains("> RBND") && retr == 0, "{retr} RETR: {err}");
