@@ -220,15 +220,18 @@ impl Detour {
                     .map_or(String::new(), |b| format!("; connecting back, {b}"))
             );
         }
-        self.take(Way::Channel);
-        through_channel(self, addr.round).map_err(|r| {
+        let s = through_channel(self, addr.round).map_err(|r| {
             ClientError::Protocol(format!(
                 "no data connection reaches {}: straight, {straight} (a firewall in front of \
                  the far side's ports?); connecting back, {}; through ssh's channel, {r}",
                 addr.target,
                 back_failed.as_deref().unwrap_or("not tried again")
             ))
-        })
+        })?;
+        // Kept for the next run only once it worked: where no way works (the far side gone
+        // as a failed transfer ends), the next run must not skip the straight one for a day.
+        self.take(Way::Channel);
+        Ok(s)
     }
 }
 
@@ -367,6 +370,37 @@ mod tests {
             e.to_string()
                 .contains("could not connect to 198.18.0.2:40001"),
             "{e}"
+        );
+    }
+
+    /// A far side that is gone (its port refuses, its ssh runs nothing): no way works, and
+    /// none is kept for the next run, which tries the straight one first.
+    #[test]
+    fn a_connection_no_way_reaches_leaves_no_way_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let memory = dir.path().join("ways");
+        let closed = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let d = Arc::new(Detour::new(
+            &["false".into()],
+            "/nonexistent/%C".into(),
+            "ann@box",
+            "braid",
+            Some(memory.clone()),
+        ));
+        let addr = DataAddr {
+            target: closed,
+            round: closed,
+            detour: Some(d.clone()),
+        };
+        let e = connect(&addr, Duration::from_secs(1), Duration::from_secs(1)).unwrap_err();
+        assert!(e.to_string().contains("no data connection reaches"), "{e}");
+        assert!(!memory.exists(), "a way was kept though none worked");
+        assert_eq!(
+            crate::client::ways::recall(&memory, "ann@box", std::time::SystemTime::now()),
+            None
         );
     }
 
