@@ -35,12 +35,12 @@ pub struct CpArgs {
     ///
     /// Or a server and here: `ftp://host/f .` downloads and `f ftp://host/dir` uploads, as
     /// get and put do (`gsiftp://` too), into a directory as above.
-    #[arg(required = true, num_args = 2.., value_name = "SRC... DEST")]
+    #[arg(required = true, num_args = 2.., value_names = ["SRC", "DEST"])]
     args: Vec<String>,
     /// Continue an interrupted transfer from where it stopped.
     #[arg(long)]
     resume: bool,
-    /// The remote shell, with its options: `-e "ssh -p 2222"` [default: ssh].
+    /// The remote shell, with its options: `-e "ssh -p 2222"`.
     #[arg(
         short = 'e',
         long = "ssh",
@@ -48,7 +48,7 @@ pub struct CpArgs {
         default_value = "ssh"
     )]
     ssh: String,
-    /// The braid to run on the far side [default: braid, on the PATH ssh gives commands].
+    /// The braid to run on the far side (found on the PATH ssh gives commands).
     #[arg(long, value_name = "PATH", default_value = "braid")]
     remote_braid: String,
     #[command(flatten)]

@@ -71,7 +71,7 @@ enum Cmd {
     /// the certificate the far side named over ssh (no CA, nothing to set up), with braid's
     /// tuning, checksums and resume. Where a firewall blocks the far side's data ports, the
     /// far side connects back, or else the data goes through ssh's channel (-v says which).
-    #[command(after_long_help = EXIT_CODES)]
+    #[command(after_long_help = EXIT_CODES, override_usage = "braid cp [OPTIONS] SRC... DEST")]
     Cp(cp::CpArgs),
     /// List a remote directory.
     #[command(after_long_help = EXIT_CODES)]
