@@ -60,7 +60,7 @@ pub fn copy_up(
     send(files, &dir, opts, shared, client::put_into)
 }
 
-/// The upload of `files`, one of them by `one`.
+/// Uploads `files` as [`upload`] says, a single file by `one` (`put`'s way or `cp`'s).
 fn send(
     files: &[PathBuf],
     target: &url::Target,
