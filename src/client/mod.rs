@@ -59,7 +59,7 @@ use error::{ClientError, Result};
 pub use job::{Dest, part_path, resolve_dest};
 use job::{Held, refuse_read_only};
 pub use listing::{ListEntry, ls};
-use route::{get_on, put_on};
+use route::{get_on, put_into_on, put_on};
 use sessions::session;
 use std::path::{Path, PathBuf};
 pub use summary::{Batch, SenderSeen, Summary, display_url, human_bytes};
@@ -153,9 +153,7 @@ pub fn put(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
     put_to(local, target, opts, false)
 }
 
-/// Uploads one file as `scp` and `cp` do: a target the server holds as a directory takes the
-/// file under its own name, with or without its final `/` (found when the server refuses the
-/// path, so an upload to a file's name costs no round trip more).
+/// Uploads one file as `scp` and `cp` do ([`route::put_into_on`]).
 pub fn put_into(local: &Path, target: &Target, opts: &Options) -> Result<Summary> {
     put_to(local, target, opts, true)
 }
@@ -178,23 +176,8 @@ fn put_to(local: &Path, target: &Target, opts: &Options, into_directory: bool) -
     let s = if local == Path::new("-") {
         stream::put_stdin(&mut c, target, opts)?
     } else {
-        match put_on(&mut c, local, target, opts, Held::asked(opts)) {
-            Err(ClientError::Remote { reply, .. })
-                if into_directory
-                    && !target.path.is_empty()
-                    && !target.path.ends_with('/')
-                    && (500..600).contains(&reply.code)
-                    && c.in_step()
-                    && c.is_directory(&target.path) =>
-            {
-                let into = Target {
-                    path: format!("{}/", target.path),
-                    ..target.clone()
-                };
-                put_on(&mut c, local, &into, opts, Held::asked(opts))?
-            }
-            s => s?,
-        }
+        let put = if into_directory { put_into_on } else { put_on };
+        put(&mut c, local, target, opts, Held::asked(opts))?
     };
     c.quit();
     Ok(s)

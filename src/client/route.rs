@@ -169,6 +169,33 @@ pub fn put_on(
         })
 }
 
+/// Uploads one file on an open session as `scp` and `cp` do: a target the server holds as a
+/// directory takes the file under its own name, with or without its final `/` (found when
+/// the server refuses the path, so an upload to a file's name costs no round trip more).
+pub fn put_into_on(
+    c: &mut Control,
+    local: &Path,
+    target: &Target,
+    opts: &Options,
+    held: Held,
+) -> Result<Summary> {
+    if target.path.is_empty() || target.path.ends_with('/') {
+        return put_on(c, local, target, opts, held);
+    }
+    let src = Source::open(local, target)?;
+    match put_source(c, &src, opts, held) {
+        Ok(s) => Ok(c.with_data_route(s)),
+        Err(e) if refused_as_directory(c, &target.path, &e) => {
+            let into = Target {
+                path: format!("{}/", target.path),
+                ..target.clone()
+            };
+            put_on(c, local, &into, opts, held)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// What the server holds of the file (a record of an earlier MODE E upload, or nothing), the
 /// route, and the upload by it.
 fn put_source(c: &mut Control, src: &Source, opts: &Options, held: Held) -> Result<Summary> {
@@ -214,16 +241,24 @@ fn put_source(c: &mut Control, src: &Source, opts: &Options, held: Held) -> Resu
 /// A refusal of a path that turns out to be a directory on the server (MLST says so) names
 /// that, and `fix`; other errors pass as they are.
 fn directory_hint(c: &mut Control, path: &str, e: ClientError, fix: &str) -> ClientError {
-    let ClientError::Remote { what, reply } = e else {
+    if !refused_as_directory(c, path, &e) {
         return e;
-    };
-    let is_dir = (500..600).contains(&reply.code) && c.in_step() && c.is_directory(path);
-    let what = if is_dir {
-        format!("{what} ({path} is a directory on the server: {fix})")
-    } else {
-        what
-    };
-    ClientError::Remote { what, reply }
+    }
+    match e {
+        ClientError::Remote { what, reply } => ClientError::Remote {
+            what: format!("{what} ({path} is a directory on the server: {fix})"),
+            reply,
+        },
+        e => e,
+    }
+}
+
+/// Whether `e` is the server refusing `path` because it is a directory there (MLST says so,
+/// asked only after a refusal).
+fn refused_as_directory(c: &mut Control, path: &str, e: &ClientError) -> bool {
+    matches!(e, ClientError::Remote { reply, .. } if (500..600).contains(&reply.code))
+        && c.in_step()
+        && c.is_directory(path)
 }
 
 #[cfg(test)]
