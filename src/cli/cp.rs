@@ -152,14 +152,7 @@ pub fn run(a: CpArgs) -> anyhow::Result<u8> {
                 None => None,
             };
             let opts = crate::client::Options { ssh, ..base };
-            let mut sources = Vec::new();
-            for t in targets {
-                if wildcards::has_wildcard(&t.path) {
-                    sources.extend(wildcards::expand(&t, &opts, a.shared.tree.recursive)?);
-                } else {
-                    sources.push(t);
-                }
-            }
+            let sources = wildcards::expand(targets, &opts, a.shared.tree.recursive)?;
             download(sources, Some(&dest), &opts, &a.shared)
         }
     }

@@ -1,29 +1,46 @@
 //! scp's remote wildcards: `braid cp 'host:logs/*.gz' .` fetches every file of `logs` whose
-//! name matches, as scp does. The far side's directory is listed (one session) and the names
-//! matched here, with a shell's rules: `*`, `?` and `[...]` within one name, and a leading dot
-//! matched only by a dot (`*` leaves hidden files out).
+//! name matches, as scp does. The far side's directories are listed (on one session of their
+//! own) and the names matched here, with a shell's rules: `*`, `?` and `[...]` within one
+//! name, and a leading dot matched only by a dot (`*` leaves hidden files out).
 
 use super::Options;
+use super::control::Control;
 use super::error::{ClientError, Result};
-use super::listing::{ListEntry, ls};
+use super::listing::{ListEntry, list_dir};
 use super::names::unsafe_name;
+use super::sessions::session;
 use super::url::Target;
 
 /// Whether the last part of `path` holds a wildcard (a directory's part is taken as it is).
-pub fn has_wildcard(path: &str) -> bool {
+fn has_wildcard(path: &str) -> bool {
     let last = path.rsplit('/').next().unwrap_or(path);
     last.contains(['*', '?', '['])
 }
 
-/// The targets `target`'s wildcard stands for, in name order: files, and with `recursive`
-/// directories too. None matching is an error, as a missing file is.
-pub fn expand(target: &Target, opts: &Options, recursive: bool) -> Result<Vec<Target>> {
-    let (dir, pattern) = split(&target.path);
-    let listed = Target {
-        path: dir.to_string(),
-        ..target.clone()
+/// `targets` with each that holds a wildcard replaced by those it stands for, in name order:
+/// files, and with `recursive` directories too. One matching nothing is an error, as a
+/// missing file is. Without wildcards, no session.
+pub fn expand(targets: Vec<Target>, opts: &Options, recursive: bool) -> Result<Vec<Target>> {
+    let Some(first) = targets.iter().find(|t| has_wildcard(&t.path)) else {
+        return Ok(targets);
     };
-    let names = matching(&ls(&listed, opts)?, pattern, recursive)?;
+    let mut c = session(first, opts, None)?;
+    let mut out = Vec::new();
+    for t in targets {
+        if has_wildcard(&t.path) {
+            out.extend(expand_one(&mut c, &t, recursive)?);
+        } else {
+            out.push(t);
+        }
+    }
+    c.quit();
+    Ok(out)
+}
+
+/// The targets one wildcard stands for, from its directory's listing.
+fn expand_one(c: &mut Control, target: &Target, recursive: bool) -> Result<Vec<Target>> {
+    let (dir, pattern) = split(&target.path);
+    let names = matching(&list_dir(c, dir)?, pattern, recursive)?;
     if names.is_empty() {
         return Err(ClientError::NoMatch(format!(
             "{}:{}",
