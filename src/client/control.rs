@@ -522,15 +522,10 @@ impl Control {
         self.finish().map_err(|f| self.error(f, what))
     }
 
-    /// Reads the outcomes of ops begun with [`Control::later`] that are still to be read:
-    /// before a reply read past the session (a transfer's end), they must be taken first.
-    pub fn settle_deferred(&mut self) -> Result<()> {
-        self.read_deferred()
-    }
-
     /// Reads the outcomes of ops begun with [`Control::later`] that are the oldest still
-    /// running.
-    fn read_deferred(&mut self) -> Result<()> {
+    /// running: before a reply read past the session (a transfer's end), they must be taken
+    /// first.
+    pub fn read_deferred(&mut self) -> Result<()> {
         while let Some(&(id, _)) = self.deferred.front()
             && self.session.oldest() == Some(id)
         {

@@ -187,7 +187,7 @@ pub fn get(
         if answer_pending && !watch.stopped() {
             // RETR's 150 (or its refusal, which is the error). Stopped (Ctrl-C), the stop
             // below ends the transfer without waiting for it.
-            c.settle_deferred()?;
+            c.read_deferred()?;
         }
         landing.save();
         if watch.stopped() {

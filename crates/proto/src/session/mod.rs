@@ -673,6 +673,15 @@ impl Session {
         matches!(self.protection.gsi, Gsi::Established { .. })
     }
 
+    /// Data connections kept under the other setting are not reused: they were (or were not)
+    /// authenticated when they joined.
+    fn set_dcau(&mut self, on: bool) {
+        if self.protection.dcau != on {
+            self.cached = None;
+        }
+        self.protection.dcau = on;
+    }
+
     /// DCAU (GridFTP): A authenticates data connections with the delegated credential, N
     /// leaves them as they are (the client's address only, as without GSI).
     fn dcau(&mut self, mode: &str) -> Action {
@@ -680,18 +689,12 @@ impl Session {
         let word = mode.split_whitespace().next().unwrap_or("");
         match word.to_ascii_uppercase().as_str() {
             "N" => {
-                if self.protection.dcau {
-                    self.cached = None;
-                }
-                self.protection.dcau = false;
+                self.set_dcau(false);
                 reply(200, "DCAU N.")
             }
             "A" => match self.protection.gsi {
                 Gsi::Established { delegated: true } => {
-                    if !self.protection.dcau {
-                        self.cached = None;
-                    }
-                    self.protection.dcau = true;
+                    self.set_dcau(true);
                     reply(200, "DCAU A.")
                 }
                 Gsi::Established { delegated: false } => reply(
