@@ -269,6 +269,7 @@ pub fn receive_stripes(
         let mut stall = None;
         let mut tls_of = Vec::new();
         for (stripe, joins) in stripes.into_iter().enumerate() {
+            let secure_open = joins.open_tls();
             let Joins {
                 open,
                 reused,
@@ -277,10 +278,6 @@ pub fn receive_stripes(
                 stall: its_stall,
                 tls,
             } = joins;
-            // Connections kept from an earlier transfer were secured when they joined: under
-            // GSI their data is in clear after the handshake, and a second one would wait for
-            // a peer that sends none.
-            let secure_open = if reused { None } else { tls.clone() };
             for s in open {
                 spawn(stripe, s, reused, secure_open.clone());
             }

@@ -194,6 +194,7 @@ pub fn send_from(
     let first_error = FirstError::default();
     let fail = |e: EngineError| first_error.fail(e, transfer.abort());
     let results: Mutex<Vec<Leaving>> = Mutex::new(Vec::new());
+    let secure_open = joins.open_tls();
     let Joins {
         open,
         reused,
@@ -222,9 +223,7 @@ pub fn send_from(
         // One connection and none to come (a kept one carrying a small file, say): sent on
         // this thread, as starting one would cost more than the file.
         let alone = admitted.len() == 1 && accept.is_none() && incoming.is_none();
-        // Connections kept from an earlier transfer were secured when they joined (under GSI,
-        // with data in clear after the handshake: a second one would wait for nothing).
-        let secure_open = if reused { None } else { tls };
+        let secure_open = secure_open.as_deref();
         for (conn, link) in admitted {
             let go = move || {
                 finish(

@@ -526,6 +526,15 @@ pub struct Joins {
     pub tls: Option<Arc<DataTls>>,
 }
 
+impl Joins {
+    /// What secures the connections in `open`: none for kept ones, secured when they joined
+    /// (under GSI their data is in clear after the handshake, and a second one would wait
+    /// for a peer that sends none).
+    pub fn open_tls(&self) -> Option<Arc<DataTls>> {
+        self.tls.clone().filter(|_| !self.reused)
+    }
+}
+
 /// A listener the peer opens data connections to. Connections from any host but `peer` are
 /// dropped (RFC 2577).
 /// Who may open a transfer's data connections: the client's host (RFC 2577: anyone else
