@@ -101,10 +101,7 @@ fn make(env: &Env) -> Result<GsiCredential, String> {
         )
     })?;
     let dir = env.ca_dir();
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in crate::engine::gsi_data::trusted(&dir)? {
-        let _ = roots.add(cert);
-    }
+    let roots = crate::engine::gsi_data::trusted(&dir)?;
     if roots.is_empty() {
         return Err(format!(
             "no CA certificate in {}: set X509_CERT_DIR to the directory of trusted CAs \

@@ -116,9 +116,10 @@ pub fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String>
         .map_err(|e| format!("cannot read certificates from {}: {e}", path.display()))
 }
 
-/// The CA certificates of a Globus CA directory: its hash-named files (`1a2b3c4d.0`) and any
-/// `.pem`, not its signing policies, namespaces or CRLs (`.r0`).
-pub fn trusted(dir: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+/// The CAs of a Globus CA directory: its hash-named files (`1a2b3c4d.0`) and any `.pem`, not
+/// its signing policies, namespaces or CRLs (`.r0`). Empty if it holds none (the caller
+/// says how to fix that).
+pub fn trusted(dir: &Path) -> Result<rustls::RootCertStore, String> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
         format!(
             "cannot read the CA directory {} ({e}): set X509_CERT_DIR to the directory of \
@@ -126,7 +127,7 @@ pub fn trusted(dir: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
             dir.display()
         )
     })?;
-    let mut found = Vec::new();
+    let mut found = rustls::RootCertStore::empty();
     for entry in entries.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();
@@ -134,7 +135,7 @@ pub fn trusted(dir: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
         let is_ca =
             name.ends_with(".pem") || (!ext.is_empty() && ext.bytes().all(|b| b.is_ascii_digit()));
         if is_ca && let Ok(certs) = certificates(&entry.path()) {
-            found.extend(certs);
+            found.add_parsable_certificates(certs);
         }
     }
     Ok(found)

@@ -47,10 +47,7 @@ impl GsiHost {
                 )
             })?
         };
-        let mut roots = rustls::RootCertStore::empty();
-        for ca in crate::engine::gsi_data::trusted(ca_dir).map_err(anyhow::Error::msg)? {
-            let _ = roots.add(ca);
-        }
+        let roots = crate::engine::gsi_data::trusted(ca_dir).map_err(anyhow::Error::msg)?;
         anyhow::ensure!(
             !roots.is_empty(),
             "no CA certificate in {}: give --gsi-ca-dir the directory of the CAs whose users \
