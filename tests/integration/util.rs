@@ -621,23 +621,18 @@ pub fn connect_from(server: SocketAddr, from: std::net::Ipv4Addr) -> TcpStream {
 
 /// The port of the last passive reply (227 or 229) in a `-v` transcript.
 pub fn passive_port(shown: &str) -> u16 {
+    use braid_proto::addr::{parse_227, parse_229};
     let line = shown
         .lines()
         .rfind(|l| l.contains("< 227") || l.contains("< 229"))
         .unwrap_or_else(|| panic!("no passive reply in {shown}"));
-    if let Some(rest) = line.split("|||").nth(1) {
-        return rest.split('|').next().and_then(|p| p.parse().ok()).unwrap();
-    }
-    let inside = line
-        .split('(')
-        .nth(1)
-        .and_then(|r| r.split(')').next())
-        .unwrap();
-    let n: Vec<u16> = inside
-        .split(',')
-        .map(|x| x.trim().parse().unwrap())
-        .collect();
-    n[4] * 256 + n[5]
+    let (_, reply) = line.split_once("< ").unwrap();
+    let (code, text) = reply.split_at(3);
+    let port = match code {
+        "229" => parse_229(text),
+        _ => parse_227(text).map(|a| a.port()),
+    };
+    port.unwrap_or_else(|e| panic!("{line}: {e:?}"))
 }
 
 /// A stranger at a data port: connects to `at` from 127.0.0.9 (neither a client's address
